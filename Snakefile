@@ -1,0 +1,31 @@
+# rloo pipeline: prepare → sft → reward → rloo → evaluate (+ the toy experiment and the comparison).
+# Laptop:  snakemake --cores all                        (the embedded default on CPU)
+# Cluster: snakemake --profile slurm results/gsm8k_rloo.json
+# Targets: results/gsm8k_{estimator}.json, results/comparison.json, results/toy_variance.json
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+report: "workflow/report/workflow.rst"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/prepare.smk"
+include: "workflow/rules/sft.smk"
+include: "workflow/rules/reward.smk"
+include: "workflow/rules/rloo.smk"
+include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/toy.smk"
+include: "workflow/rules/comparison.smk"
+include: "workflow/rules/tracking.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        f"{RESULTS}/gsm8k_{ESTIMATOR}.json",
+        f"{RESULTS}/toy_variance.json",

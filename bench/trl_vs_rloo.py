@@ -1,0 +1,204 @@
+"""Our RLOO trainer against TRL's RLOOTrainer on identical work, alternating in one invocation.
+
+Both train the same SFT policy on the same prompts with the same k, prompts per step, completion
+length, learning rate, β and reward (the verifier). Each round runs one framework in a fresh process,
+then the other, so machine drift hits both alike. Printed per framework: samples/s, seconds per step
+split into generation / log-probabilities / update / other, peak RSS, held-out sampled accuracy.
+
+    python bench/trl_vs_rloo.py --policy results/models/sft --data data/gsm8k --rounds 2 --steps 8
+
+Needs the `bench` extra (TRL): pip install -e '.[bench]'.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def _common(a: argparse.Namespace) -> dict:
+    return {"k": a.k, "prompts": a.prompts, "max_new": a.max_new, "lr": a.lr, "beta": a.beta, "steps": a.steps,
+            "warmup": a.warmup, "seed": a.seed, "threads": a.threads}
+
+
+def _eval(model, tok, data: Path, n: int, seed: int, max_new: int) -> float:
+    from rloo.evaluation import accuracy, complete
+    from rloo.io import read_jsonl
+    from rloo.runtime import step_generator
+
+    rows = [r for _, r in read_jsonl(data / "test.jsonl")][:n]
+    model.eval()
+    c = complete(model, tok, [r["question"] for r in rows], template="Question: {question}\nAnswer:",
+                 max_new_tokens=max_new, greedy=False, generator=step_generator(seed, 0, stream=99))
+    return accuracy(c.texts, [r["answer"] for r in rows])
+
+
+def run_ours(a: argparse.Namespace) -> dict:
+    from rloo.config import load_config
+    from rloo.io import read_jsonl
+    from rloo.rewards import VerifierReward
+    from rloo.runtime import setup
+    from rloo.stages.train import Trainer
+
+    cfg = load_config(a.config, {
+        "threads": a.threads, "seed": a.seed,
+        "reward": {"source": "verifier"},
+        "rloo": {"k": a.k, "prompts_per_step": a.prompts, "max_new_tokens": a.max_new, "lr": a.lr, "beta": a.beta,
+                 "warmup_steps": 0},
+    })
+    setup(cfg["threads"], cfg["seed"])
+    train = [r for _, r in read_jsonl(Path(a.data) / "train.jsonl")]
+    trainer = Trainer(cfg, a.policy, VerifierReward(), train)
+    times = []
+    for step in range(a.warmup + a.steps):
+        t0 = time.perf_counter()
+        m = trainer.step(step)
+        total = time.perf_counter() - t0
+        if step >= a.warmup:
+            times.append({"generation": m["time/generation_s"],
+                          "logprobs": m["time/reference_s"],
+                          "update": m["time/update_s"],
+                          "other": total - m["time/generation_s"] - m["time/reference_s"] - m["time/update_s"],
+                          "total": total})
+    return {"times": times, "accuracy": _eval(trainer.policy, trainer.tokenizer, Path(a.data), a.eval_n, a.seed,
+                                              a.max_new)}
+
+
+def run_trl(a: argparse.Namespace) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import RLOOConfig, RLOOTrainer
+
+    from rloo.io import read_jsonl
+    from rloo.verifier import is_correct
+
+    torch.set_num_threads(a.threads)
+    tok = AutoTokenizer.from_pretrained(a.policy)
+    tok.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(a.policy, dtype=torch.float32)
+    rows = [r for _, r in read_jsonl(Path(a.data) / "train.jsonl")]
+    ds = Dataset.from_list([{"prompt": f"Question: {r['question']}\nAnswer:", "answer": r["answer"]} for r in rows])
+
+    def verifier(prompts, completions, answer, **_):
+        return [float(is_correct(c, g)) for c, g in zip(completions, answer, strict=True)]
+
+    args = RLOOConfig(
+        output_dir=str(Path(a.workdir) / "trl"), per_device_train_batch_size=a.prompts * a.k,
+        num_generations=a.k, max_completion_length=a.max_new, learning_rate=a.lr, beta=a.beta,
+        temperature=1.0, max_steps=a.warmup + a.steps, logging_steps=1, report_to="none", save_strategy="no",
+        seed=a.seed, use_cpu=True, bf16=False, gradient_checkpointing=False, lr_scheduler_type="constant",
+        warmup_steps=0, dataloader_num_workers=0, disable_tqdm=True,
+    )
+    trainer = RLOOTrainer(model=model, reward_funcs=verifier, args=args, train_dataset=ds, processing_class=tok)
+
+    # Instrument TRL's own phases by timing the methods it calls (no behaviour is changed).
+    phase: dict[str, float] = {"generation": 0.0, "logprobs": 0.0}
+
+    def timed(obj, name, key):
+        fn = getattr(obj, name)
+
+        def wrapper(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                if key != "logprobs" or not torch.is_grad_enabled():
+                    phase[key] += time.perf_counter() - t
+        setattr(obj, name, wrapper)
+
+    timed(trainer, "_generate", "generation")
+    timed(trainer, "_get_per_token_logps_and_entropies", "logprobs")
+    times: list[dict] = []
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, *args, **kwargs):
+            phase.update(generation=0.0, logprobs=0.0)
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *args, **kwargs):
+            total = time.perf_counter() - self.t0
+            times.append({"generation": phase["generation"], "logprobs": phase["logprobs"],
+                          "update": total - phase["generation"] - phase["logprobs"], "other": 0.0, "total": total})
+
+    trainer.add_callback(StepTimer())
+    trainer.train()
+    return {"times": times[a.warmup:], "accuracy": _eval(trainer.model, tok, Path(a.data), a.eval_n, a.seed, a.max_new)}
+
+
+def worker(a: argparse.Namespace) -> None:
+    out = run_ours(a) if a.worker == "ours" else run_trl(a)
+    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    Path(a.result).write_text(json.dumps(out))
+
+
+def summarise(runs: list[dict], k: int, prompts: int) -> dict:
+    steps = [t for r in runs for t in r["times"]]
+    mean = {key: float(np.mean([t[key] for t in steps])) for key in ("generation", "logprobs", "update", "other", "total")}
+    return {"samples_per_s": prompts * k / mean["total"], "step_s": mean,
+            "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
+            "accuracy_sampled": float(np.mean([r["accuracy"] for r in runs])), "steps_measured": len(steps)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--policy", default="results/models/sft")
+    p.add_argument("--data", default="data/gsm8k")
+    p.add_argument("--config", default="config/config.yaml")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--steps", type=int, default=8, help="measured steps per round")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--max-new", type=int, default=64)
+    p.add_argument("--lr", type=float, default=5e-5)
+    p.add_argument("--beta", type=float, default=0.05)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--eval-n", type=int, default=200)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workdir", default="/tmp/rloo-bench")
+    p.add_argument("--only", choices=["ours", "trl"], default=None)
+    p.add_argument("--worker", choices=["ours", "trl"], default=None, help=argparse.SUPPRESS)
+    p.add_argument("--result", default=None, help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.worker:
+        worker(a)
+        return
+    Path(a.workdir).mkdir(parents=True, exist_ok=True)
+    runs: dict[str, list[dict]] = {"ours": [], "trl": []}
+    names = [a.only] if a.only else ["ours", "trl"]
+    for rnd in range(a.rounds):
+        for name in names if rnd % 2 == 0 else names[::-1]:
+            res = Path(a.workdir) / f"{name}_{rnd}.json"
+            cmd = [sys.executable, __file__, "--worker", name, "--result", str(res), *sys.argv[1:]]
+            env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "TOKENIZERS_PARALLELISM": "false"}
+            subprocess.run(cmd, check=True, env=env)
+            runs[name].append(json.loads(res.read_text()))
+            print(f"round {rnd} {name}: {np.mean([t['total'] for t in runs[name][-1]['times']]):.3f} s/step", flush=True)
+    summary = {name: summarise(r, a.k, a.prompts) for name, r in runs.items() if r}
+    print(f"\nwork: {a.prompts} prompts x k={a.k}, <= {a.max_new} new tokens, lr {a.lr}, beta {a.beta}, "
+          f"{a.threads} threads, {a.rounds} rounds x {a.steps} steps")
+    print(f"{'':6} {'samples/s':>10} {'step s':>7} {'gen':>6} {'logp':>6} {'update':>7} {'other':>6} "
+          f"{'RSS MB':>7} {'acc(T=1)':>9}")
+    for name, s in summary.items():
+        t = s["step_s"]
+        print(f"{name:6} {s['samples_per_s']:10.1f} {t['total']:7.3f} {t['generation']:6.3f} {t['logprobs']:6.3f} "
+              f"{t['update']:7.3f} {t['other']:6.3f} {s['peak_rss_mb']:7.0f} {s['accuracy_sampled']:9.3f}")
+    if len(summary) == 2:
+        ratio = summary["ours"]["samples_per_s"] / summary["trl"]["samples_per_s"]
+        print(f"\nspeed ratio (ours / TRL samples/s): {ratio:.2f}x")
+        maths = sum(summary["ours"]["step_s"][k] for k in ("generation", "logprobs", "update"))
+        print(f"share of our step inside generation/forward/backward: {maths / summary['ours']['step_s']['total']:.1%}")
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()

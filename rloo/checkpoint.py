@@ -1,0 +1,99 @@
+"""Training checkpoints: weights (safetensors), optimizer and scheduler state, step and extra state.
+
+A checkpoint is a folder `step_{N:08d}` written atomically; `latest` finds the newest complete one,
+so a run killed at any moment resumes from the last finished save.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from rloo.io import atomic_dir
+
+_DONE = "checkpoint.json"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used; the message names the folder and the problem."""
+
+
+def save(
+    root: str | Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    extra: dict | None = None,
+    keep: int = 2,
+    fingerprint: str | None = None,
+) -> Path:
+    final = Path(root) / f"step_{step:08d}"
+    with atomic_dir(final) as tmp:
+        # clone(): tied embeddings share storage, which safetensors refuses to save twice.
+        state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+        save_file(state, str(tmp / "model.safetensors"))
+        torch.save(
+            {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict() if scheduler else None},
+            tmp / "optimizer.pt",
+        )
+        (tmp / _DONE).write_text(json.dumps({"step": step, "fingerprint": fingerprint, "extra": extra or {}}))
+    for old in sorted(p for p in Path(root).glob("step_*") if p != final)[:-keep] if keep else []:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest(root: str | Path) -> Path | None:
+    """The newest complete checkpoint folder, or None."""
+    root = Path(root)
+    if not root.is_dir():
+        return None
+    done = sorted(p for p in root.glob("step_*") if (p / _DONE).is_file())
+    return done[-1] if done else None
+
+
+def load(
+    folder: str | Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    fingerprint: str | None = None,
+) -> tuple[int, dict]:
+    """Restore model, optimizer and scheduler in place; return (step, extra).
+
+    A checkpoint written under another `fingerprint` (other settings or data) is refused rather than
+    silently continued with the wrong run.
+    """
+    folder = Path(folder)
+    try:
+        meta = json.loads((folder / _DONE).read_text())
+    except Exception as e:
+        raise CheckpointError(f"{folder}: corrupt checkpoint ({type(e).__name__}: {e})") from None
+    if fingerprint and meta.get("fingerprint") and meta["fingerprint"] != fingerprint:
+        raise CheckpointError(
+            f"{folder}: written by a run with other settings or data (fingerprint {meta['fingerprint']} != "
+            f"{fingerprint}); delete {folder.parent} or use another --work folder to start afresh"
+        )
+    try:
+        state = load_file(str(folder / "model.safetensors"))
+        opt = torch.load(folder / "optimizer.pt", weights_only=True)
+    except FileNotFoundError as e:
+        raise CheckpointError(f"{folder}: incomplete checkpoint, missing {Path(e.filename).name}") from None
+    except Exception as e:
+        raise CheckpointError(f"{folder}: corrupt checkpoint ({type(e).__name__}: {e})") from None
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    # Tied weights are saved under both names; anything else missing means a different model.
+    real_missing = [k for k in missing if k not in state and "lm_head" not in k]
+    if real_missing or unexpected:
+        raise CheckpointError(
+            f"{folder}: weights do not match the model (missing {real_missing}, unexpected {unexpected})"
+        )
+    optimizer.load_state_dict(opt["optimizer"])
+    if scheduler is not None and opt.get("scheduler") is not None:
+        scheduler.load_state_dict(opt["scheduler"])
+    return int(meta["step"]), meta.get("extra", {})

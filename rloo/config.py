@@ -1,0 +1,128 @@
+"""Load a YAML config, apply overrides, validate it against the schema and fill its defaults."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+SCHEMA_PATH = Path(str(resources.files("rloo") / "schemas" / "config.schema.yaml"))
+
+
+class ConfigError(ValueError):
+    """A config that does not match the schema; the message names the file and the key."""
+
+
+def load_schema() -> dict:
+    return yaml.safe_load(SCHEMA_PATH.read_text())
+
+
+def _with_defaults(validator_class):
+    validate_properties = validator_class.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for key, sub in properties.items():
+                if "default" in sub and key not in instance:
+                    # Deep copy: the schema's `{}` defaults must not be shared between configs.
+                    instance[key] = copy.deepcopy(sub["default"])
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+
+
+_Validator = _with_defaults(jsonschema.Draft202012Validator)
+
+
+def _key_path(error: jsonschema.ValidationError) -> str:
+    return ".".join(str(p) for p in error.absolute_path) or "<top level>"
+
+
+def validate(cfg: dict, source: str = "config") -> dict:
+    """Validate `cfg` in place, filling defaults; raise ConfigError naming the offending key."""
+    errors = sorted(_Validator(load_schema()).iter_errors(cfg), key=lambda e: list(e.absolute_path))
+    if errors:
+        lines = []
+        for e in errors:
+            if e.validator == "additionalProperties":
+                allowed = sorted(e.schema.get("properties", {}))
+                extra = sorted(set(e.instance) - set(allowed))
+                where = _key_path(e)
+                for key in extra:
+                    full = key if where == "<top level>" else f"{where}.{key}"
+                    lines.append(f"unknown key '{full}' (allowed here: {', '.join(allowed)})")
+            else:
+                lines.append(f"key '{_key_path(e)}': {e.message}")
+        raise ConfigError(f"{source}: invalid configuration:\n  " + "\n  ".join(lines))
+    return cfg
+
+
+def deep_merge(base: dict, override: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def parse_set(assignments: list[str]) -> dict:
+    """Turn ["rloo.k=8", "sft.lr=1e-3"] into a nested dict; values are parsed as YAML."""
+    out: dict = {}
+    for item in assignments:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected KEY.PATH=VALUE")
+        dotted, raw = item.split("=", 1)
+        node = out
+        *parents, leaf = dotted.strip().split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = _scalar(raw)
+    return out
+
+
+def _scalar(raw: str):
+    """A YAML scalar, except that "1e-4" is a number (YAML 1.1 wants "1.0e-4", users don't)."""
+    value = yaml.safe_load(raw)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: dict | None = None,
+) -> dict:
+    """Read a YAML file (or start empty), merge overrides, validate and fill defaults."""
+    source = str(path) if path else "config"
+    cfg: dict = {}
+    if path is not None:
+        try:
+            cfg = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: config file not found") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        if not isinstance(cfg, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping, got {type(cfg).__name__}")
+    if overrides:
+        cfg = deep_merge(cfg, overrides)
+        source += " (with overrides)"
+    return validate(cfg, source)
+
+
+def config_hash(cfg: dict[str, Any], sections: list[str] | None = None) -> str:
+    """A short stable hash of the (resolved) config, or of some of its sections."""
+    part = cfg if sections is None else {k: cfg.get(k) for k in sections}
+    blob = json.dumps(part, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]

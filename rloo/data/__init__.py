@@ -1,0 +1,1 @@
+"""Prompt data: the embedded GSM8K-format generator and the real loaders (hub, JSONL)."""

@@ -1,0 +1,110 @@
+"""GSM8K-format data: load from the hub, local JSONL or the generator; validate; format prompts."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rloo.verifier import extract_answer
+
+
+class DataError(ValueError):
+    """A record that is not valid GSM8K format; the message names the file and line."""
+
+
+@dataclass
+class LoadReport:
+    kept: int = 0
+    skipped: int = 0
+    reasons: list[str] = field(default_factory=list)
+
+
+def check_record(rec: dict, where: str) -> dict:
+    """Return {"question", "answer"} or raise DataError naming `where` (file:line or split[index])."""
+    for key in ("question", "answer"):
+        if key not in rec:
+            raise DataError(f"{where}: missing field '{key}'")
+        if not isinstance(rec[key], str) or not rec[key].strip():
+            raise DataError(f"{where}: field '{key}' must be a non-empty string")
+    if extract_answer(rec["answer"], "strict") is None:
+        raise DataError(f"{where}: answer has no parseable final '#### N'")
+    return {"question": rec["question"].strip(), "answer": rec["answer"].strip()}
+
+
+def _collect(records, on_bad: str, report: LoadReport) -> list[dict]:
+    out = []
+    for where, rec in records:
+        try:
+            out.append(check_record(rec, where))
+        except DataError as e:
+            if on_bad == "error":
+                raise
+            report.skipped += 1
+            if len(report.reasons) < 20:
+                report.reasons.append(str(e))
+    report.kept = len(out)
+    return out
+
+
+def _jsonl_records(path: str, on_bad: str, report: LoadReport):
+    """(file:line, record) pairs; a malformed line raises, or with on_bad=skip is counted and dropped."""
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                rec = json.loads(line)
+                if not isinstance(rec, dict):
+                    raise DataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+            except (json.JSONDecodeError, DataError) as e:
+                msg = str(e) if isinstance(e, DataError) else f"{where}: malformed JSON ({e.msg})"
+                if on_bad == "error":
+                    raise DataError(msg) from None
+                report.skipped += 1
+                if len(report.reasons) < 20:
+                    report.reasons.append(msg)
+                continue
+            yield where, rec
+
+
+def load_jsonl_split(path: str, on_bad: str = "error") -> tuple[list[dict], LoadReport]:
+    """Local files in the official GSM8K release format, one {"question","answer"} per line.
+
+    Lines are checked by our own reader first, so that an error names the line; the file then goes
+    through `datasets.load_dataset("json")`, the same loader a user's own JSON data set takes.
+    """
+    if not Path(path).exists():
+        raise DataError(f"{path}: file not found")
+    report = LoadReport()
+    records = _collect(_jsonl_records(path, on_bad, report), on_bad, report)
+    if report.skipped == 0:
+        import datasets
+
+        ds = datasets.load_dataset("json", data_files=str(path), split="train")
+        if len(ds) != len(records):
+            raise DataError(f"{path}: datasets read {len(ds)} rows but {len(records)} valid records")
+        records = [{"question": r["question"].strip(), "answer": r["answer"].strip()} for r in ds]
+    return records, report
+
+
+def load_hub_split(
+    hub_id: str, config: str, split: str, on_bad: str = "error"
+) -> tuple[list[dict], LoadReport]:
+    """A split of a hub data set such as openai/gsm8k (needs network access to the hub)."""
+    import datasets
+
+    ds = datasets.load_dataset(hub_id, config, split=split)
+    report = LoadReport()
+    records = _collect(((f"{hub_id}[{split}][{i}]", dict(r)) for i, r in enumerate(ds)), on_bad, report)
+    return records, report
+
+
+def format_prompt(question: str, template: str) -> str:
+    return template.format(question=question)
+
+
+def format_completion(answer: str) -> str:
+    """The SFT target that follows the prompt; the tokenizer's EOS is appended by the caller."""
+    return " " + answer

@@ -1,0 +1,92 @@
+"""Atomic file writes and line-numbered JSONL reading: no stage ever leaves a half-written output."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+def _tmp_sibling(path: Path, is_dir: bool = False) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # A sibling in the same directory, so the final rename stays on one filesystem and is atomic.
+    if is_dir:
+        tmp = tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.chmod(tmp, 0o755)
+        return Path(tmp)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    # mkstemp creates 0600 files; outputs should have the usual permissions once renamed.
+    os.chmod(name, 0o644)
+    return Path(name)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary file path that replaces `path` only if the block finishes without error."""
+    final = Path(path)
+    tmp = _tmp_sibling(final)
+    try:
+        yield tmp
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary directory that replaces directory `path` only if the block succeeds."""
+    final = Path(path)
+    tmp = _tmp_sibling(final, is_dir=True)
+    try:
+        yield tmp
+        if final.exists():
+            old = final.with_name(f".{final.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def write_jsonl_atomic(path: str | os.PathLike, rows: list[dict]) -> None:
+    with atomic_path(path) as tmp, tmp.open("w") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
+    """Yield (line number, record); a malformed line raises ValueError naming file and line."""
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
+            if not isinstance(rec, dict):
+                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
+            yield lineno, rec
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

@@ -1,0 +1,175 @@
+"""Pairwise judges: which of two answers to a question is better, asked in both presentation orders.
+
+`verifier` (default) prefers the answer whose final number is right; `llm` asks a model behind an
+OpenAI-compatible chat-completions endpoint. A judge returns "A", "B", "tie", or None when its
+verdict cannot be parsed; `win_rate` turns both orders into wins, losses, ties and invalid verdicts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from rloo.verifier import is_correct
+
+log = logging.getLogger("rloo.judges")
+
+Verdict = str | None  # "A" | "B" | "tie" | None (unparseable)
+
+
+class PairwiseJudge(Protocol):
+    name: str
+
+    def judge(self, question: str, gold: str, answer_a: str, answer_b: str) -> Verdict: ...
+
+
+class VerifierJudge:
+    """Prefers the answer whose final `#### N` is correct; both right or both wrong is a tie."""
+
+    name = "verifier"
+
+    def judge(self, question: str, gold: str, answer_a: str, answer_b: str) -> Verdict:
+        a, b = is_correct(answer_a, gold), is_correct(answer_b, gold)
+        return "tie" if a == b else ("A" if a else "B")
+
+
+JUDGE_PROMPT = """You are grading two answers to a math word problem.
+
+Question:
+{question}
+
+Answer A:
+{a}
+
+Answer B:
+{b}
+
+Which answer is correct and better reasoned? Reply with exactly one of: A, B, tie."""
+
+_VERDICT = re.compile(r"\b(A|B|tie)\b", re.IGNORECASE)
+
+
+def parse_verdict(text: str | None) -> Verdict:
+    """The first standalone A / B / tie in the reply, else None."""
+    if not text:
+        return None
+    m = _VERDICT.search(text.strip())
+    if not m:
+        return None
+    v = m.group(1)
+    return "tie" if v.lower() == "tie" else v.upper()
+
+
+class LLMJudge:
+    """A model behind an OpenAI-compatible endpoint; the API key comes only from the environment."""
+
+    name = "llm"
+
+    def __init__(self, base_url: str, model: str, api_key_env: str, timeout_s: float, max_retries: int) -> None:
+        from openai import OpenAI  # optional dependency: pip install 'rloo[judge]'
+
+        # The key is read here and handed to the client only: it is never logged or stored.
+        self.client = OpenAI(base_url=base_url, api_key=os.environ.get(api_key_env) or "EMPTY",
+                             timeout=timeout_s, max_retries=max_retries)
+        self.model = model
+        self.description = {"type": "llm", "base_url": base_url, "model": model}
+
+    def judge(self, question: str, gold: str, answer_a: str, answer_b: str) -> Verdict:
+        try:
+            resp = self.client.chat.completions.create(
+                model=self.model, temperature=0.0, max_tokens=8,
+                messages=[{"role": "user", "content": JUDGE_PROMPT.format(question=question, a=answer_a, b=answer_b)}],
+            )
+        except Exception as e:  # a failed call is an invalid verdict, never a loss
+            log.warning("judge call failed: %s", type(e).__name__)
+            return None
+        return parse_verdict(resp.choices[0].message.content)
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> LLMJudge:
+        j = cfg["evaluate"]["llm_judge"]
+        return cls(j["base_url"], j["model"], j["api_key_env"], j["timeout_s"], j["max_retries"])
+
+
+def build_judge(cfg: dict) -> PairwiseJudge:
+    return LLMJudge.from_config(cfg) if cfg["evaluate"]["judge"] == "llm" else VerifierJudge()
+
+
+@dataclass
+class WinRate:
+    wins: float = 0.0
+    losses: float = 0.0
+    ties: float = 0.0
+    invalid: int = 0
+    per_question: list[float | None] = field(default_factory=list)
+
+    @property
+    def value(self) -> float:
+        n = self.wins + self.losses + self.ties
+        return (self.wins + 0.5 * self.ties) / n if n else float("nan")
+
+    def as_dict(self) -> dict:
+        return {"value": self.value, "wins": self.wins, "losses": self.losses, "ties": self.ties,
+                "invalid": self.invalid}
+
+
+def combine(first: Verdict, swapped: Verdict) -> float | None:
+    """Score of the candidate (shown as A first, then as B): 1 win, 0 loss, 0.5 tie, None invalid.
+
+    A tie in either order, or orders that disagree (position bias), counts as a tie.
+    """
+    if first is None or swapped is None:
+        return None
+    a = {"A": 1.0, "B": 0.0, "tie": 0.5}[first]
+    b = {"B": 1.0, "A": 0.0, "tie": 0.5}[swapped]
+    return a if a == b else 0.5
+
+
+def win_rate(judge: PairwiseJudge, questions: list[str], golds: list[str], candidate: list[str],
+             baseline: list[str]) -> WinRate:
+    """Candidate vs baseline over all questions, judged in both presentation orders."""
+    out = WinRate()
+    for q, g, c, b in zip(questions, golds, candidate, baseline, strict=True):
+        s = combine(judge.judge(q, g, c, b), judge.judge(q, g, b, c))
+        out.per_question.append(s)
+        if s is None:
+            out.invalid += 1
+        elif s == 1.0:
+            out.wins += 1
+        elif s == 0.0:
+            out.losses += 1
+        else:
+            out.ties += 1
+    return out
+
+
+class JudgeReward:
+    """`reward.source: judge`: a pointwise reward from the configured judge against the gold answer.
+
+    With the verifier judge this is the verifier; with an LLM judge, the completion is compared with
+    the reference solution and scores 1 if judged at least as good, NaN if the verdict is invalid.
+    """
+
+    name = "judge"
+
+    def __init__(self, judge: PairwiseJudge) -> None:
+        self.judge_ = judge
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> JudgeReward:
+        return cls(build_judge(cfg))
+
+    def score(self, prompts, completions, golds, finished) -> torch.Tensor:
+        out = []
+        for p, c, g, f in zip(prompts, completions, golds, finished, strict=True):
+            if not f:
+                out.append(0.0)
+                continue
+            v = self.judge_.judge(p, g, c, g)
+            out.append(float("nan") if v is None else float(v in ("A", "tie")))
+        return torch.tensor(out)

@@ -1,0 +1,160 @@
+"""Policy-gradient loss, KL estimators and reward shaping for RLOO-style training.
+
+Shapes: ``token_logp``, ``token_logp_ref``, ``old_token_logp`` and ``mask`` are ``[B, T]`` (one row per
+sampled response, response tokens only where ``mask`` is 1); ``advantages`` and per-sequence values are
+``[B]``. Stats are returned as detached 0-d tensors so the caller decides when to synchronise a device.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+Norm = Literal["sequence", "token"]
+KLEstimator = Literal["k1", "k3"]
+
+# exp() of a log-ratio above ~88 overflows float32; a policy that far from its reference is broken anyway,
+# so the k3 log-ratio is clamped instead of letting inf/NaN reach the optimiser.
+_MAX_LOG_RATIO = 20.0
+
+
+def _mask_like(mask: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    if mask.shape != ref.shape:
+        raise ValueError(f"mask shape {tuple(mask.shape)} does not match token tensor {tuple(ref.shape)}")
+    return mask.to(ref.dtype)
+
+
+def kl_k1(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
+    """Per-token k1 estimate of KL(pi || ref): log pi - log ref (unbiased, can be negative)."""
+    return logp - logp_ref
+
+
+def kl_k3(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimate of KL(pi || ref): exp(r) - r - 1 with r = log ref - log pi (unbiased, >= 0)."""
+    r = (logp_ref - logp).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    # expm1 keeps precision for small r; the clamp removes the last-ulp negatives rounding can leave.
+    return (torch.expm1(r) - r).clamp_min(0.0)
+
+
+def _per_token_kl(logp: torch.Tensor, logp_ref: torch.Tensor, estimator: KLEstimator) -> torch.Tensor:
+    if estimator == "k1":
+        return kl_k1(logp, logp_ref)
+    if estimator == "k3":
+        return kl_k3(logp, logp_ref)
+    raise ValueError(f"unknown KL estimator {estimator!r}; valid: 'k1', 'k3'")
+
+
+def sequence_kl(
+    token_logp: torch.Tensor,
+    token_logp_ref: torch.Tensor,
+    mask: torch.Tensor,
+    estimator: KLEstimator = "k1",
+) -> torch.Tensor:
+    """Per-sequence KL [B]: the chosen per-token estimate summed over response tokens."""
+    m = _mask_like(mask, token_logp)
+    return (_per_token_kl(token_logp, token_logp_ref, estimator) * m).sum(dim=1)
+
+
+def shaped_reward(score: torch.Tensor, seq_kl: torch.Tensor, beta: float) -> torch.Tensor:
+    """KL-shaped sequence reward R = score - beta * KL, with the KL treated as a constant (detached)."""
+    return score - beta * seq_kl.detach()
+
+
+def _aggregate(token_terms: torch.Tensor, m: torch.Tensor, norm: Norm) -> torch.Tensor:
+    if norm == "sequence":
+        # Sum over a response's tokens (its log-probability), mean over responses: the estimator itself.
+        return (token_terms * m).sum(dim=1).mean()
+    if norm == "token":
+        # Every response token in the batch weighs the same, whatever the length of its response.
+        return (token_terms * m).sum() / m.sum().clamp(min=1.0)
+    raise ValueError(f"unknown loss normalisation {norm!r}; valid: 'sequence', 'token'")
+
+
+def policy_loss(
+    token_logp: torch.Tensor,
+    mask: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    norm: Norm = "sequence",
+    old_token_logp: torch.Tensor | None = None,
+    clip_eps: float = 0.2,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """REINFORCE loss -mean_i A_i sum_t log pi(y_it), or its per-token PPO-clipped form given old log-probs.
+
+    Every token of response i gets that response's sequence-level advantage A_i (advantages are
+    treated as constants). With ``old_token_logp`` the per-token ratio rho = exp(logp - old_logp) is
+    clipped to [1 - eps, 1 + eps] pessimistically, as in PPO.
+    """
+    if token_logp.dim() != 2:
+        raise ValueError(f"token_logp must be [B, T], got shape {tuple(token_logp.shape)}")
+    if advantages.shape != token_logp.shape[:1]:
+        raise ValueError(
+            f"advantages must be [B]={token_logp.shape[0]} (one per response), got {tuple(advantages.shape)}"
+        )
+    m = _mask_like(mask, token_logp)
+    adv = advantages.detach().to(token_logp.dtype).unsqueeze(1)
+    n_tokens = m.sum()
+
+    if old_token_logp is None:
+        terms = -adv * token_logp
+        loss = _aggregate(terms, m, norm)
+        zero = torch.zeros((), dtype=token_logp.dtype, device=token_logp.device)
+        return loss, {"clip_frac": zero, "ratio_mean": zero + 1.0, "n_tokens": n_tokens.detach()}
+
+    if old_token_logp.shape != token_logp.shape:
+        raise ValueError(
+            f"old_token_logp shape {tuple(old_token_logp.shape)} != token_logp {tuple(token_logp.shape)}"
+        )
+    old = old_token_logp.detach()
+    ratio = torch.exp(token_logp - old)
+    unclipped = ratio * adv
+    clipped = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps) * adv
+    surrogate = torch.minimum(unclipped, clipped)
+    # PPO's surrogate min(rho A, clip(rho) A) equals A on the first step instead of A * logp. Adding the
+    # theta-independent term A * (old_logp - 1) changes no gradient but makes the loss value coincide
+    # with the plain REINFORCE loss when rho = 1 (and stay close to it, since rho - 1 ~ log rho), so
+    # logged losses are comparable between one and several steps per batch.
+    terms = -(surrogate + adv * (old - 1.0))
+    loss = _aggregate(terms, m, norm)
+
+    with torch.no_grad():
+        # A token is clipped when the min picks the flat branch: the ratio has moved past the trust
+        # region in the direction its advantage pushes it.
+        was_clipped = ((adv > 0) & (ratio > 1.0 + clip_eps)) | ((adv < 0) & (ratio < 1.0 - clip_eps))
+        denom = n_tokens.clamp(min=1.0)
+        stats = {
+            "clip_frac": (was_clipped.to(m.dtype) * m).sum() / denom,
+            "ratio_mean": (ratio * m).sum() / denom,
+            "n_tokens": n_tokens.detach(),
+        }
+    return loss, stats
+
+
+def kl_loss_term(
+    token_logp: torch.Tensor,
+    token_logp_ref: torch.Tensor,
+    mask: torch.Tensor,
+    beta: float,
+    estimator: KLEstimator = "k3",
+    norm: Norm = "sequence",
+) -> torch.Tensor:
+    """beta * KL as a loss term (gradient through token_logp), aggregated like policy_loss.
+
+    Use this instead of ``shaped_reward`` to put the penalty in the loss. Prefer k3 here: the gradient of
+    the k1 term is the score function, whose expectation under on-policy samples is zero.
+    """
+    m = _mask_like(mask, token_logp)
+    per_token = _per_token_kl(token_logp, token_logp_ref.detach(), estimator)
+    return beta * _aggregate(per_token, m, norm)
+
+
+def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of the next-token distribution at every position, [..., V] -> [...], in float32."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(dim=-1)
+
+
+def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
+    """Bradley-Terry: -mean log σ(r_chosen - r_rejected), the reward model's pairwise likelihood."""
+    return -torch.nn.functional.logsigmoid(chosen.float() - rejected.float()).mean()

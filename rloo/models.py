@@ -1,0 +1,137 @@
+"""Model and tokenizer factory: the embedded tiny Llama with a locally trained tokenizer, and loaders.
+
+Everything downstream loads through `AutoModel*.from_pretrained(path)`, the same path a hub id
+such as Qwen/Qwen2.5-0.5B-Instruct takes; the tiny model is only a different folder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    LlamaConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+)
+
+EOS = "<|endoftext|>"
+PAD = "<|pad|>"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int = 384) -> PreTrainedTokenizerFast:
+    """Byte-level BPE trained on `texts`, every digit its own token (arithmetic stays digit-wise)."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS, PAD],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=EOS, bos_token=EOS, pad_token=PAD, padding_side="left"
+    )
+
+
+def build_tiny_model(
+    tokenizer: PreTrainedTokenizerBase, tiny: dict, max_length: int, seed: int
+) -> PreTrainedModel:
+    """A small Llama-family causal LM from a config; head_dim stays ≥ 32 so vLLM's CPU kernels can serve it."""
+    if tiny["hidden_size"] % tiny["num_heads"]:
+        raise ValueError("model.tiny.hidden_size must be divisible by model.tiny.num_heads")
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=tiny["hidden_size"],
+        intermediate_size=tiny["intermediate_size"],
+        num_hidden_layers=tiny["num_layers"],
+        num_attention_heads=tiny["num_heads"],
+        num_key_value_heads=tiny["num_heads"],
+        max_position_embeddings=max_length,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    _set_generation_ids(model, tokenizer)
+    return model
+
+
+def _set_generation_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+    for cfg in (model.config, model.generation_config):
+        cfg.eos_token_id = tokenizer.eos_token_id
+        cfg.pad_token_id = tokenizer.pad_token_id
+        cfg.bos_token_id = tokenizer.bos_token_id
+
+
+def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    # Saved padding_side does not always survive a reload; generation needs left padding.
+    tok.padding_side = "left"
+    return tok
+
+
+def load_causal_lm(
+    path: str | Path,
+    dtype: str = "float32",
+    trust_remote_code: bool = False,
+    trainable: bool = False,
+) -> PreTrainedModel:
+    """A causal LM from a folder or hub id, safetensors only; frozen and in eval mode unless trainable."""
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path), dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, use_safetensors=True
+    )
+    return _prepare(model, trainable)
+
+
+def load_reward_model(
+    path: str | Path,
+    dtype: str = "float32",
+    trust_remote_code: bool = False,
+    trainable: bool = False,
+) -> PreTrainedModel:
+    """A one-label sequence classifier (Bradley-Terry reward model); a causal LM folder gets a new head."""
+    model = AutoModelForSequenceClassification.from_pretrained(
+        str(path),
+        num_labels=1,
+        dtype=DTYPES[dtype],
+        trust_remote_code=trust_remote_code,
+        use_safetensors=True,
+    )
+    return _prepare(model, trainable)
+
+
+def _prepare(model: PreTrainedModel, trainable: bool) -> PreTrainedModel:
+    # Dropout stays off even while training: the policy and its frozen reference must give identical
+    # log-probabilities before the first update, and the tiny models here do not need dropout.
+    model.eval()
+    model.requires_grad_(trainable)
+    return model
+
+
+def save_pretrained(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, folder: str | Path) -> None:
+    """Weights as safetensors plus the tokenizer, loadable with from_pretrained."""
+    model.save_pretrained(str(folder), safe_serialization=True)
+    tokenizer.save_pretrained(str(folder))
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,102 @@
+"""Reward sources for RLOO behind one interface: the verifier, a Bradley-Terry reward model, a judge.
+
+`score(prompts, completions, golds, finished) -> Tensor[N]` with NaN for a missing reward (kept out of
+the leave-one-out baselines by the estimators). A completion cut off by the token budget scores 0
+from the verifier: it never produced a final answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Protocol
+
+import torch
+
+from rloo.verifier import is_correct
+
+log = logging.getLogger("rloo.rewards")
+
+
+class RewardSource(Protocol):
+    name: str
+
+    def score(
+        self, prompts: list[str], completions: list[str], golds: list[str], finished: list[bool]
+    ) -> torch.Tensor: ...
+
+
+class VerifierReward:
+    """1 for a finished completion whose `#### N` equals the gold answer, else 0."""
+
+    name = "verifier"
+
+    def __init__(self, mode: str = "strict") -> None:
+        self.mode = mode
+
+    def score(self, prompts, completions, golds, finished) -> torch.Tensor:
+        return torch.tensor(
+            [float(f and is_correct(c, g, self.mode)) for c, g, f in zip(completions, golds, finished, strict=True)]
+        )
+
+
+class RewardModelReward:
+    """The scalar head of a sequence classifier on prompt + completion, scored in batches."""
+
+    name = "model"
+
+    def __init__(self, model, tokenizer, batch_size: int = 64, max_length: int = 512) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self.batch_size, self.max_length = batch_size, max_length
+        self.nonfinite = 0  # running count of NaN/inf scores turned into missing rewards
+
+    @torch.no_grad()
+    def score(self, prompts, completions, golds, finished) -> torch.Tensor:
+        texts = [p + c for p, c in zip(prompts, completions, strict=True)]
+        scores = score_texts(self.model, self.tokenizer, texts, self.batch_size, self.max_length)
+        bad = ~torch.isfinite(scores)
+        if bad.any():
+            n = int(bad.sum())
+            self.nonfinite += n
+            log.warning("reward model gave %d non-finite scores; they count as missing rewards", n)
+            scores = torch.where(bad, torch.full_like(scores, math.nan), scores)
+        return scores
+
+
+@torch.no_grad()
+def score_texts(model, tokenizer, texts: list[str], batch_size: int, max_length: int) -> torch.Tensor:
+    """Reward-model scores [N] in float32; texts are sorted by length so batches pad little."""
+    eos = tokenizer.eos_token or ""
+    ids = [tokenizer(t + eos, truncation=True, max_length=max_length)["input_ids"] for t in texts]
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    out = torch.empty(len(ids), dtype=torch.float32)
+    from rloo.batching import left_pad, positions
+
+    for start in range(0, len(order), batch_size):
+        idx = order[start : start + batch_size]
+        input_ids, mask = left_pad([ids[i] for i in idx], tokenizer.pad_token_id)
+        logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions(mask)).logits
+        out[idx] = logits[:, 0].float()
+    return out
+
+
+def build_reward(cfg: dict, reward_model_dir: str | None = None) -> RewardSource:
+    """The training reward named by `reward.source`."""
+    source = cfg["reward"]["source"]
+    if source == "verifier":
+        return VerifierReward()
+    if source == "model":
+        if not reward_model_dir:
+            raise ValueError("reward.source is 'model' but no reward model folder was given (--reward-model)")
+        from rloo import models
+
+        m = cfg["model"]
+        return RewardModelReward(
+            models.load_reward_model(reward_model_dir, m["dtype"], m["trust_remote_code"]),
+            models.load_tokenizer(reward_model_dir, m["trust_remote_code"]),
+            batch_size=cfg["reward"]["batch_size_score"],
+            max_length=m["max_length"],
+        )
+    from rloo.judges import JudgeReward
+
+    return JudgeReward.from_config(cfg)

@@ -1,0 +1,57 @@
+"""Sampling completions from a policy. `hf` is the default backend; `vllm` is an optional extra.
+
+`make_rollout(cfg, policy_dir, policy)` gives the configured sampler behind one interface:
+`generate(prompts, *, max_new_tokens, eos_id, pad_id, greedy, temperature, top_p, top_k, generator)
+-> Rollout` and `sync_weights(model)` (call it after each optimizer step; a no-op for `hf`, which
+samples from the live policy).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from rloo.rollout.hf import Rollout, generate
+
+__all__ = ["HFRollout", "Rollout", "generate", "logprob_gap", "make_rollout"]
+
+
+class HFRollout:
+    """The KV-cached HF sampling loop over the trainer's own policy module."""
+
+    name = "hf"
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def generate(self, prompts: list[list[int]], **kwargs) -> Rollout:
+        return generate(self.model, prompts, **kwargs)
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        self.model = model  # already the live weights: nothing to copy
+
+    def close(self) -> None:
+        pass
+
+
+def make_rollout(cfg: dict, policy_dir: str | Path, policy: torch.nn.Module):
+    """The sampler of `rollout.backend`; the vLLM engine is built once here, from `policy_dir`."""
+    if cfg["rollout"]["backend"] == "vllm":
+        from rloo.rollout.vllm import VLLMRollout  # imports vllm, an optional dependency
+
+        return VLLMRollout.from_config(cfg, policy_dir)
+    return HFRollout(policy)
+
+
+def logprob_gap(ro: Rollout, token_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """`rollout/logprob_gap`: mean |sampler log-prob − trainer log-prob| over completion tokens.
+
+    Empty when the sampler reports no log-probabilities (the HF backend samples from the trainer's
+    own forward pass, so there is nothing to compare).
+    """
+    if ro.logprobs is None:
+        return {}
+    m = mask.bool() & torch.isfinite(ro.logprobs)
+    gap = (ro.logprobs - token_logp.detach().float()).abs()[m]
+    return {"rollout/logprob_gap": float(gap.mean()) if gap.numel() else float("nan")}

@@ -1,0 +1,99 @@
+"""Process set-up shared by every stage: threads, seeds, quiet third-party progress output."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+
+import numpy as np
+import torch
+
+log = logging.getLogger("rloo")
+
+
+def setup(threads: int | None, seed: int) -> int:
+    """Set torch threads (explicit, else the job's CPU allotment) and every RNG; return the thread count."""
+    if threads is None:
+        threads = int(os.environ.get("SLURM_CPUS_PER_TASK", 0)) or len(os.sched_getaffinity(0))
+    torch.set_num_threads(threads)
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    # A hub is never contacted for the embedded default; these keep transformers and datasets quiet.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
+        transformers.utils.logging.set_verbosity_error()
+    except Exception:  # pragma: no cover - logging niceties only
+        pass
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return threads
+
+
+def autocast(mode: str) -> contextlib.AbstractContextManager:
+    """bfloat16 autocast for forward passes (about 1.4x faster on AVX-512 bf16 CPUs), or nothing."""
+    if mode == "none":
+        return contextlib.nullcontext()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.autocast(device, dtype=torch.bfloat16)
+
+
+def step_generator(seed: int, step: int, stream: int = 0) -> torch.Generator:
+    """A generator that depends only on (seed, step, stream): a resumed run draws the same numbers."""
+    g = torch.Generator()
+    g.manual_seed(int(np.random.SeedSequence([seed, step, stream]).generate_state(1)[0]))
+    return g
+
+
+class Preempted(SystemExit):
+    """Raised after a checkpoint was written because the job received SIGTERM (exit status 143)."""
+
+    def __init__(self, step: int):
+        super().__init__(143)
+        self.step = step
+
+
+class StopFlag:
+    """Turns SIGTERM (Slurm's warning before a kill or requeue) into a flag the training loop polls."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def __enter__(self) -> StopFlag:
+        import signal
+
+        self._previous = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        log.warning("SIGTERM received: will checkpoint and exit after the current step")
+        self.requested = True
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        signal.signal(signal.SIGTERM, self._previous)
+
+
+def run_fingerprint(cfg: dict, sections: list[str], data_dir, model_dir=None) -> str:
+    """What a checkpoint must match to be resumed: the stage's config sections, the data manifest and
+    (for stages that start from a trained model) that model's config and weights index."""
+    import hashlib
+    from pathlib import Path
+
+    from rloo.config import config_hash
+
+    h = hashlib.sha256(config_hash(cfg, sections).encode())
+    for path in [Path(data_dir) / "manifest.json", *([Path(model_dir) / "config.json"] if model_dir else [])]:
+        if path.is_file():
+            h.update(path.read_bytes())
+    if model_dir is not None:
+        for weights in sorted(Path(model_dir).glob("*.safetensors")):
+            st = weights.stat()
+            h.update(f"{weights.name}:{st.st_size}".encode())
+    return h.hexdigest()[:16]

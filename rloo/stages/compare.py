@@ -1,0 +1,123 @@
+"""Stage `compare`: the evaluation results of several estimators side by side (JSON + PNG).
+
+Reads the `rloo evaluate` results (`results/gsm8k_<estimator>.json`), one per estimator, each holding
+the SFT policy and one trained policy evaluated on the same held-out prompts. Writes one row per
+estimator (held-out accuracy, win rate against SFT, KL, length, training throughput) and the SFT
+baseline, and checks that every result was computed on the same data.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rloo.io import atomic_path, write_json_atomic
+
+# Per-policy metrics copied from the evaluation report, and training summary fields from metrics.json.
+POLICY_KEYS = ("accuracy", "accuracy_flexible", "accuracy_sampled", "accuracy_sampled_flexible", "kl",
+               "mean_length", "mean_reward")
+TRAINING_KEYS = ("steps", "train_seconds", "samples_per_second", "final_reward_mean", "final_kl",
+                 "reward_source", "alarms")
+
+
+def _policy_name(name: str, result: dict) -> str:
+    """The trained policy's key in one evaluation result: `name` if present, else the only non-SFT one."""
+    policies = [p for p in result.get("policies", {}) if p != "sft"]
+    if name in policies:
+        return name
+    if len(policies) == 1:
+        return policies[0]
+    raise ValueError(f"{name}: expected one trained policy in the result, found {policies or 'none'}")
+
+
+def compare(results: dict[str, dict]) -> dict[str, Any]:
+    """The comparison table of `results` ({estimator: evaluation result})."""
+    if not results:
+        raise ValueError("compare: no result files given")
+    rows: dict[str, dict] = {}
+    for name, res in results.items():
+        policy = _policy_name(name, res)
+        report = res["policies"][policy]
+        wins = res.get("win_rates", {}).get(policy) or {}
+        training = (res.get("training") or {}).get(policy) or {}
+        rows[name] = {
+            **{k: report.get(k) for k in POLICY_KEYS},
+            "win_rate": wins.get("value"),
+            "win_rate_detail": wins or None,
+            "training": {k: training.get(k) for k in TRAINING_KEYS if k in training},
+        }
+    first = next(iter(results.values()))
+    sft = {k: first["policies"]["sft"].get(k) for k in POLICY_KEYS}
+    manifests = {name: res.get("data_manifest_sha256") for name, res in results.items()}
+    examples = {name: res.get("examples") for name, res in results.items()}
+    sft_accuracy = {name: res["policies"]["sft"].get("accuracy") for name, res in results.items()}
+    best = max(rows, key=lambda n: (rows[n]["accuracy"] is not None, rows[n]["accuracy"] or 0.0))
+    return {
+        "estimators": rows,
+        "sft": sft,
+        "best_by_accuracy": best,
+        "judge": first.get("judge"),
+        "examples": first.get("examples"),
+        "checks": {
+            # The comparison is only fair if every estimator saw the same data and the same SFT start.
+            "same_data": len(set(manifests.values())) == 1,
+            "same_examples": len(set(examples.values())) == 1,
+            "same_sft_accuracy": len(set(sft_accuracy.values())) == 1,
+        },
+        "data_manifest_sha256": manifests,
+    }
+
+
+def plot_comparison(table: dict[str, Any], path: str | Path) -> str:
+    """Held-out accuracy (greedy, sampled), win rate against SFT, and KL per estimator; SFT as lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = table["estimators"]
+    names = list(rows)
+    x = list(range(len(names)))
+
+    def vals(key: str) -> list[float]:
+        return [float("nan") if rows[n][key] is None else rows[n][key] for n in names]
+
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    w = 0.38
+    axes[0].bar([i - w / 2 for i in x], vals("accuracy"), w, label="greedy")
+    axes[0].bar([i + w / 2 for i in x], vals("accuracy_sampled"), w, label="sampled T=1")
+    sft = table["sft"]
+    if sft.get("accuracy") is not None:
+        axes[0].axhline(sft["accuracy"], color="tab:blue", ls="--", lw=1, label="SFT greedy")
+    if sft.get("accuracy_sampled") is not None:
+        axes[0].axhline(sft["accuracy_sampled"], color="tab:orange", ls=":", lw=1, label="SFT sampled")
+    axes[0].set_title("held-out verifier accuracy")
+    axes[0].set_ylim(0, 1)
+    axes[0].legend(fontsize=7)
+    axes[1].bar(x, vals("win_rate"), color="tab:green")
+    axes[1].axhline(0.5, color="k", ls="--", lw=1)
+    axes[1].set_ylim(0, 1)
+    axes[1].set_title("win rate against SFT (judge)")
+    axes[2].bar(x, vals("kl"), color="tab:red")
+    axes[2].set_title("sequence KL to the reference (nats)")
+    for ax in axes:
+        ax.set_xticks(x, names, rotation=30, ha="right")
+    fig.suptitle(f"estimators on {table.get('examples')} held-out prompts", fontsize=10)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return str(path)
+
+
+def run(result_files: dict[str, str | Path], out_json: str | Path, out_png: str | Path) -> dict[str, Any]:
+    """Compare the evaluation results in `result_files` ({estimator: path}); write JSON and PNG."""
+    results = {name: json.loads(Path(f).read_text()) for name, f in result_files.items()}
+    table = compare(results)
+    table["sources"] = {name: str(f) for name, f in result_files.items()}
+    # The plot first: the JSON is the stage's completion marker.
+    table["plot"] = plot_comparison(table, out_png)
+    write_json_atomic(out_json, table)
+    return table

@@ -1,0 +1,134 @@
+"""`rloo evaluate`: the SFT policy and each trained policy on held-out prompts, judged independently.
+
+Per policy: verifier accuracy (greedy and sampled at T = 1, strict and flexible), the reward model's
+mean score (the proxy the policy was trained on), sequence KL to the reference, mean length. Then the
+win rate of each trained policy against SFT by a pairwise judge, in both presentation orders.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import torch
+import yaml
+
+from rloo import models, tracking
+from rloo.batching import completion_logprobs, join
+from rloo.config import config_hash
+from rloo.data.gsm8k import format_prompt
+from rloo.evaluation import accuracy
+from rloo.io import read_jsonl, sha256_file, write_json_atomic
+from rloo.judges import build_judge, win_rate
+from rloo.rewards import score_texts
+from rloo.rollout import generate
+from rloo.runtime import autocast, setup, step_generator
+
+log = logging.getLogger("rloo.evaluate")
+
+
+@torch.no_grad()
+def policy_report(cfg: dict, policy_dir: Path, reference, tok, rows: list[dict], reward) -> tuple[dict, list[str]]:
+    """Metrics of one policy, and its completions by decoding mode (for the pairwise judge)."""
+    e, m = cfg["evaluate"], cfg["model"]
+    policy = models.load_causal_lm(policy_dir, m["dtype"], m["trust_remote_code"])
+    tmpl = cfg["prompt"]["template"]
+    prompts = [format_prompt(r["question"], tmpl) for r in rows]
+    golds = [r["answer"] for r in rows]
+    ids = [tok(p)["input_ids"] for p in prompts]
+    out: dict[str, dict] = {}
+    for mode in ("greedy", "sampled"):
+        texts, lengths, kls = [], [], []
+        for s in range(0, len(ids), e["batch_size"]):
+            with autocast(m["autocast"]):
+                ro = generate(policy, ids[s : s + e["batch_size"]], max_new_tokens=e["max_new_tokens"],
+                              eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, greedy=mode == "greedy",
+                              generator=step_generator(cfg["seed"], s, stream=21))
+                batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
+                lp = completion_logprobs(policy, batch)
+                lp_ref = completion_logprobs(reference, batch)
+            mask = batch.completion_mask
+            kls += ((lp - lp_ref) * mask).sum(-1).tolist()
+            lengths += ro.lengths.tolist()
+            texts += [tok.decode(ro.completions[j, : int(mask[j].sum())], skip_special_tokens=True)
+                      for j in range(len(ro.completions))]
+        out[mode] = {"texts": texts, "lengths": lengths, "kl": kls}
+    s = out["sampled"]
+    report = {
+        "accuracy": accuracy(out["greedy"]["texts"], golds, "strict"),
+        "accuracy_flexible": accuracy(out["greedy"]["texts"], golds, "flexible"),
+        "accuracy_sampled": accuracy(s["texts"], golds, "strict"),
+        "accuracy_sampled_flexible": accuracy(s["texts"], golds, "flexible"),
+        # KL(π‖π_ref) estimated on the policy's own T = 1 samples (the k1 estimator is unbiased there).
+        "kl": float(np.mean(s["kl"])),
+        "mean_length": float(np.mean(s["lengths"])),
+        "mean_reward": None,
+    }
+    if reward is not None:
+        scores = score_texts(reward[0], reward[1], [p + t for p, t in zip(prompts, s["texts"], strict=True)],
+                             e["batch_size"], m["max_length"])
+        ok = torch.isfinite(scores)
+        report["mean_reward"] = float(scores[ok].mean()) if ok.any() else None
+    return report, {mode: out[mode]["texts"] for mode in out}
+
+
+def run(cfg: dict, data_dir: str | Path, sft_dir: str | Path, policies: dict[str, str], out_json: str | Path,
+        reward_model_dir: str | Path | None = None, plot_dir: str | Path | None = None) -> dict:
+    """Evaluate SFT and `policies` ({name: folder}); write the results JSON (and plots)."""
+    setup(cfg["threads"], cfg["seed"])
+    m, e = cfg["model"], cfg["evaluate"]
+    data_dir = Path(data_dir)
+    rows = [r for _, r in read_jsonl(data_dir / "test.jsonl")][: e["examples"]]
+    tok = models.load_tokenizer(sft_dir, m["trust_remote_code"])
+    reference = models.load_causal_lm(sft_dir, m["dtype"], m["trust_remote_code"])
+    reward = None
+    if reward_model_dir:
+        reward = (models.load_reward_model(reward_model_dir, m["dtype"], m["trust_remote_code"]),
+                  models.load_tokenizer(reward_model_dir, m["trust_remote_code"]))
+    reports, texts = {}, {}
+    for name, folder in {"sft": str(sft_dir), **policies}.items():
+        reports[name], texts[name] = policy_report(cfg, Path(folder), reference, tok, rows, reward)
+        log.info("%s: %s", name, reports[name])
+    judge = build_judge(cfg)
+    questions, golds = [r["question"] for r in rows], [r["answer"] for r in rows]
+    mode = e["win_rate_decoding"]
+    wins = {name: win_rate(judge, questions, golds, texts[name][mode], texts["sft"][mode]).as_dict()
+            for name in policies}
+    manifest = data_dir / "manifest.json"
+    result = {
+        "policies": reports,
+        "win_rate": wins[next(iter(policies))] if len(policies) == 1 else wins,
+        "win_rates": wins,
+        "judge": {**getattr(judge, "description", {"type": judge.name}), "decoding": mode},
+        "examples": len(rows),
+        "config_hash": config_hash(cfg),
+        "seed": cfg["seed"],
+        "data_manifest_sha256": sha256_file(manifest) if manifest.exists() else None,
+        "training": {name: _read_json(Path(folder) / "metrics.json") for name, folder in policies.items()},
+        # The MLflow runs of the stages that made these results (empty when tracking is off).
+        "run_ids": {stage: rec.get("run_id") for stage, rec in tracking.recorded_runs().items()},
+    }
+    if plot_dir is not None:
+        from rloo.plots import plot_policies, plot_proxy_vs_judge
+
+        result["plots"] = {
+            "policies": plot_policies(reports, Path(plot_dir) / "policies.png"),
+            "proxy_vs_judge": plot_proxy_vs_judge(
+                {n: Path(f) / "steps.jsonl" for n, f in policies.items()}, Path(plot_dir) / "proxy_vs_judge.png"
+            ),
+        }
+    # NaN is not JSON: a win rate with no valid verdict is written as null.
+    for wr in [result["win_rate"], *result["win_rates"].values()]:
+        if isinstance(wr.get("value"), float) and np.isnan(wr["value"]):
+            wr["value"] = None
+    jsonschema.validate(result, yaml.safe_load((Path(__file__).parents[1] / "schemas" / "results.schema.yaml").read_text()))
+    write_json_atomic(out_json, result)
+    return result
+
+
+def _read_json(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.exists() else None
+

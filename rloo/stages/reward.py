@@ -1,0 +1,138 @@
+"""`rloo reward`: a Bradley-Terry reward model trained on pairs built from labelled SFT samples."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from rloo import models, tracking
+from rloo.batching import left_pad, positions
+from rloo.data.gsm8k import format_completion, format_prompt
+from rloo.io import atomic_dir, read_jsonl, write_json_atomic
+from rloo.losses import bradley_terry_loss
+from rloo.preferences import Pair, build_pairs, split_by_prompt
+from rloo.rollout import generate
+from rloo.runtime import autocast, setup, step_generator
+from rloo.verifier import is_correct
+
+log = logging.getLogger("rloo.reward")
+
+
+def sample_pairs(cfg: dict, policy_dir: Path, train: list[dict]) -> tuple[list[Pair], dict]:
+    """Sample `samples_per_prompt` completions per prompt from the SFT policy; label; pair them."""
+    rcfg, mcfg = cfg["reward"], cfg["model"]
+    tok = models.load_tokenizer(policy_dir, mcfg["trust_remote_code"])
+    policy = models.load_causal_lm(policy_dir, mcfg["dtype"], mcfg["trust_remote_code"])
+    tmpl = cfg["prompt"]["template"]
+    rows = train[: rcfg["prompts"]]
+    k = rcfg["samples_per_prompt"]
+    rng = random.Random(cfg["seed"])
+    pairs: list[Pair] = []
+    n_correct = n_samples = 0
+    per_batch = max(1, 128 // k)
+    for start in tqdm(range(0, len(rows), per_batch), desc="reward: sampling", unit="batch"):
+        chunk = rows[start : start + per_batch]
+        prompts = [format_prompt(r["question"], tmpl) for r in chunk]
+        ids = [tok(p)["input_ids"] for p in prompts for _ in range(k)]
+        with autocast(mcfg["autocast"]):
+            ro = generate(policy, ids, max_new_tokens=rcfg["max_new_tokens"], eos_id=tok.eos_token_id,
+                          pad_id=tok.pad_token_id, generator=step_generator(cfg["seed"], start, stream=3))
+        for i, r in enumerate(chunk):
+            texts, ok = [], []
+            for j in range(i * k, (i + 1) * k):
+                n = int(ro.completion_mask[j].sum())
+                text = tok.decode(ro.completions[j, :n], skip_special_tokens=True)
+                texts.append(text)
+                ok.append(bool(ro.finished[j]) and is_correct(text, r["answer"]))
+            n_correct += sum(ok)
+            n_samples += len(ok)
+            pairs += build_pairs(start + i, prompts[i], format_completion(r["answer"]), texts, ok, 2 * k, rng)
+    return pairs, {"samples": n_samples, "sample_accuracy": n_correct / max(1, n_samples)}
+
+
+def _encode(tok, texts: list[str], max_length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ids = [tok(t + tok.eos_token, truncation=True, max_length=max_length)["input_ids"] for t in texts]
+    input_ids, mask = left_pad(ids, tok.pad_token_id)
+    return input_ids, mask, positions(mask)
+
+
+def pair_scores(model, tok, pairs: list[Pair], max_length: int, autocast_mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(chosen, rejected) scores [N] in one forward pass over both halves."""
+    texts = [p.prompt + p.chosen for p in pairs] + [p.prompt + p.rejected for p in pairs]
+    ids, mask, pos = _encode(tok, texts, max_length)
+    with autocast(autocast_mode):
+        s = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, 0].float()
+    return s[: len(pairs)], s[len(pairs) :]
+
+
+@torch.no_grad()
+def pairwise_accuracy(model, tok, pairs: list[Pair], max_length: int, autocast_mode: str, batch: int = 64) -> float:
+    if not pairs:
+        return float("nan")
+    wins = 0
+    for i in range(0, len(pairs), batch):
+        c, r = pair_scores(model, tok, pairs[i : i + batch], max_length, autocast_mode)
+        wins += int((c > r).sum())
+    return wins / len(pairs)
+
+
+def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | Path) -> dict:
+    """Build pairs, train the reward model, report held-out pairwise accuracy; write `out_dir`."""
+    threads = setup(cfg["threads"], cfg["seed"])
+    rcfg, mcfg = cfg["reward"], cfg["model"]
+    policy_dir, out_dir = Path(policy_dir), Path(out_dir)
+    train = [r for _, r in read_jsonl(Path(data_dir) / "train.jsonl")]
+    t0 = time.perf_counter()
+    pairs, sample_info = sample_pairs(cfg, policy_dir, train)
+    tr_pairs, val_pairs = split_by_prompt(pairs, rcfg["val_fraction"], cfg["seed"])
+    if not tr_pairs:
+        raise ValueError("reward: no preference pairs could be built (every sample was correct, or none)")
+    t_pairs = time.perf_counter() - t0
+
+    init = rcfg["init"] or policy_dir
+    tok = models.load_tokenizer(policy_dir, mcfg["trust_remote_code"])
+    model = models.load_reward_model(init, mcfg["dtype"], mcfg["trust_remote_code"], trainable=True)
+    model.config.pad_token_id = tok.pad_token_id
+    opt = torch.optim.AdamW(model.parameters(), lr=rcfg["lr"])
+    rng = np.random.default_rng(cfg["seed"])
+    history = []
+    val_before = pairwise_accuracy(model, tok, val_pairs, mcfg["max_length"], mcfg["autocast"])
+    for step in tqdm(range(rcfg["steps"]), desc="reward: training", unit="step"):
+        idx = rng.choice(len(tr_pairs), size=min(rcfg["batch_size"], len(tr_pairs)), replace=False)
+        c, r = pair_scores(model, tok, [tr_pairs[i] for i in idx], mcfg["max_length"], mcfg["autocast"])
+        loss = bradley_terry_loss(c, r)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if step % 10 == 0 or step == rcfg["steps"] - 1:
+            history.append({"step": step, "reward/loss": float(loss.detach()), "reward/train_accuracy": float((c > r).float().mean())})
+            tracking.log_metrics(history[-1], step)
+    model.requires_grad_(False)
+    metrics = {
+        "pairs": len(pairs),
+        "train_pairs": len(tr_pairs),
+        "val_pairs": len(val_pairs),
+        "val_prompts": len({p.prompt_id for p in val_pairs}),
+        "val_accuracy": pairwise_accuracy(model, tok, val_pairs, mcfg["max_length"], mcfg["autocast"]),
+        "val_accuracy_before_training": val_before,
+        "train_accuracy": pairwise_accuracy(model, tok, tr_pairs[:512], mcfg["max_length"], mcfg["autocast"]),
+        **sample_info,
+        "pair_seconds": round(t_pairs, 2),
+        "train_seconds": round(time.perf_counter() - t0 - t_pairs, 2),
+        "threads": threads,
+        "init": str(init),
+    }
+    tracking.log_metrics({f"reward/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
+    with atomic_dir(out_dir) as tmp:
+        models.save_pretrained(model, tok, tmp)
+        write_json_atomic(tmp / "metrics.json", metrics)
+        write_json_atomic(tmp / "history.json", history)
+    log.info("reward model: %s", metrics)
+    return metrics

@@ -1,0 +1,218 @@
+"""Supervised fine-tuning of the reference policy on question → solution (loss on the solution only)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from rloo import checkpoint, models, tracking
+from rloo.data.gsm8k import format_completion, format_prompt
+from rloo.evaluation import accuracy, complete
+from rloo.io import atomic_dir, read_jsonl, write_json_atomic
+from rloo.runtime import Preempted, StopFlag, autocast, run_fingerprint, setup, step_generator
+
+log = logging.getLogger("rloo.sft")
+
+
+@dataclass
+class Example:
+    ids: list[int]
+    n_prompt: int
+
+
+def tokenize(records: list[dict], tokenizer, template: str, max_length: int) -> tuple[list[Example], int]:
+    """Prompt + solution + EOS token ids; examples longer than max_length are dropped and counted."""
+    out, too_long = [], 0
+    for r in records:
+        p = tokenizer(format_prompt(r["question"], template))["input_ids"]
+        c = tokenizer(format_completion(r["answer"]))["input_ids"] + [tokenizer.eos_token_id]
+        if len(p) + len(c) > max_length:
+            too_long += 1
+            continue
+        out.append(Example(p + c, len(p)))
+    return out, too_long
+
+
+def batch_indices(lengths: np.ndarray, step: int, batch_size: int, seed: int) -> np.ndarray:
+    """The examples of `step`: a seeded epoch permutation, sorted by length within chunks of 32 batches.
+
+    Depends only on (seed, step), so a resumed run sees exactly the batches it would have seen.
+    """
+    per_epoch = max(1, len(lengths) // batch_size)
+    epoch, pos = divmod(step, per_epoch)
+    perm = np.random.default_rng([seed, epoch]).permutation(len(lengths))[: per_epoch * batch_size]
+    chunk = 32 * batch_size
+    start = (pos * batch_size) // chunk * chunk
+    block = perm[start : start + chunk]
+    block = block[np.argsort(lengths[block], kind="stable")]
+    batches = block.reshape(-1, batch_size)
+    order = np.random.default_rng([seed, epoch, start]).permutation(len(batches))
+    return batches[order[(pos * batch_size - start) // batch_size]]
+
+
+def collate(examples: list[Example], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # Widths rounded up to a multiple of 16: few distinct shapes keep the CPU allocator from fragmenting.
+    width = -(-max(len(e.ids) for e in examples) // 16) * 16
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    labels = torch.full_like(ids, -100)
+    for i, e in enumerate(examples):
+        n = len(e.ids)
+        ids[i, :n] = torch.tensor(e.ids)
+        mask[i, :n] = 1
+        labels[i, e.n_prompt : n] = ids[i, e.n_prompt : n]
+    return ids, mask, labels
+
+
+def lr_lambda(warmup: int, total: int):
+    """Linear warm-up, then cosine decay to 10% of the peak."""
+
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    return f
+
+
+def init_model_folder(cfg: dict, train: list[dict], folder: Path) -> Path:
+    """The starting point: a hub id / folder from the config, or the embedded tiny model built once."""
+    mcfg = cfg["model"]
+    if mcfg["name_or_path"]:
+        return Path(mcfg["name_or_path"])
+    if (folder / "config.json").exists():
+        return folder
+    texts = (
+        format_prompt(r["question"], cfg["prompt"]["template"]) + format_completion(r["answer"])
+        for r in train
+    )
+    tok = models.train_tokenizer(texts, mcfg["tiny"]["vocab_size"])
+    model = models.build_tiny_model(tok, mcfg["tiny"], mcfg["max_length"], cfg["seed"])
+    with atomic_dir(folder) as tmp:
+        models.save_pretrained(model, tok, tmp)
+    log.info("built the embedded tiny model (%d parameters) in %s", models.count_parameters(model), folder)
+    return folder
+
+
+def evaluate_policy(model, tokenizer, test: list[dict], cfg: dict, n: int, max_new_tokens: int) -> dict:
+    """Held-out accuracy by the verifier: greedy and sampled (T = 1), strict and flexible."""
+    qs = [r["question"] for r in test[:n]]
+    golds = [r["answer"] for r in test[:n]]
+    tmpl = cfg["prompt"]["template"]
+    greedy = complete(model, tokenizer, qs, template=tmpl, max_new_tokens=max_new_tokens, greedy=True)
+    sampled = complete(
+        model,
+        tokenizer,
+        qs,
+        template=tmpl,
+        max_new_tokens=max_new_tokens,
+        greedy=False,
+        generator=step_generator(cfg["seed"], 0, stream=7),
+    )
+    return {
+        "accuracy": accuracy(greedy.texts, golds, "strict"),
+        "accuracy_flexible": accuracy(greedy.texts, golds, "flexible"),
+        "accuracy_sampled": accuracy(sampled.texts, golds, "strict"),
+        "accuracy_sampled_flexible": accuracy(sampled.texts, golds, "flexible"),
+        "mean_length": float(np.mean(greedy.lengths)),
+        "eval_examples": len(qs),
+    }
+
+
+def run(cfg: dict, data_dir: str | Path, out_dir: str | Path, work_dir: str | Path) -> dict:
+    """Train, evaluate and write `out_dir` (save_pretrained + metrics.json); resumable via `work_dir`."""
+    threads = setup(cfg["threads"], cfg["seed"])
+    scfg, mcfg = cfg["sft"], cfg["model"]
+    data_dir, out_dir, work_dir = Path(data_dir), Path(out_dir), Path(work_dir)
+    train = [r for _, r in read_jsonl(data_dir / "train.jsonl")]
+    test = [r for _, r in read_jsonl(data_dir / "test.jsonl")]
+    if scfg["max_train_examples"]:
+        train = train[: scfg["max_train_examples"]]
+
+    init = init_model_folder(cfg, train, work_dir / "init")
+    tokenizer = models.load_tokenizer(init, mcfg["trust_remote_code"])
+    model = models.load_causal_lm(init, mcfg["dtype"], mcfg["trust_remote_code"], trainable=True)
+    examples, too_long = tokenize(train, tokenizer, cfg["prompt"]["template"], mcfg["max_length"])
+    if not examples:
+        raise ValueError(f"{data_dir / 'train.jsonl'}: no example fits model.max_length={mcfg['max_length']}")
+    if too_long:
+        log.warning("dropped %d of %d training examples longer than model.max_length", too_long, len(train))
+    lengths = np.array([len(e.ids) for e in examples])
+    batch_size = min(scfg["batch_size"], len(examples))
+
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=scfg["lr"], weight_decay=scfg["weight_decay"], betas=(0.9, scfg["adam_beta2"])
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(scfg["warmup_steps"], scfg["steps"]))
+    ckpt_dir = work_dir / "checkpoints"
+    fingerprint = run_fingerprint(cfg, ["seed", "model", "prompt", "sft"], data_dir)
+    start, history = 0, []
+    if (last := checkpoint.latest(ckpt_dir)) is not None:
+        start, extra = checkpoint.load(last, model, optimizer, scheduler, fingerprint)
+        history = extra.get("history", [])
+        log.info("resumed from %s (step %d)", last, start)
+
+    t0 = time.perf_counter()
+    tokens = 0
+    model.train()
+    with StopFlag() as stop, tqdm(total=scfg["steps"], initial=start, desc="sft", unit="step") as bar:
+        for step in range(start, scfg["steps"]):
+            idx = batch_indices(lengths, step, batch_size, cfg["seed"])
+            ids, mask, labels = collate([examples[i] for i in idx], tokenizer.pad_token_id)
+            with autocast(mcfg["autocast"]):
+                out = model(input_ids=ids, attention_mask=mask, labels=labels, use_cache=False)
+            out.loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), scfg["grad_clip"])
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            tokens += int(mask.sum())
+            if step % scfg["log_every"] == 0 or step == scfg["steps"] - 1:
+                history.append(
+                    {
+                        "step": step,
+                        "sft/loss": out.loss.item(),
+                        "sft/grad_norm": float(grad_norm),
+                        "sft/lr": scheduler.get_last_lr()[0],
+                    }
+                )
+                tracking.log_metrics(history[-1], step)
+                bar.set_postfix(loss=f"{out.loss.item():.3f}")
+            bar.update(1)
+            done = step + 1
+            if stop.requested or (done % scfg["checkpoint_every"] == 0 and done < scfg["steps"]):
+                checkpoint.save(ckpt_dir, done, model, optimizer, scheduler, {"history": history},
+                                fingerprint=fingerprint)
+                if stop.requested:
+                    raise Preempted(done)
+    train_seconds = time.perf_counter() - t0
+    model.eval()
+    metrics = evaluate_policy(model, tokenizer, test, cfg, scfg["eval_examples"], scfg["eval_max_new_tokens"])
+    metrics.update(
+        {
+            "steps": scfg["steps"],
+            "resumed_from_step": start,
+            "train_seconds": round(train_seconds, 2),
+            "tokens_per_second": round(tokens / max(train_seconds, 1e-9), 1),
+            "threads": threads,
+            "train_examples": len(examples),
+            "dropped_too_long": too_long,
+            "parameters": models.count_parameters(model),
+            "final_loss": history[-1]["sft/loss"] if history else None,
+        }
+    )
+    tracking.log_metrics({f"sft/eval_{k}": v for k, v in metrics.items()}, scfg["steps"])
+    with atomic_dir(out_dir) as tmp:
+        models.save_pretrained(model, tokenizer, tmp)
+        write_json_atomic(tmp / "metrics.json", metrics)
+        write_json_atomic(tmp / "history.json", history)
+    log.info("sft done: %s", {k: metrics[k] for k in ("accuracy", "accuracy_sampled", "train_seconds")})
+    return metrics

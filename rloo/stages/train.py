@@ -1,0 +1,322 @@
+"""`rloo train`: REINFORCE Leave-One-Out on the SFT policy, with a frozen reference and no critic.
+
+Per step: sample k completions for each of B prompts at T = 1, score them, shape the reward with the
+sequence KL to the reference, turn rewards into advantages with the configured estimator, and take
+one (or a few, ratio-clipped) optimizer steps on -mean_i A_i log π(y_i).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from rloo import alarms, checkpoint, models, tracking
+from rloo.batching import SeqBatch, completion_logits, completion_logprobs, join, token_logprobs
+from rloo.data.gsm8k import format_prompt
+from rloo.estimators import MovingBaseline, compute_advantages
+from rloo.evaluation import accuracy, complete
+from rloo.io import atomic_dir, read_jsonl, write_json_atomic
+from rloo.losses import kl_loss_term, policy_loss, sequence_kl, shaped_reward, token_entropy
+from rloo.rewards import RewardSource, build_reward
+from rloo.rollout import Rollout, logprob_gap, make_rollout
+from rloo.runtime import Preempted, StopFlag, autocast, run_fingerprint, setup, step_generator
+
+log = logging.getLogger("rloo.train")
+
+
+def check_sampling(rcfg: dict) -> list[str]:
+    """Loud warnings for sampling settings that bias the estimator (the article's sampling mismatch)."""
+    problems = []
+    if rcfg["temperature"] != 1.0:
+        problems.append(f"rloo.temperature={rcfg['temperature']}")
+    if rcfg["top_p"] < 1.0:
+        problems.append(f"rloo.top_p={rcfg['top_p']}")
+    if rcfg["top_k"]:
+        problems.append(f"rloo.top_k={rcfg['top_k']}")
+    for p in problems:
+        log.warning(
+            "!!! %s: training samples no longer come from the policy whose log-probabilities are "
+            "differentiated; the RLOO gradient is biased. Sample with temperature 1.0, no top-p/top-k.", p
+        )
+    return problems
+
+
+def prompt_indices(n: int, step: int, per_step: int, seed: int) -> np.ndarray:
+    """The prompts of `step`: consecutive slices of a seeded permutation per epoch (resume-exact)."""
+    per_epoch = max(1, n // per_step)
+    epoch, pos = divmod(step, per_epoch)
+    perm = np.random.default_rng([seed, epoch, 1]).permutation(n)
+    return perm[pos * per_step : (pos + 1) * per_step]
+
+
+class Trainer:
+    """Holds the policy, the frozen reference, the optimizer and the reward; `step()` is one RLOO step."""
+
+    def __init__(self, cfg: dict, policy_dir: str | Path, reward: RewardSource, train: list[dict]) -> None:
+        self.cfg, self.rcfg, self.mcfg = cfg, cfg["rloo"], cfg["model"]
+        r = self.rcfg
+        if r["estimator"] in ("rloo", "grpo", "grpo_std") and r["k"] < 2:
+            raise ValueError(f"rloo.k={r['k']}: the {r['estimator']} estimator needs k >= 2 samples per prompt")
+        if r["prompts_per_step"] > len(train):
+            raise ValueError(
+                f"rloo.prompts_per_step={r['prompts_per_step']} exceeds the {len(train)} training prompts"
+            )
+        self.tokenizer = models.load_tokenizer(policy_dir, self.mcfg["trust_remote_code"])
+        self.policy = models.load_causal_lm(policy_dir, self.mcfg["dtype"], self.mcfg["trust_remote_code"], True)
+        self.reference = models.load_causal_lm(policy_dir, self.mcfg["dtype"], self.mcfg["trust_remote_code"])
+        self.reward = reward
+        self.train = train
+        self.prompt_ids = self._tokenize_prompts(train)
+        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=r["lr"], weight_decay=r["weight_decay"])
+        warm = max(1, r["warmup_steps"])
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warm))
+        self.baseline = MovingBaseline(None, r["moving_average_decay"])
+        self.history: list[dict] = []
+        # rollout backend (issue 8): `rollout.backend` hf | vllm; a vLLM engine is built once, here.
+        self.rollout = make_rollout(cfg, policy_dir, self.policy)
+
+    def _tokenize_prompts(self, rows: list[dict]) -> list[list[int]]:
+        tmpl, limit = self.cfg["prompt"]["template"], self.mcfg["max_length"] - self.rcfg["max_new_tokens"]
+        ids = [self.tokenizer(format_prompt(r["question"], tmpl))["input_ids"] for r in rows]
+        too_long = [i for i, p in enumerate(ids) if len(p) > limit]
+        if too_long:
+            raise ValueError(
+                f"{len(too_long)} training prompts (first: #{too_long[0]}) are longer than model.max_length - "
+                f"rloo.max_new_tokens = {limit} tokens; raise model.max_length or shorten the prompts"
+            )
+        return ids
+
+    # -- one step ---------------------------------------------------------------------------------
+    def _sample(self, idx: np.ndarray, step: int) -> Rollout:
+        k = self.rcfg["k"]
+        prompts = [self.prompt_ids[i] for i in idx for _ in range(k)]
+        return self.rollout.generate(
+            prompts, max_new_tokens=self.rcfg["max_new_tokens"],
+            eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id,
+            temperature=self.rcfg["temperature"], top_p=self.rcfg["top_p"], top_k=self.rcfg["top_k"],
+            generator=step_generator(self.cfg["seed"], step),
+        )
+
+    def _score(self, idx: np.ndarray, ro: Rollout, repeat: int) -> tuple[torch.Tensor, list[str]]:
+        tmpl = self.cfg["prompt"]["template"]
+        rows = [self.train[i] for i in idx for _ in range(repeat)]
+        texts = [
+            self.tokenizer.decode(ro.completions[j, : int(ro.completion_mask[j].sum())], skip_special_tokens=True)
+            for j in range(len(rows))
+        ]
+        scores = self.reward.score(
+            [format_prompt(r["question"], tmpl) for r in rows], texts, [r["answer"] for r in rows],
+            ro.finished.tolist(),
+        )
+        return scores.float(), texts
+
+    def _greedy_baseline(self, idx: np.ndarray) -> torch.Tensor:
+        """ReMax: the shaped reward of each prompt's greedy completion."""
+        ro = self.rollout.generate([self.prompt_ids[i] for i in idx], max_new_tokens=self.rcfg["max_new_tokens"],
+                      eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id, greedy=True)
+        scores, _ = self._score(idx, ro, 1)
+        batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
+        with torch.no_grad(), autocast(self.mcfg["autocast"]):
+            lp = completion_logprobs(self.policy, batch)
+            lp_ref = completion_logprobs(self.reference, batch)
+        kl = sequence_kl(lp, lp_ref, batch.completion_mask, self.rcfg["kl_estimator"])
+        return shaped_reward(scores, kl, self.rcfg["beta"]) if self.rcfg["kl_in"] == "reward" else scores
+
+    def _policy_pass(self, batch: SeqBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        with autocast(self.mcfg["autocast"]):
+            logits = completion_logits(self.policy, batch)
+        targets = batch.input_ids[:, batch.prompt_len :]
+        return token_logprobs(logits, targets), logits
+
+    def step(self, step: int) -> dict:
+        r = self.rcfg
+        t0 = time.perf_counter()
+        idx = prompt_indices(len(self.train), step, r["prompts_per_step"], self.cfg["seed"])
+        ro = self._sample(idx, step)
+        t_gen = time.perf_counter()
+        scores, _texts = self._score(idx, ro, r["k"])
+        greedy = self._greedy_baseline(idx) if r["estimator"] == "remax" else None
+        t_score = time.perf_counter()
+
+        batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
+        mask = batch.completion_mask
+        with torch.no_grad(), autocast(self.mcfg["autocast"]):
+            ref_lp = completion_logprobs(self.reference, batch)
+        t_ref = time.perf_counter()
+        # The policy stays in eval mode (no dropout): before the first update it must give exactly the
+        # reference's log-probabilities, so the measured KL starts at 0.
+        lp, logits = self._policy_pass(batch)
+        rollout_metrics = logprob_gap(ro, lp, mask)  # rollout backend (issue 8): vLLM vs trainer log-probs
+        seq_kl = sequence_kl(lp.detach(), ref_lp, mask, r["kl_estimator"])
+        beta_in_reward = r["beta"] if r["kl_in"] == "reward" else 0.0
+        shaped = shaped_reward(scores, seq_kl, beta_in_reward)
+        adv = compute_advantages(
+            r["estimator"], shaped.view(-1, r["k"]), state=self.baseline, greedy_rewards=greedy,
+            decay=r["moving_average_decay"],
+        )
+        if adv.state is not None:
+            self.baseline = adv.state
+        advantages = adv.advantages.reshape(-1)
+
+        old_lp = lp.detach() if r["updates_per_batch"] > 1 else None
+        stats_acc: dict[str, float] = {"clip_frac": 0.0}
+        grad_norm = 0.0
+        for update in range(r["updates_per_batch"]):
+            if update > 0:
+                lp, logits = self._policy_pass(batch)
+            loss, stats = policy_loss(lp, mask, advantages, norm=r["loss_norm"], old_token_logp=old_lp,
+                                      clip_eps=r["clip_eps"])
+            if r["kl_in"] == "loss":
+                loss = loss + kl_loss_term(lp, ref_lp, mask, r["beta"], r["kl_estimator"], r["loss_norm"])
+            loss.backward()
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), r["grad_clip"]))
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            stats_acc["clip_frac"] += float(stats["clip_frac"]) / r["updates_per_batch"]
+        self.scheduler.step()
+        self.rollout.sync_weights(self.policy)  # rollout backend (issue 8): in-place push; no-op for hf
+        with torch.no_grad():
+            entropy = float((token_entropy(logits.detach()) * mask).sum() / mask.sum().clamp(min=1))
+        t_upd = time.perf_counter()
+
+        valid = torch.isfinite(scores)
+        lengths = ro.lengths.float()
+        metrics = {
+            "step": step,
+            "train/reward_mean": float(scores[valid].mean()) if valid.any() else math.nan,
+            "train/reward_std": float(scores[valid].std()) if int(valid.sum()) > 1 else 0.0,
+            "train/shaped_reward_mean": float(shaped[valid].mean()) if valid.any() else math.nan,
+            "train/kl": float(seq_kl.mean()),
+            "train/zero_adv_frac": adv.zero_adv_frac,
+            "train/degenerate_groups": adv.n_degenerate_groups,
+            "train/missing_rewards": int((~valid).sum()),
+            "train/response_length": float(lengths.mean()),
+            "train/truncated_frac": float((~ro.finished).float().mean()),
+            "train/adv_mean": float(advantages.mean()),
+            "train/adv_std": float(advantages.std()),
+            "train/adv_abs_max": float(advantages.abs().max()),
+            "train/clip_frac": stats_acc["clip_frac"],
+            "train/entropy": entropy,
+            "train/grad_norm": grad_norm,
+            "train/loss": float(loss.detach()),
+            "train/lr": self.scheduler.get_last_lr()[0],
+            "time/generation_s": t_gen - t0,
+            "time/scoring_s": t_score - t_gen,
+            "time/reference_s": t_ref - t_score,
+            "time/update_s": t_upd - t_ref,
+            "time/step_s": t_upd - t0,
+            **rollout_metrics,
+        }
+        metrics.update(self._alarms(metrics))
+        return metrics
+
+    _warned: set[str]
+
+    def _alarms(self, m: dict) -> dict:
+        past = [*self.history, m]
+        flags = {
+            "alarm/zero_signal": alarms.zero_signal(m["train/zero_adv_frac"]),
+            "alarm/kl_without_reward": alarms.kl_without_reward(
+                [h["train/kl"] for h in past], [h["train/reward_mean"] for h in past]
+            ),
+            "alarm/length_climb": alarms.length_climb([h["train/response_length"] for h in past]),
+        }
+        warned = getattr(self, "_warned", set())
+        for name, on in flags.items():
+            if on and name not in warned:
+                log.warning("%s fired at step %d (see the README's failure modes)", name, m["step"])
+                warned.add(name)
+        self._warned = warned
+        return {k: int(v) for k, v in flags.items()}
+
+    # -- evaluation during training (the reward-hacking check) --------------------------------------
+    def evaluate(self, test: list[dict], n: int) -> dict:
+        tmpl = self.cfg["prompt"]["template"]
+        rows = test[:n]
+        qs, golds = [r["question"] for r in rows], [r["answer"] for r in rows]
+        sampled = complete(self.policy, self.tokenizer, qs, template=tmpl, max_new_tokens=self.rcfg["max_new_tokens"],
+                           greedy=False, generator=step_generator(self.cfg["seed"], 0, stream=11))
+        proxy = self.reward.score([format_prompt(q, tmpl) for q in qs], sampled.texts, golds, sampled.finished)
+        ok = torch.isfinite(proxy)
+        return {
+            "eval/accuracy_sampled": accuracy(sampled.texts, golds, "strict"),
+            "eval/proxy_reward": float(proxy[ok].mean()) if ok.any() else math.nan,
+        }
+
+
+def run(
+    cfg: dict,
+    data_dir: str | Path,
+    policy_dir: str | Path,
+    out_dir: str | Path,
+    work_dir: str | Path,
+    reward_model_dir: str | Path | None = None,
+) -> dict:
+    """Train and write `out_dir` (save_pretrained policy + steps.jsonl + metrics.json)."""
+    threads = setup(cfg["threads"], cfg["seed"])
+    r = cfg["rloo"]
+    check_sampling(r)
+    data_dir, out_dir, work_dir = Path(data_dir), Path(out_dir), Path(work_dir)
+    train = [row for _, row in read_jsonl(data_dir / "train.jsonl")]
+    test = [row for _, row in read_jsonl(data_dir / "test.jsonl")]
+    reward = build_reward(cfg, str(reward_model_dir) if reward_model_dir else None)
+    trainer = Trainer(cfg, policy_dir, reward, train)
+
+    ckpt_dir = work_dir / "checkpoints"
+    fingerprint = run_fingerprint(cfg, ["seed", "model", "prompt", "reward", "rloo"], data_dir, policy_dir)
+    start = 0
+    if (last := checkpoint.latest(ckpt_dir)) is not None:
+        start, extra = checkpoint.load(last, trainer.policy, trainer.optimizer, trainer.scheduler, fingerprint)
+        trainer.history = extra.get("history", [])
+        trainer.baseline = MovingBaseline(**extra["baseline"]) if extra.get("baseline") else trainer.baseline
+        log.info("resumed from %s (step %d)", last, start)
+        trainer.rollout.sync_weights(trainer.policy)  # rollout backend (issue 8): engine holds policy_dir's weights
+
+    t_start = time.perf_counter()
+    with StopFlag() as stop, tqdm(total=r["steps"], initial=start, desc="rloo", unit="step") as bar:
+        for step in range(start, r["steps"]):
+            m = trainer.step(step)
+            done = step + 1
+            if r["eval_every"] and (done % r["eval_every"] == 0 or done == r["steps"]):
+                m.update(trainer.evaluate(test, r["eval_examples"]))
+                log.info("step %d: %s", done, {k: round(v, 4) for k, v in m.items() if k.startswith("eval/")})
+            trainer.history.append(m)
+            tracking.log_metrics(m, step)
+            bar.set_postfix(reward=f"{m['train/reward_mean']:.3f}", kl=f"{m['train/kl']:.3f}")
+            bar.update(1)
+            if stop.requested or (done % r["checkpoint_every"] == 0 and done < r["steps"]):
+                checkpoint.save(ckpt_dir, done, trainer.policy, trainer.optimizer, trainer.scheduler,
+                                {"history": trainer.history, "baseline": asdict(trainer.baseline)},
+                                keep=r["keep_checkpoints"], fingerprint=fingerprint)
+                if stop.requested:
+                    raise Preempted(done)
+    seconds = time.perf_counter() - t_start
+    h = trainer.history
+    last10 = h[-10:]
+    summary = {
+        "steps": r["steps"],
+        "resumed_from_step": start,
+        "train_seconds": round(seconds, 2),
+        "threads": threads,
+        "estimator": r["estimator"],
+        "reward_source": reward.name,
+        "final_reward_mean": float(np.nanmean([x["train/reward_mean"] for x in last10])),
+        "final_kl": float(np.mean([x["train/kl"] for x in last10])),
+        "samples_per_second": r["prompts_per_step"] * r["k"] * (r["steps"] - start) / max(seconds, 1e-9),
+        "alarms": {k: int(any(x.get(k) for x in h)) for k in ("alarm/zero_signal", "alarm/kl_without_reward",
+                                                                 "alarm/length_climb")},
+    }
+    with atomic_dir(out_dir) as tmp:
+        models.save_pretrained(trainer.policy, trainer.tokenizer, tmp)
+        (tmp / "steps.jsonl").write_text("".join(json.dumps(x) + "\n" for x in h))
+        write_json_atomic(tmp / "metrics.json", summary)
+    log.info("rloo done: %s", summary)
+    return summary

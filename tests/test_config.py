@@ -1,0 +1,49 @@
+from pathlib import Path
+
+import pytest
+
+from rloo.cli import main
+from rloo.config import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("name", ["config.yaml", "gpu.yaml", "micro.yaml"])
+def test_shipped_configs_validate(name):
+    cfg = load_config(ROOT / "config" / name)
+    assert cfg["rloo"]["k"] >= 2
+
+
+def test_defaults_are_filled_and_not_shared():
+    a = load_config(None)
+    b = load_config(None)
+    assert a["sft"]["steps"] == 500 and a["data"]["synthetic"]["n_test"] == 500
+    a["sft"]["steps"] = 1
+    assert b["sft"]["steps"] == 500
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"rloo": {"kk": 3}}, "unknown key 'rloo.kk'"),
+        ({"sfft": {}}, "unknown key 'sfft'"),
+        ({"sft": {"lr": "fast"}}, "key 'sft.lr': 'fast' is not of type 'number'"),
+        ({"rloo": {"estimator": "ppo"}}, "key 'rloo.estimator'"),
+        ({"rloo": {"k": 0}}, "key 'rloo.k': 0 is less than the minimum of 1"),
+    ],
+)
+def test_bad_config_names_the_key(override, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_config(None, override)
+
+
+def test_bad_yaml_file_is_named(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("sft: [unclosed\n")
+    with pytest.raises(ConfigError, match=str(p)):
+        load_config(p)
+
+
+def test_cli_reports_config_errors(capsys):
+    assert main(["validate-config", "--set", "rloo.k=abc"]) == 2
+    assert "rloo.k" in capsys.readouterr().err

@@ -1,0 +1,115 @@
+import json
+import re
+
+import pytest
+
+from rloo.data import gsm8k, synthetic
+from rloo.data.gsm8k import DataError
+from rloo.stages import prepare
+from rloo.verifier import extract_answer
+
+
+def test_generator_is_deterministic_and_disjoint():
+    a_train, a_test = synthetic.generate(300, 50, seed=3)
+    b_train, b_test = synthetic.generate(300, 50, seed=3)
+    c_train, _ = synthetic.generate(300, 50, seed=4)
+    assert a_train == b_train and a_test == b_test
+    assert a_train != c_train
+    assert not {r["question"] for r in a_train} & {r["question"] for r in a_test}
+    assert len({r["question"] for r in a_train}) == 300
+
+
+def test_generator_difficulty_mix():
+    train, _ = synthetic.generate(2000, 10, seed=0, step_weights=[0.25, 0.25, 0.25, 0.25])
+    counts = {s: sum(r["steps"] == s for r in train) for s in (1, 2, 3, 4)}
+    assert all(400 < c < 600 for c in counts.values()), counts
+    only_one, _ = synthetic.generate(50, 5, seed=0, step_weights=[1.0])
+    assert {r["steps"] for r in only_one} == {1}
+
+
+_ANNOT = re.compile(r"<<([^=<>]+)=([^<>]+)>>([^\n]*)")
+
+
+def test_every_annotation_evaluates_and_final_answer_matches():
+    train, test = synthetic.generate(1000, 100, seed=1)
+    for r in train + test:
+        lines = r["answer"].split("\n")
+        assert lines[-1].startswith("#### ")
+        steps = _ANNOT.findall(r["answer"])
+        assert len(steps) == r["steps"]
+        value = None
+        for expr, result, after in steps:
+            # Only + - * / of whole numbers appear; the calculator result must be exact.
+            assert re.fullmatch(r"\d+[-+*/]\d+", expr), expr
+            exact = eval(expr)
+            assert exact == int(exact) and int(result) == exact and after.startswith(result)
+            value = int(result)
+        assert extract_answer(r["answer"], "strict") == str(value)
+        assert value >= 0
+
+
+def test_jsonl_release_format(tmp_path):
+    path = tmp_path / "train.jsonl"
+    rows = [
+        {"question": "Natalia sold clips to 48 friends in April, and half as many in May. How many in all?",
+         "answer": "In May she sold 48/2 = <<48/2=24>>24 clips.\nIn all 48+24 = <<48+24=72>>72.\n#### 72"},
+        {"question": "Weng earns $12 an hour. She worked 50 minutes. How much did she earn?",
+         "answer": "12/60 = $<<12/60=0.2>>0.2 per minute.\n0.2 x 50 = $<<0.2*50=10>>10.\n#### 10"},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    records, report = gsm8k.load_jsonl_split(str(path))
+    assert [r["question"] for r in records] == [r["question"] for r in rows]
+    assert report.skipped == 0
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"question": "q", "answer": "a #### 3"', "malformed JSON"),
+        ('{"question": "q"}', "missing field 'answer'"),
+        ('{"question": "q", "answer": "no final number"}', "no parseable final '#### N'"),
+        ('[1, 2]', "expected a JSON object"),
+    ],
+)
+def test_bad_jsonl_names_file_and_line(tmp_path, line, message):
+    path = tmp_path / "bad.jsonl"
+    good = json.dumps({"question": "q", "answer": "#### 1"})
+    path.write_text(f"{good}\n{good}\n{line}\n{good}\n")
+    with pytest.raises(DataError, match=re.escape(f"{path}:3: ") + ".*" + re.escape(message)):
+        gsm8k.load_jsonl_split(str(path))
+    records, report = gsm8k.load_jsonl_split(str(path), on_bad="skip")
+    assert len(records) == 3 and report.skipped == 1
+
+
+def test_prepare_synthetic_writes_splits_and_manifest(tmp_path, micro_cfg):
+    manifest = prepare.run(micro_cfg, tmp_path)
+    train = (tmp_path / "train.jsonl").read_text().splitlines()
+    assert len(train) == manifest["counts"]["train"] == 256
+    assert manifest["train_test_overlap"] == 0
+    assert manifest["source"] == "synthetic" and manifest["seed"] == 0
+    assert set(json.loads(train[0])) == {"question", "answer"}
+    from rloo.io import sha256_file
+
+    assert manifest["sha256"]["test"] == sha256_file(tmp_path / "test.jsonl")
+
+
+def test_prepare_jsonl_skip_counts_in_manifest(tmp_path, micro_cfg):
+    tr, te = tmp_path / "tr.jsonl", tmp_path / "te.jsonl"
+    good = json.dumps({"question": "q1", "answer": "#### 1"})
+    tr.write_text(f"{good}\nnot json\n")
+    te.write_text(json.dumps({"question": "q2", "answer": "#### 2"}) + "\n")
+    micro_cfg["data"].update(source="jsonl", train_file=str(tr), test_file=str(te), on_bad_record="skip")
+    manifest = prepare.run(micro_cfg, tmp_path / "out")
+    assert manifest["skipped"] == {"train": 1, "test": 0}
+    assert manifest["counts"] == {"train": 1, "test": 1}
+
+
+def test_prepare_error_keeps_previous_outputs(tmp_path, micro_cfg):
+    prepare.run(micro_cfg, tmp_path)
+    before = (tmp_path / "train.jsonl").read_bytes()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "q", "answer": "none"}\n')
+    micro_cfg["data"].update(source="jsonl", train_file=str(bad), test_file=str(bad))
+    with pytest.raises(DataError, match=r"bad\.jsonl:1"):
+        prepare.run(micro_cfg, tmp_path)
+    assert (tmp_path / "train.jsonl").read_bytes() == before

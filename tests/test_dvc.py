@@ -1,0 +1,269 @@
+"""DVC, for real, in a temporary git repository (rloo/dvc.py).
+
+One micro pipeline run (module fixture `origin`: a copy of the workflow with the project's .dvc/config,
+.dvcignore, dvc.yaml and params.yaml, made a git repository) is reused by every check: the run commits
+every stage (dvc.lock, the DVC cache) and `dvc status` is clean; a changed parameter makes `dvc status`
+name exactly the stages that read it, and Snakemake plans exactly those and their descendants; push to
+the default remote (a folder next to the repository), fresh `git clone`, pull: nothing to rerun, and a
+parameter changed on the clone reruns what it should although Snakemake has no records there; `dvc
+repro` runs the same stage with the same outputs; dvc.yaml in the repository is in sync with the rules.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from workflow_helpers import CONFIGFILES, ROOT, VENV_BIN, env_for, make_copy, planned, snakemake
+
+from rloo import dvc as rdvc
+from rloo import tracking
+
+RLOO = "results/gsm8k_rloo.json"
+CONFIG = CONFIGFILES[1:]  # the files, for `rloo dvc ... --configfile`
+ALL_STAGES = {"prepare", "sft", "reward", "rloo@rloo", "evaluate@rloo", "toy"}
+GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@example.org", "GIT_CONFIG_GLOBAL": os.devnull}
+# What the project versions for DVC (the rest comes from workflow_helpers.make_copy).
+DVC_FILES = (".dvc/config", ".dvc/.gitignore", ".dvcignore", ".gitignore", "dvc.yaml", "params.yaml")
+
+
+def _env(repo: Path) -> dict[str, str]:
+    return {**env_for(repo), **GIT_ENV, "DVC_NO_ANALYTICS": "1"}
+
+
+def run(repo: Path, *cmd: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
+    exe = VENV_BIN / cmd[0]
+    argv = [str(exe) if exe.exists() else cmd[0], *cmd[1:]]
+    res = subprocess.run(argv, cwd=repo, env=_env(repo), capture_output=True, text=True, timeout=timeout)
+    if check and res.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {res.returncode}:\n{res.stdout[-3000:]}\n{res.stderr[-5000:]}")
+    return res
+
+
+def dvc_status(repo: Path) -> dict:
+    out = run(repo, "dvc", "status", "--json").stdout
+    return json.loads(out[out.index("{"):]) if "{" in out else {}
+
+
+def stages(repo: Path) -> dict[str, dict]:
+    return rdvc.expand_stages(rdvc.load_pipeline(repo))
+
+
+def descendants(repo: Path, names: set[str]) -> set[str]:
+    """`names` and every stage downstream of them, from dvc.yaml's deps and outs."""
+    st = stages(repo)
+    out = set(names)
+    changed = True
+    while changed:
+        changed = False
+        for name, body in st.items():
+            if name in out:
+                continue
+            ups = {o for s in out for o in rdvc.stage_outs(st[s])}
+            if any(rdvc.covers(o, d) for o in ups for d in rdvc.stage_deps(body)):
+                out.add(name)
+                changed = True
+    return out
+
+
+def rules(stage_names: set[str]) -> set[str]:
+    return {s.split("@")[0] for s in stage_names}
+
+
+@pytest.fixture(scope="module")
+def origin(tmp_path_factory) -> dict:
+    base = tmp_path_factory.mktemp("dvc")
+    repo = make_copy(base / "origin")
+    for name in DVC_FILES:
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, repo / name)
+    run(repo, "git", "init", "-q")
+    run(repo, "git", "add", "-A")
+    run(repo, "git", "commit", "-qm", "project")
+    t0 = time.monotonic()
+    res = snakemake(repo, "--cores", "1", *CONFIGFILES, timeout=1200)
+    seconds = time.monotonic() - t0
+    print(f"micro pipeline + DVC commit: {seconds:.1f} s")
+    return {"base": base, "repo": repo, "output": res.stdout + res.stderr}
+
+
+@pytest.mark.slow
+def test_run_commits_every_stage(origin):
+    repo = origin["repo"]
+    assert "committed 6 stage(s)" in origin["output"], origin["output"][-3000:]
+    assert dvc_status(repo) == {}
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+    assert set(lock) == ALL_STAGES
+    # deps include the code the stage runs; params the config keys it reads, with this run's values
+    assert any(d["path"] == "rloo/stages/sft.py" for d in lock["sft"]["deps"])
+    assert lock["sft"]["params"]["params.yaml"]["sft"]["steps"] == 12  # config/micro.yaml
+    assert "reward.source" not in lock["reward"]["params"]["params.yaml"]
+    assert lock["rloo@rloo"]["params"]["params.yaml"]["reward.source"] == "model"
+    assert lock["rloo@rloo"]["outs"][0]["md5"].endswith(".dir")
+    # the committed dvc.yaml was already right for this run (same DAG shape as the default config)
+    res = run(repo, "git", "diff", "--quiet", "--", "dvc.yaml", check=False)
+    assert res.returncode == 0, "the repository's dvc.yaml is out of date: run `rloo dvc yaml`"
+    # model folders are links to the cache (stored once); single files are writable (Snakemake
+    # refuses to replace a write-protected output), and the run still needs nothing
+    weights = repo / "results/models/sft/model.safetensors"
+    digest = hashlib.md5(weights.read_bytes(), usedforsecurity=False).hexdigest()
+    assert weights.samefile(repo / ".dvc/cache/files/md5" / digest[:2] / digest[2:])
+    # ... and never in MLflow, which logs metrics files and plots of a model folder, and md5s
+    assert not tracking.WEIGHT_SUFFIXES & tracking.ARTIFACT_SUFFIXES
+    for f in ("data/gsm8k/train.jsonl", RLOO, "results/toy_variance.png"):
+        st = (repo / f).stat()
+        assert st.st_mode & 0o200 and st.st_nlink == 1, f
+    assert planned(repo) == {}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ("sft: {lr: 1.0e-3}", {"sft"}),
+        # read by RLOO only: the reward model does not depend on it
+        ("reward: {batch_size_score: 32}", {"rloo@rloo"}),
+        ("evaluate: {examples: 8}", {"evaluate@rloo"}),
+        ("seed: 1", ALL_STAGES),
+        # how a run is observed or scheduled: no stage
+        ("name: renamed", set()),
+        ("threads: 2", set()),
+    ],
+)
+def test_changed_parameter_names_exactly_the_affected_stages(origin, change, expected):
+    repo = origin["repo"]
+    params = (repo / "params.yaml").read_text()
+    try:
+        (repo / "config" / "extra.yaml").write_text(change + "\n")
+        run(repo, "rloo", "dvc", "yaml", "--configfile", *CONFIG, "config/extra.yaml")
+        assert set(dvc_status(repo)) == expected
+        # Snakemake (with its records of the run) plans exactly those stages and what depends on them
+        assert set(planned(repo, extra_config=change)) == rules(descendants(repo, expected))
+    finally:
+        (repo / "params.yaml").write_text(params)
+        (repo / "config" / "extra.yaml").unlink(missing_ok=True)
+    assert dvc_status(repo) == {}
+
+
+@pytest.fixture(scope="module")
+def clone(origin) -> Path:
+    repo = origin["repo"]
+    run(repo, "dvc", "push")
+    assert (origin["base"] / "rloo-dvc-remote" / "files" / "md5").is_dir()  # the default remote
+    run(repo, "git", "add", "-A")
+    run(repo, "git", "commit", "-qm", "micro run")
+    dest = origin["base"] / "clone"
+    run(origin["base"], "git", "clone", "-q", str(repo), str(dest))
+    assert not (dest / "results").exists()
+    res = run(dest, "rloo", "dvc", "pull", "--configfile", *CONFIG)
+    assert "up to date: 6 stage(s)" in res.stderr, res.stderr
+    return dest
+
+
+@pytest.mark.slow
+def test_pulled_clone_has_nothing_to_rerun(origin, clone):
+    assert dvc_status(clone) == {}
+    assert planned(clone, RLOO) == {}
+    assert planned(clone) == {}
+    for f in (RLOO, "data/gsm8k/train.jsonl", "results/models/rloo_rloo/model.safetensors"):
+        assert (clone / f).read_bytes() == (origin["repo"] / f).read_bytes(), f
+    assert (clone / "results/models/rloo_rloo/model.safetensors").stat().st_nlink >= 2  # linked
+    assert (clone / RLOO).stat().st_mode & 0o200  # writable
+
+
+@pytest.mark.slow
+def test_restore_puts_timestamps_in_dag_order(clone):
+    # DVC checks files out in any order: make the data newest, as a plain `dvc pull` may
+    later = time.time() + 5
+    for f in ("data/gsm8k/train.jsonl", "data/gsm8k/test.jsonl"):
+        os.utime(clone / f, (later, later))
+    assert planned(clone, RLOO) != {}
+    run(clone, "rloo", "dvc", "restore", "--configfile", *CONFIG)
+    assert planned(clone, RLOO) == {}
+
+
+@pytest.mark.slow
+def test_changed_parameter_on_a_clone_reruns_its_stage(clone):
+    # A fresh clone has no Snakemake records, so only DVC knows which parameters made the outputs
+    change = "sft: {lr: 1.0e-3}\n"
+    try:
+        (clone / "config" / "extra.yaml").write_text(change)
+        res = run(clone, "rloo", "dvc", "restore", "--configfile", *CONFIG, "config/extra.yaml")
+        assert "outdated, Snakemake will rerun them: sft" in res.stderr, res.stderr
+        assert planned(clone, RLOO, extra_config=change) == {"sft": 1, "reward": 1, "rloo": 1, "evaluate": 1}
+    finally:
+        (clone / "config" / "extra.yaml").unlink(missing_ok=True)
+    run(clone, "rloo", "dvc", "restore", "--configfile", *CONFIG)
+    assert planned(clone, RLOO) == {}
+
+
+@pytest.mark.slow
+def test_dvc_repro_runs_the_same_stage(origin):
+    repo = origin["repo"]
+    change = "evaluate: {examples: 8}\n"
+    (repo / "config" / "extra.yaml").write_text(change)
+    config = [*CONFIG, "config/extra.yaml"]
+    run(repo, "rloo", "dvc", "yaml", "--configfile", *config)
+    res = run(repo, "dvc", "repro")
+    ran = [line for line in res.stdout.splitlines() if line.startswith("Running stage")]
+    assert ran == ["Running stage 'evaluate@rloo':"], res.stdout[-3000:]
+    assert dvc_status(repo) == {}
+    assert json.loads((repo / RLOO).read_text())["examples"] == 8
+    # Snakemake agrees once DVC's outputs are restored (mtimes, its records of the old run dropped)
+    run(repo, "rloo", "dvc", "restore", "--configfile", *config)
+    assert planned(repo, RLOO, extra_config=change) == {}
+
+
+@pytest.mark.slow
+def test_dvc_yaml_is_in_sync_with_the_rules(tmp_path):
+    copy = make_copy(tmp_path / "copy")
+    shutil.copy2(ROOT / "dvc.yaml", copy / "dvc.yaml")
+    res = run(copy, "rloo", "dvc", "yaml", "--check", check=False)
+    assert res.returncode == 0, f"dvc.yaml is out of date: run `rloo dvc yaml`\n{res.stderr}"
+    rule = copy / "workflow" / "rules" / "toy.smk"
+    original = rule.read_text()
+    rule.write_text(original.replace('code=code("toy"),', 'code=code("toy"),\n        extra="config/config.yaml",'))
+    res = run(copy, "rloo", "dvc", "yaml", "--check", check=False)
+    assert res.returncode == 1 and "stage toy: differs in deps" in res.stderr, res.stderr
+    rule.write_text(original.replace("toy_variance.png", "toy_variance_plot.png"))
+    res = run(copy, "rloo", "dvc", "yaml", "--check", check=False)
+    assert res.returncode == 1 and "stage toy: differs in cmd, outs" in res.stderr, res.stderr
+
+
+# --------------------------------------------------------------------------------------------------
+# Without Snakemake
+
+
+def test_dvc_command_reads_params_yaml_instead_of_inline_json():
+    cfg = '{"rloo":{"estimator":"grpo","k":4},"seed":0}'
+    shell = (f"python workflow/scripts/workdir.py results/work/rloo_grpo '{cfg}' data/x > logs/r.log 2>&1 && "
+             f"rloo train --config-json '{cfg}' --set threads=4 --data data/gsm8k --out results/models/rloo_grpo "
+             ">> logs/r.log 2>&1")
+    cmd = rdvc.dvc_command(shell, cfg, {"rloo.estimator": "grpo"})
+    assert cmd == ('python workflow/scripts/workdir.py results/work/rloo_grpo "$(cat params.yaml)" data/x && '
+                   "rloo train --config params.yaml --set rloo.estimator=grpo --data data/gsm8k "
+                   "--out results/models/rloo_grpo")
+    with pytest.raises(rdvc.DvcError):
+        rdvc.dvc_command("rloo toy | tee x", None, {})
+
+
+def test_split_params_whole_sections_where_possible():
+    full = {"seed": 0, "reward": {"source": "model", "lr": 1.0, "steps": 3}, "rloo": {"estimator": "rloo", "k": 4}}
+    part = {"seed": 0, "reward": {"lr": 1.0, "steps": 3}, "rloo": {"estimator": "grpo", "k": 4}}
+    keys, sets = rdvc.split_params(part, full, {"rloo.estimator"})
+    assert keys == ["seed", "reward.lr", "reward.steps", "rloo.k"]
+    assert sets == {"rloo.estimator": "grpo"}
+
+
+def test_commit_after_run_is_skipped_outside_a_dvc_repository(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    rdvc.commit_run(workflow=None, config={})
+    assert "not a DVC repository" in capsys.readouterr().err

@@ -1,0 +1,106 @@
+"""Bradley-Terry loss, pair construction, judges and the results file."""
+
+import json
+import math
+import random
+from pathlib import Path
+
+import jsonschema
+import pytest
+import torch
+import yaml
+
+import rloo
+from rloo.judges import VerifierJudge, combine, parse_verdict, win_rate
+from rloo.losses import bradley_terry_loss
+from rloo.preferences import build_pairs, split_by_prompt
+
+
+def test_bradley_terry_loss_and_gradient_by_hand():
+    chosen = torch.tensor([2.0, 0.0, -1.0], requires_grad=True)
+    rejected = torch.tensor([0.0, 0.0, 1.0], requires_grad=True)
+    loss = bradley_terry_loss(chosen, rejected)
+    expected = -(math.log(1 / (1 + math.exp(-2))) + math.log(0.5) + math.log(1 / (1 + math.exp(2)))) / 3
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    loss.backward()
+    # d/dc of -log σ(c - r) = -(1 - σ(c - r)) = -σ(r - c); averaged over 3 pairs.
+    sig = torch.sigmoid(torch.tensor([-2.0, 0.0, 2.0]))
+    torch.testing.assert_close(chosen.grad, -sig / 3)
+    torch.testing.assert_close(rejected.grad, sig / 3)
+
+
+def test_pairs_stay_within_a_prompt_and_never_pair_a_text_with_itself():
+    rng = random.Random(0)
+    pairs = build_pairs(7, "Q7", " ref #### 3", [" a #### 3", " b #### 4", " a #### 3", " ref #### 3"],
+                        [True, False, True, True], max_pairs=10, rng=rng)
+    assert {p.prompt_id for p in pairs} == {7}
+    assert all(p.chosen != p.rejected for p in pairs)
+    assert {(p.chosen, p.rejected) for p in pairs} == {(" ref #### 3", " b #### 4"), (" a #### 3", " b #### 4")}
+    assert build_pairs(1, "Q", None, [" x", " y"], [True, True], 10, rng) == []
+
+
+def test_split_holds_out_whole_prompts():
+    rng = random.Random(0)
+    pairs = [p for i in range(20) for p in build_pairs(i, f"Q{i}", "ref", ["w1", "w2"], [False, False], 4, rng)]
+    tr, val = split_by_prompt(pairs, 0.25, seed=0)
+    assert {p.prompt_id for p in tr}.isdisjoint({p.prompt_id for p in val})
+    assert len({p.prompt_id for p in val}) == 5
+
+
+@pytest.mark.parametrize(
+    ("first", "swapped", "score"),
+    [("A", "B", 1.0), ("B", "A", 0.0), ("A", "A", 0.5), ("tie", "B", 0.5), (None, "B", None), ("A", None, None)],
+)
+def test_both_orders_combine(first, swapped, score):
+    assert combine(first, swapped) == score
+
+
+class _BiasedJudge:
+    """Always prefers whatever is shown first: a pure position bias."""
+
+    name = "biased"
+
+    def judge(self, question, gold, a, b):
+        return "A"
+
+
+class _Garbled:
+    name = "garbled"
+
+    def judge(self, question, gold, a, b):
+        return parse_verdict("I cannot decide")
+
+
+def test_win_rate_counts_position_bias_as_ties_and_invalid_separately():
+    qs, golds = ["q1", "q2"], ["#### 1", "#### 2"]
+    cand, base = ["#### 1", "#### 5"], ["#### 9", "#### 2"]
+    wr = win_rate(VerifierJudge(), qs, golds, cand, base)
+    assert (wr.wins, wr.losses, wr.ties, wr.invalid) == (1, 1, 0, 0) and wr.value == 0.5
+    assert win_rate(_BiasedJudge(), qs, golds, cand, base).as_dict()["ties"] == 2
+    bad = win_rate(_Garbled(), qs, golds, cand, base)
+    assert bad.invalid == 2 and bad.losses == 0 and math.isnan(bad.value)
+
+
+@pytest.mark.parametrize(("reply", "verdict"), [("A", "A"), (" b.", "B"), ("Tie", "tie"), ("neither", None), ("", None)])
+def test_parse_verdict(reply, verdict):
+    assert parse_verdict(reply) == verdict
+
+
+def test_results_file_matches_its_schema(micro_run, tmp_path):
+    from rloo.stages import evaluate, reward, train
+
+    cfg = json.loads(json.dumps(micro_run["cfg"]))
+    cfg["rloo"]["eval_every"] = 2
+    rm = tmp_path / "reward"
+    metrics = reward.run(cfg, micro_run["data"], micro_run["sft"], rm)
+    assert metrics["train_pairs"] > 0 and 0.0 <= metrics["val_accuracy"] <= 1.0
+    train.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / "rloo", tmp_path / "w", rm)
+    out = tmp_path / "gsm8k_rloo.json"
+    result = evaluate.run(cfg, micro_run["data"], micro_run["sft"], {"rloo": str(tmp_path / "rloo")}, out, rm,
+                          tmp_path / "plots")
+    schema = yaml.safe_load((Path(rloo.__file__).parent / "schemas" / "results.schema.yaml").read_text())
+    jsonschema.validate(json.loads(out.read_text()), schema)
+    assert set(result["policies"]) == {"sft", "rloo"}
+    assert result["policies"]["sft"]["kl"] == 0.0
+    for png in result["plots"].values():
+        assert Path(png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

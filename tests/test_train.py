@@ -1,0 +1,150 @@
+"""The RLOO stage on the micro config: a real policy, reference, sampler and verifier."""
+
+import json
+import logging
+import math
+import shutil
+
+import pytest
+import torch
+
+from rloo import checkpoint, models
+from rloo.estimators import ESTIMATORS
+from rloo.io import read_jsonl
+from rloo.rewards import VerifierReward
+from rloo.stages import train
+
+
+def _cfg(micro_run, **rloo):
+    cfg = json.loads(json.dumps(micro_run["cfg"]))
+    cfg["reward"]["source"] = "verifier"
+    cfg["rloo"].update(rloo)
+    return cfg
+
+
+def _train_rows(micro_run):
+    return [r for _, r in read_jsonl(micro_run["data"] / "train.jsonl")]
+
+
+@pytest.mark.parametrize("autocast", ["none", "bfloat16"])
+def test_kl_is_exactly_zero_before_the_first_update(micro_run, autocast):
+    cfg = _cfg(micro_run, k=4, prompts_per_step=4)
+    cfg["model"]["autocast"] = autocast
+    trainer = train.Trainer(cfg, micro_run["sft"], VerifierReward(), _train_rows(micro_run))
+    m = trainer.step(0)
+    assert m["train/kl"] == 0.0
+    # ...and the update moved the policy away from the reference.
+    m1 = trainer.step(1)
+    assert m1["train/kl"] != 0.0 or m["train/grad_norm"] == 0.0
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_every_estimator_trains(micro_run, estimator):
+    cfg = _cfg(micro_run, estimator=estimator, k=2, prompts_per_step=4)
+    trainer = train.Trainer(cfg, micro_run["sft"], VerifierReward(), _train_rows(micro_run))
+    for s in range(2):
+        m = trainer.step(s)
+        assert all(math.isfinite(v) for k, v in m.items() if isinstance(v, float)), m
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"updates_per_batch": 2, "clip_eps": 0.1}, {"kl_in": "loss", "kl_estimator": "k3"}, {"loss_norm": "token"}],
+)
+def test_loss_variants_train(micro_run, options):
+    trainer = train.Trainer(_cfg(micro_run, **options), micro_run["sft"], VerifierReward(), _train_rows(micro_run))
+    m = [trainer.step(s) for s in range(2)][-1]
+    assert math.isfinite(m["train/loss"]) and 0.0 <= m["train/clip_frac"] <= 1.0
+
+
+def test_k_below_two_is_a_clear_error(micro_run):
+    with pytest.raises(ValueError, match=r"rloo.k=1: the rloo estimator needs k >= 2"):
+        train.Trainer(_cfg(micro_run, k=1), micro_run["sft"], VerifierReward(), _train_rows(micro_run))
+
+
+def test_prompts_per_step_larger_than_the_data_is_a_clear_error(micro_run):
+    with pytest.raises(ValueError, match=r"rloo.prompts_per_step=9999"):
+        train.Trainer(_cfg(micro_run, prompts_per_step=9999), micro_run["sft"], VerifierReward(), _train_rows(micro_run))
+
+
+def test_prompts_longer_than_the_context_are_a_clear_error(micro_run):
+    cfg = _cfg(micro_run)
+    cfg["model"]["max_length"] = 40
+    with pytest.raises(ValueError, match=r"longer than model\.max_length"):
+        train.Trainer(cfg, micro_run["sft"], VerifierReward(), _train_rows(micro_run))
+
+
+def test_biased_sampling_settings_warn_loudly(caplog):
+    with caplog.at_level(logging.WARNING):
+        problems = train.check_sampling({"temperature": 0.7, "top_p": 0.9, "top_k": 0})
+    assert problems == ["rloo.temperature=0.7", "rloo.top_p=0.9"]
+    assert "biased" in caplog.text
+
+
+class _FlakyReward:
+    """A reward source that returns NaN for every third sample (like a failing reward model)."""
+
+    name = "flaky"
+
+    def score(self, prompts, completions, golds, finished):
+        base = VerifierReward().score(prompts, completions, golds, finished)
+        base[::3] = math.nan
+        return base
+
+
+def test_missing_rewards_are_counted_not_propagated(micro_run):
+    trainer = train.Trainer(_cfg(micro_run, k=2), micro_run["sft"], _FlakyReward(), _train_rows(micro_run))
+    m = trainer.step(0)
+    assert m["train/missing_rewards"] > 0
+    assert math.isfinite(m["train/loss"]) and math.isfinite(m["train/adv_std"])
+
+
+def test_run_writes_policy_and_resumes_bit_identically(micro_run, tmp_path):
+    cfg = _cfg(micro_run, steps=4, checkpoint_every=2, eval_every=2, eval_examples=4)
+    summary = train.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / "full", tmp_path / "w_full")
+    steps = (tmp_path / "full" / "steps.jsonl").read_text().splitlines()
+    assert len(steps) == 4 and summary["reward_source"] == "verifier"
+    assert "eval/proxy_reward" in json.loads(steps[1])
+    # A run that died after its step-2 checkpoint resumes and ends with the same weights.
+    ck = checkpoint.latest(tmp_path / "w_full" / "checkpoints")
+    assert ck is not None and ck.name == "step_00000002"
+    shutil.copytree(ck, tmp_path / "w_dead" / "checkpoints" / ck.name)
+    resumed = train.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / "resumed", tmp_path / "w_dead")
+    assert resumed["resumed_from_step"] == 2
+    a = models.load_causal_lm(tmp_path / "full").state_dict()
+    b = models.load_causal_lm(tmp_path / "resumed").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert (tmp_path / "resumed" / "steps.jsonl").read_text() .splitlines()[-1].split('"time/')[0] == steps[-1].split('"time/')[0]
+
+
+def test_non_finite_reward_model_scores_become_missing_rewards(micro_run, tmp_path):
+    from rloo.rewards import RewardModelReward
+
+    rm = models.load_reward_model(micro_run["sft"])
+    rm.config.pad_token_id = models.load_tokenizer(micro_run["sft"]).pad_token_id
+    with torch.no_grad():
+        rm.score.weight.fill_(float("inf"))  # a broken reward model: every score is ±inf or NaN
+    reward = RewardModelReward(rm, models.load_tokenizer(micro_run["sft"]), batch_size=4)
+    scores = reward.score(["Question: q\nAnswer:"] * 3, [" #### 1", "", " x"], ["#### 1"] * 3, [True] * 3)
+    assert torch.isnan(scores).all() and reward.nonfinite == 3
+    trainer = train.Trainer(_cfg(micro_run, k=2), micro_run["sft"], reward, _train_rows(micro_run))
+    m = trainer.step(0)
+    assert m["train/missing_rewards"] == 8 and m["train/degenerate_groups"] == 4
+    assert m["train/grad_norm"] == 0.0 and math.isfinite(m["train/loss"])
+
+
+def test_empty_completions_score_zero_and_train(micro_run):
+    reward = VerifierReward()
+    assert reward.score(["p", "p"], ["", " #### 3"], ["#### 3", "#### 3"], [True, True]).tolist() == [0.0, 1.0]
+    # A policy that answers with EOS at once: empty completions everywhere, still a finite step.
+    trainer = train.Trainer(_cfg(micro_run, k=2), micro_run["sft"], reward, _train_rows(micro_run))
+    with torch.no_grad():
+        bias = torch.full((trainer.policy.config.vocab_size,), -1e4)
+        bias[trainer.tokenizer.eos_token_id] = 1e4
+        head = trainer.policy.get_output_embeddings()
+        trainer.policy.set_output_embeddings(torch.nn.Linear(head.in_features, head.out_features, bias=True))
+        trainer.policy.get_output_embeddings().weight.zero_()
+        trainer.policy.get_output_embeddings().bias.copy_(bias)
+    m = trainer.step(0)
+    assert m["train/response_length"] == 1.0 and m["train/reward_mean"] == 0.0
+    assert math.isfinite(m["train/loss"])

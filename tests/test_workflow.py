@@ -1,0 +1,281 @@
+"""The Snakemake workflow, run for real on the micro config in an isolated working copy.
+
+One full run (module fixture: the default target, i.e. results/gsm8k_rloo.json and the toy
+experiment, plus results/gsm8k_grpo.json, a second estimator sharing prepare/sft/reward) is reused by
+every check: nothing left to do afterwards; which jobs a changed parameter or an edited source file
+plans (dry runs); lint; the HTML report; and, last, SIGTERM -> retry -> resume of a longer rloo
+job. See tests/workflow_helpers.py for how outputs are isolated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from workflow_helpers import (
+    CONFIGFILES,
+    PIPELINE,
+    ROOT,
+    env_for,
+    job_counts,
+    make_copy,
+    planned,
+    snakemake,
+    snakemake_bin,
+)
+
+from rloo.stages import compare
+
+pytestmark = pytest.mark.slow
+
+RLOO = "results/gsm8k_rloo.json"
+GRPO = "results/gsm8k_grpo.json"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> dict:
+    copy = make_copy(tmp_path_factory.mktemp("workflow"))
+    t0 = time.monotonic()
+    res = snakemake(copy, "all", GRPO, "--cores", "1", *CONFIGFILES, timeout=1200)
+    seconds = time.monotonic() - t0
+    print(f"full micro pipeline (default target + {GRPO}): {seconds:.1f} s")
+    return {"copy": copy, "output": res.stdout + res.stderr, "seconds": seconds}
+
+
+def test_full_run_shares_prepare_sft_reward(run):
+    # one prepare/sft/reward feeding two estimators, and the toy experiment
+    assert job_counts(run["output"]) == {"prepare": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 2, "toy": 1}
+
+
+def test_full_run_outputs(run):
+    c = run["copy"]
+    for f in ("data/gsm8k/train.jsonl", "data/gsm8k/test.jsonl", "data/gsm8k/manifest.json",
+              "results/toy_variance.json", "results/toy_variance.png"):
+        assert (c / f).is_file(), f
+    for d in ("sft", "reward", "rloo_rloo", "rloo_grpo"):
+        assert (c / "results/models" / d / "config.json").is_file(), d
+    for estimator in ("rloo", "grpo"):
+        result = json.loads((c / f"results/gsm8k_{estimator}.json").read_text())
+        assert set(result["policies"]) == {"sft", estimator}
+        assert result["examples"] == 16  # evaluate.examples of config/micro.yaml
+        assert result["training"][estimator]["estimator"] == estimator
+        for png in ("policies.png", "proxy_vs_judge.png"):
+            assert (c / f"results/gsm8k_{estimator}" / png).stat().st_size > 1000
+        assert (c / f"logs/rloo_{estimator}.log").is_file()
+        assert (c / f"logs/benchmarks/rloo_{estimator}.tsv").is_file()
+    # checkpoints live outside the outputs, stamped with the job they belong to
+    assert list((c / "results/work/rloo_rloo/checkpoints").iterdir())
+    assert (c / "results/work/rloo_rloo/job.stamp").is_file()
+
+
+def test_nothing_to_do_after_full_run(run):
+    assert planned(run["copy"]) == {}
+    assert planned(run["copy"], RLOO, GRPO) == {}
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        # RLOO parameters: exactly rloo + evaluate (of every estimator asked for)
+        ("rloo: {lr: 1.0e-4}", {"rloo": 1, "evaluate": 1}),
+        ("rollout: {gpu_memory_utilization: 0.5}", {"rloo": 1, "evaluate": 1}),
+        ("reward: {source: verifier}", {"rloo": 1, "evaluate": 1}),
+        # a prepare parameter: everything downstream of prepare
+        ("data: {synthetic: {n_train: 200}}", {"prepare": 1, "sft": 1, "reward": 1, "rloo": 1, "evaluate": 1}),
+        ("sft: {lr: 1.0e-3}", {"sft": 1, "reward": 1, "rloo": 1, "evaluate": 1}),
+        ("reward: {lr: 1.0e-2}", {"reward": 1, "rloo": 1, "evaluate": 1}),
+        ("evaluate: {examples: 8}", {"evaluate": 1}),
+        # the estimator comes from the target, not from the config
+        ("rloo: {estimator: grpo}", {}),
+        # how a run is observed or scheduled, and where logs go: no rerun
+        ("tracking: {enabled: true}", {}),
+        ("name: renamed", {}),
+        ("threads: 2", {}),
+        ("paths: {logs: other_logs}", {}),
+    ],
+)
+def test_changed_parameter_plans_exactly_the_affected_stages(run, change, expected):
+    assert planned(run["copy"], RLOO, extra_config=change) == expected
+
+
+def test_changed_parameter_with_two_estimators_and_toy(run):
+    # default target (+ grpo): a prepare parameter does not touch the toy experiment ...
+    assert planned(run["copy"], "all", GRPO, extra_config="data: {synthetic: {n_train: 200}}") == {
+        "prepare": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 2}
+    # ... the seed reaches everything, the toy experiment included
+    assert planned(run["copy"], "all", GRPO, extra_config="seed: 1") == {
+        "prepare": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 2, "toy": 1}
+    assert planned(run["copy"], "all", GRPO, extra_config="rloo: {beta: 0.1}") == {"rloo": 2, "evaluate": 2}
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("rloo/stages/train.py", {"rloo": 2, "evaluate": 2}),
+        ("rloo/stages/sft.py", {"sft": 1, "reward": 1, "rloo": 2, "evaluate": 2}),
+        ("rloo/stages/evaluate.py", {"evaluate": 2}),
+        ("rloo/toy.py", {"toy": 1}),
+        # a library module imported by several stages
+        ("rloo/estimators.py", {"rloo": 2, "evaluate": 2, "toy": 1}),
+        ("rloo/data/synthetic.py", {"prepare": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 2}),
+    ],
+)
+def test_edited_source_reruns_its_stage_and_descendants(run, source, expected):
+    path = run["copy"] / source
+    original = path.read_text()
+    try:
+        path.write_text(original + "\n# edited by test_workflow\n")
+        assert planned(run["copy"], "all", GRPO) == expected
+    finally:
+        path.write_text(original)
+    if source == "rloo/stages/train.py":
+        # the same content again, only the mtime is newer: not a change (checksums are compared)
+        assert planned(run["copy"], "all", GRPO) == {}
+
+
+def test_gpu_config_plans_the_whole_pipeline_with_cluster_resources(run):
+    # A dry run caps threads at --cores (1 unless given); a Slurm run has no such cap.
+    res = snakemake(run["copy"], RLOO, "-n", "--cores", "64", "--profile", "slurm", "--configfile", "config/gpu.yaml")
+    out = res.stdout + res.stderr
+    assert job_counts(out) == dict.fromkeys(PIPELINE, 1)
+    # threads: null in the config -> 8 threads (= cpus_per_task) for the torch stages
+    assert re.search(r"rule rloo:.*?resources: [^\n]*gpu=1[^\n]*cpus_per_task=8", out, re.S), out[-3000:]
+
+
+def test_comparison_target_reuses_shared_stages(run):
+    # 6 estimators: the 4 not run yet get rloo + evaluate; prepare/sft/reward are shared
+    assert planned(run["copy"], "results/comparison.json") == {"rloo": 4, "evaluate": 4, "comparison": 1}
+
+
+def test_compare_stage_on_real_results(run, tmp_path):
+    c = run["copy"]
+    table = compare.run({e: c / f"results/gsm8k_{e}.json" for e in ("rloo", "grpo")},
+                        tmp_path / "comparison.json", tmp_path / "comparison.png")
+    assert set(table["estimators"]) == {"rloo", "grpo"}
+    assert table["checks"] == {"same_data": True, "same_examples": True, "same_sft_accuracy": True}
+    assert (tmp_path / "comparison.png").stat().st_size > 1000
+    assert json.loads((tmp_path / "comparison.json").read_text())["best_by_accuracy"] in ("rloo", "grpo")
+
+
+def test_lint_only_asks_for_conda_or_containers(run):
+    res = snakemake(run["copy"], "--lint", *CONFIGFILES, check=False)
+    out = res.stdout + res.stderr
+    lints = set(re.findall(r"^\s+\* (.+?):?$", out, flags=re.M))
+    # Documented decision (README, "Running on a cluster"): no per-rule conda env or container; the
+    # package and its torch build come from the project's venv (a cluster brings its CUDA build).
+    assert lints <= {"Specify a conda environment or container for each rule."}, out
+
+
+def test_report_includes_the_plots(run):
+    res = snakemake(run["copy"], "all", GRPO, "--report", "report.html", *CONFIGFILES)
+    html = (run["copy"] / "report.html").read_text()
+    for plot in ("results/gsm8k_rloo/policies.png", "results/gsm8k_rloo/proxy_vs_judge.png",
+                 "results/gsm8k_grpo/policies.png", "results/toy_variance.png"):
+        assert plot in html, plot
+    # the images are embedded, not linked
+    assert html.count("iVBORw0KGgo") >= 5, res.stderr[-2000:]
+
+
+def test_slurm_profile_resolves_from_the_repository_root(run):
+    """`--profile slurm` finds ./slurm; GPU stages ask for a GPU; every job gets the SIGTERM warning."""
+    profile = yaml.safe_load((ROOT / "slurm" / "config.yaml").read_text())
+    assert profile["executor"] == "slurm"
+    assert profile["rerun-incomplete"] is True
+    res = snakemake(run["copy"], RLOO, "-n", "-F", "--profile", "slurm", *CONFIGFILES)
+    out = res.stdout + res.stderr
+    blocks = {m.group(1): m.group(2) for m in re.finditer(r"^rule (\w+):\n(.*?)(?=^\S|\Z)", out, re.M | re.S)}
+    assert set(blocks) >= PIPELINE, out[-3000:]
+    for rule in PIPELINE:
+        resources = re.search(r"resources: (.*)", blocks[rule]).group(1)
+        assert "slurm_extra=--signal=TERM@300" in resources, resources
+        assert ("gpu=1" in resources) == (rule != "prepare"), resources
+        if rule != "prepare":
+            assert "cpus_per_task=1" in resources and "runtime=" in resources and "mem_mb=" in resources
+
+
+def test_workdir_guard_keeps_checkpoints_of_the_same_job_only(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("workdir", ROOT / "workflow" / "scripts" / "workdir.py")
+    workdir = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(workdir)
+
+    data = tmp_path / "data.jsonl"
+    data.write_text("x\n")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "w.safetensors").write_text("w")
+    work = tmp_path / "work"
+
+    assert workdir.guard(work, '{"lr":1}', [str(data), str(model)]) is False  # first run
+    (work / "checkpoints").mkdir()
+    assert workdir.guard(work, '{"lr":1}', [str(data), str(model)]) is True  # interrupted: resume
+    assert (work / "checkpoints").is_dir()
+    assert workdir.guard(work, '{"lr":2}', [str(data), str(model)]) is False  # other parameters
+    assert not (work / "checkpoints").exists()
+    (work / "checkpoints").mkdir()
+    time.sleep(0.01)
+    (model / "w.safetensors").write_text("w2")  # an upstream output was rebuilt
+    assert workdir.guard(work, '{"lr":2}', [str(data), str(model)]) is False
+    assert not (work / "checkpoints").exists()
+    assert workdir.main([]) == 2
+
+
+def _stage_pids(copy: Path, work: str) -> list[int]:
+    """Processes of `rloo train ... --work WORK` running in `copy` (started by this test's snakemake)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            cwd = Path(os.readlink(proc / "cwd"))
+        except OSError:
+            continue
+        args = [a.decode(errors="replace") for a in argv]
+        if "train" in args and work in args and any(a.endswith("/rloo") for a in args) and cwd == copy:
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_sigterm_checkpoint_retry_resumes(run):
+    """The preemption path without Slurm: SIGTERM to the running rloo stage -> checkpoint + exit 143
+    -> Snakemake retries the job (--retries, as the slurm profile does) -> the work folder guard sees
+    the same job -> the stage resumes from its checkpoint instead of starting over."""
+    c = run["copy"]
+    work = "results/work/rloo_reinforce"
+    # a longer run (another estimator, so the other tests' outputs stay as they are)
+    (c / "config" / "resume.yaml").write_text("rloo: {steps: 100, checkpoint_every: 5}\n")
+    cmd = [snakemake_bin(), "results/models/rloo_reinforce", "--cores", "1", "--retries", "1",
+           *CONFIGFILES, "config/resume.yaml"]
+    proc = subprocess.Popen(cmd, cwd=c, env=env_for(c), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 300
+        signalled = None
+        while signalled is None and time.monotonic() < deadline and proc.poll() is None:
+            if list((c / work / "checkpoints").glob("step_*/checkpoint.json")):
+                pids = _stage_pids(c.resolve(), work)
+                if pids:
+                    for pid in pids:
+                        os.kill(pid, signal.SIGTERM)
+                    signalled = pids
+            time.sleep(0.1)
+        output, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert signalled, f"never saw a checkpoint and a running stage:\n{output[-3000:]}"
+    assert proc.returncode == 0, output[-5000:]
+    assert "Trying to restart job" in output, output[-3000:]
+    metrics = json.loads((c / "results/models/rloo_reinforce/metrics.json").read_text())
+    assert metrics["steps"] == 100
+    assert metrics["resumed_from_step"] > 0, metrics
+    assert "same job, resuming" in (c / "logs/rloo_reinforce.log").read_text()

@@ -1,0 +1,136 @@
+# Shared helpers: the validated config, what each stage reads of it, stage source files, resources.
+import json
+import os
+from pathlib import Path
+
+from rloo.config import load_schema
+from rloo.config import validate as _validate_config
+from rloo.provenance import PACKAGE_DIR, stage_sources
+
+# The same schema and validator as `rloo <stage>`: defaults filled in place, unknown keys named.
+_validate_config(config, source="snakemake config")
+
+DATA = config["paths"]["data"]
+MODELS = config["paths"]["models"]
+RESULTS = config["paths"]["results"]
+LOGS = config["paths"]["logs"]
+# Training checkpoints: outside every output, so Snakemake never deletes them and a rerun resumes.
+WORK = f"{RESULTS}/work"
+
+# Every estimator of the RLOO stage (results/gsm8k_{estimator}.json); the default target uses the
+# config's own rloo.estimator.
+ESTIMATORS = load_schema()["properties"]["rloo"]["properties"]["estimator"]["enum"]
+ESTIMATOR = config["rloo"]["estimator"]
+USES_REWARD_MODEL = config["reward"]["source"] == "model"
+
+
+wildcard_constraints:
+    estimator="|".join(ESTIMATORS),
+
+
+# The config keys each stage reads ("section" or "section.key"), and keys of those sections it does
+# not read. Only these go into the stage's `cfg` param (also its --config-json), so a changed value
+# reruns exactly the stages that read it; later stages rerun because their inputs change.
+STAGE_KEYS = {
+    "prepare": ["seed", "data"],
+    "sft": ["seed", "model", "prompt", "sft"],
+    "reward": ["seed", "model", "prompt", "reward"],
+    "rloo": ["seed", "model", "prompt", "reward.source", "rloo", "rollout"],
+    "evaluate": ["seed", "model", "prompt", "evaluate"],
+    "toy": ["seed"],
+}
+STAGE_EXCLUDED = {
+    # The reward model does not depend on what RLOO then uses as its reward.
+    "reward": ["reward.source", "reward.batch_size_score"],
+}
+if config["reward"]["source"] == "model":
+    # Scoring batch size of the reward model inside RLOO.
+    STAGE_KEYS["rloo"].append("reward.batch_size_score")
+elif config["reward"]["source"] == "judge":
+    # reward.source=judge scores RLOO samples with the evaluation judge (rloo.judges.build_judge).
+    STAGE_KEYS["rloo"] += ["evaluate.judge", "evaluate.llm_judge"]
+
+
+def _get(tree, dotted):
+    for part in dotted.split("."):
+        tree = tree[part]
+    return tree
+
+
+def _put(tree, dotted, value):
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        tree = tree.setdefault(part, {})
+    tree[leaf] = json.loads(json.dumps(value))
+
+
+def _drop(tree, dotted):
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        tree = tree.get(part, {})
+    tree.pop(leaf, None)
+
+
+def stage_config(stage, overrides=None):
+    """The config a stage reads, as compact JSON: a Snakemake param and the stage's --config-json.
+
+    `overrides`: {dotted key: value} set on top (e.g. the RLOO estimator from the wildcard).
+    """
+    part = {}
+    for key in STAGE_KEYS[stage]:
+        _put(part, key, _get(config, key))
+    for key in STAGE_EXCLUDED.get(stage, []):
+        _drop(part, key)
+    for key, value in (overrides or {}).items():
+        _put(part, key, value)
+    return json.dumps(part, sort_keys=True, separators=(",", ":"))
+
+
+def _local(path):
+    """`path` relative to the working directory when it lies below it, else absolute."""
+    path = Path(path).resolve()
+    try:
+        return str(path.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def code(stage):
+    """The package source files `rloo <stage>` runs, as inputs: editing one reruns the stage and its
+    descendants (an input counts as changed when it is newer and its checksum differs). They are
+    the files of the package that `rloo` imports here (PYTHONPATH or the installed package)."""
+    return [_local(PACKAGE_DIR.parent / f) for f in stage_sources(stage)]
+
+
+def local_inputs(*values):
+    """Config values that name existing local files or folders (a model to start from, JSONL data):
+    inputs, so replacing them reruns the stage. Hub ids and nulls are ignored."""
+    return [v for v in values if v and os.path.exists(v)]
+
+
+# Drops training checkpoints that belong to other inputs or parameters, so that a rerun resumes only
+# from an interrupted run of the same job (a `guard` param of sft and rloo).
+WORKDIR_GUARD = _local(Path(workflow.basedir) / "workflow" / "scripts" / "workdir.py")
+
+
+def reward_model(wildcards):
+    """The reward model as a named input, for reward.source=model only (verifier and judge need none)."""
+    return {"reward_model": f"{MODELS}/reward"} if USES_REWARD_MODEL else {}
+
+
+def reward_model_arg(wildcards, input):
+    return f"--reward-model {input.reward_model}" if USES_REWARD_MODEL else ""
+
+
+def data_dir(wildcards, input):
+    """The data folder, from the rule's data inputs."""
+    return os.path.dirname(input.test if "test" in input.keys() else input.train)
+
+
+# Threads of the torch stages: config `threads`, else 8. Locally Snakemake lowers them to --cores;
+# on Slurm they are the job's --cpus-per-task. The stage gets exactly this many (--set threads=).
+TORCH_THREADS = config["threads"] or 8
+
+
+def cpus(wildcards, threads):
+    return threads

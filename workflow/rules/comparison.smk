@@ -1,0 +1,25 @@
+rule comparison:
+    input:
+        code=code("compare"),
+        results=expand(f"{RESULTS}/gsm8k_{{estimator}}.json", estimator=ESTIMATORS),
+    output:
+        result=f"{RESULTS}/comparison.json",
+        plot=report(
+            f"{RESULTS}/comparison.png",
+            caption="../report/comparison.rst",
+            category="Estimator comparison",
+        ),
+    params:
+        results=lambda wildcards, input: " ".join(
+            f"--result {e}={f}" for e, f in zip(ESTIMATORS, input.results, strict=True)
+        ),
+    log:
+        f"{LOGS}/comparison.log",
+    benchmark:
+        f"{LOGS}/benchmarks/comparison.tsv"
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    shell:
+        "rloo compare {params.results} --out {output.result} --plot {output.plot} > {log} 2>&1"

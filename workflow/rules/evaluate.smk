@@ -1,0 +1,43 @@
+rule evaluate:
+    input:
+        unpack(reward_model),
+        code=code("evaluate"),
+        test=rules.prepare.output.test,
+        manifest=rules.prepare.output.manifest,
+        sft=rules.sft.output.model,
+        policy=rules.rloo.output.model,
+    output:
+        result=f"{RESULTS}/gsm8k_{{estimator}}.json",
+        policies=report(
+            f"{RESULTS}/gsm8k_{{estimator}}/policies.png",
+            caption="../report/policies.rst",
+            category="Evaluation",
+            subcategory="{estimator}",
+            labels={"estimator": "{estimator}", "plot": "accuracy, KL, length"},
+        ),
+        proxy_vs_judge=report(
+            f"{RESULTS}/gsm8k_{{estimator}}/proxy_vs_judge.png",
+            caption="../report/proxy_vs_judge.rst",
+            category="Evaluation",
+            subcategory="{estimator}",
+            labels={"estimator": "{estimator}", "plot": "proxy reward vs judge"},
+        ),
+    params:
+        cfg=lambda wildcards: stage_config("evaluate"),
+        data=data_dir,
+        plots=lambda wildcards, output: os.path.dirname(output.policies),
+        reward_model=reward_model_arg,
+    log:
+        f"{LOGS}/evaluate_{{estimator}}.log",
+    benchmark:
+        f"{LOGS}/benchmarks/evaluate_{{estimator}}.tsv"
+    threads: TORCH_THREADS
+    resources:
+        gpu=1,
+        mem_mb=16000,
+        runtime=60,
+        cpus_per_task=cpus,
+    shell:
+        "rloo evaluate --config-json {params.cfg:q} --set threads={threads} "
+        "--data {params.data} --sft {input.sft} --policy {wildcards.estimator}={input.policy} "
+        "{params.reward_model} --out {output.result} --plots {params.plots} > {log} 2>&1"

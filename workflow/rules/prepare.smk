@@ -1,0 +1,24 @@
+rule prepare:
+    input:
+        code=code("prepare"),
+        # data.source=jsonl: the local files are inputs too (replacing one reruns prepare)
+        files=local_inputs(config["data"]["train_file"], config["data"]["test_file"])
+        if config["data"]["source"] == "jsonl"
+        else [],
+    output:
+        train=f"{DATA}/train.jsonl",
+        test=f"{DATA}/test.jsonl",
+        manifest=f"{DATA}/manifest.json",
+    params:
+        cfg=lambda wildcards: stage_config("prepare"),
+        out=lambda wildcards, output: os.path.dirname(output.manifest),
+    log:
+        f"{LOGS}/prepare.log",
+    benchmark:
+        f"{LOGS}/benchmarks/prepare.tsv"
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    shell:
+        "rloo prepare --config-json {params.cfg:q} --out {params.out} > {log} 2>&1"

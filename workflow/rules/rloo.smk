@@ -1,0 +1,30 @@
+rule rloo:
+    input:
+        unpack(reward_model),
+        code=code("train"),
+        train=rules.prepare.output.train,
+        test=rules.prepare.output.test,
+        policy=rules.sft.output.model,
+    output:
+        model=directory(f"{MODELS}/rloo_{{estimator}}"),
+    params:
+        cfg=lambda wildcards: stage_config("rloo", {"rloo.estimator": wildcards.estimator}),
+        data=data_dir,
+        guard=WORKDIR_GUARD,
+        work=lambda wildcards: f"{WORK}/rloo_{wildcards.estimator}",
+        reward_model=reward_model_arg,
+    log:
+        f"{LOGS}/rloo_{{estimator}}.log",
+    benchmark:
+        f"{LOGS}/benchmarks/rloo_{{estimator}}.tsv"
+    threads: TORCH_THREADS
+    resources:
+        gpu=1,
+        mem_mb=32000,
+        runtime=480,
+        cpus_per_task=cpus,
+    shell:
+        "python {params.guard} {params.work} {params.cfg:q} {input} > {log} 2>&1 && "
+        "rloo train --config-json {params.cfg:q} --set threads={threads} "
+        "--data {params.data} --policy {input.policy} {params.reward_model} "
+        "--out {output.model} --work {params.work} >> {log} 2>&1"

@@ -1,0 +1,28 @@
+rule sft:
+    input:
+        code=code("sft"),
+        train=rules.prepare.output.train,
+        test=rules.prepare.output.test,
+        # model.name_or_path / model.tokenizer when they are local folders
+        start=local_inputs(config["model"]["name_or_path"], config["model"]["tokenizer"]),
+    output:
+        model=directory(f"{MODELS}/sft"),
+    params:
+        cfg=lambda wildcards: stage_config("sft"),
+        data=data_dir,
+        guard=WORKDIR_GUARD,
+        work=f"{WORK}/sft",
+    log:
+        f"{LOGS}/sft.log",
+    benchmark:
+        f"{LOGS}/benchmarks/sft.tsv"
+    threads: TORCH_THREADS
+    resources:
+        gpu=1,
+        mem_mb=32000,
+        runtime=240,
+        cpus_per_task=cpus,
+    shell:
+        "python {params.guard} {params.work} {params.cfg:q} {input} > {log} 2>&1 && "
+        "rloo sft --config-json {params.cfg:q} --set threads={threads} "
+        "--data {params.data} --out {output.model} --work {params.work} >> {log} 2>&1"

@@ -1,0 +1,22 @@
+rule toy:
+    input:
+        code=code("toy"),
+    output:
+        result=f"{RESULTS}/toy_variance.json",
+        plot=report(
+            f"{RESULTS}/toy_variance.png",
+            caption="../report/toy_variance.rst",
+            category="Toy variance experiment",
+        ),
+    params:
+        cfg=lambda wildcards: stage_config("toy"),
+    log:
+        f"{LOGS}/toy.log",
+    benchmark:
+        f"{LOGS}/benchmarks/toy.tsv"
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=30,
+    shell:
+        "rloo toy --config-json {params.cfg:q} --out {output.result} --plot {output.plot} > {log} 2>&1"

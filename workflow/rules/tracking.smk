@@ -1,0 +1,24 @@
+# MLflow: one parent run per `snakemake` invocation, one child run per job (rloo/tracking.py).
+# The handlers run in the main process only, and not for dry runs (-n) or when nothing is to be
+# done. onstart creates the store and the experiment once (before any job, so jobs never race on a
+# new SQLite database) and the "pipeline" run, and exports to the jobs (sbatch passes the
+# environment on): MLFLOW_TRACKING_URI (absolute), RLOO_MLFLOW_PARENT_RUN_ID, RLOO_MLFLOW_RUNS_DIR
+# (run ids: <paths.results>/runs/<stage>.json), and RLOO_TRACKING=0 when tracking.enabled is false.
+# Snakemake keeps one handler of each kind: add other start/end work to these blocks.
+# onsuccess also commits the run's outputs to DVC (rloo/dvc.py: dvc.yaml, dvc.lock, the DVC cache;
+# one `dvc` process, here in the main process, never in the jobs; skipped outside a DVC repository).
+from rloo import dvc as _dvc
+from rloo import tracking as _tracking
+
+
+onstart:
+    _tracking.start_pipeline(config, results_dir=config["paths"]["results"])
+
+
+onsuccess:
+    _tracking.end_pipeline("FINISHED", log)
+    _dvc.commit_run(workflow, config)
+
+
+onerror:
+    _tracking.end_pipeline("FAILED", log)

@@ -29,6 +29,13 @@ def _common(a: argparse.Namespace) -> dict:
             "warmup": a.warmup, "seed": a.seed, "threads": a.threads}
 
 
+def _attn(a: argparse.Namespace) -> str | None:
+    """`model.attn_implementation` of the config: both frameworks run the same attention kernel."""
+    from rloo.config import load_config
+
+    return a.attn or load_config(a.config)["model"]["attn_implementation"]
+
+
 def _eval(model, tok, data: Path, n: int, seed: int, max_new: int) -> float:
     from rloo.evaluation import accuracy, complete
     from rloo.io import read_jsonl
@@ -49,7 +56,7 @@ def run_ours(a: argparse.Namespace) -> dict:
     from rloo.stages.train import Trainer
 
     cfg = load_config(a.config, {
-        "threads": a.threads, "seed": a.seed,
+        "threads": a.threads, "seed": a.seed, "model": {"attn_implementation": _attn(a)},
         "reward": {"source": "verifier"},
         "rloo": {"k": a.k, "prompts_per_step": a.prompts, "max_new_tokens": a.max_new, "lr": a.lr, "beta": a.beta,
                  "warmup_steps": 0},
@@ -84,7 +91,8 @@ def run_trl(a: argparse.Namespace) -> dict:
     torch.set_num_threads(a.threads)
     tok = AutoTokenizer.from_pretrained(a.policy)
     tok.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(a.policy, dtype=torch.float32)
+    # The same attention kernel as ours (the reference model inherits it from the policy).
+    model = AutoModelForCausalLM.from_pretrained(a.policy, dtype=torch.float32, attn_implementation=_attn(a))
     rows = [r for _, r in read_jsonl(Path(a.data) / "train.jsonl")]
     ds = Dataset.from_list([{"prompt": f"Question: {r['question']}\nAnswer:", "answer": r["answer"]} for r in rows])
 
@@ -162,6 +170,8 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=5e-5)
     p.add_argument("--beta", type=float, default=0.05)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--attn", choices=["eager", "sdpa"], default=None,
+                   help="attention kernel for both (default: the config's model.attn_implementation)")
     p.add_argument("--eval-n", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", default="/tmp/rloo-bench")
@@ -185,7 +195,7 @@ def main() -> None:
             print(f"round {rnd} {name}: {np.mean([t['total'] for t in runs[name][-1]['times']]):.3f} s/step", flush=True)
     summary = {name: summarise(r, a.k, a.prompts) for name, r in runs.items() if r}
     print(f"\nwork: {a.prompts} prompts x k={a.k}, <= {a.max_new} new tokens, lr {a.lr}, beta {a.beta}, "
-          f"{a.threads} threads, {a.rounds} rounds x {a.steps} steps")
+          f"{a.threads} threads, {a.rounds} rounds x {a.steps} steps, attention {_attn(a) or 'default'} for both")
     print(f"{'':6} {'samples/s':>10} {'step s':>7} {'gen':>6} {'logp':>6} {'update':>7} {'other':>6} "
           f"{'RSS MB':>7} {'acc(T=1)':>9}")
     for name, s in summary.items():

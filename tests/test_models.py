@@ -1,7 +1,8 @@
+import pytest
 import torch
 
 from rloo import models
-from rloo.batching import completion_logprobs, join
+from rloo.batching import completion_logits, completion_logprobs, join, token_logprobs
 from rloo.rollout import generate
 
 
@@ -60,3 +61,53 @@ def test_generation_masks_stop_after_first_eos(tmp_path):
             assert mask[: first + 1].all() and not mask[first + 1 :].any()
         else:
             assert mask.all() and len(eos) == 0
+
+
+def test_compacted_decoding_equals_the_plain_loop(micro_run):
+    # Shared-prompt prefill and dropping finished rows are pure savings: same tokens, masks, ends.
+    tok = models.load_tokenizer(micro_run["sft"])
+    model = models.load_causal_lm(micro_run["sft"])
+    qs = ["Question: Ava has 12 apples and buys 7 more. How many?\nAnswer:", "Question: 3 boxes of 9?\nAnswer:",
+          "Question: Tom had 30 and gave 12 away. How many now?\nAnswer:"]
+    prompts = [tok(q)["input_ids"] for q in qs for _ in range(4)]
+    for greedy in (True, False):
+        kw = dict(max_new_tokens=40, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, greedy=greedy)
+        fast = generate(model, prompts, generator=torch.Generator().manual_seed(3), **kw)
+        plain = generate(model, prompts, generator=torch.Generator().manual_seed(3), compact=False, **kw)
+        assert torch.equal(fast.completions, plain.completions)
+        assert torch.equal(fast.completion_mask, plain.completion_mask)
+        assert torch.equal(fast.finished, plain.finished)
+        lengths = fast.completion_mask.sum(1)
+        if not greedy:  # the micro policy's samples end at different steps: the compaction path ran
+            assert lengths.min() < lengths.max() and fast.finished.any()
+
+
+def test_gumbel_max_sampling_follows_the_softmax():
+    from rloo.rollout.hf import _gumbel, _next_token
+
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).repeat(40000, 1)
+    draws = _next_token(logits, False, 1.0, 1.0, 0, _gumbel(40000, 4, torch.Generator().manual_seed(0)))
+    freq = torch.bincount(draws, minlength=4).float() / 40000
+    torch.testing.assert_close(freq, torch.softmax(logits[0], -1), atol=0.01, rtol=0)
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_shared_prompt_pass_equals_the_plain_pass_with_gradients(micro_run, attn):
+    # k completions per prompt: the prompt runs once and its KV cache is indexed out to the k rows.
+    tok = models.load_tokenizer(micro_run["sft"])
+    model = models.load_causal_lm(micro_run["sft"], trainable=True, attn_implementation=attn)
+    qs = ["Question: Ava has 12 apples and buys 7 more. How many?\nAnswer:", "Question: 3 boxes of 9?\nAnswer:"]
+    ro = generate(model, [tok(q)["input_ids"] for q in qs for _ in range(3)], max_new_tokens=20,
+                  eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, generator=torch.Generator().manual_seed(5))
+    batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
+    weights = torch.randn(batch.completion_mask.shape) * batch.completion_mask
+    grads, logps = [], []
+    for share in (True, False):
+        model.zero_grad()
+        lp = token_logprobs(completion_logits(model, batch, share_prompts=share), batch.input_ids[:, batch.prompt_len :])
+        (lp * weights).sum().backward()
+        logps.append(lp.detach() * batch.completion_mask)
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    torch.testing.assert_close(logps[0], logps[1], atol=2e-5, rtol=0)
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-5, rtol=1e-4)
+    assert grads[0].abs().sum() > 0

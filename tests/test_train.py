@@ -115,6 +115,13 @@ def test_run_writes_policy_and_resumes_bit_identically(micro_run, tmp_path):
     b = models.load_causal_lm(tmp_path / "resumed").state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert (tmp_path / "resumed" / "steps.jsonl").read_text() .splitlines()[-1].split('"time/')[0] == steps[-1].split('"time/')[0]
+    # Extending a finished run (more steps) resumes from its last checkpoint; other settings do not.
+    cfg["rloo"]["steps"] = 5
+    longer = train.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / "longer", tmp_path / "w_dead")
+    assert longer["resumed_from_step"] == 2
+    cfg["rloo"]["lr"] *= 2
+    with pytest.raises(checkpoint.CheckpointError, match="other settings"):
+        train.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / "other", tmp_path / "w_dead")
 
 
 def test_non_finite_reward_model_scores_become_missing_rewards(micro_run, tmp_path):
@@ -148,3 +155,16 @@ def test_empty_completions_score_zero_and_train(micro_run):
     m = trainer.step(0)
     assert m["train/response_length"] == 1.0 and m["train/reward_mean"] == 0.0
     assert math.isfinite(m["train/loss"])
+
+
+def test_difficulty_filter_keeps_multi_step_prompts_and_names_the_key():
+    from rloo.data.gsm8k import solution_steps
+
+    rows = [{"question": "q1", "answer": "2+3=<<2+3=5>>5\n#### 5"},
+            {"question": "q2", "answer": "2+3=<<2+3=5>>5\n5*4=<<5*4=20>>20\n#### 20"},
+            {"question": "q3", "answer": "#### 7"}]
+    assert [solution_steps(r["answer"]) for r in rows] == [1, 2, 0]
+    assert train.training_prompts(rows, 0) == rows
+    assert [r["question"] for r in train.training_prompts(rows, 2)] == ["q2"]
+    with pytest.raises(ValueError, match=r"rloo\.min_solution_steps=3"):
+        train.training_prompts(rows, 3)

@@ -101,6 +101,12 @@ def load_hub_split(
     return records, report
 
 
+def solution_steps(answer: str) -> int:
+    """Reasoning lines of a reference solution: the non-empty lines before the final '#### N'."""
+    body = answer.rsplit("####", 1)[0]
+    return sum(1 for line in body.splitlines() if line.strip())
+
+
 def format_prompt(question: str, template: str) -> str:
     return template.format(question=question)
 

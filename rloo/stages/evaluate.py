@@ -34,7 +34,7 @@ log = logging.getLogger("rloo.evaluate")
 def policy_report(cfg: dict, policy_dir: Path, reference, tok, rows: list[dict], reward) -> tuple[dict, list[str]]:
     """Metrics of one policy, and its completions by decoding mode (for the pairwise judge)."""
     e, m = cfg["evaluate"], cfg["model"]
-    policy = models.load_causal_lm(policy_dir, m["dtype"], m["trust_remote_code"])
+    policy = models.load_causal_lm(policy_dir, **models.load_options(m))
     tmpl = cfg["prompt"]["template"]
     prompts = [format_prompt(r["question"], tmpl) for r in rows]
     golds = [r["answer"] for r in rows]
@@ -83,10 +83,10 @@ def run(cfg: dict, data_dir: str | Path, sft_dir: str | Path, policies: dict[str
     data_dir = Path(data_dir)
     rows = [r for _, r in read_jsonl(data_dir / "test.jsonl")][: e["examples"]]
     tok = models.load_tokenizer(sft_dir, m["trust_remote_code"])
-    reference = models.load_causal_lm(sft_dir, m["dtype"], m["trust_remote_code"])
+    reference = models.load_causal_lm(sft_dir, **models.load_options(m))
     reward = None
     if reward_model_dir:
-        reward = (models.load_reward_model(reward_model_dir, m["dtype"], m["trust_remote_code"]),
+        reward = (models.load_reward_model(reward_model_dir, **models.load_options(m)),
                   models.load_tokenizer(reward_model_dir, m["trust_remote_code"]))
     reports, texts = {}, {}
     for name, folder in {"sft": str(sft_dir), **policies}.items():

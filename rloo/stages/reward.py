@@ -28,7 +28,7 @@ def sample_pairs(cfg: dict, policy_dir: Path, train: list[dict]) -> tuple[list[P
     """Sample `samples_per_prompt` completions per prompt from the SFT policy; label; pair them."""
     rcfg, mcfg = cfg["reward"], cfg["model"]
     tok = models.load_tokenizer(policy_dir, mcfg["trust_remote_code"])
-    policy = models.load_causal_lm(policy_dir, mcfg["dtype"], mcfg["trust_remote_code"])
+    policy = models.load_causal_lm(policy_dir, **models.load_options(mcfg))
     tmpl = cfg["prompt"]["template"]
     rows = train[: rcfg["prompts"]]
     k = rcfg["samples_per_prompt"]
@@ -97,7 +97,7 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
 
     init = rcfg["init"] or policy_dir
     tok = models.load_tokenizer(policy_dir, mcfg["trust_remote_code"])
-    model = models.load_reward_model(init, mcfg["dtype"], mcfg["trust_remote_code"], trainable=True)
+    model = models.load_reward_model(init, **models.load_options(mcfg), trainable=True)
     model.config.pad_token_id = tok.pad_token_id
     opt = torch.optim.AdamW(model.parameters(), lr=rcfg["lr"])
     rng = np.random.default_rng(cfg["seed"])

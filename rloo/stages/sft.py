@@ -95,7 +95,7 @@ def init_model_folder(cfg: dict, train: list[dict], folder: Path) -> Path:
         for r in train
     )
     tok = models.train_tokenizer(texts, mcfg["tiny"]["vocab_size"])
-    model = models.build_tiny_model(tok, mcfg["tiny"], mcfg["max_length"], cfg["seed"])
+    model = models.build_tiny_model(tok, mcfg["tiny"], mcfg["max_length"], cfg["seed"], mcfg["attn_implementation"])
     with atomic_dir(folder) as tmp:
         models.save_pretrained(model, tok, tmp)
     log.info("built the embedded tiny model (%d parameters) in %s", models.count_parameters(model), folder)
@@ -139,7 +139,7 @@ def run(cfg: dict, data_dir: str | Path, out_dir: str | Path, work_dir: str | Pa
 
     init = init_model_folder(cfg, train, work_dir / "init")
     tokenizer = models.load_tokenizer(init, mcfg["trust_remote_code"])
-    model = models.load_causal_lm(init, mcfg["dtype"], mcfg["trust_remote_code"], trainable=True)
+    model = models.load_causal_lm(init, **models.load_options(mcfg), trainable=True)
     examples, too_long = tokenize(train, tokenizer, cfg["prompt"]["template"], mcfg["max_length"])
     if not examples:
         raise ValueError(f"{data_dir / 'train.jsonl'}: no example fits model.max_length={mcfg['max_length']}")

@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from rloo import alarms, checkpoint, models, tracking
 from rloo.batching import SeqBatch, completion_logits, completion_logprobs, join, token_logprobs
-from rloo.data.gsm8k import format_prompt
+from rloo.data.gsm8k import format_prompt, solution_steps
 from rloo.estimators import MovingBaseline, compute_advantages
 from rloo.evaluation import accuracy, complete
 from rloo.io import atomic_dir, read_jsonl, write_json_atomic
@@ -49,6 +49,16 @@ def check_sampling(rcfg: dict) -> list[str]:
     return problems
 
 
+def training_prompts(rows: list[dict], min_steps: int) -> list[dict]:
+    """The RL prompt pool: rows whose reference solution has >= `min_steps` reasoning lines."""
+    kept = [r for r in rows if solution_steps(r["answer"]) >= min_steps]
+    if min_steps:
+        log.info("rloo.min_solution_steps=%d keeps %d of %d training prompts", min_steps, len(kept), len(rows))
+    if not kept:
+        raise ValueError(f"rloo.min_solution_steps={min_steps}: no training prompt has that many solution steps")
+    return kept
+
+
 def prompt_indices(n: int, step: int, per_step: int, seed: int) -> np.ndarray:
     """The prompts of `step`: consecutive slices of a seeded permutation per epoch (resume-exact)."""
     per_epoch = max(1, n // per_step)
@@ -70,8 +80,12 @@ class Trainer:
                 f"rloo.prompts_per_step={r['prompts_per_step']} exceeds the {len(train)} training prompts"
             )
         self.tokenizer = models.load_tokenizer(policy_dir, self.mcfg["trust_remote_code"])
-        self.policy = models.load_causal_lm(policy_dir, self.mcfg["dtype"], self.mcfg["trust_remote_code"], True)
-        self.reference = models.load_causal_lm(policy_dir, self.mcfg["dtype"], self.mcfg["trust_remote_code"])
+        self.policy = models.load_causal_lm(policy_dir, **models.load_options(self.mcfg), trainable=True)
+        # The reference is frozen by running only under no_grad and staying out of the optimizer. Its
+        # parameters keep requires_grad like the policy's because CPU kernels are chosen by that flag
+        # (a frozen weight takes another matmul path): the same flag gives bit-identical log-probs, so
+        # the measured KL before the first update is exactly 0.
+        self.reference = models.load_causal_lm(policy_dir, **models.load_options(self.mcfg), trainable=True)
         self.reward = reward
         self.train = train
         self.prompt_ids = self._tokenize_prompts(train)
@@ -244,10 +258,13 @@ class Trainer:
         qs, golds = [r["question"] for r in rows], [r["answer"] for r in rows]
         sampled = complete(self.policy, self.tokenizer, qs, template=tmpl, max_new_tokens=self.rcfg["max_new_tokens"],
                            greedy=False, generator=step_generator(self.cfg["seed"], 0, stream=11))
+        greedy = complete(self.policy, self.tokenizer, qs, template=tmpl, max_new_tokens=self.rcfg["max_new_tokens"],
+                          greedy=True)
         proxy = self.reward.score([format_prompt(q, tmpl) for q in qs], sampled.texts, golds, sampled.finished)
         ok = torch.isfinite(proxy)
         return {
             "eval/accuracy_sampled": accuracy(sampled.texts, golds, "strict"),
+            "eval/accuracy_greedy": accuracy(greedy.texts, golds, "strict"),
             "eval/proxy_reward": float(proxy[ok].mean()) if ok.any() else math.nan,
         }
 
@@ -265,13 +282,16 @@ def run(
     r = cfg["rloo"]
     check_sampling(r)
     data_dir, out_dir, work_dir = Path(data_dir), Path(out_dir), Path(work_dir)
-    train = [row for _, row in read_jsonl(data_dir / "train.jsonl")]
+    train = training_prompts([row for _, row in read_jsonl(data_dir / "train.jsonl")], r["min_solution_steps"])
     test = [row for _, row in read_jsonl(data_dir / "test.jsonl")]
     reward = build_reward(cfg, str(reward_model_dir) if reward_model_dir else None)
     trainer = Trainer(cfg, policy_dir, reward, train)
 
     ckpt_dir = work_dir / "checkpoints"
-    fingerprint = run_fingerprint(cfg, ["seed", "model", "prompt", "reward", "rloo"], data_dir, policy_dir)
+    # The LR schedule is warm-up then constant, so a run may be extended (more steps) and resume exactly.
+    fingerprint = run_fingerprint(cfg, ["seed", "model", "prompt", "reward", "rloo"], data_dir, policy_dir,
+                                  ignore=("rloo.steps", "rloo.checkpoint_every", "rloo.keep_checkpoints",
+                                          "rloo.eval_every", "rloo.eval_examples"))
     start = 0
     if (last := checkpoint.latest(ckpt_dir)) is not None:
         start, extra = checkpoint.load(last, trainer.policy, trainer.optimizer, trainer.scheduler, fingerprint)

@@ -101,7 +101,7 @@ def generate(
     finished = torch.zeros(batch, dtype=torch.bool)
     steps = 0
     for t in range(max_new_tokens):
-        gumbel = None if greedy else _gumbel(batch, logits.shape[-1], generator)[rows]
+        gumbel = None if greedy else _gumbel(batch, logits.shape[-1], generator)[rows].to(logits.device)
         live = ~finished[rows]  # all True when compacting; else finished rows ride along as padding
         nxt = torch.where(live, _next_token(logits, greedy, temperature, top_p, top_k, gumbel), pad_id)
         tokens[rows, t], mask[rows, t] = nxt, live

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -19,6 +20,12 @@ class SeqBatch:
     position_ids: torch.Tensor  # [B, P + T]
     prompt_len: int  # P: width of the left-padded prompt block
     completion_mask: torch.Tensor  # [B, T] float, 1 on completion tokens up to and including EOS
+
+    @cached_property
+    def prompt_groups(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """`unique_rows` of the prompt block, found once per batch (the policy and reference share it)."""
+        p = self.prompt_len
+        return unique_rows(torch.cat([self.input_ids[:, :p], self.attention_mask[:, :p]], 1))
 
 
 def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,8 +88,7 @@ def completion_logits(model: torch.nn.Module, batch: SeqBatch, share_prompts: bo
     about the cost of the completion tokens alone. `share_prompts=False` forces the plain pass.
     """
     p = batch.prompt_len
-    first, inverse = (unique_rows(torch.cat([batch.input_ids[:, :p], batch.attention_mask[:, :p]], 1))
-                      if share_prompts else (None, None))
+    first, inverse = batch.prompt_groups if share_prompts else (None, None)
     if first is None or len(first) == len(inverse) or batch.input_ids.shape[1] == p:
         out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                     position_ids=batch.position_ids, use_cache=False)

@@ -408,6 +408,14 @@ def _rel(path: Path) -> str:
         return str(path)
 
 
+def _tag_path(rel: str) -> str:
+    """`rel` as part of a tag key: MLflow refuses keys that normalise to another path ("x.../../y"),
+    so an output outside the working directory is named by its absolute path under "outside/"."""
+    if rel.startswith(("..", "/")):
+        return "outside/" + Path(rel).resolve().as_posix().lstrip("/")
+    return rel
+
+
 def host_tags() -> dict[str, str]:
     tags = {"host": socket.gethostname()}
     if os.environ.get("SLURM_JOB_ID"):
@@ -689,12 +697,13 @@ def _finish_stage_run(run: _Run, cfg: dict, outputs: list[Path], log_file: Path 
         except OSError as e:
             log.warning("MLflow: could not hash %s: %s", out, e)
             continue
-        tags[f"dvc.md5.{rel}"] = digest
+        key = _tag_path(rel)
+        tags[f"dvc.md5.{key}"] = digest
         if rel in locked:
-            tags[f"dvc.lock.{rel}"] = "match" if locked[rel] == digest else f"differs ({locked[rel]})"
+            tags[f"dvc.lock.{key}"] = "match" if locked[rel] == digest else f"differs ({locked[rel]})"
         for name, info in files.items():
             if Path(name).suffix.lower() in WEIGHT_SUFFIXES:
-                tags[f"md5.{rel}/{name}" if out.is_dir() else f"md5.{rel}"] = info["md5"]
+                tags[f"md5.{key}/{name}" if out.is_dir() else f"md5.{key}"] = info["md5"]
         manifest[rel] = {"dvc_md5": digest, "files": files}
         for f in _artifact_files(out):
             if out.is_dir():

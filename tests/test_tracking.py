@@ -331,6 +331,24 @@ def test_standalone_stage_run(tmp_path, monkeypatch):
     assert rec["tracking_uri"] == uri
 
 
+def test_output_outside_the_working_directory_is_tagged(tmp_path, monkeypatch):
+    """A stage writing outside the cwd (`rloo train --out /elsewhere`) still gets its md5 tags."""
+    from mlflow import MlflowClient
+
+    work, out = tmp_path / "repo", tmp_path / "elsewhere" / "policy"
+    work.mkdir()
+    out.mkdir(parents=True)
+    (out / "model.safetensors").write_bytes(b"\0weights" * 10)
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")
+    with tracking.stage_run(load_config(MICRO), "rloo", outputs=[out]) as run:
+        pass
+    tags = MlflowClient(f"sqlite:///{work / 'mlflow.db'}").get_run(run.run_id).data.tags
+    key = "outside/" + out.resolve().as_posix().lstrip("/")
+    assert tags[f"dvc.md5.{key}"] == tracking.dvc_md5(out)[0]
+    assert tags[f"md5.{key}/model.safetensors"] == _md5(out / "model.safetensors")
+
+
 def test_failed_stage_run_is_marked_failed(tmp_path, monkeypatch):
     from mlflow import MlflowClient
 

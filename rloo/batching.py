@@ -51,8 +51,8 @@ def join(
     completion_mask: torch.Tensor,
 ) -> SeqBatch:
     """One batch of left-padded prompts followed by right-padded completions."""
-    input_ids = torch.cat([prompt_ids, completions], dim=1)
-    attention_mask = torch.cat([prompt_mask, completion_mask.long()], dim=1)
+    input_ids = torch.cat([prompt_ids, completions.to(prompt_ids.device)], dim=1)
+    attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_ids.device).long()], dim=1)
     return SeqBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -76,7 +76,13 @@ def unique_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(index of each distinct row's first occurrence, each row's position among the distinct rows)."""
     seen: dict[tuple[int, ...], tuple[int, int]] = {}  # row -> (its number among distinct rows, first index)
     inverse = [seen.setdefault(tuple(r), (len(seen), i))[0] for i, r in enumerate(rows.tolist())]
-    return torch.tensor([i for _, i in seen.values()]), torch.tensor(inverse)
+    return (torch.tensor([i for _, i in seen.values()], device=rows.device),
+            torch.tensor(inverse, device=rows.device))
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """Where the model's weights are: inputs built on the CPU go there before a forward pass."""
+    return next(model.parameters()).device
 
 
 def completion_logits(model: torch.nn.Module, batch: SeqBatch, share_prompts: bool = True) -> torch.Tensor:

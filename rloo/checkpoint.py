@@ -81,7 +81,7 @@ def load(
         )
     try:
         state = load_file(str(folder / "model.safetensors"))
-        opt = torch.load(folder / "optimizer.pt", weights_only=True)
+        opt = torch.load(folder / "optimizer.pt", weights_only=True, map_location="cpu")  # cast to the params on load
     except FileNotFoundError as e:
         raise CheckpointError(f"{folder}: incomplete checkpoint, missing {Path(e.filename).name}") from None
     except Exception as e:

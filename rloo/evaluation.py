@@ -46,11 +46,8 @@ def complete(
             greedy=greedy,
             generator=generator,
         )
-        for row, i in enumerate(idx):
-            n = int(ro.completion_mask[row].sum())
-            texts[i] = tokenizer.decode(ro.completions[row, :n], skip_special_tokens=True)
-            lengths[i] = n
-            finished[i] = bool(ro.finished[row])
+        for i, text, n, done in zip(idx, ro.texts(tokenizer), ro.lengths.tolist(), ro.finished.tolist(), strict=True):
+            texts[i], lengths[i], finished[i] = text, n, done
     return Completions(texts, lengths, finished)
 
 

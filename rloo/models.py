@@ -21,6 +21,8 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from rloo.runtime import resolve_device
+
 EOS = "<|endoftext|>"
 PAD = "<|pad|>"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -95,6 +97,7 @@ def load_options(mcfg: dict) -> dict:
         "dtype": mcfg["dtype"],
         "trust_remote_code": mcfg["trust_remote_code"],
         "attn_implementation": mcfg["attn_implementation"],
+        "device": mcfg["device"],
     }
 
 
@@ -104,13 +107,14 @@ def load_causal_lm(
     trust_remote_code: bool = False,
     trainable: bool = False,
     attn_implementation: str | None = None,
+    device: str = "cpu",
 ) -> PreTrainedModel:
     """A causal LM from a folder or hub id, safetensors only; frozen and in eval mode unless trainable."""
     model = AutoModelForCausalLM.from_pretrained(
         str(path), dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, use_safetensors=True,
         attn_implementation=attn_implementation,
     )
-    return _prepare(model, trainable)
+    return _prepare(model, trainable, device)
 
 
 def load_reward_model(
@@ -119,6 +123,7 @@ def load_reward_model(
     trust_remote_code: bool = False,
     trainable: bool = False,
     attn_implementation: str | None = None,
+    device: str = "cpu",
 ) -> PreTrainedModel:
     """A one-label sequence classifier (Bradley-Terry reward model); a causal LM folder gets a new head."""
     model = AutoModelForSequenceClassification.from_pretrained(
@@ -129,12 +134,13 @@ def load_reward_model(
         use_safetensors=True,
         attn_implementation=attn_implementation,
     )
-    return _prepare(model, trainable)
+    return _prepare(model, trainable, device)
 
 
-def _prepare(model: PreTrainedModel, trainable: bool) -> PreTrainedModel:
+def _prepare(model: PreTrainedModel, trainable: bool, device: str) -> PreTrainedModel:
     # Dropout stays off even while training: the policy and its frozen reference must give identical
     # log-probabilities before the first update, and the tiny models here do not need dropout.
+    model.to(resolve_device(device))
     model.eval()
     model.requires_grad_(trainable)
     return model

@@ -70,13 +70,14 @@ def score_texts(model, tokenizer, texts: list[str], batch_size: int, max_length:
     ids = [tokenizer(t + eos, truncation=True, max_length=max_length)["input_ids"] for t in texts]
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     out = torch.empty(len(ids), dtype=torch.float32)
-    from rloo.batching import left_pad, positions
+    from rloo.batching import left_pad, model_device, positions
 
+    device = model_device(model)
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
-        input_ids, mask = left_pad([ids[i] for i in idx], tokenizer.pad_token_id)
+        input_ids, mask = (t.to(device) for t in left_pad([ids[i] for i in idx], tokenizer.pad_token_id))
         logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions(mask)).logits
-        out[idx] = logits[:, 0].float()
+        out[idx] = logits[:, 0].float().cpu()
     return out
 
 

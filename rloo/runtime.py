@@ -35,12 +35,20 @@ def setup(threads: int | None, seed: int) -> int:
     return threads
 
 
-def autocast(mode: str) -> contextlib.AbstractContextManager:
-    """bfloat16 autocast for forward passes (about 1.4x faster on AVX-512 bf16 CPUs), or nothing."""
+def resolve_device(name: str) -> torch.device:
+    """`model.device` as a torch device: auto = CUDA when available, else CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("model.device is 'cuda' but torch sees no GPU (CUDA_VISIBLE_DEVICES, driver, CPU-only torch?)")
+    return torch.device(name)
+
+
+def autocast(mode: str, device: torch.device | str = "cpu") -> contextlib.AbstractContextManager:
+    """bfloat16 autocast for forward passes on `device` (CPU: ~1.4x faster with AVX-512 bf16), or nothing."""
     if mode == "none":
         return contextlib.nullcontext()
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.autocast(device, dtype=torch.bfloat16)
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
 
 
 def step_generator(seed: int, step: int, stream: int = 0) -> torch.Generator:

@@ -111,3 +111,34 @@ def test_shared_prompt_pass_equals_the_plain_pass_with_gradients(micro_run, attn
     torch.testing.assert_close(logps[0], logps[1], atol=2e-5, rtol=0)
     torch.testing.assert_close(grads[0], grads[1], atol=1e-5, rtol=1e-4)
     assert grads[0].abs().sum() > 0
+
+
+def test_model_device_placement(tmp_path):
+    """`model.device`: auto picks what torch sees; asking for a GPU that is not there is a clear error."""
+    from rloo.batching import model_device
+    from rloo.runtime import resolve_device
+
+    _tiny(tmp_path)
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert resolve_device("auto").type == expected
+    assert model_device(models.load_causal_lm(tmp_path, device="auto")).type == expected
+    assert model_device(models.load_reward_model(tmp_path, device="cpu")).type == "cpu"
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match=r"model\.device is 'cuda'"):
+            models.load_causal_lm(tmp_path, device="cuda")
+
+
+def test_rollout_moves_whole_and_decodes_to_eos(tmp_path):
+    from rloo.rollout.hf import _noise_generator
+
+    tok, model = _tiny(tmp_path)
+    prompts = [tok("Question: Ava has 12 apples.")["input_ids"]] * 3
+    g = torch.Generator().manual_seed(0)
+    assert _noise_generator(g, torch.device("cpu")) is g  # CPU sampling draws from the caller's generator
+    ro = generate(model, prompts, max_new_tokens=12, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, generator=g)
+    moved = ro.to("cpu")
+    assert moved.logprobs is None
+    for name in ("prompt_ids", "prompt_mask", "completions", "completion_mask", "finished"):
+        assert torch.equal(getattr(moved, name), getattr(ro, name))
+    lengths = ro.lengths.tolist()
+    assert ro.texts(tok) == [tok.decode(ro.completions[i, :n], skip_special_tokens=True) for i, n in enumerate(lengths)]

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
-from rloo.batching import cache_kwarg, kv_cache, left_pad, positions, unique_rows
+from rloo.batching import cache_kwarg, kv_cache, left_pad, model_device, positions, unique_rows
 
 
 @dataclass
@@ -21,6 +21,15 @@ class Rollout:
     @property
     def lengths(self) -> torch.Tensor:
         return self.completion_mask.sum(-1)
+
+    def texts(self, tokenizer) -> list[str]:
+        """Each completion decoded up to and including its EOS, special tokens dropped."""
+        tokens, lengths = self.completions.cpu(), self.lengths.tolist()
+        return [tokenizer.decode(tokens[j, :n], skip_special_tokens=True) for j, n in enumerate(lengths)]
+
+    def to(self, device: torch.device | str) -> Rollout:
+        """The same rollout with every tensor on `device` (a no-op where they already are)."""
+        return Rollout(**{f.name: None if (t := getattr(self, f.name)) is None else t.to(device) for f in fields(self)})
 
 
 def _next_token(
@@ -48,11 +57,21 @@ def _next_token(
     return (logits + gumbel).argmax(-1)
 
 
-def _gumbel(rows: int, vocab: int, generator: torch.Generator | None) -> torch.Tensor:
+def _gumbel(rows: int, vocab: int, generator: torch.Generator | None, device: torch.device | None = None) -> torch.Tensor:
     # Drawn for every row of the batch at every step, finished or not, so a row's sample depends only
     # on its own logits and the generator, never on which other rows are still being decoded.
-    u = torch.rand((rows, vocab), generator=generator).clamp_(min=1e-20)
+    u = torch.rand((rows, vocab), generator=generator, device=device).clamp_(min=1e-20)
     return -torch.log(-torch.log(u))
+
+
+def _noise_generator(generator: torch.Generator | None, device: torch.device) -> torch.Generator | None:
+    """A generator on the model's device seeded from `generator` (a CPU one stays as it is): drawing
+    the noise where the logits are avoids copying a [rows, vocab] tensor to the GPU every token."""
+    if generator is None or generator.device.type == device.type:
+        return generator
+    g = torch.Generator(device=device)
+    g.manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)))
+    return g
 
 
 @torch.no_grad()
@@ -77,9 +96,12 @@ def generate(
     rows), so the step cost follows the sequences still running rather than the longest one.
     `compact=False` turns both off (the tests compare the two paths).
     """
-    prompt_ids, prompt_mask = left_pad(prompts, pad_id)
+    device = model_device(model)
+    noise = None if greedy else _noise_generator(generator, device)
+    prompt_ids, prompt_mask = (t.to(device) for t in left_pad(prompts, pad_id))
     batch = prompt_ids.shape[0]
-    first, inverse = unique_rows(torch.cat([prompt_ids, prompt_mask], 1)) if compact else (torch.arange(batch), torch.arange(batch))
+    everyone = torch.arange(batch, device=device)
+    first, inverse = unique_rows(torch.cat([prompt_ids, prompt_mask], 1)) if compact else (everyone, everyone)
     out = model(input_ids=prompt_ids[first], attention_mask=prompt_mask[first],
                 position_ids=positions(prompt_mask[first]), use_cache=True, logits_to_keep=1)
     cache, cache_kw = kv_cache(out), cache_kwarg(model)
@@ -95,13 +117,13 @@ def generate(
             cache, logits = kv_cache(out), out.logits[:, -1]
     attn = prompt_mask
     last_pos = positions(prompt_mask)[:, -1:]
-    rows = torch.arange(batch)  # the batch rows still being decoded, in decode-batch order
-    tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long)
-    mask = torch.zeros((batch, max_new_tokens), dtype=torch.bool)
-    finished = torch.zeros(batch, dtype=torch.bool)
+    rows = everyone  # the batch rows still being decoded, in decode-batch order
+    tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros((batch, max_new_tokens), dtype=torch.bool, device=device)
+    finished = torch.zeros(batch, dtype=torch.bool, device=device)
     steps = 0
     for t in range(max_new_tokens):
-        gumbel = None if greedy else _gumbel(batch, logits.shape[-1], generator)[rows].to(logits.device)
+        gumbel = None if greedy else _gumbel(batch, logits.shape[-1], noise, device)[rows]
         live = ~finished[rows]  # all True when compacting; else finished rows ride along as padding
         nxt = torch.where(live, _next_token(logits, greedy, temperature, top_p, top_k, gumbel), pad_id)
         tokens[rows, t], mask[rows, t] = nxt, live
@@ -113,7 +135,7 @@ def generate(
             keep = (~finished[rows]).nonzero().squeeze(-1)
             cache.batch_select_indices(keep)
             rows, attn, last_pos, nxt = rows[keep], attn[keep], last_pos[keep], nxt[keep]
-        attn = torch.cat([attn, torch.ones((len(rows), 1), dtype=attn.dtype)], dim=1)
+        attn = torch.cat([attn, torch.ones((len(rows), 1), dtype=attn.dtype, device=device)], dim=1)
         last_pos = last_pos + 1
         out = model(
             input_ids=nxt[:, None], attention_mask=attn, position_ids=last_pos, use_cache=True, **{cache_kw: cache}

@@ -17,7 +17,7 @@ import torch
 import yaml
 
 from rloo import models, tracking
-from rloo.batching import completion_logprobs, join
+from rloo.batching import completion_logprobs, join, model_device
 from rloo.config import config_hash
 from rloo.data.gsm8k import format_prompt
 from rloo.evaluation import accuracy
@@ -43,7 +43,7 @@ def policy_report(cfg: dict, policy_dir: Path, reference, tok, rows: list[dict],
     for mode in ("greedy", "sampled"):
         texts, lengths, kls = [], [], []
         for s in range(0, len(ids), e["batch_size"]):
-            with autocast(m["autocast"]):
+            with autocast(m["autocast"], model_device(policy)):
                 ro = generate(policy, ids[s : s + e["batch_size"]], max_new_tokens=e["max_new_tokens"],
                               eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, greedy=mode == "greedy",
                               generator=step_generator(cfg["seed"], s, stream=21))
@@ -53,8 +53,7 @@ def policy_report(cfg: dict, policy_dir: Path, reference, tok, rows: list[dict],
             mask = batch.completion_mask
             kls += ((lp - lp_ref) * mask).sum(-1).tolist()
             lengths += ro.lengths.tolist()
-            texts += [tok.decode(ro.completions[j, : int(mask[j].sum())], skip_special_tokens=True)
-                      for j in range(len(ro.completions))]
+            texts += ro.texts(tok)
         out[mode] = {"texts": texts, "lengths": lengths, "kl": kls}
     s = out["sampled"]
     report = {

@@ -12,7 +12,7 @@ import torch
 from tqdm import tqdm
 
 from rloo import models, tracking
-from rloo.batching import left_pad, positions
+from rloo.batching import left_pad, model_device, positions
 from rloo.data.gsm8k import format_completion, format_prompt
 from rloo.io import atomic_dir, read_jsonl, write_json_atomic
 from rloo.losses import bradley_terry_loss
@@ -40,16 +40,13 @@ def sample_pairs(cfg: dict, policy_dir: Path, train: list[dict]) -> tuple[list[P
         chunk = rows[start : start + per_batch]
         prompts = [format_prompt(r["question"], tmpl) for r in chunk]
         ids = [tok(p)["input_ids"] for p in prompts for _ in range(k)]
-        with autocast(mcfg["autocast"]):
+        with autocast(mcfg["autocast"], model_device(policy)):
             ro = generate(policy, ids, max_new_tokens=rcfg["max_new_tokens"], eos_id=tok.eos_token_id,
                           pad_id=tok.pad_token_id, generator=step_generator(cfg["seed"], start, stream=3))
+        all_texts, all_finished = ro.texts(tok), ro.finished.tolist()
         for i, r in enumerate(chunk):
-            texts, ok = [], []
-            for j in range(i * k, (i + 1) * k):
-                n = int(ro.completion_mask[j].sum())
-                text = tok.decode(ro.completions[j, :n], skip_special_tokens=True)
-                texts.append(text)
-                ok.append(bool(ro.finished[j]) and is_correct(text, r["answer"]))
+            texts = all_texts[i * k : (i + 1) * k]
+            ok = [f and is_correct(t, r["answer"]) for t, f in zip(texts, all_finished[i * k : (i + 1) * k], strict=True)]
             n_correct += sum(ok)
             n_samples += len(ok)
             pairs += build_pairs(start + i, prompts[i], format_completion(r["answer"]), texts, ok, 2 * k, rng)
@@ -65,8 +62,9 @@ def _encode(tok, texts: list[str], max_length: int) -> tuple[torch.Tensor, torch
 def pair_scores(model, tok, pairs: list[Pair], max_length: int, autocast_mode: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(chosen, rejected) scores [N] in one forward pass over both halves."""
     texts = [p.prompt + p.chosen for p in pairs] + [p.prompt + p.rejected for p in pairs]
-    ids, mask, pos = _encode(tok, texts, max_length)
-    with autocast(autocast_mode):
+    device = model_device(model)
+    ids, mask, pos = (t.to(device) for t in _encode(tok, texts, max_length))
+    with autocast(autocast_mode, device):
         s = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, 0].float()
     return s[: len(pairs)], s[len(pairs) :]
 

@@ -13,6 +13,7 @@ import torch
 from tqdm import tqdm
 
 from rloo import checkpoint, models, tracking
+from rloo.batching import model_device
 from rloo.data.gsm8k import format_completion, format_prompt
 from rloo.evaluation import accuracy, complete
 from rloo.io import atomic_dir, read_jsonl, write_json_atomic
@@ -140,6 +141,7 @@ def run(cfg: dict, data_dir: str | Path, out_dir: str | Path, work_dir: str | Pa
     init = init_model_folder(cfg, train, work_dir / "init")
     tokenizer = models.load_tokenizer(init, mcfg["trust_remote_code"])
     model = models.load_causal_lm(init, **models.load_options(mcfg), trainable=True)
+    device = model_device(model)
     examples, too_long = tokenize(train, tokenizer, cfg["prompt"]["template"], mcfg["max_length"])
     if not examples:
         raise ValueError(f"{data_dir / 'train.jsonl'}: no example fits model.max_length={mcfg['max_length']}")
@@ -166,8 +168,8 @@ def run(cfg: dict, data_dir: str | Path, out_dir: str | Path, work_dir: str | Pa
     with StopFlag() as stop, tqdm(total=scfg["steps"], initial=start, desc="sft", unit="step") as bar:
         for step in range(start, scfg["steps"]):
             idx = batch_indices(lengths, step, batch_size, cfg["seed"])
-            ids, mask, labels = collate([examples[i] for i in idx], tokenizer.pad_token_id)
-            with autocast(mcfg["autocast"]):
+            ids, mask, labels = (t.to(device) for t in collate([examples[i] for i in idx], tokenizer.pad_token_id))
+            with autocast(mcfg["autocast"], device):
                 out = model(input_ids=ids, attention_mask=mask, labels=labels, use_cache=False)
             out.loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), scfg["grad_clip"])

@@ -19,7 +19,7 @@ import torch
 from tqdm import tqdm
 
 from rloo import alarms, checkpoint, models, tracking
-from rloo.batching import SeqBatch, completion_logits, completion_logprobs, join, token_logprobs
+from rloo.batching import SeqBatch, completion_logits, completion_logprobs, join, model_device, token_logprobs
 from rloo.data.gsm8k import format_prompt, solution_steps
 from rloo.estimators import MovingBaseline, compute_advantages
 from rloo.evaluation import accuracy, complete
@@ -86,6 +86,7 @@ class Trainer:
         # (a frozen weight takes another matmul path): the same flag gives bit-identical log-probs, so
         # the measured KL before the first update is exactly 0.
         self.reference = models.load_causal_lm(policy_dir, **models.load_options(self.mcfg), trainable=True)
+        self.device = model_device(self.policy)
         self.reward = reward
         self.train = train
         self.prompt_ids = self._tokenize_prompts(train)
@@ -117,35 +118,33 @@ class Trainer:
             eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id,
             temperature=self.rcfg["temperature"], top_p=self.rcfg["top_p"], top_k=self.rcfg["top_k"],
             generator=step_generator(self.cfg["seed"], step),
-        )
+        ).to(self.device)  # vLLM hands its samples back on the CPU
 
     def _score(self, idx: np.ndarray, ro: Rollout, repeat: int) -> tuple[torch.Tensor, list[str]]:
         tmpl = self.cfg["prompt"]["template"]
         rows = [self.train[i] for i in idx for _ in range(repeat)]
-        texts = [
-            self.tokenizer.decode(ro.completions[j, : int(ro.completion_mask[j].sum())], skip_special_tokens=True)
-            for j in range(len(rows))
-        ]
+        texts = ro.texts(self.tokenizer)
         scores = self.reward.score(
             [format_prompt(r["question"], tmpl) for r in rows], texts, [r["answer"] for r in rows],
             ro.finished.tolist(),
         )
-        return scores.float(), texts
+        return scores.float().to(self.device), texts
 
     def _greedy_baseline(self, idx: np.ndarray) -> torch.Tensor:
         """ReMax: the shaped reward of each prompt's greedy completion."""
         ro = self.rollout.generate([self.prompt_ids[i] for i in idx], max_new_tokens=self.rcfg["max_new_tokens"],
                       eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id, greedy=True)
+        ro = ro.to(self.device)
         scores, _ = self._score(idx, ro, 1)
         batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
-        with torch.no_grad(), autocast(self.mcfg["autocast"]):
+        with torch.no_grad(), autocast(self.mcfg["autocast"], self.device):
             lp = completion_logprobs(self.policy, batch)
             lp_ref = completion_logprobs(self.reference, batch)
         kl = sequence_kl(lp, lp_ref, batch.completion_mask, self.rcfg["kl_estimator"])
         return shaped_reward(scores, kl, self.rcfg["beta"]) if self.rcfg["kl_in"] == "reward" else scores
 
     def _policy_pass(self, batch: SeqBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        with autocast(self.mcfg["autocast"]):
+        with autocast(self.mcfg["autocast"], self.device):
             logits = completion_logits(self.policy, batch)
         targets = batch.input_ids[:, batch.prompt_len :]
         return token_logprobs(logits, targets), logits
@@ -162,7 +161,7 @@ class Trainer:
 
         batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
         mask = batch.completion_mask
-        with torch.no_grad(), autocast(self.mcfg["autocast"]):
+        with torch.no_grad(), autocast(self.mcfg["autocast"], self.device):
             ref_lp = completion_logprobs(self.reference, batch)
         t_ref = time.perf_counter()
         # The policy stays in eval mode (no dropout): before the first update it must give exactly the

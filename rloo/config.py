@@ -126,3 +126,58 @@ def config_hash(cfg: dict[str, Any], sections: list[str] | None = None) -> str:
     part = cfg if sections is None else {k: cfg.get(k) for k in sections}
     blob = json.dumps(part, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+# What each stage reads of the config ("section" or "section.key"), less keys of those sections it does
+# not read. Snakemake passes a stage exactly this part (workflow/rules/common.smk), so a changed value
+# reruns just the stages that read it; a stage run by hand logs it as its MLflow parameters.
+STAGE_KEYS: dict[str, list[str]] = {
+    "prepare": ["seed", "data"],
+    "sft": ["seed", "model", "prompt", "sft"],
+    "reward": ["seed", "model", "prompt", "reward"],
+    "rloo": ["seed", "model", "prompt", "reward.source", "rloo", "rollout"],
+    "evaluate": ["seed", "model", "prompt", "evaluate"],
+    "toy": ["seed"],
+    "compare": [],
+}
+STAGE_EXCLUDED: dict[str, list[str]] = {
+    # The reward model does not depend on what RLOO then uses as its reward.
+    "reward": ["reward.source", "reward.batch_size_score"],
+}
+
+
+def stage_keys(cfg: dict, stage: str) -> tuple[list[str], list[str]]:
+    """(dotted keys `stage` reads under this config, keys below those that it does not read)."""
+    keys = list(STAGE_KEYS[stage])
+    if stage == "rloo" and cfg["reward"]["source"] == "model":
+        keys.append("reward.batch_size_score")  # the reward model's scoring batch inside RLOO
+    elif stage == "rloo" and cfg["reward"]["source"] == "judge":
+        keys += ["evaluate.judge", "evaluate.llm_judge"]  # RLOO is scored by the evaluation judge
+    return keys, STAGE_EXCLUDED.get(stage, [])
+
+
+def stage_config(cfg: dict, stage: str, overrides: dict[str, Any] | None = None) -> dict:
+    """The part of `cfg` that `stage` reads (a copy), with {dotted key: value} `overrides` set on top."""
+    keys, excluded = stage_keys(cfg, stage)
+    part: dict = {}
+    for key in keys:
+        node = cfg
+        for name in key.split("."):
+            node = node[name]
+        _put(part, key, node)
+    for key in excluded:
+        *parents, leaf = key.split(".")
+        node = part
+        for name in parents:
+            node = node.get(name, {})
+        node.pop(leaf, None)
+    for key, value in (overrides or {}).items():
+        _put(part, key, value)
+    return part
+
+
+def _put(tree: dict, dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    for name in parents:
+        tree = tree.setdefault(name, {})
+    tree[leaf] = copy.deepcopy(value)

@@ -63,18 +63,6 @@ ENV_RUNS_DIR = "RLOO_MLFLOW_RUNS_DIR"
 ENV_ENABLED = "RLOO_TRACKING"
 PIPELINE_RUN_NAME = "pipeline"
 
-# Config keys ("section" or "section.key") a stage reads: its parameters in MLflow when run by hand.
-# Under Snakemake a stage logs exactly the keys its rule passed it (--config-json, --set; see
-# `cli_context`), which are the keys that decide whether it reruns (workflow/rules/common.smk).
-STAGE_KEYS = {
-    "prepare": ["name", "seed", "data"],
-    "sft": ["name", "seed", "threads", "model", "prompt", "sft"],
-    "reward": ["name", "seed", "threads", "model", "prompt", "reward"],
-    "rloo": ["name", "seed", "threads", "model", "prompt", "reward", "rloo", "rollout"],
-    "evaluate": ["name", "seed", "threads", "model", "prompt", "evaluate"],
-    "toy": ["name", "seed"],
-    "compare": ["name"],
-}
 # How a run is observed, not what it computes: never a parameter.
 NOT_PARAMS = ("tracking",)
 
@@ -629,7 +617,7 @@ def _open_run(client, experiment_id: str, name: str, kind: str, parent: str | No
 
 
 def _start_stage_run(cfg: dict, stage: str, keys: list[str] | None, outputs: list[Path]) -> _Run:
-    from rloo.config import config_hash
+    from rloo.config import STAGE_KEYS, config_hash, stage_config
 
     uri = tracking_uri(cfg)
     parent = os.environ.get(ENV_PARENT, "").strip() or None
@@ -646,7 +634,10 @@ def _start_stage_run(cfg: dict, stage: str, keys: list[str] | None, outputs: lis
     if experiment_id is None:
         experiment_id = ensure_experiment(uri, experiment_name(cfg))
         client = client or _client(uri)
-    keys = keys if keys is not None else STAGE_KEYS.get(_stage_base(stage))
+    # Under Snakemake `keys` are those its rule passed (see `cli_context`), which decide whether it
+    # reruns; run by hand, a stage's parameters are what it reads of the config, plus name and threads.
+    if keys is None and _stage_base(stage) in STAGE_KEYS:
+        keys = ["name", "threads", *_leaf_keys(stage_config(cfg, _stage_base(stage)))]
     tags = {
         "rloo.stage": stage,
         "config_hash": config_hash(cfg),
@@ -987,7 +978,6 @@ __all__ = [
     "ENV_ENABLED",
     "ENV_PARENT",
     "ENV_RUNS_DIR",
-    "STAGE_KEYS",
     "active_run_id",
     "cli_context",
     "config_params",

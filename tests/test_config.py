@@ -47,3 +47,20 @@ def test_bad_yaml_file_is_named(tmp_path):
 def test_cli_reports_config_errors(capsys):
     assert main(["validate-config", "--set", "rloo.k=abc"]) == 2
     assert "rloo.k" in capsys.readouterr().err
+
+
+def test_stage_config_is_what_each_stage_reads():
+    """One definition feeds Snakemake's rerun params and MLflow's: check what it selects."""
+    from rloo.config import stage_config
+
+    cfg = load_config(None, {"reward": {"source": "model"}})
+    reward = stage_config(cfg, "reward")
+    assert set(reward) == {"seed", "model", "prompt", "reward"}
+    assert "source" not in reward["reward"] and "batch_size_score" not in reward["reward"]
+    assert reward["reward"]["lr"] == cfg["reward"]["lr"]
+    rloo = stage_config(cfg, "rloo", {"rloo.estimator": "grpo"})
+    assert rloo["reward"] == {"source": "model", "batch_size_score": cfg["reward"]["batch_size_score"]}
+    assert rloo["rloo"]["estimator"] == "grpo" and cfg["rloo"]["estimator"] == "rloo"  # a copy
+    judged = stage_config(load_config(None, {"reward": {"source": "judge"}}), "rloo")
+    assert set(judged["evaluate"]) == {"judge", "llm_judge"} and judged["reward"] == {"source": "judge"}
+    assert stage_config(cfg, "toy") == {"seed": cfg["seed"]}

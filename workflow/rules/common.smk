@@ -4,6 +4,7 @@ import os
 from pathlib import Path
 
 from rloo.config import load_schema
+from rloo.config import stage_config as _stage_config
 from rloo.config import validate as _validate_config
 from rloo.provenance import PACKAGE_DIR, stage_sources
 
@@ -28,62 +29,13 @@ wildcard_constraints:
     estimator="|".join(ESTIMATORS),
 
 
-# The config keys each stage reads ("section" or "section.key"), and keys of those sections it does
-# not read. Only these go into the stage's `cfg` param (also its --config-json), so a changed value
-# reruns exactly the stages that read it; later stages rerun because their inputs change.
-STAGE_KEYS = {
-    "prepare": ["seed", "data"],
-    "sft": ["seed", "model", "prompt", "sft"],
-    "reward": ["seed", "model", "prompt", "reward"],
-    "rloo": ["seed", "model", "prompt", "reward.source", "rloo", "rollout"],
-    "evaluate": ["seed", "model", "prompt", "evaluate"],
-    "toy": ["seed"],
-}
-STAGE_EXCLUDED = {
-    # The reward model does not depend on what RLOO then uses as its reward.
-    "reward": ["reward.source", "reward.batch_size_score"],
-}
-if config["reward"]["source"] == "model":
-    # Scoring batch size of the reward model inside RLOO.
-    STAGE_KEYS["rloo"].append("reward.batch_size_score")
-elif config["reward"]["source"] == "judge":
-    # reward.source=judge scores RLOO samples with the evaluation judge (rloo.judges.build_judge).
-    STAGE_KEYS["rloo"] += ["evaluate.judge", "evaluate.llm_judge"]
-
-
-def _get(tree, dotted):
-    for part in dotted.split("."):
-        tree = tree[part]
-    return tree
-
-
-def _put(tree, dotted, value):
-    *parents, leaf = dotted.split(".")
-    for part in parents:
-        tree = tree.setdefault(part, {})
-    tree[leaf] = json.loads(json.dumps(value))
-
-
-def _drop(tree, dotted):
-    *parents, leaf = dotted.split(".")
-    for part in parents:
-        tree = tree.get(part, {})
-    tree.pop(leaf, None)
-
-
 def stage_config(stage, overrides=None):
-    """The config a stage reads, as compact JSON: a Snakemake param and the stage's --config-json.
+    """The config a stage reads (rloo.config.STAGE_KEYS), as compact JSON: a Snakemake param and the
+    stage's --config-json, so a changed value reruns exactly the stages that read it.
 
     `overrides`: {dotted key: value} set on top (e.g. the RLOO estimator from the wildcard).
     """
-    part = {}
-    for key in STAGE_KEYS[stage]:
-        _put(part, key, _get(config, key))
-    for key in STAGE_EXCLUDED.get(stage, []):
-        _drop(part, key)
-    for key, value in (overrides or {}).items():
-        _put(part, key, value)
-    return json.dumps(part, sort_keys=True, separators=(",", ":"))
+    return json.dumps(_stage_config(config, stage, overrides), sort_keys=True, separators=(",", ":"))
 
 
 def _local(path):

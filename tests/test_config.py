@@ -8,7 +8,7 @@ from rloo.config import ConfigError, load_config
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("name", ["config.yaml", "gpu.yaml", "micro.yaml"])
+@pytest.mark.parametrize("name", ["config.yaml", "gpu.yaml", "micro.yaml", "verifier.yaml"])
 def test_shipped_configs_validate(name):
     cfg = load_config(ROOT / "config" / name)
     assert cfg["rloo"]["k"] >= 2

@@ -51,8 +51,8 @@ def join(
     completion_mask: torch.Tensor,
 ) -> SeqBatch:
     """One batch of left-padded prompts followed by right-padded completions."""
-    input_ids = torch.cat([prompt_ids, completions.to(prompt_ids.device)], dim=1)
-    attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_ids.device).long()], dim=1)
+    input_ids = torch.cat([prompt_ids, completions], dim=1)
+    attention_mask = torch.cat([prompt_mask, completion_mask.long()], dim=1)
     return SeqBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,

@@ -39,11 +39,12 @@ def policy_report(cfg: dict, policy_dir: Path, reference, tok, rows: list[dict],
     prompts = [format_prompt(r["question"], tmpl) for r in rows]
     golds = [r["answer"] for r in rows]
     ids = [tok(p)["input_ids"] for p in prompts]
+    device = model_device(policy)
     out: dict[str, dict] = {}
     for mode in ("greedy", "sampled"):
         texts, lengths, kls = [], [], []
         for s in range(0, len(ids), e["batch_size"]):
-            with autocast(m["autocast"], model_device(policy)):
+            with autocast(m["autocast"], device):
                 ro = generate(policy, ids[s : s + e["batch_size"]], max_new_tokens=e["max_new_tokens"],
                               eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, greedy=mode == "greedy",
                               generator=step_generator(cfg["seed"], s, stream=21))

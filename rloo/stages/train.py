@@ -110,15 +110,18 @@ class Trainer:
         return ids
 
     # -- one step ---------------------------------------------------------------------------------
+    def _generate(self, prompts: list[list[int]], **kwargs) -> Rollout:
+        ro = self.rollout.generate(prompts, max_new_tokens=self.rcfg["max_new_tokens"],
+                                   eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id, **kwargs)
+        return ro.to(self.device)  # vLLM hands its samples back on the CPU
+
     def _sample(self, idx: np.ndarray, step: int) -> Rollout:
         k = self.rcfg["k"]
-        prompts = [self.prompt_ids[i] for i in idx for _ in range(k)]
-        return self.rollout.generate(
-            prompts, max_new_tokens=self.rcfg["max_new_tokens"],
-            eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id,
+        return self._generate(
+            [self.prompt_ids[i] for i in idx for _ in range(k)],
             temperature=self.rcfg["temperature"], top_p=self.rcfg["top_p"], top_k=self.rcfg["top_k"],
             generator=step_generator(self.cfg["seed"], step),
-        ).to(self.device)  # vLLM hands its samples back on the CPU
+        )
 
     def _score(self, idx: np.ndarray, ro: Rollout, repeat: int) -> tuple[torch.Tensor, list[str]]:
         tmpl = self.cfg["prompt"]["template"]
@@ -132,9 +135,7 @@ class Trainer:
 
     def _greedy_baseline(self, idx: np.ndarray) -> torch.Tensor:
         """ReMax: the shaped reward of each prompt's greedy completion."""
-        ro = self.rollout.generate([self.prompt_ids[i] for i in idx], max_new_tokens=self.rcfg["max_new_tokens"],
-                      eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id, greedy=True)
-        ro = ro.to(self.device)
+        ro = self._generate([self.prompt_ids[i] for i in idx], greedy=True)
         scores, _ = self._score(idx, ro, 1)
         batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
         with torch.no_grad(), autocast(self.mcfg["autocast"], self.device):

@@ -6,6 +6,7 @@ such as Qwen/Qwen2.5-0.5B-Instruct takes; the tiny model is only a different fol
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from rloo.runtime import resolve_device
 
 EOS = "<|endoftext|>"
 PAD = "<|pad|>"
+log = logging.getLogger("rloo.models")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -140,9 +142,12 @@ def load_reward_model(
 def _prepare(model: PreTrainedModel, trainable: bool, device: str) -> PreTrainedModel:
     # Dropout stays off even while training: the policy and its frozen reference must give identical
     # log-probabilities before the first update, and the tiny models here do not need dropout.
-    model.to(resolve_device(device))
+    target = resolve_device(device)
+    model.to(target)
     model.eval()
     model.requires_grad_(trainable)
+    log.info("%s (%s parameters, %s) on %s, %s", model.name_or_path, f"{count_parameters(model):,}",
+             model.dtype, target, "requires_grad" if trainable else "frozen")
     return model
 
 

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Does every stage run on the GPU? The micro chain stage by stage with model.device=cuda (float32, then
+# RLOO under bf16 autocast), then the model and training tests, which put their models on the GPU when
+# torch sees one. Needs a CUDA build of torch; tracking off, so MLflow is not needed.
+#   bash scripts/gpu_check.sh                 # PYTHON=... for another interpreter
+#   DEVICE=cpu bash scripts/gpu_check.sh      # the same commands on the CPU (a dry run of this script)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+DEVICE=${DEVICE:-cuda}
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+if [ "$DEVICE" = cuda ]; then
+  $PY -c "import torch; assert torch.cuda.is_available(), 'torch sees no GPU'; print(torch.cuda.get_device_name())"
+fi
+stage() {
+  echo "+ rloo $*"
+  local t0=$SECONDS
+  $PY -m rloo.cli "$@" --config config/micro.yaml --set tracking.enabled=false --set model.device="$DEVICE"
+  echo "  ($((SECONDS - t0)) s)"
+}
+stage prepare --out "$W/data"
+stage sft --data "$W/data" --out "$W/sft" --work "$W/sft_w"
+stage reward --data "$W/data" --policy "$W/sft" --out "$W/rm"
+stage train --data "$W/data" --policy "$W/sft" --reward-model "$W/rm" --out "$W/rl" --work "$W/rl_w"
+stage train --data "$W/data" --policy "$W/sft" --out "$W/rl16" --work "$W/rl16_w" \
+  --set model.autocast=bfloat16 --set reward.source=verifier
+stage evaluate --data "$W/data" --sft "$W/sft" --policy rloo="$W/rl" --reward-model "$W/rm" \
+  --out "$W/eval.json" --plots "$W/plots"
+grep -q '"accuracy_sampled"' "$W/eval.json"
+$PY -m pytest -q -p no:cacheprovider tests/test_models.py tests/test_train.py
+echo "gpu check passed ($DEVICE)"

@@ -25,10 +25,10 @@ def _config(args: argparse.Namespace) -> dict:
             raise ConfigError(f"--config-json: not valid JSON ({e.msg})") from None
     if args.set:
         overrides = deep_merge(overrides, parse_set(args.set))
-    path = args.config
-    if path is None and not args.config_json and Path(DEFAULT_CONFIG).is_file():
-        path = DEFAULT_CONFIG
-    return load_config(path, overrides)
+    paths = args.config
+    if not paths and not args.config_json and Path(DEFAULT_CONFIG).is_file():
+        paths = [DEFAULT_CONFIG]
+    return load_config(paths or None, overrides)
 
 
 def _paths(cfg: dict) -> dict:
@@ -43,8 +43,9 @@ def _paths(cfg: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--config", "-c", default=None,
-                        help="YAML config (default: config/config.yaml if present, else the schema's defaults)")
+    common.add_argument("--config", "-c", action="append", default=[],
+                        help="YAML config, repeatable: later files overlay earlier ones, as Snakemake's "
+                             "--configfile does (default: config/config.yaml if present, else the schema's defaults)")
     common.add_argument(
         "--set",
         action="append",

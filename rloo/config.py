@@ -100,25 +100,32 @@ def _scalar(raw: str):
 
 
 def load_config(
-    path: str | Path | None = None,
+    path: str | Path | list[str | Path] | None = None,
     overrides: dict | None = None,
 ) -> dict:
-    """Read a YAML file (or start empty), merge overrides, validate and fill defaults."""
-    source = str(path) if path else "config"
+    """Read a YAML file, or several merged in order (later ones overlay earlier ones), or start empty;
+    merge overrides, validate and fill defaults."""
+    paths = [] if path is None else [path] if isinstance(path, str | Path) else list(path)
     cfg: dict = {}
-    if path is not None:
-        try:
-            cfg = yaml.safe_load(Path(path).read_text()) or {}
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: config file not found") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML: {e}") from None
-        if not isinstance(cfg, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping, got {type(cfg).__name__}")
+    for p in paths:
+        cfg = deep_merge(cfg, _read_yaml(p))
+    source = " + ".join(map(str, paths)) or "config"
     if overrides:
         cfg = deep_merge(cfg, overrides)
         source += " (with overrides)"
     return validate(cfg, source)
+
+
+def _read_yaml(path: str | Path) -> dict:
+    try:
+        cfg = yaml.safe_load(Path(path).read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping, got {type(cfg).__name__}")
+    return cfg
 
 
 def config_hash(cfg: dict[str, Any], sections: list[str] | None = None) -> str:

@@ -44,6 +44,25 @@ def test_bad_yaml_file_is_named(tmp_path):
         load_config(p)
 
 
+def test_config_files_overlay_in_order(tmp_path, capsys):
+    """`--config base --config overlay` merges like Snakemake's --configfile; --set goes last."""
+    import json
+
+    base = load_config(ROOT / "config" / "config.yaml")
+    both = load_config([ROOT / "config" / "config.yaml", ROOT / "config" / "verifier.yaml"])
+    assert both["reward"]["source"] == "verifier" and both["rloo"]["min_solution_steps"] == 2
+    assert both["model"] == base["model"] and both["rloo"]["k"] == base["rloo"]["k"]  # kept from the base
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- a list\n")
+    with pytest.raises(ConfigError, match=f"{bad}: the top level must be a mapping"):
+        load_config([ROOT / "config" / "config.yaml", bad])
+    assert main(["validate-config", "-c", str(ROOT / "config" / "config.yaml"), "-c",
+                 str(ROOT / "config" / "verifier.yaml"), "--set", "rloo.steps=7"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["rloo"]["steps"] == 7 and printed["rloo"]["lr"] == both["rloo"]["lr"]
+    assert printed["model"]["tiny"] == base["model"]["tiny"]
+
+
 def test_cli_reports_config_errors(capsys):
     assert main(["validate-config", "--set", "rloo.k=abc"]) == 2
     assert "rloo.k" in capsys.readouterr().err

@@ -104,3 +104,23 @@ def test_results_file_matches_its_schema(micro_run, tmp_path):
     assert result["policies"]["sft"]["kl"] == 0.0
     for png in result["plots"].values():
         assert Path(png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sampled_accuracy_averages_independent_draws(micro_run):
+    from rloo import models
+    from rloo.data.gsm8k import format_prompt
+    from rloo.io import read_jsonl
+    from rloo.stages import evaluate
+
+    cfg = json.loads(json.dumps(micro_run["cfg"]))
+    cfg["evaluate"]["samples_per_prompt"] = 3
+    rows = [r for _, r in read_jsonl(micro_run["data"] / "test.jsonl")][:8]
+    tok = models.load_tokenizer(micro_run["sft"])
+    ref = models.load_causal_lm(micro_run["sft"])
+    report, texts = evaluate.policy_report(cfg, micro_run["sft"], ref, tok, rows, None)
+    assert len(report["accuracy_sampled_draws"]) == 3
+    assert report["accuracy_sampled"] == pytest.approx(sum(report["accuracy_sampled_draws"]) / 3)
+    ids = [tok(format_prompt(r["question"], cfg["prompt"]["template"]))["input_ids"] for r in rows]
+    first, second = (evaluate.decode(cfg, ref, ref, tok, ids, greedy=False, draw=j)["texts"] for j in (0, 1))
+    assert first != second  # each draw has its own noise
+    assert texts["sampled"] == first  # the pairwise judge sees the first draw, as with one draw

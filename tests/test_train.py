@@ -124,6 +124,30 @@ def test_run_writes_policy_and_resumes_bit_identically(micro_run, tmp_path):
         train.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / "other", tmp_path / "w_dead")
 
 
+def test_lr_schedules_decay_to_their_floor():
+    from rloo.schedules import lr_multiplier
+
+    cos, lin, const = (lr_multiplier(2, 10, d, floor=0.1) for d in ("cosine", "linear", "constant"))
+    assert [cos(0), cos(1), cos(2)] == [0.5, 1.0, 1.0]
+    assert cos(6) == pytest.approx(0.55) and lin(6) == pytest.approx(0.55)  # half-way: both at the midpoint
+    assert cos(4) > lin(4) and cos(8) < lin(8)  # cosine decays slowly first, then fast
+    assert cos(10) == pytest.approx(0.1) and lin(10) == pytest.approx(0.1) and cos(50) == pytest.approx(0.1)
+    assert const(1000) == 1.0
+    with pytest.raises(ValueError, match="step"):
+        lr_multiplier(0, 10, "step")
+
+
+def test_decaying_schedule_logs_the_lr_used_and_pins_the_step_count(micro_run, tmp_path):
+    cfg = _cfg(micro_run, steps=4, warmup_steps=0, lr_schedule="linear", min_lr_ratio=0.25, checkpoint_every=2)
+    train.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / "out", tmp_path / "w")
+    lrs = [json.loads(line)["train/lr"] for line in (tmp_path / "out" / "steps.jsonl").read_text().splitlines()]
+    assert lrs == pytest.approx([cfg["rloo"]["lr"] * m for m in (1.0, 0.8125, 0.625, 0.4375)])
+    # The decay depends on the step count: a longer run is another schedule, not an extension.
+    cfg["rloo"]["steps"] = 6
+    with pytest.raises(checkpoint.CheckpointError, match="other settings"):
+        train.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / "longer", tmp_path / "w")
+
+
 def test_non_finite_reward_model_scores_become_missing_rewards(micro_run, tmp_path):
     from rloo.rewards import RewardModelReward
 
@@ -146,10 +170,12 @@ def test_empty_completions_score_zero_and_train(micro_run):
     # A policy that answers with EOS at once: empty completions everywhere, still a finite step.
     trainer = train.Trainer(_cfg(micro_run, k=2), micro_run["sft"], reward, _train_rows(micro_run))
     with torch.no_grad():
-        bias = torch.full((trainer.policy.config.vocab_size,), -1e4)
-        bias[trainer.tokenizer.eos_token_id] = 1e4
         head = trainer.policy.get_output_embeddings()
-        trainer.policy.set_output_embeddings(torch.nn.Linear(head.in_features, head.out_features, bias=True))
+        bias = torch.full((trainer.policy.config.vocab_size,), -1e4, device=head.weight.device)
+        bias[trainer.tokenizer.eos_token_id] = 1e4
+        trainer.policy.set_output_embeddings(
+            torch.nn.Linear(head.in_features, head.out_features, bias=True, device=head.weight.device)
+        )
         trainer.policy.get_output_embeddings().weight.zero_()
         trainer.policy.get_output_embeddings().bias.copy_(bias)
     m = trainer.step(0)

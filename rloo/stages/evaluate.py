@@ -31,48 +31,61 @@ log = logging.getLogger("rloo.evaluate")
 
 
 @torch.no_grad()
-def policy_report(cfg: dict, policy_dir: Path, reference, tok, rows: list[dict], reward) -> tuple[dict, list[str]]:
-    """Metrics of one policy, and its completions by decoding mode (for the pairwise judge)."""
+def decode(cfg: dict, policy, reference, tok, ids: list[list[int]], greedy: bool, draw: int = 0) -> dict:
+    """Completions of `ids` (greedy, or sampled draw number `draw` at T = 1), their lengths and, for
+    sampled draws, their sequence KL to the reference."""
+    e, m = cfg["evaluate"], cfg["model"]
+    device = model_device(policy)
+    texts, lengths, kls = [], [], []
+    for s in range(0, len(ids), e["batch_size"]):
+        with autocast(m["autocast"], device):
+            ro = generate(policy, ids[s : s + e["batch_size"]], max_new_tokens=e["max_new_tokens"],
+                          eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, greedy=greedy,
+                          generator=step_generator(cfg["seed"], s, stream=21 + 1000 * draw))
+            if not greedy:  # KL(π‖π_ref) is estimated on the policy's own T = 1 samples only
+                batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
+                gap = completion_logprobs(policy, batch) - completion_logprobs(reference, batch)
+                kls += (gap * batch.completion_mask).sum(-1).tolist()
+        lengths += ro.lengths.tolist()
+        texts += ro.texts(tok)
+    return {"texts": texts, "lengths": lengths, "kl": kls}
+
+
+@torch.no_grad()
+def policy_report(
+    cfg: dict, policy_dir: Path, reference, tok, rows: list[dict], reward
+) -> tuple[dict, dict[str, list[str]]]:
+    """Metrics of one policy, and its completions by decoding mode (for the pairwise judge).
+
+    Sampled accuracy is the mean over `evaluate.samples_per_prompt` independent draws per problem: one
+    draw moves by about two points from one sampling seed to the next on 500 problems.
+    """
     e, m = cfg["evaluate"], cfg["model"]
     policy = models.load_causal_lm(policy_dir, **models.load_options(m))
-    tmpl = cfg["prompt"]["template"]
-    prompts = [format_prompt(r["question"], tmpl) for r in rows]
+    prompts = [format_prompt(r["question"], cfg["prompt"]["template"]) for r in rows]
     golds = [r["answer"] for r in rows]
     ids = [tok(p)["input_ids"] for p in prompts]
-    device = model_device(policy)
-    out: dict[str, dict] = {}
-    for mode in ("greedy", "sampled"):
-        texts, lengths, kls = [], [], []
-        for s in range(0, len(ids), e["batch_size"]):
-            with autocast(m["autocast"], device):
-                ro = generate(policy, ids[s : s + e["batch_size"]], max_new_tokens=e["max_new_tokens"],
-                              eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, greedy=mode == "greedy",
-                              generator=step_generator(cfg["seed"], s, stream=21))
-                batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
-                lp = completion_logprobs(policy, batch)
-                lp_ref = completion_logprobs(reference, batch)
-            mask = batch.completion_mask
-            kls += ((lp - lp_ref) * mask).sum(-1).tolist()
-            lengths += ro.lengths.tolist()
-            texts += ro.texts(tok)
-        out[mode] = {"texts": texts, "lengths": lengths, "kl": kls}
-    s = out["sampled"]
+    greedy = decode(cfg, policy, reference, tok, ids, greedy=True)
+    draws = [decode(cfg, policy, reference, tok, ids, greedy=False, draw=j) for j in range(e["samples_per_prompt"])]
+    per_draw = [accuracy(d["texts"], golds, "strict") for d in draws]
     report = {
-        "accuracy": accuracy(out["greedy"]["texts"], golds, "strict"),
-        "accuracy_flexible": accuracy(out["greedy"]["texts"], golds, "flexible"),
-        "accuracy_sampled": accuracy(s["texts"], golds, "strict"),
-        "accuracy_sampled_flexible": accuracy(s["texts"], golds, "flexible"),
+        "accuracy": accuracy(greedy["texts"], golds, "strict"),
+        "accuracy_flexible": accuracy(greedy["texts"], golds, "flexible"),
+        "accuracy_sampled": float(np.mean(per_draw)),
+        "accuracy_sampled_flexible": float(np.mean([accuracy(d["texts"], golds, "flexible") for d in draws])),
+        "accuracy_sampled_draws": per_draw,
         # KL(π‖π_ref) estimated on the policy's own T = 1 samples (the k1 estimator is unbiased there).
-        "kl": float(np.mean(s["kl"])),
-        "mean_length": float(np.mean(s["lengths"])),
+        "kl": float(np.mean([x for d in draws for x in d["kl"]])),
+        "mean_length": float(np.mean([x for d in draws for x in d["lengths"]])),
         "mean_reward": None,
     }
     if reward is not None:
-        scores = score_texts(reward[0], reward[1], [p + t for p, t in zip(prompts, s["texts"], strict=True)],
-                             e["batch_size"], m["max_length"])
+        texts = [p + t for d in draws for p, t in zip(prompts, d["texts"], strict=True)]
+        scores = score_texts(reward[0], reward[1], texts, e["batch_size"], m["max_length"])
         ok = torch.isfinite(scores)
         report["mean_reward"] = float(scores[ok].mean()) if ok.any() else None
-    return report, {mode: out[mode]["texts"] for mode in out}
+    # The pairwise judge compares the first draw (an LLM judge is paid per comparison).
+    return report, {"greedy": greedy["texts"], "sampled": draws[0]["texts"]}
 
 
 def run(cfg: dict, data_dir: str | Path, sft_dir: str | Path, policies: dict[str, str], out_json: str | Path,

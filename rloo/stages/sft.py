@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from rloo.data.gsm8k import format_completion, format_prompt
 from rloo.evaluation import accuracy, complete
 from rloo.io import atomic_dir, read_jsonl, write_json_atomic
 from rloo.runtime import Preempted, StopFlag, autocast, run_fingerprint, setup, step_generator
+from rloo.schedules import lr_multiplier
 
 log = logging.getLogger("rloo.sft")
 
@@ -70,18 +70,6 @@ def collate(examples: list[Example], pad_id: int) -> tuple[torch.Tensor, torch.T
         mask[i, :n] = 1
         labels[i, e.n_prompt : n] = ids[i, e.n_prompt : n]
     return ids, mask, labels
-
-
-def lr_lambda(warmup: int, total: int):
-    """Linear warm-up, then cosine decay to 10% of the peak."""
-
-    def f(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = (step - warmup) / max(1, total - warmup)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-    return f
 
 
 def init_model_folder(cfg: dict, train: list[dict], folder: Path) -> Path:
@@ -153,7 +141,7 @@ def run(cfg: dict, data_dir: str | Path, out_dir: str | Path, work_dir: str | Pa
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=scfg["lr"], weight_decay=scfg["weight_decay"], betas=(0.9, scfg["adam_beta2"])
     )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(scfg["warmup_steps"], scfg["steps"]))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(scfg["warmup_steps"], scfg["steps"], "cosine", floor=0.1))
     ckpt_dir = work_dir / "checkpoints"
     fingerprint = run_fingerprint(cfg, ["seed", "model", "prompt", "sft"], data_dir)
     start, history = 0, []

@@ -28,6 +28,7 @@ from rloo.losses import kl_loss_term, policy_loss, sequence_kl, shaped_reward, t
 from rloo.rewards import RewardSource, build_reward
 from rloo.rollout import Rollout, logprob_gap, make_rollout
 from rloo.runtime import Preempted, StopFlag, autocast, run_fingerprint, setup, step_generator
+from rloo.schedules import lr_multiplier
 
 log = logging.getLogger("rloo.train")
 
@@ -91,8 +92,9 @@ class Trainer:
         self.train = train
         self.prompt_ids = self._tokenize_prompts(train)
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=r["lr"], weight_decay=r["weight_decay"])
-        warm = max(1, r["warmup_steps"])
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warm))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_multiplier(r["warmup_steps"], r["steps"], r["lr_schedule"], r["min_lr_ratio"])
+        )
         self.baseline = MovingBaseline(None, r["moving_average_decay"])
         self.history: list[dict] = []
         # rollout backend (issue 8): `rollout.backend` hf | vllm; a vLLM engine is built once, here.
@@ -183,6 +185,7 @@ class Trainer:
         old_lp = lp.detach() if r["updates_per_batch"] > 1 else None
         stats_acc: dict[str, float] = {"clip_frac": 0.0}
         grad_norm = 0.0
+        lr = self.scheduler.get_last_lr()[0]  # the rate this step's updates use
         for update in range(r["updates_per_batch"]):
             if update > 0:
                 lp, logits = self._policy_pass(batch)
@@ -221,7 +224,7 @@ class Trainer:
             "train/entropy": entropy,
             "train/grad_norm": grad_norm,
             "train/loss": float(loss.detach()),
-            "train/lr": self.scheduler.get_last_lr()[0],
+            "train/lr": lr,
             "time/generation_s": t_gen - t0,
             "time/scoring_s": t_score - t_gen,
             "time/reference_s": t_ref - t_score,
@@ -288,10 +291,13 @@ def run(
     trainer = Trainer(cfg, policy_dir, reward, train)
 
     ckpt_dir = work_dir / "checkpoints"
-    # The LR schedule is warm-up then constant, so a run may be extended (more steps) and resume exactly.
+    # Under the constant LR schedule a run may be extended (more steps) and resume exactly; a decaying
+    # schedule depends on the step count, so there it is part of the fingerprint.
+    bookkeeping = ("rloo.checkpoint_every", "rloo.keep_checkpoints", "rloo.eval_every", "rloo.eval_examples")
+    if cfg["rloo"]["lr_schedule"] == "constant":
+        bookkeeping += ("rloo.steps",)
     fingerprint = run_fingerprint(cfg, ["seed", "model", "prompt", "reward", "rloo"], data_dir, policy_dir,
-                                  ignore=("rloo.steps", "rloo.checkpoint_every", "rloo.keep_checkpoints",
-                                          "rloo.eval_every", "rloo.eval_examples"))
+                                  ignore=bookkeeping)
     start = 0
     if (last := checkpoint.latest(ckpt_dir)) is not None:
         start, extra = checkpoint.load(last, trainer.policy, trainer.optimizer, trainer.scheduler, fingerprint)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -166,12 +167,7 @@ def stage_keys(cfg: dict, stage: str) -> tuple[list[str], list[str]]:
 def stage_config(cfg: dict, stage: str, overrides: dict[str, Any] | None = None) -> dict:
     """The part of `cfg` that `stage` reads (a copy), with {dotted key: value} `overrides` set on top."""
     keys, excluded = stage_keys(cfg, stage)
-    part: dict = {}
-    for key in keys:
-        node = cfg
-        for name in key.split("."):
-            node = node[name]
-        _put(part, key, node)
+    part = select(cfg, keys)
     for key in excluded:
         *parents, leaf = key.split(".")
         node = part
@@ -180,6 +176,20 @@ def stage_config(cfg: dict, stage: str, overrides: dict[str, Any] | None = None)
         node.pop(leaf, None)
     for key, value in (overrides or {}).items():
         _put(part, key, value)
+    return part
+
+
+def select(cfg: dict, keys: Iterable[str]) -> dict:
+    """A copy of the sub-tree of `cfg` named by dotted `keys` ("rloo.lr", "model"); absent keys are skipped."""
+    part: dict = {}
+    for key in keys:
+        node: Any = cfg
+        try:
+            for name in key.split("."):
+                node = node[name]
+        except (KeyError, TypeError):
+            continue
+        _put(part, key, node)
     return part
 
 

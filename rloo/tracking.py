@@ -54,6 +54,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from rloo.config import select
+
 log = logging.getLogger("rloo.tracking")
 
 DEFAULT_URI = "sqlite:///mlflow.db"
@@ -187,20 +189,7 @@ def config_part(cfg: dict, keys: Iterable[str] | None = None) -> dict:
     """The sub-tree of `cfg` named by dotted `keys` (all of it for None), without NOT_PARAMS."""
     if keys is None:
         return {k: v for k, v in cfg.items() if k not in NOT_PARAMS}
-    part: dict = {}
-    for key in keys:
-        *parents, leaf = key.split(".")
-        if key.split(".")[0] in NOT_PARAMS:
-            continue
-        src, dst = cfg, part
-        try:
-            for p in parents:
-                src = src[p]
-                dst = dst.setdefault(p, {})
-            dst[leaf] = src[leaf]
-        except (KeyError, TypeError):
-            continue
-    return part
+    return select(cfg, [k for k in keys if k.split(".")[0] not in NOT_PARAMS])
 
 
 def config_params(cfg: dict, keys: Iterable[str] | None = None) -> dict[str, str]:

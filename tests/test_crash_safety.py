@@ -42,10 +42,17 @@ def _weights(folder: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(micro_run, tmp_path_factory):
+def uninterrupted_run(micro_run, tmp_path_factory):
+    """The weights of an uninterrupted run, and its wall time (to aim a kill inside a run)."""
     tmp = tmp_path_factory.mktemp("uninterrupted")
+    t0 = time.monotonic()
     subprocess.run(_train_cmd(micro_run, tmp, "out", "work"), check=True, capture_output=True)
-    return _weights(tmp / "out")
+    return _weights(tmp / "out"), time.monotonic() - t0
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(uninterrupted_run):
+    return uninterrupted_run[0]
 
 
 def test_sigterm_checkpoints_exits_nonzero_and_the_rerun_resumes(micro_run, tmp_path, uninterrupted):
@@ -64,10 +71,16 @@ def test_sigterm_checkpoints_exits_nonzero_and_the_rerun_resumes(micro_run, tmp_
     assert all(torch.equal(uninterrupted[k], b[k]) for k in b)
 
 
-def test_kill_9_at_a_random_point_then_rerun_gives_the_same_weights(micro_run, tmp_path, uninterrupted):
+def test_kill_9_at_a_random_point_then_rerun_gives_the_same_weights(micro_run, tmp_path, uninterrupted_run):
+    uninterrupted, duration = uninterrupted_run
+    t0 = time.monotonic()
     proc = subprocess.Popen(_train_cmd(micro_run, tmp_path, "out", "work"), stderr=subprocess.DEVNULL)
     _wait_for_checkpoint(tmp_path / "work", proc)
-    time.sleep(random.Random(os.getpid()).uniform(0.0, 1.0))
+    # A random point in the first half of what is left of the run, so that the kill lands mid-run
+    # however fast the machine is.
+    left = max(0.0, duration - (time.monotonic() - t0))
+    time.sleep(random.Random(os.getpid()).uniform(0.0, 0.5 * left))
+    assert proc.poll() is None, "the run finished before the kill: nothing was tested"
     proc.kill()
     proc.wait()
     assert not (tmp_path / "out" / "model.safetensors").exists()

@@ -40,7 +40,7 @@ def policy_folder(cfg: dict, given: str | None, tmp: Path) -> tuple[Path, str]:
     sft = ROOT / "results" / "models" / "sft"
     if cfg["name"] != "micro" and (sft / "config.json").exists():
         return sft, "pipeline SFT model"
-    train, _ = synthetic.generate(2000, 10, seed=cfg["seed"])
+    train, _, _ = synthetic.generate(2000, 10, seed=cfg["seed"])
     tmpl = cfg["prompt"]["template"]
     tok = models.train_tokenizer(
         (format_prompt(r["question"], tmpl) + format_completion(r["answer"]) for r in train),
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> dict:
         policy, origin = policy_folder(cfg, args.policy, Path(tmp))
         tok = models.load_tokenizer(policy)
         model = models.load_causal_lm(policy, cfg["model"]["dtype"])
-        _, test = synthetic.generate(10, args.prompts, seed=cfg["seed"] + 1)
+        _, test, _ = synthetic.generate(10, args.prompts, seed=cfg["seed"] + 1)
         ids = [tok(format_prompt(r["question"], cfg["prompt"]["template"]))["input_ids"] for r in test]
         prompts = [p for p in ids for _ in range(args.k)]
         kw = {"max_new_tokens": max_new, "eos_id": tok.eos_token_id, "pad_id": tok.pad_token_id}

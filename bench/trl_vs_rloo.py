@@ -1,11 +1,15 @@
 """Our RLOO trainer against TRL's RLOOTrainer on identical work, alternating in one invocation.
 
 Both train the same SFT policy on the same prompts with the same k, prompts per step, completion
-length, learning rate, β and reward (the verifier). Each round runs one framework in a fresh process,
-then the other, so machine drift hits both alike. Printed per framework: samples/s, seconds per step
-split into generation / log-probabilities / update / other, peak RSS, held-out sampled accuracy.
+length, learning rate, β, reward (the verifier) and precision (`--precision`: float32 everywhere, or
+bfloat16 autocast for both: ours through `model.autocast`, TRL's through `bf16=True`). Each round runs
+one framework in a fresh process, then the other (the order alternates), with the round's own seed
+shared by both, so machine drift hits both alike and rounds differ in prompts and samples. Printed per
+framework: samples/s, seconds per step split into generation / log-probabilities / the rest (update
+and bookkeeping), the mean completion length the steps produced (equal work needs equal lengths), peak
+RSS. No accuracy: a few steps at this learning rate do not move held-out accuracy beyond its noise.
 
-    python bench/trl_vs_rloo.py --policy results/models/sft --data data/gsm8k --rounds 2 --steps 8
+    python bench/trl_vs_rloo.py --policy results/models/sft --data data/gsm8k --rounds 4 --steps 8 --precision float32
 
 Needs the `bench` extra (TRL): pip install -e '.[bench]'.
 """
@@ -36,18 +40,6 @@ def _attn(a: argparse.Namespace) -> str | None:
     return a.attn or load_config(a.config)["model"]["attn_implementation"]
 
 
-def _eval(model, tok, data: Path, n: int, seed: int, max_new: int) -> float:
-    from rloo.evaluation import accuracy, complete
-    from rloo.io import read_jsonl
-    from rloo.runtime import step_generator
-
-    rows = [r for _, r in read_jsonl(data / "test.jsonl")][:n]
-    model.eval()
-    c = complete(model, tok, [r["question"] for r in rows], template="Question: {question}\nAnswer:",
-                 max_new_tokens=max_new, greedy=False, generator=step_generator(seed, 0, stream=99))
-    return accuracy(c.texts, [r["answer"] for r in rows])
-
-
 def run_ours(a: argparse.Namespace) -> dict:
     from rloo.config import load_config
     from rloo.io import read_jsonl
@@ -56,8 +48,9 @@ def run_ours(a: argparse.Namespace) -> dict:
     from rloo.stages.train import Trainer
 
     cfg = load_config(a.config, {
-        "threads": a.threads, "seed": a.seed, "model": {"attn_implementation": _attn(a)},
+        "threads": a.threads, "seed": a.seed,
         "reward": {"source": "verifier"},
+        "model": {"attn_implementation": _attn(a), "autocast": "bfloat16" if a.precision == "bfloat16" else "none"},
         "rloo": {"k": a.k, "prompts_per_step": a.prompts, "max_new_tokens": a.max_new, "lr": a.lr, "beta": a.beta,
                  "warmup_steps": 0},
     })
@@ -72,11 +65,10 @@ def run_ours(a: argparse.Namespace) -> dict:
         if step >= a.warmup:
             times.append({"generation": m["time/generation_s"],
                           "logprobs": m["time/reference_s"],
-                          "update": m["time/update_s"],
-                          "other": total - m["time/generation_s"] - m["time/reference_s"] - m["time/update_s"],
-                          "total": total})
-    return {"times": times, "accuracy": _eval(trainer.policy, trainer.tokenizer, Path(a.data), a.eval_n, a.seed,
-                                              a.max_new)}
+                          "rest": total - m["time/generation_s"] - m["time/reference_s"],
+                          "total": total,
+                          "completion_length": m["train/response_length"]})
+    return {"times": times}
 
 
 def run_trl(a: argparse.Namespace) -> dict:
@@ -103,7 +95,8 @@ def run_trl(a: argparse.Namespace) -> dict:
         output_dir=str(Path(a.workdir) / "trl"), per_device_train_batch_size=a.prompts * a.k,
         num_generations=a.k, max_completion_length=a.max_new, learning_rate=a.lr, beta=a.beta,
         temperature=1.0, max_steps=a.warmup + a.steps, logging_steps=1, report_to="none", save_strategy="no",
-        seed=a.seed, use_cpu=True, bf16=False, gradient_checkpointing=False, lr_scheduler_type="constant",
+        seed=a.seed, use_cpu=True, bf16=a.precision == "bfloat16", gradient_checkpointing=False,
+        lr_scheduler_type="constant",
         warmup_steps=0, dataloader_num_workers=0, disable_tqdm=True,
     )
     trainer = RLOOTrainer(model=model, reward_funcs=verifier, args=args, train_dataset=ds, processing_class=tok)
@@ -126,6 +119,7 @@ def run_trl(a: argparse.Namespace) -> dict:
     timed(trainer, "_generate", "generation")
     timed(trainer, "_get_per_token_logps_and_entropies", "logprobs")
     times: list[dict] = []
+    lengths: list[float] = []
 
     class StepTimer(TrainerCallback):
         def on_step_begin(self, *args, **kwargs):
@@ -135,11 +129,17 @@ def run_trl(a: argparse.Namespace) -> dict:
         def on_step_end(self, *args, **kwargs):
             total = time.perf_counter() - self.t0
             times.append({"generation": phase["generation"], "logprobs": phase["logprobs"],
-                          "update": total - phase["generation"] - phase["logprobs"], "other": 0.0, "total": total})
+                          "rest": total - phase["generation"] - phase["logprobs"], "total": total})
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "completions/mean_length" in logs:  # TRL logs every step (logging_steps=1)
+                lengths.append(float(logs["completions/mean_length"]))
 
     trainer.add_callback(StepTimer())
     trainer.train()
-    return {"times": times[a.warmup:], "accuracy": _eval(trainer.model, tok, Path(a.data), a.eval_n, a.seed, a.max_new)}
+    for t, n in zip(times, lengths, strict=False):
+        t["completion_length"] = n
+    return {"times": times[a.warmup:]}
 
 
 def worker(a: argparse.Namespace) -> None:
@@ -150,10 +150,11 @@ def worker(a: argparse.Namespace) -> None:
 
 def summarise(runs: list[dict], k: int, prompts: int) -> dict:
     steps = [t for r in runs for t in r["times"]]
-    mean = {key: float(np.mean([t[key] for t in steps])) for key in ("generation", "logprobs", "update", "other", "total")}
+    mean = {key: float(np.mean([t[key] for t in steps])) for key in ("generation", "logprobs", "rest", "total")}
+    lengths = [t["completion_length"] for t in steps if "completion_length" in t]
     return {"samples_per_s": prompts * k / mean["total"], "step_s": mean,
-            "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
-            "accuracy_sampled": float(np.mean([r["accuracy"] for r in runs])), "steps_measured": len(steps)}
+            "completion_length": float(np.mean(lengths)) if lengths else None,
+            "peak_rss_mb": max(r["peak_rss_mb"] for r in runs), "steps_measured": len(steps)}
 
 
 def main() -> None:
@@ -172,8 +173,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--attn", choices=["eager", "sdpa"], default=None,
                    help="attention kernel for both (default: the config's model.attn_implementation)")
-    p.add_argument("--eval-n", type=int, default=200)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--precision", choices=["float32", "bfloat16"], default="float32",
+                   help="the same for both: float32, or bfloat16 autocast of the training passes")
+    p.add_argument("--seed", type=int, default=0, help="round r runs both frameworks with seed + r")
     p.add_argument("--workdir", default="/tmp/rloo-bench")
     p.add_argument("--only", choices=["ours", "trl"], default=None)
     p.add_argument("--worker", choices=["ours", "trl"], default=None, help=argparse.SUPPRESS)
@@ -188,25 +190,29 @@ def main() -> None:
     for rnd in range(a.rounds):
         for name in names if rnd % 2 == 0 else names[::-1]:
             res = Path(a.workdir) / f"{name}_{rnd}.json"
-            cmd = [sys.executable, __file__, "--worker", name, "--result", str(res), *sys.argv[1:]]
+            cmd = [sys.executable, __file__, *sys.argv[1:], "--worker", name, "--result", str(res),
+                   "--seed", str(a.seed + rnd)]
             env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "TOKENIZERS_PARALLELISM": "false"}
             subprocess.run(cmd, check=True, env=env)
             runs[name].append(json.loads(res.read_text()))
             print(f"round {rnd} {name}: {np.mean([t['total'] for t in runs[name][-1]['times']]):.3f} s/step", flush=True)
     summary = {name: summarise(r, a.k, a.prompts) for name, r in runs.items() if r}
     print(f"\nwork: {a.prompts} prompts x k={a.k}, <= {a.max_new} new tokens, lr {a.lr}, beta {a.beta}, "
-          f"{a.threads} threads, {a.rounds} rounds x {a.steps} steps, attention {_attn(a) or 'default'} for both")
-    print(f"{'':6} {'samples/s':>10} {'step s':>7} {'gen':>6} {'logp':>6} {'update':>7} {'other':>6} "
-          f"{'RSS MB':>7} {'acc(T=1)':>9}")
+          f"{a.threads} threads, {a.rounds} rounds x {a.steps} steps (seeds {a.seed}..{a.seed + a.rounds - 1}), "
+          f"precision {a.precision} for both, attention {_attn(a) or 'default'} for both")
+    print("| | samples/s | s/step | generation | log-probs | rest (update, bookkeeping) | completion length | peak RSS MB |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, s in summary.items():
         t = s["step_s"]
-        print(f"{name:6} {s['samples_per_s']:10.1f} {t['total']:7.3f} {t['generation']:6.3f} {t['logprobs']:6.3f} "
-              f"{t['update']:7.3f} {t['other']:6.3f} {s['peak_rss_mb']:7.0f} {s['accuracy_sampled']:9.3f}")
+        n = f"{s['completion_length']:.1f}" if s["completion_length"] is not None else "n/a"
+        print(f"| {name} | {s['samples_per_s']:.1f} | {t['total']:.3f} | {t['generation']:.3f} | {t['logprobs']:.3f} | "
+              f"{t['rest']:.3f} | {n} | {s['peak_rss_mb']:.0f} |")
     if len(summary) == 2:
         ratio = summary["ours"]["samples_per_s"] / summary["trl"]["samples_per_s"]
-        print(f"\nspeed ratio (ours / TRL samples/s): {ratio:.2f}x")
-        maths = sum(summary["ours"]["step_s"][k] for k in ("generation", "logprobs", "update"))
-        print(f"share of our step inside generation/forward/backward: {maths / summary['ours']['step_s']['total']:.1%}")
+        per_round = [float(np.mean([t["total"] for t in tr["times"]]) / np.mean([t["total"] for t in ou["times"]]))
+                     for ou, tr in zip(runs["ours"], runs["trl"], strict=True)]
+        print(f"\nspeed ratio (ours / TRL samples/s, {a.precision} both): {ratio:.2f}x "
+              f"(per round: {', '.join(f'{x:.2f}' for x in per_round)})")
     print(json.dumps(summary, indent=2))
 
 

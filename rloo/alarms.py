@@ -7,6 +7,7 @@ and warns the first time each one fires.
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 
@@ -38,3 +39,18 @@ def length_climb(lengths: list[float], window: int = 20, chunks: int = 4) -> boo
         return False
     means = [float(np.mean(c)) for c in np.array_split(np.asarray(lengths[-window:]), chunks)]
     return all(b > a * 1.02 for a, b in itertools.pairwise(means))
+
+
+def reward_hacking(accuracy: list[float], proxy: list[float], n: int, z: float = 2.0) -> bool:
+    """The proxy reward rose while held-out accuracy fell beyond noise.
+
+    Compared with the evaluation of best accuracy before it, the latest one is less accurate by more
+    than `z` standard errors of a difference of two proportions over `n` graded answers each, and its
+    proxy reward (the training reward's mean on the same completions) is higher.
+    """
+    if len(accuracy) < 2 or n < 1:
+        return False
+    best = int(np.argmax(accuracy[:-1]))
+    a, b = accuracy[best], accuracy[-1]
+    se = math.sqrt((a * (1 - a) + b * (1 - b)) / n)
+    return a - b > z * max(se, 1e-12) and proxy[-1] > proxy[best]

@@ -6,11 +6,15 @@ log-probabilities as the same row alone; the policy and the reference see identi
 
 from __future__ import annotations
 
+import copy
 import inspect
 from dataclasses import dataclass
 from functools import cached_property
 
 import torch
+import torch.nn.functional as F
+
+from rloo.losses import token_entropy
 
 
 @dataclass
@@ -20,6 +24,10 @@ class SeqBatch:
     position_ids: torch.Tensor  # [B, P + T]
     prompt_len: int  # P: width of the left-padded prompt block
     completion_mask: torch.Tensor  # [B, T] float, 1 on completion tokens up to and including EOS
+
+    @property
+    def completion_len(self) -> int:
+        return self.input_ids.shape[1] - self.prompt_len
 
     @cached_property
     def prompt_groups(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,39 +94,99 @@ def model_device(model: torch.nn.Module) -> torch.device:
 
 
 def completion_logits(model: torch.nn.Module, batch: SeqBatch, share_prompts: bool = True) -> torch.Tensor:
-    """Logits that predict each completion token: [B, T, V].
+    """Logits that predict each completion token: [B, T, V], in one pass (the reference for the chunked
+    pass below). `share_prompts` runs each distinct prompt once (see `completion_logprobs`)."""
+    if not share_prompts or batch.completion_len == 0:
+        return _plain_logits(model, batch)
+    head = _PromptHead(model, batch)
+    if head.cache is None:
+        return _plain_logits(model, batch)
+    return head.logits(torch.arange(batch.input_ids.shape[0], device=batch.input_ids.device), batch.completion_len)
 
-    When rows repeat a prompt (k samples each), the prompt is run once per distinct prompt and its KV
-    cache indexed out to every row; the completions then attend to it. Same logits as the plain pass up
-    to float rounding, gradients included (they flow back through the cached keys and values), at
-    about the cost of the completion tokens alone. `share_prompts=False` forces the plain pass.
+
+def completion_logprobs(model: torch.nn.Module, batch: SeqBatch, chunk_rows: int = 16) -> torch.Tensor:
+    """[B, T] log-probabilities of the completion tokens (padding positions hold garbage; mask them)."""
+    return _completion_pass(model, batch, chunk_rows, entropy=False)[0]
+
+
+def completion_logprobs_and_entropy(
+    model: torch.nn.Module, batch: SeqBatch, chunk_rows: int = 16
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`completion_logprobs` and the entropy of the next-token distribution at each position (no gradient)."""
+    return _completion_pass(model, batch, chunk_rows, entropy=True)
+
+
+def _completion_pass(
+    model: torch.nn.Module, batch: SeqBatch, chunk_rows: int, entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probabilities (and entropies) of the completions, in chunks of rows of similar length.
+
+    Each distinct prompt runs once and its KV cache is indexed out to its rows; the completions attend
+    to it (gradients flow back through the cached keys and values). Rows are then taken in order of
+    completion length, `chunk_rows` at a time, each chunk padded only to its own longest completion:
+    the same values as one padded pass, at about the cost of the tokens actually sampled.
     """
+    targets = batch.input_ids[:, batch.prompt_len :]
+    width = targets.shape[1]
+    head = _PromptHead(model, batch)
+    if head.cache is None:  # a cache type without row selection: one plain pass
+        logits = _plain_logits(model, batch)
+        return token_logprobs(logits, targets), _entropy(logits) if entropy else None
+    lengths = batch.completion_mask.sum(1).long().clamp(min=1)
+    order = torch.argsort(lengths, descending=True, stable=True)
+    logps, ents = [], []
+    for rows in order.split(chunk_rows):
+        n = int(lengths[rows[0]])
+        logits = head.logits(rows, n)
+        logps.append(F.pad(token_logprobs(logits, targets[rows, :n]), (0, width - n)))
+        if entropy:
+            ents.append(F.pad(_entropy(logits), (0, width - n)))
+    back = torch.argsort(order)
+    return torch.cat(logps)[back], torch.cat(ents)[back] if entropy else None
+
+
+class _PromptHead:
+    """One forward pass over the distinct prompts of a batch; `logits(rows, n)` continues it for `rows`."""
+
+    def __init__(self, model: torch.nn.Module, batch: SeqBatch) -> None:
+        self.model, self.batch = model, batch
+        p = batch.prompt_len
+        first, self.inverse = batch.prompt_groups
+        out = model(input_ids=batch.input_ids[first, :p], attention_mask=batch.attention_mask[first, :p],
+                    position_ids=batch.position_ids[first, :p], use_cache=True, logits_to_keep=1)
+        self.last_logits = out.logits[:, -1:]
+        cache = kv_cache(out)
+        self.cache = cache if hasattr(cache, "batch_select_indices") and hasattr(cache, "layers") else None
+
+    def logits(self, rows: torch.Tensor, n: int) -> torch.Tensor:
+        """Logits predicting the first `n` completion tokens of `rows`: [len(rows), n, V]."""
+        b, p = self.batch, self.batch.prompt_len
+        groups = self.inverse[rows]
+        first_logits = self.last_logits[groups]
+        if n == 1:  # one completion token: the prompt pass predicted it
+            return first_logits
+        cache = copy.copy(self.cache)  # the rows' own view of the prompt cache; the shared one stays intact
+        cache.layers = [copy.copy(layer) for layer in self.cache.layers]
+        cache.batch_select_indices(groups)
+        tail = self.model(input_ids=b.input_ids[rows, p : p + n - 1], attention_mask=b.attention_mask[rows, : p + n - 1],
+                          position_ids=b.position_ids[rows, p : p + n - 1], use_cache=True,
+                          **{cache_kwarg(self.model): cache})
+        return torch.cat([first_logits, tail.logits], dim=1)
+
+
+def _plain_logits(model: torch.nn.Module, batch: SeqBatch) -> torch.Tensor:
     p = batch.prompt_len
-    first, inverse = batch.prompt_groups if share_prompts else (None, None)
-    if first is None or len(first) == len(inverse) or batch.input_ids.shape[1] == p:
-        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                    position_ids=batch.position_ids, use_cache=False)
-        return out.logits[:, p - 1 : -1]
-    head = model(input_ids=batch.input_ids[first, :p], attention_mask=batch.attention_mask[first, :p],
-                 position_ids=batch.position_ids[first, :p], use_cache=True, logits_to_keep=1)
-    cache = kv_cache(head)
-    if not hasattr(cache, "batch_select_indices"):
-        return completion_logits(model, batch, share_prompts=False)
-    first_logits = head.logits[inverse, -1:]
-    if batch.input_ids.shape[1] == p + 1:  # one completion token: the prompt pass predicted it
-        return first_logits
-    cache.batch_select_indices(inverse)
-    tail = model(input_ids=batch.input_ids[:, p:-1], attention_mask=batch.attention_mask[:, :-1],
-                 position_ids=batch.position_ids[:, p:-1], use_cache=True, **{cache_kwarg(model): cache})
-    return torch.cat([first_logits, tail.logits], dim=1)
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+                use_cache=False)
+    return out.logits[:, p - 1 : -1]
+
+
+def _entropy(logits: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return token_entropy(logits.detach())
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """log π(target_t | context) per position, gathered in float32 for stable sums."""
     logp = torch.log_softmax(logits.float(), dim=-1)
     return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-
-
-def completion_logprobs(model: torch.nn.Module, batch: SeqBatch) -> torch.Tensor:
-    """[B, T] log-probabilities of the completion tokens (padding positions hold garbage; mask them)."""
-    return token_logprobs(completion_logits(model, batch), batch.input_ids[:, batch.prompt_len :])

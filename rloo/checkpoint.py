@@ -35,9 +35,7 @@ def save(
 ) -> Path:
     final = Path(root) / f"step_{step:08d}"
     with atomic_dir(final) as tmp:
-        # clone(): tied embeddings share storage, which safetensors refuses to save twice.
-        state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
-        save_file(state, str(tmp / "model.safetensors"))
+        save_file(_weights(model), str(tmp / "model.safetensors"))
         torch.save(
             {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict() if scheduler else None},
             tmp / "optimizer.pt",
@@ -46,6 +44,44 @@ def save(
     for old in sorted(p for p in Path(root).glob("step_*") if p != final)[:-keep] if keep else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    # clone(): tied embeddings share storage, which safetensors refuses to save twice.
+    return {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+
+
+def save_snapshot(folder: str | Path, model: torch.nn.Module, meta: dict) -> None:
+    """Weights alone plus `meta` (e.g. the best evaluation so far), written atomically into `folder`."""
+    with atomic_dir(Path(folder)) as tmp:
+        save_file(_weights(model), str(tmp / "model.safetensors"))
+        (tmp / _DONE).write_text(json.dumps(meta))
+
+
+def read_snapshot(folder: str | Path) -> dict | None:
+    """The `meta` of a complete snapshot in `folder`, or None."""
+    done = Path(folder) / _DONE
+    return json.loads(done.read_text()) if done.is_file() else None
+
+
+def load_snapshot(folder: str | Path, model: torch.nn.Module) -> None:
+    """Put a snapshot's weights into `model` in place."""
+    folder = Path(folder)
+    try:
+        state = load_file(str(folder / "model.safetensors"))
+    except Exception as e:
+        raise CheckpointError(f"{folder}: corrupt snapshot ({type(e).__name__}: {e})") from None
+    _restore(folder, model, state)
+
+
+def _restore(folder: Path, model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    # Tied weights are saved under both names; anything else missing means a different model.
+    real_missing = [k for k in missing if k not in state and "lm_head" not in k]
+    if real_missing or unexpected:
+        raise CheckpointError(
+            f"{folder}: weights do not match the model (missing {real_missing}, unexpected {unexpected})"
+        )
 
 
 def latest(root: str | Path) -> Path | None:
@@ -86,13 +122,7 @@ def load(
         raise CheckpointError(f"{folder}: incomplete checkpoint, missing {Path(e.filename).name}") from None
     except Exception as e:
         raise CheckpointError(f"{folder}: corrupt checkpoint ({type(e).__name__}: {e})") from None
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    # Tied weights are saved under both names; anything else missing means a different model.
-    real_missing = [k for k in missing if k not in state and "lm_head" not in k]
-    if real_missing or unexpected:
-        raise CheckpointError(
-            f"{folder}: weights do not match the model (missing {real_missing}, unexpected {unexpected})"
-        )
+    _restore(folder, model, state)
     optimizer.load_state_dict(opt["optimizer"])
     if scheduler is not None and opt.get("scheduler") is not None:
         scheduler.load_state_dict(opt["scheduler"])

@@ -103,12 +103,16 @@ def main(argv: list[str] | None = None) -> int:
 
     sub.add_parser("validate-config", parents=[common], help="validate a config and print it resolved")
     sub.add_parser("dvc", add_help=False, help="DVC: dvc.yaml from the Snakemake DAG, commit, pull (rloo dvc -h)")
+    p = sub.add_parser("summary", help="print what a finished stage reports (an rloo metrics.json or a results JSON)")
+    p.add_argument("files", nargs="+")
 
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["dvc"]:
         # Imported by name, like the stages: rloo.provenance does not count it as a stage's code.
         return importlib.import_module("rloo.dvc").main(argv[1:])
     args = parser.parse_args(argv)
+    if args.stage == "summary":  # imported by name: no stage counts it as its code
+        return importlib.import_module("rloo.report").main(args.files)
     try:
         cfg = _config(args)
     except ConfigError as e:

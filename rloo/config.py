@@ -61,7 +61,24 @@ def validate(cfg: dict, source: str = "config") -> dict:
             else:
                 lines.append(f"key '{_key_path(e)}': {e.message}")
         raise ConfigError(f"{source}: invalid configuration:\n  " + "\n  ".join(lines))
+    if problems := _cross_checks(cfg):
+        raise ConfigError(f"{source}: invalid configuration:\n  " + "\n  ".join(problems))
     return cfg
+
+
+GROUP_ESTIMATORS = ("rloo", "grpo", "grpo_std")
+
+
+def _cross_checks(cfg: dict) -> list[str]:
+    """Rules that tie several keys together, checked before any stage runs (so `snakemake -n` fails)."""
+    r = cfg["rloo"]
+    problems = []
+    if r["estimator"] in GROUP_ESTIMATORS and r["k"] < 2:
+        problems.append(f"key 'rloo.k': the {r['estimator']} estimator needs k >= 2 samples per prompt, got {r['k']}")
+    if r["select"] == "best" and not r["eval_every"]:
+        problems.append("key 'rloo.select': 'best' picks a checkpoint by validation accuracy and needs "
+                        "rloo.eval_every > 0 (or set rloo.select: last)")
+    return problems
 
 
 def deep_merge(base: dict, override: dict) -> dict:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import matplotlib
@@ -22,9 +21,9 @@ def _save(fig, path: Path) -> str:
 
 
 def plot_policies(reports: dict[str, dict], path: Path) -> str:
-    """Greedy and sampled accuracy, KL and length for every policy."""
+    """Greedy and sampled accuracy, the reward model's proxy score, KL and length for every policy."""
     names = list(reports)
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
     x = range(len(names))
     w = 0.38
     axes[0].bar([i - w / 2 for i in x], [reports[n]["accuracy"] for n in names], w, label="greedy")
@@ -32,31 +31,33 @@ def plot_policies(reports: dict[str, dict], path: Path) -> str:
     axes[0].set_title("verifier accuracy (held out)")
     axes[0].set_ylim(0, 1)
     axes[0].legend()
-    axes[1].bar(x, [reports[n]["kl"] for n in names], color="tab:red")
-    axes[1].set_title("sequence KL to the reference (nats)")
-    axes[2].bar(x, [reports[n]["mean_length"] for n in names], color="tab:gray")
-    axes[2].set_title("mean response length (tokens)")
+    proxy = [reports[n].get("proxy_reward") for n in names]
+    axes[1].bar(x, [p if p is not None else 0.0 for p in proxy], color="tab:orange")
+    axes[1].set_title("reward model's score (proxy)" if any(p is not None for p in proxy) else "no reward model")
+    axes[2].bar(x, [reports[n]["kl"] for n in names], color="tab:red")
+    axes[2].set_title("sequence KL to the reference (nats)")
+    axes[3].bar(x, [reports[n]["mean_length"] for n in names], color="tab:gray")
+    axes[3].set_title("mean response length (tokens)")
     for ax in axes:
         ax.set_xticks(list(x), names, rotation=20)
     return _save(fig, path)
 
 
-def plot_proxy_vs_judge(steps_files: dict[str, Path], path: Path) -> str:
-    """Proxy reward and held-out accuracy over training: the reward-hacking check at a glance."""
+def plot_proxy_vs_judge(evals: dict[str, list[dict]], path: Path) -> str:
+    """Training reward and validation accuracy at each evaluation of a run (`metrics.json`'s `evals`):
+    the reward-hacking check at a glance."""
     fig, ax = plt.subplots(figsize=(7, 4))
     ax2 = ax.twinx()
-    for name, f in steps_files.items():
-        rows = [json.loads(line) for line in Path(f).read_text().splitlines()] if Path(f).exists() else []
-        ev = [r for r in rows if "eval/proxy_reward" in r]
+    for name, ev in evals.items():
         if not ev:
             continue
-        steps = [r["step"] + 1 for r in ev]
-        ax.plot(steps, [r["eval/proxy_reward"] for r in ev], "-o", color="tab:orange", label=f"{name}: proxy reward")
+        steps = [r["step"] for r in ev]
+        ax.plot(steps, [r["eval/proxy_reward"] for r in ev], "-o", color="tab:orange", label=f"{name}: training reward")
         ax2.plot(steps, [r["eval/accuracy_sampled"] for r in ev], "-s", color="tab:blue",
-                 label=f"{name}: judge accuracy")
+                 label=f"{name}: validation accuracy")
     ax.set_xlabel("RLOO step")
-    ax.set_ylabel("proxy reward (reward model)", color="tab:orange")
-    ax2.set_ylabel("held-out accuracy by the verifier", color="tab:blue")
+    ax.set_ylabel("training reward on validation samples", color="tab:orange")
+    ax2.set_ylabel("validation accuracy by the verifier", color="tab:blue")
     ax.set_title("proxy rising while the judge flattens = reward hacking")
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()

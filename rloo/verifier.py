@@ -1,9 +1,11 @@
 """Final-answer extraction and numeric comparison for GSM8K-style solutions: the ground-truth judge.
 
-strict   : the number after the last ``####`` marker (the GSM8K convention);
-flexible : the last number anywhere in the text.
-Numbers may carry thousands separators, a ``$`` sign, decimals, a minus sign and trailing units;
-they are compared as exact decimals, so ``1,000.00`` equals ``1000``.
+strict   : the GSM8K convention, and nothing a policy could game: exactly one ``####`` marker, and
+           after it one well-formed number and nothing else (a second marker, a fraction, an exponent,
+           units or a hedge such as ``5 or 7`` give no answer at all);
+flexible : the last number anywhere in the text (for lenient reporting only).
+A number is an optional minus sign and ``$``, digits with optional thousands separators, and optional
+decimals; numbers are compared as exact decimals, so ``1,000.00`` equals ``1000``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ _NUMBER = (
     r"(?<![\d.,])(?P<digits>\d{1,3}(?:,\d{3})+(?![\d])|\d+)(?P<frac>\.\d+)?"
 )
 _NUMBER_RE = re.compile(_NUMBER)
-_STRICT_RE = re.compile(r"####\s*" + _NUMBER)
+MARKER = "####"
+# Everything after the marker: one number, surrounded by nothing but whitespace.
+_STRICT_TAIL = re.compile(r"\s*(?P<sign>[-−])?\s?\$?\s?(?P<digits>\d{1,3}(?:,\d{3})+|\d+)(?P<frac>\.\d+)?\s*")
 
 
 def normalize_number(text: str) -> str | None:
@@ -52,12 +56,13 @@ def _from_match(m: re.Match) -> str:
 def extract_answer(text: str, mode: Mode = "strict") -> str | None:
     """The final answer of `text` as a normalised number string, or None if there is none."""
     if mode == "strict":
-        matches = list(_STRICT_RE.finditer(text))
-    elif mode == "flexible":
+        parts = text.split(MARKER)
+        m = _STRICT_TAIL.fullmatch(parts[1]) if len(parts) == 2 else None
+        return _from_match(m) if m else None
+    if mode == "flexible":
         matches = list(_NUMBER_RE.finditer(text))
-    else:
-        raise ValueError(f"mode must be 'strict' or 'flexible', got {mode!r}")
-    return _from_match(matches[-1]) if matches else None
+        return _from_match(matches[-1]) if matches else None
+    raise ValueError(f"mode must be 'strict' or 'flexible', got {mode!r}")
 
 
 def gold_answer(gold: str | int | float) -> str | None:

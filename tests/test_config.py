@@ -8,7 +8,7 @@ from rloo.config import ConfigError, load_config
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("name", ["config.yaml", "gpu.yaml", "micro.yaml", "verifier.yaml"])
+@pytest.mark.parametrize("name", ["config.yaml", "gpu.yaml", "micro.yaml", "reward_model.yaml"])
 def test_shipped_configs_validate(name):
     cfg = load_config(ROOT / "config" / name)
     assert cfg["rloo"]["k"] >= 2
@@ -30,6 +30,10 @@ def test_defaults_are_filled_and_not_shared():
         ({"sft": {"lr": "fast"}}, "key 'sft.lr': 'fast' is not of type 'number'"),
         ({"rloo": {"estimator": "ppo"}}, "key 'rloo.estimator'"),
         ({"rloo": {"k": 0}}, "key 'rloo.k': 0 is less than the minimum of 1"),
+        # rules across keys, caught at validation (before any stage runs)
+        ({"rloo": {"k": 1}}, "key 'rloo.k': the rloo estimator needs k >= 2"),
+        ({"rloo": {"eval_every": 0}}, "key 'rloo.select': 'best' picks a checkpoint by validation accuracy"),
+        ({"rloo": {"stop_on": ["reward_hack"]}}, "key 'rloo.stop_on.0'"),
     ],
 )
 def test_bad_config_names_the_key(override, message):
@@ -49,15 +53,16 @@ def test_config_files_overlay_in_order(tmp_path, capsys):
     import json
 
     base = load_config(ROOT / "config" / "config.yaml")
-    both = load_config([ROOT / "config" / "config.yaml", ROOT / "config" / "verifier.yaml"])
-    assert both["reward"]["source"] == "verifier" and both["rloo"]["min_solution_steps"] == 2
+    both = load_config([ROOT / "config" / "config.yaml", ROOT / "config" / "reward_model.yaml"])
+    assert base["reward"]["source"] == "verifier" and base["rloo"]["min_solution_steps"] == 2
+    assert both["reward"]["source"] == "model" and both["rloo"]["min_solution_steps"] == 0
     assert both["model"] == base["model"] and both["rloo"]["k"] == base["rloo"]["k"]  # kept from the base
     bad = tmp_path / "bad.yaml"
     bad.write_text("- a list\n")
     with pytest.raises(ConfigError, match=f"{bad}: the top level must be a mapping"):
         load_config([ROOT / "config" / "config.yaml", bad])
     assert main(["validate-config", "-c", str(ROOT / "config" / "config.yaml"), "-c",
-                 str(ROOT / "config" / "verifier.yaml"), "--set", "rloo.steps=7"]) == 0
+                 str(ROOT / "config" / "reward_model.yaml"), "--set", "rloo.steps=7"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["rloo"]["steps"] == 7 and printed["rloo"]["lr"] == both["rloo"]["lr"]
     assert printed["model"]["tiny"] == base["model"]["tiny"]

@@ -5,14 +5,15 @@ import pytest
 
 from rloo.data import gsm8k, synthetic
 from rloo.data.gsm8k import DataError
+from rloo.io import read_jsonl
 from rloo.stages import prepare
 from rloo.verifier import extract_answer
 
 
 def test_generator_is_deterministic_and_disjoint():
-    a_train, a_test = synthetic.generate(300, 50, seed=3)
-    b_train, b_test = synthetic.generate(300, 50, seed=3)
-    c_train, _ = synthetic.generate(300, 50, seed=4)
+    a_train, a_test, _ = synthetic.generate(300, 50, seed=3)
+    b_train, b_test, _ = synthetic.generate(300, 50, seed=3)
+    c_train, _, _ = synthetic.generate(300, 50, seed=4)
     assert a_train == b_train and a_test == b_test
     assert a_train != c_train
     assert not {r["question"] for r in a_train} & {r["question"] for r in a_test}
@@ -20,10 +21,10 @@ def test_generator_is_deterministic_and_disjoint():
 
 
 def test_generator_difficulty_mix():
-    train, _ = synthetic.generate(2000, 10, seed=0, step_weights=[0.25, 0.25, 0.25, 0.25])
+    train, _, _ = synthetic.generate(2000, 10, seed=0, step_weights=[0.25, 0.25, 0.25, 0.25])
     counts = {s: sum(r["steps"] == s for r in train) for s in (1, 2, 3, 4)}
     assert all(400 < c < 600 for c in counts.values()), counts
-    only_one, _ = synthetic.generate(50, 5, seed=0, step_weights=[1.0])
+    only_one, _, _ = synthetic.generate(50, 5, seed=0, step_weights=[1.0])
     assert {r["steps"] for r in only_one} == {1}
 
 
@@ -31,7 +32,7 @@ _ANNOT = re.compile(r"<<([^=<>]+)=([^<>]+)>>([^\n]*)")
 
 
 def test_every_annotation_evaluates_and_final_answer_matches():
-    train, test = synthetic.generate(1000, 100, seed=1)
+    train, test, _ = synthetic.generate(1000, 100, seed=1)
     for r in train + test:
         lines = r["answer"].split("\n")
         assert lines[-1].startswith("#### ")
@@ -95,13 +96,39 @@ def test_prepare_synthetic_writes_splits_and_manifest(tmp_path, micro_cfg):
 
 def test_prepare_jsonl_skip_counts_in_manifest(tmp_path, micro_cfg):
     tr, te = tmp_path / "tr.jsonl", tmp_path / "te.jsonl"
-    good = json.dumps({"question": "q1", "answer": "#### 1"})
-    tr.write_text(f"{good}\nnot json\n")
-    te.write_text(json.dumps({"question": "q2", "answer": "#### 2"}) + "\n")
-    micro_cfg["data"].update(source="jsonl", train_file=str(tr), test_file=str(te), on_bad_record="skip")
+    good = "".join(json.dumps({"question": f"q{i}", "answer": f"#### {i}"}) + "\n" for i in range(3))
+    tr.write_text(f"{good}not json\n")
+    te.write_text(json.dumps({"question": "q9", "answer": "#### 9"}) + "\n")
+    micro_cfg["data"].update(source="jsonl", train_file=str(tr), test_file=str(te), on_bad_record="skip",
+                             val_examples=1)
     manifest = prepare.run(micro_cfg, tmp_path / "out")
     assert manifest["skipped"] == {"train": 1, "test": 0}
-    assert manifest["counts"] == {"train": 1, "test": 1}
+    assert manifest["counts"] == {"train": 2, "test": 1, "val": 1}
+
+
+def test_validation_split_is_disjoint_and_leaves_train_and_test_unchanged(tmp_path, micro_cfg):
+    """val.jsonl: problems of their own, never a test problem; adding it changes neither other split."""
+    manifest = prepare.run(micro_cfg, tmp_path / "a")
+    rows = {s: [r for _, r in read_jsonl(tmp_path / "a" / f"{s}.jsonl")] for s in ("train", "test", "val")}
+    assert manifest["counts"]["val"] == len(rows["val"]) == micro_cfg["data"]["val_examples"]
+    questions = {s: {r["question"] for r in v} for s, v in rows.items()}
+    assert not questions["val"] & questions["test"] and not questions["val"] & questions["train"]
+    micro_cfg["data"]["val_examples"] = 3
+    prepare.run(micro_cfg, tmp_path / "b")
+    for split in ("train", "test"):
+        assert (tmp_path / "a" / f"{split}.jsonl").read_bytes() == (tmp_path / "b" / f"{split}.jsonl").read_bytes()
+    # from a train file: held out of it at random, the test file untouched
+    tr, te = tmp_path / "tr.jsonl", tmp_path / "te.jsonl"
+    tr.write_text("".join(json.dumps({"question": f"q{i}", "answer": f"#### {i}"}) + "\n" for i in range(20)))
+    te.write_text(json.dumps({"question": "t", "answer": "#### 1"}) + "\n")
+    micro_cfg["data"].update(source="jsonl", train_file=str(tr), test_file=str(te), val_examples=5)
+    manifest = prepare.run(micro_cfg, tmp_path / "c")
+    train = {r["question"] for _, r in read_jsonl(tmp_path / "c" / "train.jsonl")}
+    val = {r["question"] for _, r in read_jsonl(tmp_path / "c" / "val.jsonl")}
+    assert len(val) == 5 and len(train) == 15 and not train & val
+    micro_cfg["data"]["val_examples"] = 20
+    with pytest.raises(ValueError, match=r"data\.val_examples=20 leaves no training records"):
+        prepare.run(micro_cfg, tmp_path / "d")
 
 
 def test_prepare_error_keeps_previous_outputs(tmp_path, micro_cfg):

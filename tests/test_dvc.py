@@ -106,7 +106,7 @@ def test_run_commits_every_stage(origin):
     assert any(d["path"] == "rloo/stages/sft.py" for d in lock["sft"]["deps"])
     assert lock["sft"]["params"]["params.yaml"]["sft"]["steps"] == 12  # config/micro.yaml
     assert "reward.source" not in lock["reward"]["params"]["params.yaml"]
-    assert lock["rloo@rloo"]["params"]["params.yaml"]["reward.source"] == "model"
+    assert lock["rloo@rloo"]["params"]["params.yaml"]["reward.source"] == "verifier"
     assert lock["rloo@rloo"]["outs"][0]["md5"].endswith(".dir")
     # the committed dvc.yaml was already right for this run (same DAG shape as the default config)
     res = run(repo, "git", "diff", "--quiet", "--", "dvc.yaml", check=False)
@@ -129,8 +129,8 @@ def test_run_commits_every_stage(origin):
     ("change", "expected"),
     [
         ("sft: {lr: 1.0e-3}", {"sft"}),
-        # read by RLOO only: the reward model does not depend on it
-        ("reward: {batch_size_score: 32}", {"rloo@rloo"}),
+        # read by RLOO only, when it trains on the reward model (not the default): no stage here
+        ("reward: {batch_size_score: 32}", set()),
         ("evaluate: {examples: 8}", {"evaluate@rloo"}),
         ("seed: 1", ALL_STAGES),
         # how a run is observed or scheduled: no stage

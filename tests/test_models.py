@@ -142,3 +142,80 @@ def test_rollout_moves_whole_and_decodes_to_eos(tmp_path):
         assert torch.equal(getattr(moved, name), getattr(ro, name))
     lengths = ro.lengths.tolist()
     assert ro.texts(tok) == [tok.decode(ro.completions[i, :n], skip_special_tokens=True) for i, n in enumerate(lengths)]
+
+
+def _random_lm(kind: str) -> torch.nn.Module:
+    """A random model of another shape than the embedded one: grouped-query attention and biases."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+    common = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=256, eos_token_id=0, pad_token_id=1)
+    config = (Qwen2Config(**common) if kind == "qwen2"
+              else LlamaConfig(**common, attention_bias=True, mlp_bias=True, rope_theta=500.0))
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    with torch.no_grad():  # biases start at zero: make them count
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.5)
+    return model
+
+
+@pytest.mark.parametrize("kind", ["micro", "qwen2", "llama-biases"])
+def test_lean_decode_loop_gives_the_hf_loop_tokens(micro_run, kind):
+    """rloo.rollout.decode runs the model's equations itself: in float32 it must sample exactly the tokens
+    the HF forward pass gives, with prompts shared by groups of different sizes and padding."""
+    from rloo.rollout import decode
+
+    if kind == "micro":
+        tok = models.load_tokenizer(micro_run["sft"])
+        model = models.load_causal_lm(micro_run["sft"])
+        eos, pad = tok.eos_token_id, tok.pad_token_id
+        qs = ["Question: Ava has 12 apples and buys 7 more. How many?\nAnswer:", "Question: 3 boxes of 9?\nAnswer:",
+              "Question: Tom had 30 and gave 12 away. How many now?\nAnswer:"]
+        distinct = [tok(q)["input_ids"] for q in qs]
+    else:
+        model = _random_lm("qwen2" if kind == "qwen2" else "llama")
+        eos, pad = 0, 1
+        g = torch.Generator().manual_seed(1)
+        distinct = [torch.randint(2, 300, (n,), generator=g).tolist() for n in (5, 17, 9)]
+    assert decode.supports(model)
+    prompts = [distinct[0]] * 4 + [distinct[1]] * 2 + [distinct[2]] + [distinct[0]]
+    for greedy in (True, False):
+        kw = dict(max_new_tokens=30, eos_id=eos, pad_id=pad, greedy=greedy)
+        lean = generate(model, prompts, generator=torch.Generator().manual_seed(3), **kw)
+        hf = generate(model, prompts, generator=torch.Generator().manual_seed(3), lean=False, **kw)
+        for name in ("prompt_ids", "prompt_mask", "completions", "completion_mask", "finished"):
+            assert torch.equal(getattr(lean, name), getattr(hf, name)), (name, greedy)
+        assert not lean.completions.is_inference()  # usable by the training pass that follows
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 2, 4, 64])
+def test_chunked_completion_pass_equals_the_plain_pass(micro_run, chunk_rows):
+    """Rows taken by length in chunks, each padded to its own longest completion: same log-probabilities,
+    same gradients, same entropies as one padded pass."""
+    from rloo.batching import completion_logprobs_and_entropy
+    from rloo.losses import token_entropy
+
+    tok = models.load_tokenizer(micro_run["sft"])
+    model = models.load_causal_lm(micro_run["sft"], trainable=True)
+    qs = ["Question: Ava has 12 apples and buys 7 more. How many?\nAnswer:", "Question: 3 boxes of 9?\nAnswer:"]
+    ro = generate(model, [tok(q)["input_ids"] for q in qs for _ in range(3)], max_new_tokens=20,
+                  eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, generator=torch.Generator().manual_seed(5))
+    assert ro.lengths.min() < ro.lengths.max()  # chunks of different widths
+    batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
+    mask = batch.completion_mask
+    weights = torch.randn(mask.shape) * mask
+    model.zero_grad()
+    lp, ent = completion_logprobs_and_entropy(model, batch, chunk_rows=chunk_rows)
+    (lp * weights).sum().backward()
+    grad = torch.cat([p.grad.flatten() for p in model.parameters()])
+    model.zero_grad()
+    logits = completion_logits(model, batch, share_prompts=False)
+    plain = token_logprobs(logits, batch.input_ids[:, batch.prompt_len :])
+    (plain * weights).sum().backward()
+    plain_grad = torch.cat([p.grad.flatten() for p in model.parameters()])
+    torch.testing.assert_close(lp * mask, plain.detach() * mask, atol=2e-5, rtol=0)
+    torch.testing.assert_close(ent * mask, token_entropy(logits.detach()) * mask, atol=2e-5, rtol=0)
+    torch.testing.assert_close(grad, plain_grad, atol=1e-5, rtol=1e-4)
+    assert grad.abs().sum() > 0

@@ -194,3 +194,80 @@ def test_difficulty_filter_keeps_multi_step_prompts_and_names_the_key():
     assert [r["question"] for r in train.training_prompts(rows, 2)] == ["q2"]
     with pytest.raises(ValueError, match=r"rloo\.min_solution_steps=3"):
         train.training_prompts(rows, 3)
+
+
+class LengthReward:
+    """A reward with spread on the micro policy (which solves nothing, so the verifier pays 0 to every
+    sample and the update would be exactly zero): shorter completions score higher."""
+
+    name = "length"
+
+    def score(self, prompts, completions, golds, finished):
+        return torch.tensor([-len(c) / 50.0 for c in completions])
+
+
+def _scripted_evaluations(monkeypatch, script):
+    """Validation results in a given order (the selection and stopping rules are under test, not the
+    micro policy, which solves nothing), and a training reward with spread so the weights move."""
+    calls = iter(script)
+    monkeypatch.setattr(train, "build_reward", lambda cfg, reward_model_dir=None: LengthReward())
+
+    def evaluate(self, rows, n, draws):
+        acc, proxy = next(calls)
+        return {"eval/accuracy_sampled": acc, "eval/accuracy_greedy": acc, "eval/proxy_reward": proxy}
+
+    monkeypatch.setattr(train.Trainer, "evaluate", evaluate)
+
+
+def _weights(folder):
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "model.safetensors"))
+
+
+def test_best_checkpoint_is_written_and_named(micro_run, tmp_path, monkeypatch):
+    # evaluations at steps 0 (the SFT policy), 2, 4, 6: the best is step 4
+    _scripted_evaluations(monkeypatch, [(0.2, 0.2), (0.3, 0.3), (0.5, 0.5), (0.4, 0.4)])
+    cfg = _cfg(micro_run, steps=6, eval_every=2, checkpoint_every=2, keep_checkpoints=5, lr=1e-2, select="best")
+    out, work = tmp_path / "out", tmp_path / "work"
+    summary = train.run(cfg, micro_run["data"], micro_run["sft"], out, work)
+    assert summary["selected_step"] == 4 and summary["steps_trained"] == 6
+    assert summary["selected_val_accuracy_sampled"] == 0.5
+    assert [e["step"] for e in summary["evals"]] == [0, 2, 4, 6]
+    written = _weights(out)
+    at_4 = _weights(work / "checkpoints" / "step_00000004")
+    assert all(torch.equal(written[k], at_4[k]) for k in written)
+    sft = _weights(micro_run["sft"])
+    assert any(not torch.equal(written[k], sft[k]) for k in written)  # trained weights, not SFT's
+    assert json.loads((out / "metrics.json").read_text())["selected_step"] == 4
+
+
+def test_select_last_and_best_at_step_zero(micro_run, tmp_path, monkeypatch):
+    # the SFT policy is best: select=best writes it back unchanged; select=last the final weights
+    script = [(0.6, 0.0), (0.3, 0.1), (0.4, 0.1)]
+    sft = _weights(micro_run["sft"])
+    for select in ("best", "last"):
+        _scripted_evaluations(monkeypatch, script if select == "best" else script[1:])
+        cfg = _cfg(micro_run, steps=4, eval_every=2, lr=1e-2, select=select, stop_on=[])
+        summary = train.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / select, tmp_path / f"w{select}")
+        written = _weights(tmp_path / select)
+        same = all(torch.equal(written[k], sft[k]) for k in sft if k in written)
+        assert (summary["selected_step"], same) == ((0, True) if select == "best" else (4, False))
+
+
+def test_reward_hacking_stops_the_run_early(micro_run, tmp_path, monkeypatch, caplog):
+    # the training reward climbs while validation accuracy collapses: alarm/reward_hacking at step 4
+    _scripted_evaluations(monkeypatch, [(0.7, 0.1), (0.9, 0.2), (0.1, 0.9), (0.1, 1.0)])
+    cfg = _cfg(micro_run, steps=8, eval_every=2, lr=1e-2, eval_examples=8, select="best")
+    with caplog.at_level(logging.WARNING):
+        summary = train.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / "out", tmp_path / "work")
+    assert summary["stopped_early"] == {"step": 4, "alarm": "reward_hacking"}
+    assert summary["steps_trained"] == 4 and summary["selected_step"] == 2
+    assert summary["alarms"]["reward_hacking"] == 4
+    assert "stopped early after 4 steps: alarm/reward_hacking" in caplog.text
+    # without stop_on the run goes on, the alarm is still recorded
+    _scripted_evaluations(monkeypatch, [(0.7, 0.1), (0.9, 0.2), (0.1, 0.9), (0.1, 1.0), (0.1, 1.0)])
+    summary = train.run(_cfg(micro_run, steps=8, eval_every=2, lr=1e-2, eval_examples=8, stop_on=[], select="best"),
+                        micro_run["data"], micro_run["sft"], tmp_path / "out2", tmp_path / "work2")
+    assert summary["stopped_early"] is None and summary["steps_trained"] == 8
+    assert summary["alarms"]["reward_hacking"] == 4

@@ -86,11 +86,12 @@ def test_nothing_to_do_after_full_run(run):
         # RLOO parameters: exactly rloo + evaluate (of every estimator asked for)
         ("rloo: {lr: 1.0e-4}", {"rloo": 1, "evaluate": 1}),
         ("rollout: {gpu_memory_utilization: 0.5}", {"rloo": 1, "evaluate": 1}),
-        ("reward: {source: verifier}", {"rloo": 1, "evaluate": 1}),
+        ("reward: {source: model}", {"rloo": 1, "evaluate": 1}),
         # a prepare parameter: everything downstream of prepare
         ("data: {synthetic: {n_train: 200}}", {"prepare": 1, "sft": 1, "reward": 1, "rloo": 1, "evaluate": 1}),
         ("sft: {lr: 1.0e-3}", {"sft": 1, "reward": 1, "rloo": 1, "evaluate": 1}),
-        ("reward: {lr: 1.0e-2}", {"reward": 1, "rloo": 1, "evaluate": 1}),
+        # the reward model: evaluate's proxy (RLOO trains on the verifier by default)
+        ("reward: {lr: 1.0e-2}", {"reward": 1, "evaluate": 1}),
         ("evaluate: {examples: 8}", {"evaluate": 1}),
         # the estimator comes from the target, not from the config
         ("rloo: {estimator: grpo}", {}),

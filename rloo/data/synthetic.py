@@ -158,12 +158,15 @@ def generate(
     step_weights: list[float] | tuple[float, ...] = (0.5, 0.3, 0.12, 0.08),
     max_number: int = 30,
     max_value: int = 150,
-) -> tuple[list[dict], list[dict]]:
-    """Deterministic train and test splits with no question in both; each record notes its step count."""
+    n_val: int = 0,
+) -> tuple[list[dict], list[dict], list[dict]]:
+    """Deterministic train, test and validation splits, no question in two of them; each record notes
+    its step count. The validation problems are drawn after the others, so train and test do not depend
+    on `n_val`."""
     if not step_weights or sum(step_weights) <= 0:
         raise ValueError("data.synthetic.step_weights must contain a positive weight")
     rng = random.Random(seed)
-    wanted = n_train + n_test
+    wanted = n_train + n_test + n_val
     seen: set[str] = set()
     problems: list[dict] = []
     attempts = 0
@@ -172,12 +175,12 @@ def generate(
         if attempts > 50 * wanted + 1000:
             raise ValueError(
                 f"could only generate {len(problems)} distinct problems out of {wanted}; "
-                "raise data.synthetic.max_number or lower n_train/n_test"
+                "raise data.synthetic.max_number or lower n_train/n_test/data.val_examples"
             )
         steps = rng.choices(range(1, len(step_weights) + 1), weights=step_weights)[0]
         p = make_problem(rng, steps, max_number, max_value)
         if p["question"] not in seen:
             seen.add(p["question"])
             problems.append(p)
-    # The split is drawn after de-duplication, so test questions never occur in train.
-    return problems[:n_train], problems[n_train:]
+    # The split is drawn after de-duplication, so no question occurs in two splits.
+    return problems[:n_train], problems[n_train : n_train + n_test], problems[n_train + n_test :]

@@ -18,15 +18,16 @@ __all__ = ["HFRollout", "Rollout", "generate", "logprob_gap", "make_rollout"]
 
 
 class HFRollout:
-    """The KV-cached HF sampling loop over the trainer's own policy module."""
+    """Sampling from the trainer's own policy module: the lean decode loop for the model families it
+    covers, else the KV-cached loop over HF's forward pass (`lean=False` forces that one)."""
 
     name = "hf"
 
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.model = model
+    def __init__(self, model: torch.nn.Module, lean: bool = True) -> None:
+        self.model, self.lean = model, lean
 
     def generate(self, prompts: list[list[int]], **kwargs) -> Rollout:
-        return generate(self.model, prompts, **kwargs)
+        return generate(self.model, prompts, lean=self.lean, **kwargs)
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         self.model = model  # already the live weights: nothing to copy

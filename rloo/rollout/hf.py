@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from rloo.batching import cache_kwarg, kv_cache, left_pad, model_device, positions, unique_rows
+from rloo.rollout import decode
 
 
 @dataclass
@@ -26,6 +27,10 @@ class Rollout:
         """Each completion decoded up to and including its EOS, special tokens dropped."""
         tokens, lengths = self.completions.cpu(), self.lengths.tolist()
         return [tokenizer.decode(tokens[j, :n], skip_special_tokens=True) for j, n in enumerate(lengths)]
+
+    def clone(self) -> Rollout:
+        """A copy whose tensors are ordinary ones (usable by autograd even if made under inference mode)."""
+        return Rollout(**{f.name: None if (t := getattr(self, f.name)) is None else t.clone() for f in fields(self)})
 
     def to(self, device: torch.device | str) -> Rollout:
         """The same rollout with every tensor on `device` (a no-op where they already are)."""
@@ -88,14 +93,21 @@ def generate(
     top_k: int = 0,
     generator: torch.Generator | None = None,
     compact: bool = True,
+    lean: bool = True,
 ) -> Rollout:
     """Complete every prompt once; stops early when all rows have produced EOS.
 
     Two savings that leave the output unchanged: a prompt repeated k times is prefilled once and its
     KV cache copied, and rows that have finished are dropped from the decode batch (with the cache
     rows), so the step cost follows the sequences still running rather than the longest one.
-    `compact=False` turns both off (the tests compare the two paths).
+    `compact=False` turns both off (the tests compare the two paths). Models of a family that
+    `rloo.rollout.decode` reproduces run its lean loop instead of HF's forward pass (`lean=False` forces
+    HF's; both give the same tokens in float32).
     """
+    if lean and decode.supports(model):
+        return decode.generate(model, prompts, max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id,
+                               greedy=greedy, temperature=temperature, top_p=top_p, top_k=top_k,
+                               generator=generator, compact=compact)
     device = model_device(model)
     noise = None if greedy else _noise_generator(generator, device)
     prompt_ids, prompt_mask = (t.to(device) for t in left_pad(prompts, pad_id))

@@ -16,9 +16,9 @@ from rloo.io import atomic_path, write_json_atomic
 
 # Per-policy metrics copied from the evaluation report, and training summary fields from metrics.json.
 POLICY_KEYS = ("accuracy", "accuracy_flexible", "accuracy_sampled", "accuracy_sampled_flexible", "kl",
-               "mean_length", "mean_reward")
-TRAINING_KEYS = ("steps", "train_seconds", "samples_per_second", "final_reward_mean", "final_kl",
-                 "reward_source", "alarms")
+               "mean_length", "proxy_reward")
+TRAINING_KEYS = ("steps", "steps_trained", "selected_step", "train_seconds", "samples_per_second",
+                 "final_reward_mean", "final_kl", "reward_source", "alarms")
 
 
 def _policy_name(name: str, result: dict) -> str:

@@ -77,13 +77,13 @@ def policy_report(
         # KL(π‖π_ref) estimated on the policy's own T = 1 samples (the k1 estimator is unbiased there).
         "kl": float(np.mean([x for d in draws for x in d["kl"]])),
         "mean_length": float(np.mean([x for d in draws for x in d["lengths"]])),
-        "mean_reward": None,
+        "proxy_reward": None,
     }
-    if reward is not None:
+    if reward is not None:  # what the learned reward model thinks of these completions
         texts = [p + t for d in draws for p, t in zip(prompts, d["texts"], strict=True)]
         scores = score_texts(reward[0], reward[1], texts, e["batch_size"], m["max_length"])
         ok = torch.isfinite(scores)
-        report["mean_reward"] = float(scores[ok].mean()) if ok.any() else None
+        report["proxy_reward"] = float(scores[ok].mean()) if ok.any() else None
     # The pairwise judge compares the first draw (an LLM judge is paid per comparison).
     return report, {"greedy": greedy["texts"], "sampled": draws[0]["texts"]}
 
@@ -110,17 +110,25 @@ def run(cfg: dict, data_dir: str | Path, sft_dir: str | Path, policies: dict[str
     mode = e["win_rate_decoding"]
     wins = {name: win_rate(judge, questions, golds, texts[name][mode], texts["sft"][mode]).as_dict()
             for name in policies}
+    training = {name: _read_json(Path(folder) / "metrics.json") for name, folder in policies.items()}
+    for name, metrics in training.items():
+        if metrics:  # the checkpoint the stage wrote, and the alarms that fired while training it
+            reports[name]["selected_step"] = metrics.get("selected_step")
+            reports[name]["alarms"] = {k: v for k, v in (metrics.get("alarms") or {}).items() if v is not None}
+    sources = {(m or {}).get("reward_source") for m in training.values()} - {None}
     manifest = data_dir / "manifest.json"
     result = {
+        "primary": "accuracy_sampled",
         "policies": reports,
         "win_rate": wins[next(iter(policies))] if len(policies) == 1 else wins,
         "win_rates": wins,
         "judge": {**getattr(judge, "description", {"type": judge.name}), "decoding": mode},
+        "judges": judge_independence(judge.name, sources, reward is not None),
         "examples": len(rows),
         "config_hash": config_hash(cfg),
         "seed": cfg["seed"],
         "data_manifest_sha256": sha256_file(manifest) if manifest.exists() else None,
-        "training": {name: _read_json(Path(folder) / "metrics.json") for name, folder in policies.items()},
+        "training": training,
         # The MLflow runs of the stages that made these results (empty when tracking is off).
         "run_ids": {stage: rec.get("run_id") for stage, rec in tracking.recorded_runs().items()},
     }
@@ -130,7 +138,7 @@ def run(cfg: dict, data_dir: str | Path, sft_dir: str | Path, policies: dict[str
         result["plots"] = {
             "policies": plot_policies(reports, Path(plot_dir) / "policies.png"),
             "proxy_vs_judge": plot_proxy_vs_judge(
-                {n: Path(f) / "steps.jsonl" for n, f in policies.items()}, Path(plot_dir) / "proxy_vs_judge.png"
+                {n: (m or {}).get("evals", []) for n, m in training.items()}, Path(plot_dir) / "proxy_vs_judge.png"
             ),
         }
     # NaN is not JSON: a win rate with no valid verdict is written as null.
@@ -140,6 +148,25 @@ def run(cfg: dict, data_dir: str | Path, sft_dir: str | Path, policies: dict[str
     jsonschema.validate(result, yaml.safe_load((Path(__file__).parents[1] / "schemas" / "results.schema.yaml").read_text()))
     write_json_atomic(out_json, result)
     return result
+
+
+def judge_independence(pairwise: str, training_rewards: set[str], proxy: bool) -> dict:
+    """Each figure's judge, and whether it is independent of the reward the policies were trained on.
+
+    Accuracy is graded by the verifier against the gold answers; the pairwise win rate by `pairwise`
+    (verifier or llm); the proxy is the trained reward model's opinion.
+    """
+    def independent(source: str) -> bool:
+        return not training_rewards or source not in training_rewards
+
+    out = {
+        "accuracy": {"graded_by": "verifier", "independent_of_training_reward": independent("verifier")},
+        "win_rate": {"graded_by": pairwise, "independent_of_training_reward": independent(
+            "verifier" if pairwise == "verifier" else "judge")},
+    }
+    if proxy:
+        out["proxy_reward"] = {"graded_by": "reward model", "independent_of_training_reward": independent("model")}
+    return out
 
 
 def _read_json(path: Path) -> dict | None:

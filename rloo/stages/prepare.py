@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import random
 from pathlib import Path
 
 from rloo.config import config_hash
@@ -13,24 +14,29 @@ from rloo.io import sha256_file, write_json_atomic, write_jsonl_atomic
 log = logging.getLogger("rloo.prepare")
 
 
-def load_splits(cfg: dict) -> tuple[list[dict], list[dict], dict]:
-    """(train, test, source info) for the configured source."""
+def load_splits(cfg: dict) -> tuple[list[dict], list[dict], list[dict], dict]:
+    """(train, test, validation, source info) for the configured source.
+
+    The validation split (`data.val_examples` problems, for model selection during training) is disjoint
+    from test: generated after train and test by the embedded generator, else held out of the train split.
+    """
     d = cfg["data"]
     if d["source"] == "synthetic":
         s = d["synthetic"]
-        train, test = synthetic.generate(
-            s["n_train"], s["n_test"], cfg["seed"], s["step_weights"], s["max_number"]
+        train, test, val = synthetic.generate(
+            s["n_train"], s["n_test"], cfg["seed"], s["step_weights"], s["max_number"], s["max_value"],
+            n_val=d["val_examples"],
         )
         info = {
             "source": "synthetic",
             "generator": dict(s),
             "steps_histogram": {
                 split: dict(sorted(collections.Counter(r["steps"] for r in rows).items()))
-                for split, rows in (("train", train), ("test", test))
+                for split, rows in (("train", train), ("test", test), ("val", val))
             },
         }
         strip = lambda rows: [{"question": r["question"], "answer": r["answer"]} for r in rows]  # noqa: E731
-        return strip(train), strip(test), info
+        return strip(train), strip(test), strip(val), info
     if d["source"] == "hub":
         train, rep_tr = gsm8k.load_hub_split(d["hub_id"], d["hub_config"], "train", d["on_bad_record"])
         test, rep_te = gsm8k.load_hub_split(d["hub_id"], d["hub_config"], "test", d["on_bad_record"])
@@ -52,32 +58,48 @@ def load_splits(cfg: dict) -> tuple[list[dict], list[dict], dict]:
     for split, rep in (("train", rep_tr), ("test", rep_te)):
         if rep.skipped:
             log.warning("%s: skipped %d bad records (data.on_bad_record=skip)", split, rep.skipped)
-    return train, test, info
+    train, val = hold_out(train, d["val_examples"], cfg["seed"])
+    return train, test, val, info
+
+
+def hold_out(rows: list[dict], n: int, seed: int) -> tuple[list[dict], list[dict]]:
+    """(rest, n rows drawn at random): a validation split carved out of a train split."""
+    if n >= len(rows):
+        raise ValueError(f"data.val_examples={n} leaves no training records (the train split has {len(rows)})")
+    picked = set(random.Random(seed).sample(range(len(rows)), n))
+    return [r for i, r in enumerate(rows) if i not in picked], [r for i, r in enumerate(rows) if i in picked]
+
+
+SPLITS = ("train", "test", "val")
 
 
 def run(cfg: dict, out_dir: str | Path) -> dict:
-    """Write train.jsonl, test.jsonl and manifest.json under `out_dir`."""
+    """Write train.jsonl, test.jsonl, val.jsonl and manifest.json under `out_dir`."""
     out = Path(out_dir)
-    train, test, info = load_splits(cfg)
+    train, test, val, info = load_splits(cfg)
     d = cfg["data"]
     if d["max_train"]:
         train = train[: d["max_train"]]
     if d["max_test"]:
         test = test[: d["max_test"]]
+    splits = dict(zip(SPLITS, (train, test, val), strict=True))
+    if not all(splits.values()):
+        raise ValueError(f"data: empty split ({', '.join(f'{k}={len(v)}' for k, v in splits.items())})")
     test_questions = {r["question"] for r in test}
-    overlap = sum(r["question"] in test_questions for r in train)
-    if not train or not test:
-        raise ValueError(f"data: empty split (train={len(train)}, test={len(test)})")
-    write_jsonl_atomic(out / "train.jsonl", train)
-    write_jsonl_atomic(out / "test.jsonl", test)
+    val_test = sum(r["question"] in test_questions for r in val)
+    if val_test:  # selection on validation must never see a test problem
+        raise ValueError(f"data: {val_test} validation questions also occur in the test split")
+    for name, rows in splits.items():
+        write_jsonl_atomic(out / f"{name}.jsonl", rows)
     manifest = {
         **info,
         "seed": cfg["seed"],
-        "counts": {"train": len(train), "test": len(test)},
-        "train_test_overlap": overlap,
-        "sha256": {"train": sha256_file(out / "train.jsonl"), "test": sha256_file(out / "test.jsonl")},
+        "counts": {k: len(v) for k, v in splits.items()},
+        "train_test_overlap": sum(r["question"] in test_questions for r in train),
+        "sha256": {k: sha256_file(out / f"{k}.jsonl") for k in SPLITS},
         "config_hash": config_hash(cfg, ["seed", "data"]),
     }
     write_json_atomic(out / "manifest.json", manifest)
-    log.info("prepared %d train / %d test records from %s", len(train), len(test), info["source"])
+    log.info("prepared %d train / %d test / %d validation records from %s", len(train), len(test), len(val),
+             info["source"])
     return manifest

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -18,13 +19,13 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from rloo import alarms, checkpoint, models, tracking
-from rloo.batching import SeqBatch, completion_logits, completion_logprobs, join, model_device, token_logprobs
+from rloo import alarms, checkpoint, models, report, tracking
+from rloo.batching import SeqBatch, completion_logprobs, completion_logprobs_and_entropy, join, model_device
 from rloo.data.gsm8k import format_prompt, solution_steps
 from rloo.estimators import MovingBaseline, compute_advantages
 from rloo.evaluation import accuracy, complete
 from rloo.io import atomic_dir, read_jsonl, write_json_atomic
-from rloo.losses import kl_loss_term, policy_loss, sequence_kl, shaped_reward, token_entropy
+from rloo.losses import kl_loss_term, policy_loss, sequence_kl, shaped_reward
 from rloo.rewards import RewardSource, build_reward
 from rloo.rollout import Rollout, logprob_gap, make_rollout
 from rloo.runtime import Preempted, StopFlag, autocast, run_fingerprint, setup, step_generator
@@ -97,8 +98,12 @@ class Trainer:
         )
         self.baseline = MovingBaseline(None, r["moving_average_decay"])
         self.history: list[dict] = []
+        self.evals: list[dict] = []  # validation evaluations, {"step": updates done, "eval/...": ...}
+        self._warned: set[str] = set()  # alarms already announced in the log
         # rollout backend (issue 8): `rollout.backend` hf | vllm; a vLLM engine is built once, here.
         self.rollout = make_rollout(cfg, policy_dir, self.policy)
+        # Rows per chunk of the forward passes over the samples (batching._completion_pass).
+        self.chunk_rows = 16
 
     def _tokenize_prompts(self, rows: list[dict]) -> list[list[int]]:
         tmpl, limit = self.cfg["prompt"]["template"], self.mcfg["max_length"] - self.rcfg["max_new_tokens"]
@@ -147,10 +152,9 @@ class Trainer:
         return shaped_reward(scores, kl, self.rcfg["beta"]) if self.rcfg["kl_in"] == "reward" else scores
 
     def _policy_pass(self, batch: SeqBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token log-probabilities under the policy (with gradient) and its entropy at each position."""
         with autocast(self.mcfg["autocast"], self.device):
-            logits = completion_logits(self.policy, batch)
-        targets = batch.input_ids[:, batch.prompt_len :]
-        return token_logprobs(logits, targets), logits
+            return completion_logprobs_and_entropy(self.policy, batch, self.chunk_rows)
 
     def step(self, step: int) -> dict:
         r = self.rcfg
@@ -165,11 +169,11 @@ class Trainer:
         batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
         mask = batch.completion_mask
         with torch.no_grad(), autocast(self.mcfg["autocast"], self.device):
-            ref_lp = completion_logprobs(self.reference, batch)
+            ref_lp = completion_logprobs(self.reference, batch, self.chunk_rows)
         t_ref = time.perf_counter()
         # The policy stays in eval mode (no dropout): before the first update it must give exactly the
         # reference's log-probabilities, so the measured KL starts at 0.
-        lp, logits = self._policy_pass(batch)
+        lp, token_ent = self._policy_pass(batch)
         rollout_metrics = logprob_gap(ro, lp, mask)  # rollout backend (issue 8): vLLM vs trainer log-probs
         seq_kl = sequence_kl(lp.detach(), ref_lp, mask, r["kl_estimator"])
         beta_in_reward = r["beta"] if r["kl_in"] == "reward" else 0.0
@@ -188,7 +192,7 @@ class Trainer:
         lr = self.scheduler.get_last_lr()[0]  # the rate this step's updates use
         for update in range(r["updates_per_batch"]):
             if update > 0:
-                lp, logits = self._policy_pass(batch)
+                lp, token_ent = self._policy_pass(batch)
             loss, stats = policy_loss(lp, mask, advantages, norm=r["loss_norm"], old_token_logp=old_lp,
                                       clip_eps=r["clip_eps"])
             if r["kl_in"] == "loss":
@@ -200,8 +204,7 @@ class Trainer:
             stats_acc["clip_frac"] += float(stats["clip_frac"]) / r["updates_per_batch"]
         self.scheduler.step()
         self.rollout.sync_weights(self.policy)  # rollout backend (issue 8): in-place push; no-op for hf
-        with torch.no_grad():
-            entropy = float((token_entropy(logits.detach()) * mask).sum() / mask.sum().clamp(min=1))
+        entropy = float((token_ent * mask).sum() / mask.sum().clamp(min=1))
         t_upd = time.perf_counter()
 
         valid = torch.isfinite(scores)
@@ -235,8 +238,6 @@ class Trainer:
         metrics.update(self._alarms(metrics))
         return metrics
 
-    _warned: set[str]
-
     def _alarms(self, m: dict) -> dict:
         past = [*self.history, m]
         flags = {
@@ -246,29 +247,31 @@ class Trainer:
             ),
             "alarm/length_climb": alarms.length_climb([h["train/response_length"] for h in past]),
         }
-        warned = getattr(self, "_warned", set())
         for name, on in flags.items():
-            if on and name not in warned:
-                log.warning("%s fired at step %d (see the README's failure modes)", name, m["step"])
-                warned.add(name)
-        self._warned = warned
+            if on and name not in self._warned:
+                log.warning("%s fired at step %d (docs/failure-modes.md)", name, m["step"])
+                self._warned.add(name)
         return {k: int(v) for k, v in flags.items()}
 
-    # -- evaluation during training (the reward-hacking check) --------------------------------------
-    def evaluate(self, test: list[dict], n: int) -> dict:
-        tmpl = self.cfg["prompt"]["template"]
-        rows = test[:n]
+    # -- evaluation during training: selection and the reward-hacking check ---------------------------
+    def evaluate(self, rows: list[dict], n: int, draws: int) -> dict:
+        """Validation accuracy (greedy, and sampled as the mean of `draws` draws per problem) and the
+        training reward's mean over the sampled completions (the proxy the policy is optimised for)."""
+        tmpl, max_new = self.cfg["prompt"]["template"], self.rcfg["max_new_tokens"]
+        rows = rows[:n]
         qs, golds = [r["question"] for r in rows], [r["answer"] for r in rows]
-        sampled = complete(self.policy, self.tokenizer, qs, template=tmpl, max_new_tokens=self.rcfg["max_new_tokens"],
-                           greedy=False, generator=step_generator(self.cfg["seed"], 0, stream=11))
-        greedy = complete(self.policy, self.tokenizer, qs, template=tmpl, max_new_tokens=self.rcfg["max_new_tokens"],
-                          greedy=True)
-        proxy = self.reward.score([format_prompt(q, tmpl) for q in qs], sampled.texts, golds, sampled.finished)
-        ok = torch.isfinite(proxy)
+        greedy = complete(self.policy, self.tokenizer, qs, template=tmpl, max_new_tokens=max_new, greedy=True)
+        accs, proxies = [], []
+        for draw in range(draws):
+            sampled = complete(self.policy, self.tokenizer, qs, template=tmpl, max_new_tokens=max_new, greedy=False,
+                               generator=step_generator(self.cfg["seed"], draw, stream=11))
+            accs.append(accuracy(sampled.texts, golds, "strict"))
+            proxy = self.reward.score([format_prompt(q, tmpl) for q in qs], sampled.texts, golds, sampled.finished)
+            proxies += proxy[torch.isfinite(proxy)].tolist()
         return {
-            "eval/accuracy_sampled": accuracy(sampled.texts, golds, "strict"),
+            "eval/accuracy_sampled": float(np.mean(accs)),
             "eval/accuracy_greedy": accuracy(greedy.texts, golds, "strict"),
-            "eval/proxy_reward": float(proxy[ok].mean()) if ok.any() else math.nan,
+            "eval/proxy_reward": float(np.mean(proxies)) if proxies else math.nan,
         }
 
 
@@ -280,20 +283,27 @@ def run(
     work_dir: str | Path,
     reward_model_dir: str | Path | None = None,
 ) -> dict:
-    """Train and write `out_dir` (save_pretrained policy + steps.jsonl + metrics.json)."""
+    """Train and write `out_dir` (save_pretrained policy + steps.jsonl + metrics.json).
+
+    The policy written is the one of `rloo.select`: `best`, the checkpoint of highest validation
+    accuracy (the SFT policy itself, step 0, included), or `last`. A run stops early when an alarm named
+    in `rloo.stop_on` fires.
+    """
     threads = setup(cfg["threads"], cfg["seed"])
     r = cfg["rloo"]
     check_sampling(r)
     data_dir, out_dir, work_dir = Path(data_dir), Path(out_dir), Path(work_dir)
     train = training_prompts([row for _, row in read_jsonl(data_dir / "train.jsonl")], r["min_solution_steps"])
-    test = [row for _, row in read_jsonl(data_dir / "test.jsonl")]
+    val = read_split(data_dir, "val")
     reward = build_reward(cfg, str(reward_model_dir) if reward_model_dir else None)
     trainer = Trainer(cfg, policy_dir, reward, train)
 
-    ckpt_dir = work_dir / "checkpoints"
+    ckpt_dir, best_dir = work_dir / "checkpoints", work_dir / "best"
     # Under the constant LR schedule a run may be extended (more steps) and resume exactly; a decaying
-    # schedule depends on the step count, so there it is part of the fingerprint.
-    bookkeeping = ("rloo.checkpoint_every", "rloo.keep_checkpoints", "rloo.eval_every", "rloo.eval_examples")
+    # schedule depends on the step count, so there it is part of the fingerprint. Evaluation, selection
+    # and stopping rules change what is written, not the training trajectory.
+    bookkeeping = ("rloo.checkpoint_every", "rloo.keep_checkpoints", "rloo.eval_every", "rloo.eval_examples",
+                   "rloo.eval_draws", "rloo.select", "rloo.stop_on")
     if cfg["rloo"]["lr_schedule"] == "constant":
         bookkeeping += ("rloo.steps",)
     fingerprint = run_fingerprint(cfg, ["seed", "model", "prompt", "reward", "rloo"], data_dir, policy_dir,
@@ -302,47 +312,118 @@ def run(
     if (last := checkpoint.latest(ckpt_dir)) is not None:
         start, extra = checkpoint.load(last, trainer.policy, trainer.optimizer, trainer.scheduler, fingerprint)
         trainer.history = extra.get("history", [])
+        trainer.evals = extra.get("evals", [])
         trainer.baseline = MovingBaseline(**extra["baseline"]) if extra.get("baseline") else trainer.baseline
         log.info("resumed from %s (step %d)", last, start)
         trainer.rollout.sync_weights(trainer.policy)  # rollout backend (issue 8): engine holds policy_dir's weights
+    else:
+        shutil.rmtree(best_dir, ignore_errors=True)  # a best snapshot of another run
+    select = Selection(best_dir, r["select"] == "best" and r["eval_every"] > 0)
+
+    def evaluate(done: int) -> dict:
+        e = {"step": done, **trainer.evaluate(val, r["eval_examples"], r["eval_draws"])}
+        trainer.evals.append(e)
+        e["alarm/reward_hacking"] = int(alarms.reward_hacking(
+            [x["eval/accuracy_sampled"] for x in trainer.evals], [x["eval/proxy_reward"] for x in trainer.evals],
+            min(r["eval_examples"], len(val)) * r["eval_draws"]))
+        select.offer(e, trainer.policy)
+        log.info("eval after %d steps: %s", done, {k: round(v, 4) for k, v in e.items() if k != "step"})
+        return e
 
     t_start = time.perf_counter()
+    stopped = None
     with StopFlag() as stop, tqdm(total=r["steps"], initial=start, desc="rloo", unit="step") as bar:
+        if select.enabled and not trainer.evals:  # the starting policy is a candidate too
+            tracking.log_metrics({k: v for k, v in evaluate(0).items() if k != "step"}, 0)
         for step in range(start, r["steps"]):
             m = trainer.step(step)
             done = step + 1
             if r["eval_every"] and (done % r["eval_every"] == 0 or done == r["steps"]):
-                m.update(trainer.evaluate(test, r["eval_examples"]))
-                log.info("step %d: %s", done, {k: round(v, 4) for k, v in m.items() if k.startswith("eval/")})
+                m.update({k: v for k, v in evaluate(done).items() if k != "step"})
             trainer.history.append(m)
             tracking.log_metrics(m, step)
             bar.set_postfix(reward=f"{m['train/reward_mean']:.3f}", kl=f"{m['train/kl']:.3f}")
             bar.update(1)
+            fired = [a for a in r["stop_on"] if m.get(f"alarm/{a}")]
+            if fired:
+                stopped = {"step": done, "alarm": fired[0]}
+                log.warning("rloo.stop_on: alarm/%s fired after %d steps; stopping here", fired[0], done)
+                break
             if stop.requested or (done % r["checkpoint_every"] == 0 and done < r["steps"]):
                 checkpoint.save(ckpt_dir, done, trainer.policy, trainer.optimizer, trainer.scheduler,
-                                {"history": trainer.history, "baseline": asdict(trainer.baseline)},
+                                {"history": trainer.history, "evals": trainer.evals,
+                                 "baseline": asdict(trainer.baseline)},
                                 keep=r["keep_checkpoints"], fingerprint=fingerprint)
                 if stop.requested:
                     raise Preempted(done)
     seconds = time.perf_counter() - t_start
     h = trainer.history
+    trained = h[-1]["step"] + 1 if h else 0
+    chosen = select.best if select.enabled and select.best else {"step": trained, **(trainer.evals[-1] if (
+        trainer.evals and trainer.evals[-1]["step"] == trained) else {})}
+    if select.enabled and select.best and select.best["step"] != trained:
+        checkpoint.load_snapshot(best_dir, trainer.policy)
     last10 = h[-10:]
     summary = {
         "steps": r["steps"],
+        "steps_trained": trained,
         "resumed_from_step": start,
         "train_seconds": round(seconds, 2),
         "threads": threads,
         "estimator": r["estimator"],
         "reward_source": reward.name,
-        "final_reward_mean": float(np.nanmean([x["train/reward_mean"] for x in last10])),
-        "final_kl": float(np.mean([x["train/kl"] for x in last10])),
-        "samples_per_second": r["prompts_per_step"] * r["k"] * (r["steps"] - start) / max(seconds, 1e-9),
-        "alarms": {k: int(any(x.get(k) for x in h)) for k in ("alarm/zero_signal", "alarm/kl_without_reward",
-                                                                 "alarm/length_climb")},
+        "select": r["select"],
+        "selected_step": chosen["step"],
+        "selected_val_accuracy_sampled": chosen.get("eval/accuracy_sampled"),
+        "stopped_early": stopped,
+        "final_reward_mean": float(np.nanmean([x["train/reward_mean"] for x in last10])) if last10 else math.nan,
+        "final_kl": float(np.mean([x["train/kl"] for x in last10])) if last10 else math.nan,
+        "samples_per_second": r["prompts_per_step"] * r["k"] * (trained - start) / max(seconds, 1e-9),
+        "alarms": first_alarms(h),
+        "evals": trainer.evals,
     }
+    tracking.log_metrics({"rloo/selected_step": chosen["step"]}, trained)
     with atomic_dir(out_dir) as tmp:
         models.save_pretrained(trainer.policy, trainer.tokenizer, tmp)
         (tmp / "steps.jsonl").write_text("".join(json.dumps(x) + "\n" for x in h))
         write_json_atomic(tmp / "metrics.json", summary)
-    log.info("rloo done: %s", summary)
+    log.info("rloo done: %s", {k: v for k, v in summary.items() if k != "evals"})
+    for line in report.rloo_lines(summary):
+        log.warning(line) if line.startswith("!!") else log.info(line)
     return summary
+
+
+def read_split(data_dir: Path, name: str) -> list[dict]:
+    path = data_dir / f"{name}.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no {name} split; run `rloo prepare` (this data folder predates it)")
+    return [row for _, row in read_jsonl(path)]
+
+
+ALARMS = ("zero_signal", "kl_without_reward", "length_climb", "reward_hacking")
+
+
+def first_alarms(history: list[dict]) -> dict[str, int | None]:
+    """For each alarm, the step (counted from 1, like `steps_trained`) at which it first fired; None: never."""
+    out: dict[str, int | None] = dict.fromkeys(ALARMS)
+    for rec in history:
+        for name in ALARMS:
+            if out[name] is None and rec.get(f"alarm/{name}"):
+                out[name] = rec["step"] + 1
+    return out
+
+
+class Selection:
+    """The best policy so far by validation sampled accuracy, kept as a weights snapshot in `folder`
+    (written atomically, so a resumed run still knows its best)."""
+
+    def __init__(self, folder: Path, enabled: bool) -> None:
+        self.folder, self.enabled = folder, enabled
+        self.best = checkpoint.read_snapshot(folder) if enabled else None
+
+    def offer(self, evaluation: dict, model: torch.nn.Module) -> None:
+        if not self.enabled:
+            return
+        if self.best is None or evaluation["eval/accuracy_sampled"] > self.best["eval/accuracy_sampled"]:
+            checkpoint.save_snapshot(self.folder, model, evaluation)
+            self.best = dict(evaluation)

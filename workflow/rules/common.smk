@@ -76,7 +76,7 @@ def reward_model_arg(wildcards, input):
 
 def data_dir(wildcards, input):
     """The data folder, from the rule's data inputs."""
-    return os.path.dirname(input.test if "test" in input.keys() else input.train)
+    return os.path.dirname(input.train if "train" in input.keys() else input.test)
 
 
 # Threads of the torch stages: config `threads`, else 8. Locally Snakemake lowers them to --cores;

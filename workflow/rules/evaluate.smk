@@ -1,7 +1,8 @@
 rule evaluate:
     input:
-        unpack(reward_model),
         code=code("evaluate"),
+        # the trained reward model, the proxy every policy is scored by beside the judge
+        reward_model=rules.reward.output.model,
         test=rules.prepare.output.test,
         manifest=rules.prepare.output.manifest,
         sft=rules.sft.output.model,
@@ -26,7 +27,6 @@ rule evaluate:
         cfg=lambda wildcards: stage_config("evaluate"),
         data=data_dir,
         plots=lambda wildcards, output: os.path.dirname(output.policies),
-        reward_model=reward_model_arg,
     log:
         f"{LOGS}/evaluate_{{estimator}}.log",
     benchmark:
@@ -40,4 +40,5 @@ rule evaluate:
     shell:
         "rloo evaluate --config-json {params.cfg:q} --set threads={threads} "
         "--data {params.data} --sft {input.sft} --policy {wildcards.estimator}={input.policy} "
-        "{params.reward_model} --out {output.result} --plots {params.plots} > {log} 2>&1"
+        "--reward-model {input.reward_model} --out {output.result} --plots {params.plots} > {log} 2>&1 && "
+        "rloo summary {output.result}"

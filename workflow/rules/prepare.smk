@@ -8,6 +8,7 @@ rule prepare:
     output:
         train=f"{DATA}/train.jsonl",
         test=f"{DATA}/test.jsonl",
+        val=f"{DATA}/val.jsonl",
         manifest=f"{DATA}/manifest.json",
     params:
         cfg=lambda wildcards: stage_config("prepare"),

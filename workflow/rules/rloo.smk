@@ -3,7 +3,7 @@ rule rloo:
         unpack(reward_model),
         code=code("train"),
         train=rules.prepare.output.train,
-        test=rules.prepare.output.test,
+        val=rules.prepare.output.val,
         policy=rules.sft.output.model,
     output:
         model=directory(f"{MODELS}/rloo_{{estimator}}"),
@@ -27,4 +27,5 @@ rule rloo:
         "python {params.guard} {params.work} {params.cfg:q} {input} > {log} 2>&1 && "
         "rloo train --config-json {params.cfg:q} --set threads={threads} "
         "--data {params.data} --policy {input.policy} {params.reward_model} "
-        "--out {output.model} --work {params.work} >> {log} 2>&1"
+        "--out {output.model} --work {params.work} >> {log} 2>&1 && "
+        "rloo summary {output.model}/metrics.json"

@@ -1,7 +1,8 @@
 """The RLOO step, today's path against the previous one, on identical work in one invocation.
 
-new: the lean decode loop (rloo.rollout.decode) and the forward passes in chunks of rows of similar
-     completion length (rloo.batching._completion_pass);
+new: the lean decode loop (rloo.rollout.decode); the forward passes once per distinct sample (a
+     completion drawn twice for a prompt is passed once), in chunks of rows of similar completion
+     length (rloo.batching._completion_pass);
 old: the KV-cached loop over HF's forward pass and one padded forward pass over all rows.
 
 Both train the same SFT policy with the same config (default: config/config.yaml, the pipeline's
@@ -34,6 +35,7 @@ def run_variant(cfg: dict, policy: str, train: list[dict], variant: str, first_s
     if variant == "old":
         trainer.rollout = HFRollout(trainer.policy, lean=False)
         trainer.chunk_rows = 1 << 30
+        trainer.dedup = False
     trainer.step(first_step)  # warm-up (allocator, thread pool), not timed
     rows = [trainer.step(first_step + 1 + s) for s in range(steps)]
     out = {k: float(np.mean([r[k] for r in rows])) for k in PHASES}

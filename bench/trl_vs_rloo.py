@@ -178,6 +178,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0, help="round r runs both frameworks with seed + r")
     p.add_argument("--workdir", default="/tmp/rloo-bench")
     p.add_argument("--only", choices=["ours", "trl"], default=None)
+    p.add_argument("--json", default=None, help="also write the summary and every round's steps here")
     p.add_argument("--worker", choices=["ours", "trl"], default=None, help=argparse.SUPPRESS)
     p.add_argument("--result", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -214,6 +215,10 @@ def main() -> None:
         print(f"\nspeed ratio (ours / TRL samples/s, {a.precision} both): {ratio:.2f}x "
               f"(per round: {', '.join(f'{x:.2f}' for x in per_round)})")
     print(json.dumps(summary, indent=2))
+    if a.json:
+        settings = {k: getattr(a, k) for k in ("k", "prompts", "max_new", "lr", "beta", "threads", "rounds", "steps",
+                                                "precision", "seed")}
+        Path(a.json).write_text(json.dumps({"settings": settings, "summary": summary, "runs": runs}, indent=2))
 
 
 if __name__ == "__main__":

@@ -30,6 +30,17 @@ class SeqBatch:
         return self.input_ids.shape[1] - self.prompt_len
 
     @cached_property
+    def distinct_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """`unique_rows` of whole rows: k samples of a prompt are often the very same completion."""
+        return unique_rows(torch.cat([self.input_ids, self.attention_mask], 1))
+
+    def select(self, rows: torch.Tensor) -> SeqBatch:
+        """The batch of `rows` only (same prompt block width)."""
+        return SeqBatch(input_ids=self.input_ids[rows], attention_mask=self.attention_mask[rows],
+                        position_ids=self.position_ids[rows], prompt_len=self.prompt_len,
+                        completion_mask=self.completion_mask[rows])
+
+    @cached_property
     def prompt_groups(self) -> tuple[torch.Tensor, torch.Tensor]:
         """`unique_rows` of the prompt block, found once per batch (the policy and reference share it)."""
         p = self.prompt_len

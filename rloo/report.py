@@ -38,8 +38,8 @@ def evaluate_lines(result: dict) -> list[str]:
     independent = result.get("judges", {}).get("win_rate", {}).get("independent_of_training_reward")
     for name, wr in result.get("win_rates", {}).items():
         if wr.get("value") is not None:
-            lines.append(f"evaluate: {name} vs sft win rate {wr['value']:.3f} ({wr['wins']} wins, {wr['losses']} losses, "
-                         f"{wr['ties']} ties; judge {'independent of' if independent else 'the same as'} the training reward)")
+            lines.append(f"evaluate: {name} vs sft win rate {wr['value']:.3f} ({wr['wins']:.0f} wins, {wr['losses']:.0f} losses, "
+                         f"{wr['ties']:.0f} ties; judge {'independent of' if independent else 'the same as'} the training reward)")
     return lines
 
 

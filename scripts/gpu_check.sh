@@ -24,8 +24,20 @@ stage prepare --out "$W/data"
 stage sft --data "$W/data" --out "$W/sft" --work "$W/sft_w"
 stage reward --data "$W/data" --policy "$W/sft" --out "$W/rm"
 stage train --data "$W/data" --policy "$W/sft" --reward-model "$W/rm" --out "$W/rl" --work "$W/rl_w"
-stage train --data "$W/data" --policy "$W/sft" --out "$W/rl16" --work "$W/rl16_w" \
-  --set model.autocast=bfloat16 --set reward.source=verifier
+stage train --data "$W/data" --policy "$W/sft" --reward-model "$W/rm" --out "$W/rl16" --work "$W/rl16_w" \
+  --set model.autocast=bfloat16
+# Both RLOO runs trained on the micro reward model (the micro policy earns 0 from the verifier, and an
+# update on rewards that are all 0 changes nothing): their weights must have moved away from SFT's.
+for rl in rl rl16; do
+  $PY - "$W/sft" "$W/$rl" <<'PY'
+import sys
+from safetensors.torch import load_file
+a, b = (load_file(f"{d}/model.safetensors") for d in sys.argv[1:])
+moved = max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+assert moved > 1e-4, f"{sys.argv[2]}: the RLOO update did not change the weights (max change {moved})"
+print(f"  {sys.argv[2]}: weights moved (max change {moved:.2e})")
+PY
+done
 stage evaluate --data "$W/data" --sft "$W/sft" --policy rloo="$W/rl" --reward-model "$W/rm" \
   --out "$W/eval.json" --plots "$W/plots"
 grep -q '"accuracy_sampled"' "$W/eval.json"

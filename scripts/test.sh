@@ -1,28 +1,37 @@
 #!/usr/bin/env bash
 # The project's test command: installs what the tests need, then runs the whole suite.
-# As root on Debian it also brings up the one-node Slurm cluster the Slurm tests run against
-# (tests/slurm/start.sh) and stops it afterwards; elsewhere those tests are skipped with a reason.
+# As root on Debian (CI) it also brings up the one-node Slurm cluster the Slurm tests run against
+# (tests/slurm/start.sh, stopped afterwards) and Chromium for the MLflow UI test, and requires both:
+# failing to bring one up fails the run rather than skipping its tests. Elsewhere (no root, no apt)
+# those tests are skipped with a reason; RLOO_SLURM=0 / RLOO_UI=0 skip them on purpose.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+can_install=0
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then can_install=1; fi
 started_slurm=0
-if [ "${RLOO_SLURM:-auto}" != "0" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null \
-   && [ -x tests/slurm/start.sh ]; then
+cleanup() { if [ "$started_slurm" = 1 ]; then bash tests/slurm/stop.sh || true; fi; }
+trap cleanup EXIT
+if [ "${RLOO_SLURM:-auto}" != "0" ] && [ "$can_install" = 1 ]; then
   if bash tests/slurm/start.sh; then
     started_slurm=1
     export RLOO_SLURM=1
   else
-    echo "test.sh: could not start the test Slurm cluster; Slurm tests will be skipped" >&2
+    echo "test.sh: could not start the test Slurm cluster (tests/slurm/start.sh); set RLOO_SLURM=0 to skip its tests" >&2
+    exit 1
   fi
 fi
-cleanup() { if [ "$started_slurm" = 1 ]; then bash tests/slurm/stop.sh || true; fi; }
-trap cleanup EXIT
-if bash scripts/ui-test-deps.sh; then
-  export RLOO_UI=1
-else
-  echo "test.sh: Chromium/playwright-core unavailable; the MLflow UI test will be skipped" >&2
+if [ "${RLOO_UI:-auto}" != "0" ]; then
+  if bash scripts/ui-test-deps.sh; then
+    export RLOO_UI=1
+  elif [ "$can_install" = 1 ]; then
+    echo "test.sh: could not install Chromium/playwright-core (scripts/ui-test-deps.sh); set RLOO_UI=0 to skip the UI test" >&2
+    exit 1
+  else
+    echo "test.sh: Chromium/playwright-core unavailable (not root with apt); the MLflow UI test will be skipped" >&2
+  fi
 fi
 ruff check rloo tests bench
 python -m pytest "$@"

@@ -42,3 +42,14 @@ def micro_run(tmp_path_factory) -> dict:
     prepare.run(cfg, base / "data")
     metrics = sft.run(cfg, base / "data", base / "sft", base / "work" / "sft")
     return {"cfg": cfg, "base": base, "data": base / "data", "sft": base / "sft", "sft_metrics": metrics}
+
+
+@pytest.fixture(scope="session")
+def micro_reward(micro_run) -> Path:
+    """The micro reward model, trained once: a training reward with spread on the micro policy (the
+    verifier pays 0 to everything that policy writes, so an RLOO step on it changes no weight)."""
+    from rloo.stages import reward
+
+    out = micro_run["base"] / "reward"
+    reward.run(micro_run["cfg"], micro_run["data"], micro_run["sft"], out)
+    return out

@@ -20,10 +20,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _train_cmd(micro_run, tmp_path, out, work, steps=24):
+    # The micro reward model as the training reward: its scores differ between samples, so every
+    # step moves the weights (on the verifier the micro policy earns 0 everywhere and nothing moves).
     return [
         sys.executable, "-m", "rloo.cli", "train", "-c", str(ROOT / "config" / "micro.yaml"),
-        "--set", "reward.source=verifier", "--set", f"rloo.steps={steps}", "--set", "rloo.checkpoint_every=3",
-        "--set", "tracking.enabled=false",
+        "--set", "reward.source=model", "--reward-model", str(micro_run["base"] / "reward"),
+        "--set", f"rloo.steps={steps}", "--set", "rloo.checkpoint_every=3", "--set", "tracking.enabled=false",
         "--data", str(micro_run["data"]), "--policy", str(micro_run["sft"]),
         "--out", str(tmp_path / out), "--work", str(tmp_path / work),
     ]
@@ -42,12 +44,15 @@ def _weights(folder: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted_run(micro_run, tmp_path_factory):
+def uninterrupted_run(micro_run, micro_reward, tmp_path_factory):
     """The weights of an uninterrupted run, and its wall time (to aim a kill inside a run)."""
     tmp = tmp_path_factory.mktemp("uninterrupted")
     t0 = time.monotonic()
     subprocess.run(_train_cmd(micro_run, tmp, "out", "work"), check=True, capture_output=True)
-    return _weights(tmp / "out"), time.monotonic() - t0
+    weights, sft = _weights(tmp / "out"), _weights(micro_run["sft"])
+    # The run must have trained: a resume test on unchanged weights would test nothing.
+    assert max(float((weights[k] - sft[k]).abs().max()) for k in sft) > 1e-3
+    return weights, time.monotonic() - t0
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +72,7 @@ def test_sigterm_checkpoints_exits_nonzero_and_the_rerun_resumes(micro_run, tmp_
     assert 0 < step < 24
     done = subprocess.run(_train_cmd(micro_run, tmp_path, "out", "work"), capture_output=True, text=True, check=True)
     assert "resumed from" in done.stderr
+    assert json.loads((tmp_path / "out" / "metrics.json").read_text())["resumed_from_step"] == step
     b = _weights(tmp_path / "out")
     assert all(torch.equal(uninterrupted[k], b[k]) for k in b)
 
@@ -88,6 +94,7 @@ def test_kill_9_at_a_random_point_then_rerun_gives_the_same_weights(micro_run, t
     (tmp_path / "work" / "checkpoints" / ".step_00000099.abc.tmp").mkdir()
     (tmp_path / "work" / "checkpoints" / "step_00000099").mkdir()
     subprocess.run(_train_cmd(micro_run, tmp_path, "out", "work"), check=True, capture_output=True)
+    assert json.loads((tmp_path / "out" / "metrics.json").read_text())["resumed_from_step"] > 0
     b = _weights(tmp_path / "out")
     assert all(torch.equal(uninterrupted[k], b[k]) for k in b)
 
@@ -105,11 +112,14 @@ def test_a_failing_stage_leaves_the_previous_output_untouched(micro_run, tmp_pat
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
 
 
+# What may differ between two runs with the same inputs: wall-clock figures, and the paths of the
+# two runs' own folders. Everything else, the headline metrics included, must be equal.
+VOLATILE = {"train_seconds", "pair_seconds", "samples_per_second", "tokens_per_second", "run_ids", "plots", "init"}
+
+
 def _strip_volatile(obj):
-    """Drop timings and other wall-clock values; everything else must be equal run to run."""
     if isinstance(obj, dict):
-        return {k: _strip_volatile(v) for k, v in obj.items()
-                if not any(t in k for t in ("seconds", "_s", "per_second", "run_id", "plots", "time"))}
+        return {k: _strip_volatile(v) for k, v in obj.items() if k not in VOLATILE and not k.startswith("time/")}
     if isinstance(obj, list):
         return [_strip_volatile(v) for v in obj]
     return obj
@@ -126,3 +136,7 @@ def test_same_config_and_seed_give_the_same_results(micro_run, tmp_path):
                                     base / "gsm8k_rloo.json", base / "reward"))
     assert _strip_volatile(results[0]) == _strip_volatile(results[1])
     assert results[0]["policies"]["rloo"]["kl"] != 0.0
+    kept = _strip_volatile(results[0])
+    for key in ("accuracy_sampled", "accuracy_sampled_draws", "proxy_reward", "selected_step"):
+        assert key in kept["policies"]["rloo"]  # the headline figures are compared, not dropped
+    assert "data_manifest_sha256" in kept and kept["training"]["rloo"]["reward_source"] == "model"

@@ -104,6 +104,46 @@ def test_results_file_matches_its_schema(micro_run, tmp_path):
     assert result["policies"]["sft"]["kl"] == 0.0
     for png in result["plots"].values():
         assert Path(png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the reward model's opinion of every policy, the checkpoint written, who judged what
+    assert all(isinstance(p["proxy_reward"], float) for p in result["policies"].values())
+    assert result["policies"]["rloo"]["selected_step"] == 4  # micro: select last, 4 steps
+    assert result["primary"] == "accuracy_sampled"
+    trained_on = cfg["reward"]["source"]  # micro.yaml alone: the reward model
+    assert trained_on == "model"
+    assert result["judges"]["proxy_reward"]["independent_of_training_reward"] is False
+    assert result["judges"]["accuracy"]["independent_of_training_reward"] is True
+    assert result["judges"]["win_rate"] == {"graded_by": "verifier", "independent_of_training_reward": True}
+
+
+def test_judge_independence_follows_the_training_reward():
+    from rloo.stages.evaluate import judge_independence
+
+    on_verifier = judge_independence("verifier", {"verifier"}, proxy=True)
+    assert not on_verifier["accuracy"]["independent_of_training_reward"]
+    assert not on_verifier["win_rate"]["independent_of_training_reward"]
+    assert on_verifier["proxy_reward"]["independent_of_training_reward"]
+    on_model = judge_independence("llm", {"model"}, proxy=False)
+    assert on_model["accuracy"]["independent_of_training_reward"] and "proxy_reward" not in on_model
+    assert on_model["win_rate"] == {"graded_by": "llm", "independent_of_training_reward": True}
+    assert not judge_independence("llm", {"judge"}, proxy=False)["win_rate"]["independent_of_training_reward"]
+
+
+def test_summary_names_the_checkpoint_and_every_alarm(tmp_path, capsys):
+    from rloo import report
+    from rloo.cli import main
+
+    metrics = {"selected_step": 300, "steps_trained": 350, "select": "best", "selected_val_accuracy_sampled": 0.78,
+               "stopped_early": {"step": 350, "alarm": "reward_hacking"},
+               "alarms": {"zero_signal": 1, "kl_without_reward": None, "length_climb": None, "reward_hacking": 350}}
+    lines = report.rloo_lines(metrics)
+    assert lines[0].startswith("rloo: wrote the policy after 300 of 350 steps")
+    assert [x for x in lines if x.startswith("!!")] == [
+        "!! rloo: stopped early after 350 steps: alarm/reward_hacking (rloo.stop_on)",
+        "!! rloo: alarm/zero_signal fired at step 1 (docs/failure-modes.md)",
+        "!! rloo: alarm/reward_hacking fired at step 350 (docs/failure-modes.md)"]
+    (tmp_path / "metrics.json").write_text(json.dumps(metrics))
+    assert main(["summary", str(tmp_path / "metrics.json")]) == 0
+    assert "alarm/reward_hacking fired at step 350" in capsys.readouterr().err
 
 
 def test_sampled_accuracy_averages_independent_draws(micro_run):
@@ -121,6 +161,6 @@ def test_sampled_accuracy_averages_independent_draws(micro_run):
     assert len(report["accuracy_sampled_draws"]) == 3
     assert report["accuracy_sampled"] == pytest.approx(sum(report["accuracy_sampled_draws"]) / 3)
     ids = [tok(format_prompt(r["question"], cfg["prompt"]["template"]))["input_ids"] for r in rows]
-    first, second = (evaluate.decode(cfg, ref, ref, tok, ids, greedy=False, draw=j)["texts"] for j in (0, 1))
+    first, second, _ = (d["texts"] for d in evaluate.decode(cfg, ref, ref, tok, ids, greedy=False, draws=3))
     assert first != second  # each draw has its own noise
     assert texts["sampled"] == first  # the pairwise judge sees the first draw, as with one draw

@@ -26,25 +26,43 @@ def _train_rows(micro_run):
     return [r for _, r in read_jsonl(micro_run["data"] / "train.jsonl")]
 
 
+class LengthReward:
+    """A reward with spread on the micro policy (which solves nothing, so the verifier pays 0 to every
+    sample and the update would be exactly zero): shorter completions score higher."""
+
+    name = "length"
+
+    def score(self, prompts, completions, golds, finished):
+        return torch.tensor([-len(c) / 50.0 for c in completions])
+
+
+def _moved(trainer, sft_dir) -> float:
+    """The largest change of any weight from the SFT policy."""
+    sft = models.load_causal_lm(sft_dir).state_dict()
+    return max(float((p.detach().cpu() - sft[k]).abs().max()) for k, p in trainer.policy.state_dict().items())
+
+
 @pytest.mark.parametrize("autocast", ["none", "bfloat16"])
 def test_kl_is_exactly_zero_before_the_first_update(micro_run, autocast):
     cfg = _cfg(micro_run, k=4, prompts_per_step=4)
     cfg["model"]["autocast"] = autocast
-    trainer = train.Trainer(cfg, micro_run["sft"], VerifierReward(), _train_rows(micro_run))
+    trainer = train.Trainer(cfg, micro_run["sft"], LengthReward(), _train_rows(micro_run))
     m = trainer.step(0)
     assert m["train/kl"] == 0.0
     # ...and the update moved the policy away from the reference.
     m1 = trainer.step(1)
-    assert m1["train/kl"] != 0.0 or m["train/grad_norm"] == 0.0
+    assert m["train/grad_norm"] > 0.0 and m1["train/kl"] != 0.0
 
 
 @pytest.mark.parametrize("estimator", ESTIMATORS)
 def test_every_estimator_trains(micro_run, estimator):
-    cfg = _cfg(micro_run, estimator=estimator, k=2, prompts_per_step=4)
-    trainer = train.Trainer(cfg, micro_run["sft"], VerifierReward(), _train_rows(micro_run))
+    cfg = _cfg(micro_run, estimator=estimator, k=2, prompts_per_step=4, lr=1e-3)
+    trainer = train.Trainer(cfg, micro_run["sft"], LengthReward(), _train_rows(micro_run))
     for s in range(2):
         m = trainer.step(s)
         assert all(math.isfinite(v) for k, v in m.items() if isinstance(v, float)), m
+        assert m["train/grad_norm"] > 0.0
+    assert _moved(trainer, micro_run["sft"]) > 1e-4
 
 
 @pytest.mark.parametrize(
@@ -52,9 +70,11 @@ def test_every_estimator_trains(micro_run, estimator):
     [{"updates_per_batch": 2, "clip_eps": 0.1}, {"kl_in": "loss", "kl_estimator": "k3"}, {"loss_norm": "token"}],
 )
 def test_loss_variants_train(micro_run, options):
-    trainer = train.Trainer(_cfg(micro_run, **options), micro_run["sft"], VerifierReward(), _train_rows(micro_run))
+    cfg = _cfg(micro_run, lr=1e-3, **options)
+    trainer = train.Trainer(cfg, micro_run["sft"], LengthReward(), _train_rows(micro_run))
     m = [trainer.step(s) for s in range(2)][-1]
     assert math.isfinite(m["train/loss"]) and 0.0 <= m["train/clip_frac"] <= 1.0
+    assert m["train/grad_norm"] > 0.0 and _moved(trainer, micro_run["sft"]) > 1e-4
 
 
 def test_k_below_two_is_a_clear_error(micro_run):
@@ -99,17 +119,26 @@ def test_missing_rewards_are_counted_not_propagated(micro_run):
     assert math.isfinite(m["train/loss"]) and math.isfinite(m["train/adv_std"])
 
 
-def test_run_writes_policy_and_resumes_bit_identically(micro_run, tmp_path):
-    cfg = _cfg(micro_run, steps=4, checkpoint_every=2, eval_every=2, eval_examples=4)
-    summary = train.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / "full", tmp_path / "w_full")
+def test_run_writes_policy_and_resumes_bit_identically(micro_run, micro_reward, tmp_path):
+    # The micro reward model as the training reward: its scores have spread, so the weights move.
+    cfg = _cfg(micro_run, steps=4, checkpoint_every=2, eval_every=2, eval_examples=4, lr=1e-3)
+    cfg["reward"]["source"] = "model"
+
+    def run(out, work):
+        return train.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / out, tmp_path / work, micro_reward)
+
+    summary = run("full", "w_full")
     steps = (tmp_path / "full" / "steps.jsonl").read_text().splitlines()
-    assert len(steps) == 4 and summary["reward_source"] == "verifier"
+    assert len(steps) == 4 and summary["reward_source"] == "model"
+    sft = models.load_causal_lm(micro_run["sft"]).state_dict()
+    full = models.load_causal_lm(tmp_path / "full").state_dict()
+    assert max(float((full[k] - sft[k]).abs().max()) for k in sft) > 1e-3  # it trained
     assert "eval/proxy_reward" in json.loads(steps[1])
     # A run that died after its step-2 checkpoint resumes and ends with the same weights.
     ck = checkpoint.latest(tmp_path / "w_full" / "checkpoints")
     assert ck is not None and ck.name == "step_00000002"
     shutil.copytree(ck, tmp_path / "w_dead" / "checkpoints" / ck.name)
-    resumed = train.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / "resumed", tmp_path / "w_dead")
+    resumed = run("resumed", "w_dead")
     assert resumed["resumed_from_step"] == 2
     a = models.load_causal_lm(tmp_path / "full").state_dict()
     b = models.load_causal_lm(tmp_path / "resumed").state_dict()
@@ -117,11 +146,11 @@ def test_run_writes_policy_and_resumes_bit_identically(micro_run, tmp_path):
     assert (tmp_path / "resumed" / "steps.jsonl").read_text() .splitlines()[-1].split('"time/')[0] == steps[-1].split('"time/')[0]
     # Extending a finished run (more steps) resumes from its last checkpoint; other settings do not.
     cfg["rloo"]["steps"] = 5
-    longer = train.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / "longer", tmp_path / "w_dead")
+    longer = run("longer", "w_dead")
     assert longer["resumed_from_step"] == 2
     cfg["rloo"]["lr"] *= 2
     with pytest.raises(checkpoint.CheckpointError, match="other settings"):
-        train.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / "other", tmp_path / "w_dead")
+        run("other", "w_dead")
 
 
 def test_lr_schedules_decay_to_their_floor():
@@ -196,16 +225,6 @@ def test_difficulty_filter_keeps_multi_step_prompts_and_names_the_key():
         train.training_prompts(rows, 3)
 
 
-class LengthReward:
-    """A reward with spread on the micro policy (which solves nothing, so the verifier pays 0 to every
-    sample and the update would be exactly zero): shorter completions score higher."""
-
-    name = "length"
-
-    def score(self, prompts, completions, golds, finished):
-        return torch.tensor([-len(c) / 50.0 for c in completions])
-
-
 def _scripted_evaluations(monkeypatch, script):
     """Validation results in a given order (the selection and stopping rules are under test, not the
     micro policy, which solves nothing), and a training reward with spread so the weights move."""
@@ -271,3 +290,22 @@ def test_reward_hacking_stops_the_run_early(micro_run, tmp_path, monkeypatch, ca
                         micro_run["data"], micro_run["sft"], tmp_path / "out2", tmp_path / "work2")
     assert summary["stopped_early"] is None and summary["steps_trained"] == 8
     assert summary["alarms"]["reward_hacking"] == 4
+
+
+def test_duplicate_samples_are_passed_once_with_the_same_update(micro_run):
+    """k samples of a prompt are often the same completion; the forward passes run once per distinct
+    row. The step's log-probabilities, advantages and update are those of the plain step."""
+    cfg = _cfg(micro_run, k=4, prompts_per_step=4, lr=1e-3, temperature=0.05, max_new_tokens=4)  # many copies
+    results = []
+    for dedup in (True, False):
+        trainer = train.Trainer(cfg, micro_run["sft"], LengthReward(), _train_rows(micro_run))
+        trainer.dedup = dedup
+        m = trainer.step(0)
+        m1 = trainer.step(1)
+        results.append((m, m1, {k: v.detach().clone() for k, v in trainer.policy.state_dict().items()}))
+    (m, m1, w), (p, p1, pw) = results
+    assert m["train/distinct_frac"] < 1.0 and p["train/distinct_frac"] == 1.0  # copies were there
+    for key in ("train/kl", "train/loss", "train/grad_norm", "train/adv_std", "train/entropy"):
+        assert m1[key] == pytest.approx(p1[key], rel=1e-4, abs=1e-6), key
+    assert all(torch.allclose(w[k], pw[k], atol=1e-6, rtol=1e-5) for k in w)
+    assert max(float((w[k] - models.load_causal_lm(micro_run["sft"]).state_dict()[k]).abs().max()) for k in w) > 1e-4

@@ -343,7 +343,6 @@ def test_llm_judge_against_vllm_serve(judge_server, monkeypatch, caplog):
     with caplog.at_level(logging.DEBUG):
         for q, g, a, b in QA:
             verdict = judge.judge(q, g, a, b)
-            assert verdict in ("A", "B", "tie", None)
             # The verdict is exactly what parse_verdict makes of the served reply (greedy, so repeatable).
             from rloo.judges import JUDGE_PROMPT
 

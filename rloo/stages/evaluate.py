@@ -23,6 +23,7 @@ from rloo.data.gsm8k import format_prompt
 from rloo.evaluation import accuracy
 from rloo.io import read_jsonl, sha256_file, write_json_atomic
 from rloo.judges import build_judge, win_rate
+from rloo.losses import sequence_kl
 from rloo.rewards import score_texts
 from rloo.rollout import generate
 from rloo.runtime import autocast, setup, step_generator
@@ -31,24 +32,34 @@ log = logging.getLogger("rloo.evaluate")
 
 
 @torch.no_grad()
-def decode(cfg: dict, policy, reference, tok, ids: list[list[int]], greedy: bool, draw: int = 0) -> dict:
-    """Completions of `ids` (greedy, or sampled draw number `draw` at T = 1), their lengths and, for
-    sampled draws, their sequence KL to the reference."""
+def decode(cfg: dict, policy, reference, tok, ids: list[list[int]], greedy: bool, draws: int = 1) -> list[dict]:
+    """Completions of `ids`: greedy (one), or `draws` independent samples per prompt at T = 1, with
+    their lengths and, for samples, their sequence KL to the reference. One dict per draw.
+
+    The draws of a prompt are decoded together (its rows side by side: the prompt is prefilled once
+    and its keys are shared), `evaluate.batch_size` rows at a time.
+    """
     e, m = cfg["evaluate"], cfg["model"]
     device = model_device(policy)
-    texts, lengths, kls = [], [], []
-    for s in range(0, len(ids), e["batch_size"]):
+    draws = 1 if greedy else draws
+    out = [{"texts": [], "lengths": [], "kl": []} for _ in range(draws)]
+    per_call = max(1, e["batch_size"] // draws)
+    for s in range(0, len(ids), per_call):
+        rows = [p for p in ids[s : s + per_call] for _ in range(draws)]
         with autocast(m["autocast"], device):
-            ro = generate(policy, ids[s : s + e["batch_size"]], max_new_tokens=e["max_new_tokens"],
-                          eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, greedy=greedy,
-                          generator=step_generator(cfg["seed"], s, stream=21 + 1000 * draw))
+            ro = generate(policy, rows, max_new_tokens=e["max_new_tokens"], eos_id=tok.eos_token_id,
+                          pad_id=tok.pad_token_id, greedy=greedy, generator=step_generator(cfg["seed"], s, stream=21))
+            kl = None
             if not greedy:  # KL(π‖π_ref) is estimated on the policy's own T = 1 samples only
                 batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
-                gap = completion_logprobs(policy, batch) - completion_logprobs(reference, batch)
-                kls += (gap * batch.completion_mask).sum(-1).tolist()
-        lengths += ro.lengths.tolist()
-        texts += ro.texts(tok)
-    return {"texts": texts, "lengths": lengths, "kl": kls}
+                kl = sequence_kl(completion_logprobs(policy, batch), completion_logprobs(reference, batch),
+                                 batch.completion_mask).tolist()
+        texts, lengths = ro.texts(tok), ro.lengths.tolist()
+        for j, d in enumerate(out):
+            d["texts"] += texts[j::draws]
+            d["lengths"] += lengths[j::draws]
+            d["kl"] += kl[j::draws] if kl is not None else []
+    return out
 
 
 @torch.no_grad()
@@ -65,8 +76,8 @@ def policy_report(
     prompts = [format_prompt(r["question"], cfg["prompt"]["template"]) for r in rows]
     golds = [r["answer"] for r in rows]
     ids = [tok(p)["input_ids"] for p in prompts]
-    greedy = decode(cfg, policy, reference, tok, ids, greedy=True)
-    draws = [decode(cfg, policy, reference, tok, ids, greedy=False, draw=j) for j in range(e["samples_per_prompt"])]
+    greedy = decode(cfg, policy, reference, tok, ids, greedy=True)[0]
+    draws = decode(cfg, policy, reference, tok, ids, greedy=False, draws=e["samples_per_prompt"])
     per_draw = [accuracy(d["texts"], golds, "strict") for d in draws]
     report = {
         "accuracy": accuracy(greedy["texts"], golds, "strict"),

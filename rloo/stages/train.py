@@ -102,8 +102,10 @@ class Trainer:
         self._warned: set[str] = set()  # alarms already announced in the log
         # rollout backend (issue 8): `rollout.backend` hf | vllm; a vLLM engine is built once, here.
         self.rollout = make_rollout(cfg, policy_dir, self.policy)
-        # Rows per chunk of the forward passes over the samples (batching._completion_pass).
+        # Rows per chunk of the forward passes over the samples (batching._completion_pass), and whether
+        # a completion sampled twice for a prompt is passed forward once (bench/rloo_step.py turns both off).
         self.chunk_rows = 16
+        self.dedup = True
 
     def _tokenize_prompts(self, rows: list[dict]) -> list[list[int]]:
         tmpl, limit = self.cfg["prompt"]["template"], self.mcfg["max_length"] - self.rcfg["max_new_tokens"]
@@ -151,10 +153,12 @@ class Trainer:
         kl = sequence_kl(lp, lp_ref, batch.completion_mask, self.rcfg["kl_estimator"])
         return shaped_reward(scores, kl, self.rcfg["beta"]) if self.rcfg["kl_in"] == "reward" else scores
 
-    def _policy_pass(self, batch: SeqBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Token log-probabilities under the policy (with gradient) and its entropy at each position."""
+    def _policy_pass(self, distinct: SeqBatch, inverse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token log-probabilities under the policy (with gradient) and its entropy at each position, of
+        every row: computed once per distinct row and indexed out (the gradient sums over the copies)."""
         with autocast(self.mcfg["autocast"], self.device):
-            return completion_logprobs_and_entropy(self.policy, batch, self.chunk_rows)
+            lp, ent = completion_logprobs_and_entropy(self.policy, distinct, self.chunk_rows)
+        return lp[inverse], ent[inverse]
 
     def step(self, step: int) -> dict:
         r = self.rcfg
@@ -168,12 +172,18 @@ class Trainer:
 
         batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
         mask = batch.completion_mask
+        # Samples of a prompt are often the very same completion (a peaked policy): the forward passes
+        # run once per distinct row, and every copy reads its log-probabilities. Exact: copies have the
+        # same log-probabilities, KL and shaped reward, and the gradient through the shared row is the
+        # sum over its copies.
+        first, inverse = batch.distinct_rows if self.dedup else (torch.arange(len(mask)), torch.arange(len(mask)))
+        distinct = batch.select(first) if len(first) < len(inverse) else batch
         with torch.no_grad(), autocast(self.mcfg["autocast"], self.device):
-            ref_lp = completion_logprobs(self.reference, batch, self.chunk_rows)
+            ref_lp = completion_logprobs(self.reference, distinct, self.chunk_rows)[inverse]
         t_ref = time.perf_counter()
         # The policy stays in eval mode (no dropout): before the first update it must give exactly the
         # reference's log-probabilities, so the measured KL starts at 0.
-        lp, token_ent = self._policy_pass(batch)
+        lp, token_ent = self._policy_pass(distinct, inverse)
         rollout_metrics = logprob_gap(ro, lp, mask)  # rollout backend (issue 8): vLLM vs trainer log-probs
         seq_kl = sequence_kl(lp.detach(), ref_lp, mask, r["kl_estimator"])
         beta_in_reward = r["beta"] if r["kl_in"] == "reward" else 0.0
@@ -192,7 +202,7 @@ class Trainer:
         lr = self.scheduler.get_last_lr()[0]  # the rate this step's updates use
         for update in range(r["updates_per_batch"]):
             if update > 0:
-                lp, token_ent = self._policy_pass(batch)
+                lp, token_ent = self._policy_pass(distinct, inverse)
             loss, stats = policy_loss(lp, mask, advantages, norm=r["loss_norm"], old_token_logp=old_lp,
                                       clip_eps=r["clip_eps"])
             if r["kl_in"] == "loss":
@@ -219,6 +229,7 @@ class Trainer:
             "train/degenerate_groups": adv.n_degenerate_groups,
             "train/missing_rewards": int((~valid).sum()),
             "train/response_length": float(lengths.mean()),
+            "train/distinct_frac": len(first) / len(inverse),
             "train/truncated_frac": float((~ro.finished).float().mean()),
             "train/adv_mean": float(advantages.mean()),
             "train/adv_std": float(advantages.std()),

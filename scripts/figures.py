@@ -1,0 +1,184 @@
+"""The figures quoted in README.md and BENCHMARKS.md, rendered from the result files in docs/figures/.
+
+Each table in those pages sits between `<!-- figures:NAME -->` and `<!-- /figures:NAME -->` and is
+written by this script from the files it names, never by hand:
+
+    python scripts/figures.py              # rewrite the tables from docs/figures/*.json
+    python scripts/figures.py --check      # exit 1 if a table differs from its files (a test runs this)
+    python scripts/figures.py collect RUN_DIR OUT.json --command "..."   # record a pipeline run
+
+`collect` reads a finished pipeline run (its results/gsm8k_*.json, the stages' metrics.json and
+Snakemake's logs/benchmarks/*.tsv) into one file: the figures and the command that produced them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FIGURES = ROOT / "docs" / "figures"
+PAGES = [ROOT / "README.md", ROOT / "BENCHMARKS.md"]
+
+
+def _load(name: str) -> dict:
+    return json.loads((FIGURES / name).read_text())
+
+
+def _pp(x: float) -> str:
+    return f"{100 * x:+.1f}"
+
+
+def pipeline_table() -> str:
+    """The default chain, one row per seed: held-out accuracy of SFT and RLOO, win rate, wall time."""
+    rows = ["| run | SFT sampled / greedy | RLOO sampled / greedy | gain sampled / greedy | win rate (verifier judge) | "
+            "RLOO steps (selected) | reward-model proxy SFT → RLOO | wall time |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for f in sorted(FIGURES.glob("pipeline_seed*.json")):
+        run = json.loads(f.read_text())
+        res = run["results"]
+        sft, rl = res["policies"]["sft"], res["policies"]["rloo"]
+        wr = res["win_rate"]
+        train = res["training"]["rloo"]
+        proxy = (f"{sft['proxy_reward']:.2f} → {rl['proxy_reward']:.2f}" if rl.get("proxy_reward") is not None else "n/a")
+        rows.append(
+            f"| [{f.stem}](docs/figures/{f.name}) | {sft['accuracy_sampled']:.3f} / {sft['accuracy']:.3f} | "
+            f"{rl['accuracy_sampled']:.3f} / {rl['accuracy']:.3f} | {_pp(rl['accuracy_sampled'] - sft['accuracy_sampled'])} / "
+            f"{_pp(rl['accuracy'] - sft['accuracy'])} | {wr['value']:.3f} ({wr['wins']:.0f} W, {wr['losses']:.0f} L, {wr['ties']:.0f} T) | "
+            f"{train['steps_trained']} ({train['selected_step']}) | {proxy} | {run['wall_seconds'] / 60:.1f} min |")
+    return "\n".join(rows)
+
+
+def stage_times_table() -> str:
+    """Seconds per stage of each recorded pipeline run (Snakemake's benchmark files)."""
+    runs = {f.stem: json.loads(f.read_text()) for f in sorted(FIGURES.glob("pipeline_seed*.json"))}
+    stages = ["prepare", "toy", "sft", "reward", "rloo_rloo", "evaluate_rloo"]
+    rows = ["| run | " + " | ".join(stages) + " | snakemake wall |", "| --- |" + " --- |" * (len(stages) + 1)]
+    for name, run in runs.items():
+        t = run["stage_seconds"]
+        rows.append(f"| {name} | " + " | ".join(f"{t[s]:.0f} s" if s in t else "" for s in stages)
+                    + f" | {run['wall_seconds']:.0f} s |")
+    return "\n".join(rows)
+
+
+def reward_model_chain_table() -> str:
+    """RLOO trained on the learned reward model: what it claimed, what the judge says, what was written."""
+    run = _load("reward_model_chain.json")
+    res = run["results"]
+    sft, rl = res["policies"]["sft"], res["policies"]["rloo"]
+    train = res["training"]["rloo"]
+    evals = train["evals"]
+    curve = ", ".join(f"{e['step']}: {e['eval/accuracy_sampled']:.3f} / {e['eval/proxy_reward']:+.2f}" for e in evals)
+    alarms = ", ".join(f"{k} at step {v}" for k, v in (rl.get("alarms") or {}).items()) or "none"
+    stop = train.get("stopped_early")
+    return "\n".join([
+        "| | |", "| --- | --- |",
+        f"| validation sampled accuracy / training reward, by step | {curve} |",
+        f"| alarms | {alarms} |",
+        f"| stopped early | {'after ' + str(stop['step']) + ' steps (' + stop['alarm'] + ')' if stop else 'no'} |",
+        f"| policy written | step {train['selected_step']} of {train['steps_trained']} (select: {train['select']}) |",
+        f"| held-out test, SFT → written policy | sampled {sft['accuracy_sampled']:.3f} → {rl['accuracy_sampled']:.3f}, "
+        f"greedy {sft['accuracy']:.3f} → {rl['accuracy']:.3f} |",
+        f"| reward-model proxy, SFT → written policy | {sft['proxy_reward']:.3f} → {rl['proxy_reward']:.3f} |",
+        f"| wall time | {run['wall_seconds'] / 60:.1f} min (reward, rloo and evaluate rerun) |",
+    ])
+
+
+def rloo_step_table() -> str:
+    data = _load("rloo_step.json")
+    rows = ["| path | s/step | generation | reference | update | samples/s | completion length |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    for variant in ("old", "new"):
+        m = data["summary"][variant]
+        rows.append(f"| {variant} | {m['time/step_s']:.3f} | {m['time/generation_s']:.3f} | {m['time/reference_s']:.3f} | "
+                    f"{m['time/update_s']:.3f} | {m['samples_per_s']:.1f} | {m['completion_length']:.1f} |")
+    per_round = [o["time/step_s"] / n["time/step_s"] for o, n in zip(data["rounds"]["old"], data["rounds"]["new"],
+                                                                       strict=True)]
+    rows.append("")
+    rows.append(f"Speed-up: **{data['ratio']:.2f}×** (rounds: {', '.join(f'{x:.2f}' for x in per_round)}).")
+    return "\n".join(rows)
+
+
+def trl_table() -> str:
+    rows = ["| precision (both) | framework | samples/s | s/step | generation | log-probs | rest | completion length | "
+            "peak RSS MB |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    ratios = []
+    for precision in ("float32", "bfloat16"):
+        path = FIGURES / f"trl_vs_rloo_{precision}.json"
+        if not path.exists():
+            continue
+        data = json.loads(path.read_text())
+        for name in ("ours", "trl"):
+            s = data["summary"][name]
+            t = s["step_s"]
+            n = f"{s['completion_length']:.1f}" if s.get("completion_length") is not None else "n/a"
+            rows.append(f"| {precision} | {name} | {s['samples_per_s']:.1f} | {t['total']:.3f} | {t['generation']:.3f} | "
+                        f"{t['logprobs']:.3f} | {t['rest']:.3f} | {n} | {s['peak_rss_mb']:.0f} |")
+        ratios.append(f"{precision}: **{data['summary']['ours']['samples_per_s'] / data['summary']['trl']['samples_per_s']:.2f}×**")
+    return "\n".join([*rows, "", "Ratio (ours / TRL samples/s, same precision): " + ", ".join(ratios) + "."])
+
+
+TABLES = {
+    "pipeline": pipeline_table,
+    "stage-times": stage_times_table,
+    "reward-model-chain": reward_model_chain_table,
+    "rloo-step": rloo_step_table,
+    "trl": trl_table,
+}
+_BLOCK = re.compile(r"(<!-- figures:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n<!-- /figures:(?P=name) -->)", re.S)
+
+
+def render(text: str) -> str:
+    return _BLOCK.sub(lambda m: m.group(1) + TABLES[m.group("name")]() + m.group(4), text)
+
+
+def collect(run_dir: Path, out: Path, command: str) -> None:
+    """One recorded pipeline run: its results, each stage's seconds, the wall time, the command."""
+    results = sorted(run_dir.glob("results/gsm8k_*.json"))
+    if len(results) != 1:
+        raise SystemExit(f"{run_dir}: expected one results/gsm8k_*.json, found {[str(p) for p in results]}")
+    stage_seconds = {}
+    for tsv in sorted((run_dir / "logs" / "benchmarks").glob("*.tsv")):
+        header, values = tsv.read_text().splitlines()[:2]
+        stage_seconds[tsv.stem] = float(dict(zip(header.split("\t"), values.split("\t"), strict=False))["s"])
+    wall = run_dir / "wall_seconds"
+    record = {
+        "command": command,
+        "wall_seconds": float(wall.read_text()) if wall.exists() else sum(stage_seconds.values()),
+        "stage_seconds": stage_seconds,
+        "results": json.loads(results[0].read_text()),
+    }
+    out.write_text(json.dumps(record, indent=1) + "\n")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd")
+    c = sub.add_parser("collect")
+    c.add_argument("run_dir", type=Path)
+    c.add_argument("out", type=Path)
+    c.add_argument("--command", required=True)
+    ap.add_argument("--check", action="store_true")
+    a = ap.parse_args()
+    if a.cmd == "collect":
+        collect(a.run_dir, a.out, a.command)
+        return 0
+    stale = []
+    for page in PAGES:
+        text = page.read_text()
+        new = render(text)
+        if new != text:
+            stale.append(page.name)
+            if not a.check:
+                page.write_text(new)
+    if a.check and stale:
+        print(f"figures out of date in {', '.join(stale)}: run `python scripts/figures.py`", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

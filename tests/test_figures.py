@@ -1,0 +1,25 @@
+"""Every table of README.md and BENCHMARKS.md is rendered from a committed results file
+(docs/figures/*.json, by scripts/figures.py): a table edited by hand, or a file changed without
+re-rendering, fails here."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_tables_match_their_result_files():
+    res = subprocess.run([sys.executable, "scripts/figures.py", "--check"], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+
+
+def test_every_table_names_a_file_that_exists():
+    import re
+
+    for page in ("README.md", "BENCHMARKS.md"):
+        text = (ROOT / page).read_text()
+        blocks = re.findall(r"<!-- figures:([\w-]+) -->", text)
+        assert blocks, page
+        for link in re.findall(r"\]\((docs/figures/[\w.-]+)\)", text):
+            assert (ROOT / link).is_file(), link

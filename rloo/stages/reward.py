@@ -120,7 +120,7 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
         "val_prompts": len({p.prompt_id for p in val_pairs}),
         "val_accuracy": pairwise_accuracy(model, tok, val_pairs, mcfg["max_length"], mcfg["autocast"]),
         "val_accuracy_before_training": val_before,
-        "train_accuracy": pairwise_accuracy(model, tok, tr_pairs[:512], mcfg["max_length"], mcfg["autocast"]),
+        "train_accuracy": pairwise_accuracy(model, tok, tr_pairs[:128], mcfg["max_length"], mcfg["autocast"]),
         **sample_info,
         "pair_seconds": round(t_pairs, 2),
         "train_seconds": round(time.perf_counter() - t0 - t_pairs, 2),

@@ -128,11 +128,11 @@ TABLES = {
     "rloo-step": rloo_step_table,
     "trl": trl_table,
 }
-_BLOCK = re.compile(r"(<!-- figures:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n<!-- /figures:(?P=name) -->)", re.S)
+_BLOCK = re.compile(r"(<!-- figures:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /figures:(?P=name) -->)", re.S)
 
 
 def render(text: str) -> str:
-    return _BLOCK.sub(lambda m: m.group(1) + TABLES[m.group("name")]() + m.group(4), text)
+    return _BLOCK.sub(lambda m: m.group(1) + TABLES[m.group("name")]() + "\n" + m.group(4), text)
 
 
 def collect(run_dir: Path, out: Path, command: str) -> None:

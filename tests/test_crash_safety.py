@@ -51,7 +51,7 @@ def uninterrupted_run(micro_run, micro_reward, tmp_path_factory):
     subprocess.run(_train_cmd(micro_run, tmp, "out", "work"), check=True, capture_output=True)
     weights, sft = _weights(tmp / "out"), _weights(micro_run["sft"])
     # The run must have trained: a resume test on unchanged weights would test nothing.
-    assert max(float((weights[k] - sft[k]).abs().max()) for k in sft) > 1e-3
+    assert max(float((weights[k] - sft[k]).abs().max()) for k in sft) > 1e-4  # a zero update gives exactly 0
     return weights, time.monotonic() - t0
 
 

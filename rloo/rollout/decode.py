@@ -86,33 +86,19 @@ def _groups(inverse: torch.Tensor) -> tuple[torch.Tensor, int]:
     return inverse * k + slot, k
 
 
-def generate(
-    model: torch.nn.Module,
-    prompts: list[list[int]],
-    *,
-    max_new_tokens: int,
-    eos_id: int,
-    pad_id: int,
-    greedy: bool = False,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    top_k: int = 0,
-    generator: torch.Generator | None = None,
-    compact: bool = True,
-):
-    """`rloo.rollout.hf.generate` for a supported model, with the same arguments and result."""
+def generate(model: torch.nn.Module, prompts: list[list[int]], **sampling):
+    """`rloo.rollout.hf.generate` for a supported model: the same keyword arguments and result."""
     device = model_device(model)
     # The policy samples in its weights' own dtype: an enclosing autocast is switched off (measured on a
     # CPU, bfloat16 here is slower, its conversions costing more than its matrix products save).
     with torch.inference_mode(), torch.autocast(device.type, enabled=False):
-        ro = _generate(model, prompts, next(model.parameters()).dtype, max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id,
-                       greedy=greedy, temperature=temperature, top_p=top_p, top_k=top_k, generator=generator,
-                       compact=compact)
+        ro = _generate(model, prompts, next(model.parameters()).dtype, **sampling)
     return ro.clone()
 
 
-def _generate(model, prompts, dtype, *, max_new_tokens, eos_id, pad_id, greedy, temperature, top_p, top_k,
-              generator, compact):
+def _generate(model, prompts, dtype, *, max_new_tokens: int, eos_id: int, pad_id: int, greedy: bool = False,
+              temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+              generator: torch.Generator | None = None, compact: bool = True):
     from rloo.rollout.hf import Rollout, _gumbel, _next_token, _noise_generator
 
     device = model_device(model)

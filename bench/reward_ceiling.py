@@ -16,6 +16,7 @@ them from. With --reward-model, the trained Bradley-Terry model's accuracy on th
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from pathlib import Path
@@ -71,6 +72,7 @@ def main() -> None:
     ap.add_argument("--data", default=str(ROOT / "data" / "gsm8k"))
     ap.add_argument("--reward-model", default=None)
     ap.add_argument("--prompts", type=int, default=None, help="training prompts to sample (default: reward.prompts)")
+    ap.add_argument("--json", default=None, help="also write the figures here (docs/figures/reward_ceiling.json)")
     args = ap.parse_args()
     cfg = load_config(args.config, {"reward": {"prompts": args.prompts}} if args.prompts else None)
     setup(cfg["threads"], cfg["seed"])
@@ -82,12 +84,18 @@ def main() -> None:
     mcfg = cfg["model"]
     tok = models.load_tokenizer(args.policy, mcfg["trust_remote_code"])
     policy = models.load_causal_lm(args.policy, **models.load_options(mcfg))
-    for name, acc in ranking_accuracy(policy, tok, val).items():
-        print(f"held-out pairwise accuracy, policy {name:<24} {acc:.3f}")
+    scores = {f"policy {name}": acc for name, acc in ranking_accuracy(policy, tok, val).items()}
     if args.reward_model:
         rm = models.load_reward_model(args.reward_model, **models.load_options(mcfg))
-        acc = pairwise_accuracy(rm, tok, val, mcfg["max_length"], mcfg["autocast"])
-        print(f"held-out pairwise accuracy, reward model {'':<18} {acc:.3f}")
+        scores["reward model"] = pairwise_accuracy(rm, tok, val, mcfg["max_length"], mcfg["autocast"])
+    for name, acc in scores.items():
+        print(f"held-out pairwise accuracy, {name:<31} {acc:.3f}")
+    if args.json:
+        out = {"command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+               "pairs": len(pairs), "held_out_pairs": len(val), "held_out_prompts": len({p.prompt_id for p in val}),
+               "samples": info["samples"], "sample_accuracy": info["sample_accuracy"],
+               "reward_prompts": cfg["reward"]["prompts"], "held_out_pairwise_accuracy": scores}
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -88,7 +89,8 @@ def main() -> None:
     per_round = [o["time/step_s"] / n["time/step_s"] for o, n in zip(results["old"], results["new"], strict=True)]
     print(f"\nspeed-up (old s/step / new s/step): {ratio:.2f}x (rounds: {', '.join(f'{x:.2f}' for x in per_round)})")
     if a.json:
-        Path(a.json).write_text(json.dumps({"summary": summary, "rounds": results, "ratio": ratio}, indent=2))
+        Path(a.json).write_text(json.dumps({"command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+                                            "summary": summary, "rounds": results, "ratio": ratio}, indent=2))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Rollout throughput of the HF sampling loop vs vLLM on the same prompts: completion tokens per second.
+"""Rollout throughput of the HF sampling loop, the lean decode loop and vLLM on the same prompts: completion tokens per second.
 
     python bench/rollout_backends.py                      # default config's tiny model (see --policy)
     python bench/rollout_backends.py -c config/micro.yaml --prompts 16 --k 4
@@ -36,7 +36,7 @@ from rloo.rollout.hf import generate as hf_generate  # noqa: E402
 
 def policy_folder(cfg: dict, given: str | None, tmp: Path) -> tuple[Path, str]:
     if given:
-        return Path(given), "given"
+        return Path(given), str(given)
     sft = ROOT / "results" / "models" / "sft"
     if cfg["name"] != "micro" and (sft / "config.json").exists():
         return sft, "pipeline SFT model"
@@ -105,12 +105,16 @@ def main(argv: list[str] | None = None) -> dict:
         torch.set_num_threads(args.threads)
 
         def hf():
-            return hf_generate(model, prompts, generator=torch.Generator().manual_seed(0), **kw)
+            return hf_generate(model, prompts, generator=torch.Generator().manual_seed(0), lean=False, **kw)
+
+        def lean():
+            return hf_generate(model, prompts, generator=torch.Generator().manual_seed(0), lean=True, **kw)
 
         for e in engines.values():  # warm-up
             e.generate(prompts[: args.k], generator=torch.Generator().manual_seed(0), **kw)
-        hf_generate(model, prompts[: args.k], **kw)
+        hf_generate(model, prompts[: args.k], lean=False, **kw)
         hf_s, hf_tok = timed(hf, args.repeats)
+        lean_s, lean_tok = timed(lean, args.repeats)
         res = {}
         for lp, e in engines.items():
             res[lp] = timed(lambda e=e: e.generate(prompts, generator=torch.Generator().manual_seed(0), **kw),
@@ -121,12 +125,14 @@ def main(argv: list[str] | None = None) -> dict:
         sync_s = (time.perf_counter() - t0) / 5
 
     out = {
+        "command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]) if argv is None else None,
         "policy": origin,
         "parameters": models.count_parameters(model),
         "sequences": len(prompts),
         "max_new_tokens": max_new,
         "threads": args.threads,
         "hf_tokens_per_s": hf_tok / hf_s,
+        "lean_tokens_per_s": lean_tok / lean_s,
         "vllm_tokens_per_s": res[True][1] / res[True][0],
         "vllm_no_logprobs_tokens_per_s": res[False][1] / res[False][0],
         "hf_seconds": hf_s,
@@ -135,10 +141,12 @@ def main(argv: list[str] | None = None) -> dict:
         "vllm_sync_weights_s": sync_s,
     }
     out["ratio_vllm_over_hf"] = out["vllm_tokens_per_s"] / out["hf_tokens_per_s"]
+    out["ratio_vllm_over_lean"] = out["vllm_tokens_per_s"] / out["lean_tokens_per_s"]
     out["ratio_vllm_no_logprobs_over_hf"] = out["vllm_no_logprobs_tokens_per_s"] / out["hf_tokens_per_s"]
     print(f"policy: {origin} ({out['parameters']:,} parameters); {len(prompts)} sequences "
           f"({args.prompts} prompts x k={args.k}), up to {max_new} new tokens, T=1, {args.threads} thread(s)")
     print(f"HF    {out['hf_tokens_per_s']:10.0f} tokens/s  ({hf_tok} tokens in {hf_s:.2f} s)")
+    print(f"lean  {out['lean_tokens_per_s']:10.0f} tokens/s  ({lean_tok} tokens in {lean_s:.2f} s; rloo/rollout/decode.py)")
     print(f"vLLM  {out['vllm_tokens_per_s']:10.0f} tokens/s  ({res[True][1]} tokens in {res[True][0]:.2f} s, "
           "with log-probs)")
     print(f"vLLM  {out['vllm_no_logprobs_tokens_per_s']:10.0f} tokens/s  (without log-probs)")

@@ -218,7 +218,8 @@ def main() -> None:
     if a.json:
         settings = {k: getattr(a, k) for k in ("k", "prompts", "max_new", "lr", "beta", "threads", "rounds", "steps",
                                                 "precision", "seed")}
-        Path(a.json).write_text(json.dumps({"settings": settings, "summary": summary, "runs": runs}, indent=2))
+        Path(a.json).write_text(json.dumps({"command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+                                            "settings": settings, "summary": summary, "runs": runs}, indent=2))
 
 
 if __name__ == "__main__":

@@ -14,12 +14,13 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from rloo.errors import UserError
 from rloo.io import atomic_dir
 
 _DONE = "checkpoint.json"
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint that cannot be used; the message names the folder and the problem."""
 
 

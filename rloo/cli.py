@@ -5,11 +5,15 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
+import stat
 import sys
+import traceback
 from pathlib import Path
 
 from rloo import tracking
-from rloo.config import ConfigError, deep_merge, load_config, parse_set
+from rloo.config import ConfigError, changed_keys, declares_base, deep_merge, load_config, parse_set
+from rloo.errors import UserError
 
 # The stage names used by Snakemake, DVC and MLflow; the RLOO stage's CLI verb is `train`.
 STAGE_NAMES = {"train": "rloo"}
@@ -28,7 +32,26 @@ def _config(args: argparse.Namespace) -> dict:
     paths = args.config
     if not paths and not args.config_json and Path(DEFAULT_CONFIG).is_file():
         paths = [DEFAULT_CONFIG]
-    return load_config(paths or None, overrides)
+    cfg = load_config(paths or None, overrides)
+    if paths:
+        _warn_without_base(paths, overrides, cfg)
+    return cfg
+
+
+def _warn_without_base(paths: list[str], overrides: dict, cfg: dict) -> None:
+    """`rloo -c overlay.yaml` reads the file on the schema's defaults, while `snakemake --configfile`
+    lays it over config/config.yaml: say so loudly when that changes a value."""
+    if not Path(DEFAULT_CONFIG).is_file() or any(Path(p).resolve() == Path(DEFAULT_CONFIG).resolve() for p in paths):
+        return
+    if any(declares_base(p) for p in paths):
+        return
+    on_default = load_config([DEFAULT_CONFIG, *paths], overrides)
+    differ = changed_keys(cfg, on_default)
+    if differ:
+        shown = ", ".join(differ[:6]) + (f" and {len(differ) - 6} more" if len(differ) > 6 else "")
+        print(f"rloo: warning: {' + '.join(map(str, paths))} is read on the schema's defaults, not on "
+              f"{DEFAULT_CONFIG} (as snakemake --configfile would); {len(differ)} keys differ: {shown}. Add "
+              f"`base: config.yaml` to the file, or pass -c {DEFAULT_CONFIG} first.", file=sys.stderr)
 
 
 def _paths(cfg: dict) -> dict:
@@ -56,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     common.add_argument(
         "--config-json", default=None, help="overrides as one JSON object (used by Snakemake)"
     )
+    common.add_argument("--debug", action="store_true", help="show the traceback of an input error")
 
     parser = argparse.ArgumentParser(prog="rloo", description=__doc__)
     sub = parser.add_subparsers(dest="stage", required=True)
@@ -118,6 +142,28 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"rloo: {e}", file=sys.stderr)
         return 2
+    try:
+        return _run_stage(args, cfg)
+    except UserError as e:
+        # Bad input: one line a person can act on. The traceback helps only a developer: it goes where
+        # stderr is a log file (a Snakemake job's log), or to the terminal with --debug.
+        if args.debug or _stderr_is_a_file():
+            traceback.print_exc()
+        print(f"rloo {args.stage}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"rloo {args.stage}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _stderr_is_a_file() -> bool:
+    try:
+        return stat.S_ISREG(os.fstat(sys.stderr.fileno()).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def _run_stage(args: argparse.Namespace, cfg: dict) -> int:
     paths = _paths(cfg)
 
     if args.stage == "validate-config":

@@ -5,18 +5,23 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
+import re
 from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 import jsonschema
 import yaml
 
+from rloo.errors import UserError
+
 SCHEMA_PATH = Path(str(resources.files("rloo") / "schemas" / "config.schema.yaml"))
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config that does not match the schema; the message names the file and the key."""
 
 
@@ -47,7 +52,12 @@ def _key_path(error: jsonschema.ValidationError) -> str:
 
 def validate(cfg: dict, source: str = "config") -> dict:
     """Validate `cfg` in place, filling defaults; raise ConfigError naming the offending key."""
-    errors = sorted(_Validator(load_schema()).iter_errors(cfg), key=lambda e: list(e.absolute_path))
+    schema = load_schema()
+    cfg.pop("base", None)  # an overlay's declared base, already merged by load_config
+    _coerce(cfg, schema)
+    if problems := _non_finite(cfg) + _credentials(cfg):
+        raise ConfigError(f"{source}: invalid configuration:\n  " + "\n  ".join(problems))
+    errors = sorted(_Validator(schema).iter_errors(cfg), key=lambda e: list(e.absolute_path))
     if errors:
         lines = []
         for e in errors:
@@ -64,6 +74,86 @@ def validate(cfg: dict, source: str = "config") -> dict:
     if problems := _cross_checks(cfg):
         raise ConfigError(f"{source}: invalid configuration:\n  " + "\n  ".join(problems))
     return cfg
+
+
+_INT = re.compile(r"[+-]?\d+")
+
+
+def _coerce(node: dict, schema: dict) -> None:
+    """Strings that spell a number or boolean where the schema wants one become that value.
+
+    YAML 1.1 reads `5e-5` (no dot) as a string, and `snakemake --config 'rloo={beta: 0.1}'` passes
+    nested values as strings; both mean the number. Anything else is left for the schema to reject.
+    """
+    for key, sub in schema.get("properties", {}).items():
+        if key not in node:
+            continue
+        value = node[key]
+        if isinstance(value, dict):
+            _coerce(value, sub)
+            continue
+        if not isinstance(value, str):
+            continue
+        types = sub.get("type", [])
+        types = [types] if isinstance(types, str) else types
+        text = value.strip()
+        if "integer" in types and _INT.fullmatch(text):
+            node[key] = int(text)
+        elif "number" in types:
+            try:
+                number = float(text)
+            except ValueError:
+                continue
+            if math.isfinite(number):
+                node[key] = int(text) if _INT.fullmatch(text) else number
+        elif "boolean" in types and text.lower() in ("true", "false"):
+            node[key] = text.lower() == "true"
+
+
+def _leaves(node: Any, path: str = ""):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _leaves(value, f"{path}.{key}" if path else str(key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _leaves(value, f"{path}[{i}]")
+    else:
+        yield path, node
+
+
+def _non_finite(cfg: dict) -> list[str]:
+    """NaN and infinity pass a JSON schema's `number` and train nothing (a NaN beta zeroes every update)."""
+    return [f"key '{path}': must be a finite number, got {value}"
+            for path, value in _leaves(cfg) if isinstance(value, float) and not math.isfinite(value)]
+
+
+_SECRET_PARAM = re.compile(r"key|token|secret|password|passwd|auth|signature|credential", re.IGNORECASE)
+
+
+def _credentials(cfg: dict) -> list[str]:
+    """A URL that carries a password or a key ends up in params.yaml, dvc.lock, logs, the results and
+    the command line: refuse it, and say where a secret belongs. The message never repeats it."""
+    problems = []
+    for path, value in _leaves(cfg):
+        if not isinstance(value, str) or "://" not in value:
+            continue
+        try:
+            url = urlsplit(value.strip())
+        except ValueError:
+            continue
+        secret_params = [k for k, _ in parse_qsl(url.query, keep_blank_values=True) if _SECRET_PARAM.search(k)]
+        if url.password is None and not secret_params:
+            continue
+        what = "a password (user:password@)" if url.password is not None else f"a secret query parameter ({', '.join(secret_params)})"
+        host = url.hostname or "?"
+        where = ("put the API key in an environment variable and name it in evaluate.llm_judge.api_key_env"
+                 if path.startswith("evaluate.llm_judge") else
+                 "MLflow reads MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) "
+                 "from the environment" if path.startswith("tracking") else
+                 "pass secrets through environment variables")
+        problems.append(f"key '{path}': the URL for {url.scheme}://{host} carries {what}, which would be written "
+                        f"to params.yaml, dvc.lock, logs and command lines; remove it and {where}")
+    return problems
 
 
 GROUP_ESTIMATORS = ("rloo", "grpo", "grpo_std")
@@ -134,7 +224,8 @@ def load_config(
     return validate(cfg, source)
 
 
-def _read_yaml(path: str | Path) -> dict:
+def _read_yaml(path: str | Path, seen: tuple[Path, ...] = ()) -> dict:
+    """A config file; an overlay that names its `base` (a path relative to itself) is read on top of it."""
     try:
         cfg = yaml.safe_load(Path(path).read_text()) or {}
     except FileNotFoundError:
@@ -143,7 +234,30 @@ def _read_yaml(path: str | Path) -> dict:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(cfg, dict):
         raise ConfigError(f"{path}: the top level must be a mapping, got {type(cfg).__name__}")
-    return cfg
+    base = cfg.pop("base", None)
+    if base is None:
+        return cfg
+    if not isinstance(base, str):
+        raise ConfigError(f"{path}: key 'base' must be a path to the config this file overlays")
+    base_path = (Path(path).parent / base).resolve()
+    if base_path in seen:
+        raise ConfigError(f"{path}: key 'base': {base} is already being read (a cycle of bases)")
+    return deep_merge(_read_yaml(base_path, (*seen, base_path)), cfg)
+
+
+def declares_base(path: str | Path) -> bool:
+    """Whether a config file names the config it overlays (`base:`)."""
+    try:
+        cfg = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return False
+    return isinstance(cfg, dict) and "base" in cfg
+
+
+def changed_keys(a: dict, b: dict) -> list[str]:
+    """Dotted keys whose values differ between two configs."""
+    left, right = dict(_leaves(a)), dict(_leaves(b))
+    return sorted(k for k in left.keys() | right.keys() if left.get(k) != right.get(k))
 
 
 def config_hash(cfg: dict[str, Any], sections: list[str] | None = None) -> str:

@@ -5,6 +5,8 @@ committed to the DVC cache after a run, and a pulled run that Snakemake sees as 
     rloo dvc commit  [--configfile F ...]                 commit the stages Snakemake considers up to date
     rloo dvc pull    [--configfile F ...] [-r REMOTE]     `dvc pull`, then `restore`
     rloo dvc restore [--configfile F ...]                 after `dvc pull` / `dvc checkout` / `dvc repro`
+    rloo dvc checkout [--configfile F ...]                the last committed outputs back (e.g. after a
+                                                          failed rerun deleted them), then `restore`
 
 (`python -m rloo.dvc ...` is the same.) `--configfile` takes the files given to `snakemake --configfile`.
 
@@ -295,7 +297,7 @@ def _set_value(value: Any) -> str:
     return json.dumps(value)
 
 
-_REDIRECTS = {">", ">>", "2>", "&>", "1>"}
+_REDIRECTS = {">", ">>", "2>", "2>>", "&>", "1>"}
 _UNSUPPORTED = {"|", "||", ";", "&", "<", "|&"}
 
 
@@ -655,7 +657,9 @@ def _forget_snakemake_records(root: Path, configfiles: list[str], outs: list[str
     if configfiles:
         cmd += ["--configfile", *configfiles]
     res = subprocess.run(cmd, cwd=root, text=True, capture_output=True)
-    if res.returncode != 0:
+    # Snakemake cleans every path it has records of and then names those it had none of (e.g. outputs a
+    # failed rerun deleted, on a clone): nothing to forget there.
+    if res.returncode != 0 and "because the metadata was not present" not in res.stderr:
         raise DvcError(f"snakemake --cleanup-metadata failed:\n{res.stderr[-3000:]}")
 
 
@@ -757,6 +761,8 @@ def main(argv: list[str] | None = None) -> int:
 
     sub.add_parser("restore", parents=[configfile],
                    help="after dvc pull/checkout/repro: writable files, mtimes in DAG order, outdated stages rerun")
+    sub.add_parser("checkout", parents=[configfile],
+                   help="put back the outputs of the last committed run (dvc.lock) from the DVC cache, then restore")
 
     args = parser.parse_args(argv)
     root = Path.cwd()
@@ -789,6 +795,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "pull":
             extra = [*(["-r", args.remote] if args.remote else []), *(["-j", args.jobs] if args.jobs else [])]
             dvc(root, "pull", *extra, capture=False)
+        if args.command == "checkout":
+            # Snakemake deletes a job's previous outputs before it runs and after it fails; the committed
+            # ones are still in the cache, as dvc.lock names them.
+            dvc(root, "checkout", "--force", capture=False)
         result = restore(root, args.configfile)
         log(f"up to date: {len(result['current'])} stage(s)"
             + (f"; outdated, Snakemake will rerun them: {', '.join(result['outdated'])}" if result["outdated"] else "")

@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from rloo.errors import InputError
+
 
 def _tmp_sibling(path: Path, is_dir: bool = False) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -69,19 +71,32 @@ def write_jsonl_atomic(path: str | os.PathLike, rows: list[dict]) -> None:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
-def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
-    """Yield (line number, record); a malformed line raises ValueError naming file and line."""
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
+def jsonl_lines(path: str | os.PathLike) -> Iterator[tuple[int, str | None, str | None]]:
+    """(line number, text, None) for each non-blank line, or (line number, None, why) for a line that
+    is not UTF-8 text: a bad byte names its line, and a reader that skips bad records can skip it."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
             try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
-            if not isinstance(rec, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
-            yield lineno, rec
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                yield lineno, None, f"{path}:{lineno}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1})"
+                continue
+            if line.strip():
+                yield lineno, line, None
+
+
+def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
+    """Yield (line number, record); a malformed line raises InputError naming file and line."""
+    for lineno, line, bad in jsonl_lines(path):
+        if bad:
+            raise InputError(bad)
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
+        if not isinstance(rec, dict):
+            raise InputError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
+        yield lineno, rec
 
 
 def sha256_file(path: str | os.PathLike) -> str:

@@ -15,6 +15,7 @@ from typing import Protocol
 
 import torch
 
+from rloo.errors import UserError
 from rloo.verifier import is_correct
 
 log = logging.getLogger("rloo.judges")
@@ -65,35 +66,69 @@ def parse_verdict(text: str | None) -> Verdict:
     return "tie" if v.lower() == "tie" else v.upper()
 
 
+class JudgeUnavailable(UserError):
+    """The LLM judge does not answer, or fails more often than the config allows."""
+
+
 class LLMJudge:
-    """A model behind an OpenAI-compatible endpoint; the API key comes only from the environment."""
+    """A model behind an OpenAI-compatible endpoint; the API key comes only from the environment.
+
+    Each call is retried by the client (`max_retries`); a call that still fails is an invalid verdict,
+    never a loss. When the first `FAIL_FAST` calls all fail the judge is taken to be down, and the stage
+    stops with one line instead of writing a win rate of nothing.
+    """
 
     name = "llm"
+    FAIL_FAST = 8
 
-    def __init__(self, base_url: str, model: str, api_key_env: str, timeout_s: float, max_retries: int) -> None:
+    def __init__(self, base_url: str, model: str, api_key_env: str, timeout_s: float, max_retries: int,
+                 max_failed_share: float = 1.0) -> None:
         from openai import OpenAI  # optional dependency: pip install 'rloo[judge]'
 
         # The key is read here and handed to the client only: it is never logged or stored.
         self.client = OpenAI(base_url=base_url, api_key=os.environ.get(api_key_env) or "EMPTY",
                              timeout=timeout_s, max_retries=max_retries)
         self.model = model
+        self.max_retries = max_retries
+        self.max_failed_share = max_failed_share
         self.description = {"type": "llm", "base_url": base_url, "model": model}
+        self.calls = 0
+        self.failed = 0
+        self.last_error = ""
 
     def judge(self, question: str, gold: str, answer_a: str, answer_b: str) -> Verdict:
+        self.calls += 1
         try:
             resp = self.client.chat.completions.create(
                 model=self.model, temperature=0.0, max_tokens=8,
                 messages=[{"role": "user", "content": JUDGE_PROMPT.format(question=question, a=answer_a, b=answer_b)}],
             )
         except Exception as e:  # a failed call is an invalid verdict, never a loss
-            log.warning("judge call failed: %s", type(e).__name__)
+            self.failed += 1
+            self.last_error = type(e).__name__
+            log.warning("judge call failed: %s", self.last_error)
+            if self.failed == self.calls == self.FAIL_FAST and self.max_failed_share < 1:
+                raise JudgeUnavailable(
+                    f"the LLM judge at {self.description['base_url']} did not answer: the first {self.calls} calls "
+                    f"failed ({self.last_error}, {self.max_retries} retries each); start it, or set "
+                    "evaluate.judge: verifier") from None
             return None
         return parse_verdict(resp.choices[0].message.content)
+
+    def check(self) -> dict:
+        """The calls' record for the results; raise when more failed than `max_failed_share` allows."""
+        share = self.failed / self.calls if self.calls else 0.0
+        if share > self.max_failed_share:
+            raise JudgeUnavailable(
+                f"{self.failed} of {self.calls} LLM-judge calls to {self.description['base_url']} failed "
+                f"({share:.1%}, last: {self.last_error}), more than evaluate.llm_judge.max_failed_share="
+                f"{self.max_failed_share}")
+        return {"calls": self.calls, "failed_calls": self.failed, "failed_share": share}
 
     @classmethod
     def from_config(cls, cfg: dict) -> LLMJudge:
         j = cfg["evaluate"]["llm_judge"]
-        return cls(j["base_url"], j["model"], j["api_key_env"], j["timeout_s"], j["max_retries"])
+        return cls(j["base_url"], j["model"], j["api_key_env"], j["timeout_s"], j["max_retries"], j["max_failed_share"])
 
 
 def build_judge(cfg: dict) -> PairwiseJudge:

@@ -22,6 +22,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from rloo.errors import InputError
 from rloo.runtime import resolve_device
 
 EOS = "<|endoftext|>"
@@ -57,7 +58,7 @@ def build_tiny_model(
 ) -> PreTrainedModel:
     """A small Llama-family causal LM from a config; head_dim stays ≥ 32 so vLLM's CPU kernels can serve it."""
     if tiny["hidden_size"] % tiny["num_heads"]:
-        raise ValueError("model.tiny.hidden_size must be divisible by model.tiny.num_heads")
+        raise InputError("model.tiny.hidden_size must be divisible by model.tiny.num_heads")
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=tiny["hidden_size"],

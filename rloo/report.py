@@ -21,6 +21,20 @@ def rloo_lines(metrics: dict) -> list[str]:
     return lines
 
 
+def prepare_lines(manifest: dict) -> list[str]:
+    """The data manifest: what was written, and every bad record that was skipped."""
+    counts = manifest["counts"]
+    lines = [f"prepare: {counts['train']} train / {counts.get('val', 0)} validation / {counts['test']} test "
+             f"problems from {manifest['source']}"]
+    skipped = manifest.get("skipped") or {}
+    if total := sum(skipped.values()):
+        reasons = manifest.get("skip_reasons") or []
+        lines.append(f"!! prepare: skipped {total} bad records (data.on_bad_record: skip; "
+                     + ", ".join(f"{k} {v}" for k, v in skipped.items() if v) + ")"
+                     + (f"; first: {reasons[0]}" if reasons else ""))
+    return lines
+
+
 def evaluate_lines(result: dict) -> list[str]:
     """An evaluation result: each policy's held-out accuracy, proxy score and alarms; the win rates."""
     sft = result["policies"]["sft"]
@@ -46,6 +60,7 @@ def evaluate_lines(result: dict) -> list[str]:
 def main(paths: list[str]) -> int:
     for path in paths:
         data = json.loads(Path(path).read_text())
-        lines = evaluate_lines(data) if "policies" in data else rloo_lines(data)
+        lines = (evaluate_lines(data) if "policies" in data else prepare_lines(data) if "counts" in data
+                 else rloo_lines(data))
         print("\n".join(lines), file=sys.stderr if any(x.startswith("!!") for x in lines) else sys.stdout)
     return 0

@@ -6,9 +6,14 @@ import contextlib
 import logging
 import os
 import random
+import sys
+import time
 
 import numpy as np
 import torch
+from tqdm import tqdm
+
+from rloo.errors import UnavailableError
 
 log = logging.getLogger("rloo")
 
@@ -40,7 +45,7 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("model.device is 'cuda' but torch sees no GPU (CUDA_VISIBLE_DEVICES, driver, CPU-only torch?)")
+        raise UnavailableError("model.device is 'cuda' but torch sees no GPU (CUDA_VISIBLE_DEVICES, driver, CPU-only torch?)")
     return torch.device(name)
 
 
@@ -59,33 +64,44 @@ def step_generator(seed: int, step: int, stream: int = 0) -> torch.Generator:
 
 
 class Preempted(SystemExit):
-    """Raised after a checkpoint was written because the job received SIGTERM (exit status 143)."""
+    """Raised after a checkpoint was written because the job was asked to stop: exit status 143 for
+    SIGTERM (Slurm's warning before a kill or requeue), 130 for SIGINT (Ctrl-C)."""
 
-    def __init__(self, step: int):
-        super().__init__(143)
+    def __init__(self, step: int, code: int = 143):
+        super().__init__(code)
         self.step = step
 
 
 class StopFlag:
-    """Turns SIGTERM (Slurm's warning before a kill or requeue) into a flag the training loop polls."""
+    """Turns SIGTERM and SIGINT into a flag the training loop polls: it checkpoints after the current
+    step and exits. A second Ctrl-C stops at once (KeyboardInterrupt), without that checkpoint."""
 
     def __init__(self) -> None:
         self.requested = False
+        self.exit_code = 143
 
     def __enter__(self) -> StopFlag:
         import signal
 
-        self._previous = signal.signal(signal.SIGTERM, self._handle)
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)}
         return self
 
     def _handle(self, signum, frame) -> None:
-        log.warning("SIGTERM received: will checkpoint and exit after the current step")
+        import signal
+
+        if signum == signal.SIGINT and self.requested:
+            raise KeyboardInterrupt
+        name = signal.Signals(signum).name
+        log.warning("%s received: will checkpoint and exit after the current step%s", name,
+                    " (Ctrl-C again to stop now, without it)" if signum == signal.SIGINT else "")
         self.requested = True
+        self.exit_code = 128 + signum
 
     def __exit__(self, *exc) -> None:
         import signal
 
-        signal.signal(signal.SIGTERM, self._previous)
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
 
 def run_fingerprint(
@@ -116,3 +132,46 @@ def run_fingerprint(
             st = weights.stat()
             h.update(f"{weights.name}:{st.st_size}".encode())
     return h.hexdigest()[:16]
+
+
+ECHO_EVERY_S = 30.0
+
+
+def _echo_progress() -> bool:
+    """A Snakemake job in a terminal: stderr (the progress bar) goes to the job's log, stdout to the
+    terminal. Then a plain line every ECHO_EVERY_S seconds keeps the terminal from going silent."""
+    try:
+        return sys.stdout.isatty() and not sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+class Progress(tqdm):
+    """tqdm on stderr, plus, where stderr is a log file and stdout a terminal, a line on stdout every
+    ECHO_EVERY_S seconds and at the end: `sft: 400/1600 steps (25%), 1.9 min, loss=0.412`."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._echo = _echo_progress()
+        self._t0 = self._last = time.monotonic()
+
+    def update(self, n: float = 1):
+        shown = super().update(n)
+        self._maybe_echo(self.n)
+        return shown
+
+    def __iter__(self):
+        done = self.n
+        for item in super().__iter__():
+            yield item
+            done += 1
+            self._maybe_echo(done)
+
+    def _maybe_echo(self, done: float) -> None:
+        now = time.monotonic()
+        if self._echo and (now - self._last >= ECHO_EVERY_S or (self.total and done >= self.total)):
+            self._last = now
+            share = f" ({done / self.total:.0%})" if self.total else ""
+            post = f", {self.postfix}" if self.postfix else ""
+            print(f"{self.desc}: {done:.0f}/{self.total or '?'} {self.unit}s{share}, {(now - self._t0) / 60:.1f} min{post}",
+                  file=sys.stdout, flush=True)

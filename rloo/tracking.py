@@ -577,6 +577,16 @@ def log_metrics(metrics: dict[str, Any], step: int | None = None) -> None:
     _active.log_metrics(metrics, step)
 
 
+def replay_history(records: list[dict], resumed_from: int) -> None:
+    """A resumed stage's run gets the metrics of the steps before its checkpoint (kept in the checkpoint),
+    so that one run holds the whole history; tagged with the step it resumed from."""
+    if _active is None:
+        return
+    _active.set_tags({"rloo.resumed_from_step": str(resumed_from)})
+    for rec in records:
+        _active.log_metrics(rec, rec.get("step"))
+
+
 def _redirected_log() -> Path | None:
     """The file this process's stderr (else stdout) is redirected to: Snakemake's `> {log} 2>&1`."""
     for fd in (2, 1):

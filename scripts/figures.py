@@ -1,4 +1,4 @@
-"""The figures quoted in README.md and BENCHMARKS.md, rendered from the result files in docs/figures/.
+"""The figures quoted in README.md, BENCHMARKS.md and docs/*.md, rendered from the result files in docs/figures/.
 
 Each table in those pages sits between `<!-- figures:NAME -->` and `<!-- /figures:NAME -->` and is
 written by this script from the files it names, never by hand:
@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ROOT / "docs" / "figures"
-PAGES = [ROOT / "README.md", ROOT / "BENCHMARKS.md"]
+PAGES = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def _load(name: str) -> dict:
@@ -121,7 +121,51 @@ def trl_table() -> str:
     return "\n".join([*rows, "", "Ratio (ours / TRL samples/s, same precision): " + ", ".join(ratios) + "."])
 
 
+def validation_curves_table() -> str:
+    """The default chain's validation evaluations during RLOO (step 0 is the SFT policy), per seed."""
+    runs = {f.stem: json.loads(f.read_text()) for f in sorted(FIGURES.glob("pipeline_seed*.json"))}
+    steps = sorted({e["step"] for run in runs.values() for e in run["results"]["training"]["rloo"]["evals"]})
+    rows = ["| run | " + " | ".join(f"step {s}" for s in steps) + " | selected | test sampled, SFT → RLOO |",
+            "| --- |" + " --- |" * (len(steps) + 2)]
+    for name, run in runs.items():
+        res = run["results"]
+        evals = {e["step"]: e["eval/accuracy_sampled"] for e in res["training"]["rloo"]["evals"]}
+        sft, rl = res["policies"]["sft"]["accuracy_sampled"], res["policies"]["rloo"]["accuracy_sampled"]
+        rows.append(f"| [{name}](figures/{name}.json) | " + " | ".join(f"{evals[s]:.3f}" if s in evals else "" for s in steps)
+                    + f" | {res['training']['rloo']['selected_step']} | {sft:.3f} → {rl:.3f} ({_pp(rl - sft)}) |")
+    return "\n".join(rows)
+
+
+def reward_ceiling_table() -> str:
+    """Held-out pairwise accuracy of the reward model and of scorers that use only the SFT network."""
+    data = _load("reward_ceiling.json")
+    rows = ["| scorer | held-out pairwise accuracy |", "| --- | --- |"]
+    for name, acc in data["held_out_pairwise_accuracy"].items():
+        rows.append(f"| {name} | {acc:.3f} |")
+    rows += ["", f"{data['held_out_pairs']} held-out pairs on {data['held_out_prompts']} prompts ({data['pairs']} pairs "
+             f"from {data['samples']} samples of {data['reward_prompts']} prompts; {data['sample_accuracy']:.0%} of the "
+             "samples correct)."]
+    return "\n".join(rows)
+
+
+def rollout_backends_table() -> str:
+    data = _load("rollout_backends.json")
+    rows = ["| sampler | tokens/s | vs the HF loop |", "| --- | --- | --- |"]
+    hf = data["hf_tokens_per_s"]
+    for name, key in (("HF loop (`rollout/hf.py`, lean=False)", "hf_tokens_per_s"),
+                      ("lean decode loop (`rollout/decode.py`, the default)", "lean_tokens_per_s"),
+                      ("vLLM with log-probs", "vllm_tokens_per_s"), ("vLLM without log-probs", "vllm_no_logprobs_tokens_per_s")):
+        rows.append(f"| {name} | {data[key]:.0f} | {data[key] / hf:.2f}× |")
+    rows += ["", f"{data['sequences']} sequences, up to {data['max_new_tokens']} new tokens at T = 1, "
+             f"{data['threads']} threads, {data['policy']} ({data['parameters']:,} parameters); vLLM engine start "
+             f"{data['vllm_engine_start_s']:.1f} s, weight sync {1000 * data['vllm_sync_weights_s']:.1f} ms."]
+    return "\n".join(rows)
+
+
 TABLES = {
+    "validation-curves": validation_curves_table,
+    "reward-ceiling": reward_ceiling_table,
+    "rollout-backends": rollout_backends_table,
     "pipeline": pipeline_table,
     "stage-times": stage_times_table,
     "reward-model-chain": reward_model_chain_table,
@@ -171,7 +215,7 @@ def main() -> int:
         text = page.read_text()
         new = render(text)
         if new != text:
-            stale.append(page.name)
+            stale.append(str(page.relative_to(ROOT)))
             if not a.check:
                 page.write_text(new)
     if a.check and stale:

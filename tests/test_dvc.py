@@ -206,6 +206,28 @@ def test_changed_parameter_on_a_clone_reruns_its_stage(clone):
 
 
 @pytest.mark.slow
+def test_outputs_deleted_by_a_failed_rerun_come_back_in_one_command(clone):
+    """Snakemake removes a job's previous outputs when it reruns it and the job fails; the committed
+    outputs are in the DVC cache, and `rloo dvc checkout` puts them back (and Snakemake agrees)."""
+    kept = ("data/gsm8k/train.jsonl", "data/gsm8k/manifest.json", RLOO)
+    before = {f: (clone / f).read_bytes() for f in kept}
+    (clone / "bad.jsonl").write_text("not json\n")
+    change = "data: {source: jsonl, train_file: bad.jsonl, test_file: bad.jsonl}\n"
+    try:
+        (clone / "config" / "extra.yaml").write_text(change)
+        res = snakemake(clone, "data/gsm8k/manifest.json", "--cores", "1", *CONFIGFILES, "config/extra.yaml",
+                        check=False)
+        assert res.returncode != 0
+        assert not (clone / "data/gsm8k/train.jsonl").exists()  # what the failed rerun took away
+    finally:
+        (clone / "config" / "extra.yaml").unlink(missing_ok=True)
+        (clone / "bad.jsonl").unlink(missing_ok=True)
+    run(clone, "rloo", "dvc", "checkout", "--configfile", *CONFIG)
+    assert {f: (clone / f).read_bytes() for f in kept} == before
+    assert planned(clone, RLOO) == {}
+
+
+@pytest.mark.slow
 def test_dvc_repro_runs_the_same_stage(origin):
     repo = origin["repo"]
     change = "evaluate: {examples: 8}\n"

@@ -1,7 +1,8 @@
-"""Every table of README.md and BENCHMARKS.md is rendered from a committed results file
+"""Every table of README.md, BENCHMARKS.md and docs/*.md is rendered from a committed results file
 (docs/figures/*.json, by scripts/figures.py): a table edited by hand, or a file changed without
 re-rendering, fails here."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -17,9 +18,11 @@ def test_tables_match_their_result_files():
 def test_every_table_names_a_file_that_exists():
     import re
 
-    for page in ("README.md", "BENCHMARKS.md"):
+    for page in ("README.md", "BENCHMARKS.md", "docs/tuning.md"):
         text = (ROOT / page).read_text()
         blocks = re.findall(r"<!-- figures:([\w-]+) -->", text)
         assert blocks, page
-        for link in re.findall(r"\]\((docs/figures/[\w.-]+)\)", text):
-            assert (ROOT / link).is_file(), link
+        for link in re.findall(r"\]\(((?:docs/)?figures/[\w.-]+)\)", text):
+            assert ((ROOT / page).parent / link).is_file(), (page, link)
+    for f in (ROOT / "docs" / "figures").glob("*.json"):  # each file says how it was made
+        assert json.loads(f.read_text()).get("command"), f

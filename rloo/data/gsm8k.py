@@ -6,10 +6,12 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rloo.errors import UserError
+from rloo.io import jsonl_lines
 from rloo.verifier import extract_answer
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """A record that is not valid GSM8K format; the message names the file and line."""
 
 
@@ -49,24 +51,23 @@ def _collect(records, on_bad: str, report: LoadReport) -> list[dict]:
 
 def _jsonl_records(path: str, on_bad: str, report: LoadReport):
     """(file:line, record) pairs; a malformed line raises, or with on_bad=skip is counted and dropped."""
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                rec = json.loads(line)
-                if not isinstance(rec, dict):
-                    raise DataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
-            except (json.JSONDecodeError, DataError) as e:
-                msg = str(e) if isinstance(e, DataError) else f"{where}: malformed JSON ({e.msg})"
-                if on_bad == "error":
-                    raise DataError(msg) from None
-                report.skipped += 1
-                if len(report.reasons) < 20:
-                    report.reasons.append(msg)
-                continue
-            yield where, rec
+    for lineno, line, bad in jsonl_lines(path):
+        where = f"{path}:{lineno}"
+        try:
+            if bad:
+                raise DataError(bad)
+            rec = json.loads(line)
+            if not isinstance(rec, dict):
+                raise DataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+        except (json.JSONDecodeError, DataError) as e:
+            msg = str(e) if isinstance(e, DataError) else f"{where}: malformed JSON ({e.msg})"
+            if on_bad == "error":
+                raise DataError(msg) from None
+            report.skipped += 1
+            if len(report.reasons) < 20:
+                report.reasons.append(msg)
+            continue
+        yield where, rec
 
 
 def load_jsonl_split(path: str, on_bad: str = "error") -> tuple[list[dict], LoadReport]:
@@ -79,6 +80,9 @@ def load_jsonl_split(path: str, on_bad: str = "error") -> tuple[list[dict], Load
         raise DataError(f"{path}: file not found")
     report = LoadReport()
     records = _collect(_jsonl_records(path, on_bad, report), on_bad, report)
+    if not records:
+        why = f"all {report.skipped} records are invalid ({report.reasons[0]})" if report.skipped else "the file holds no records"
+        raise DataError(f"{path}: no usable GSM8K records: {why}")
     if report.skipped == 0:
         import datasets
 

@@ -11,6 +11,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from rloo.errors import InputError
+
 NAMES = [
     "Ava",
     "Ben",
@@ -164,7 +166,7 @@ def generate(
     its step count. The validation problems are drawn after the others, so train and test do not depend
     on `n_val`."""
     if not step_weights or sum(step_weights) <= 0:
-        raise ValueError("data.synthetic.step_weights must contain a positive weight")
+        raise InputError("data.synthetic.step_weights must contain a positive weight")
     rng = random.Random(seed)
     wanted = n_train + n_test + n_val
     seen: set[str] = set()
@@ -173,7 +175,7 @@ def generate(
     while len(problems) < wanted:
         attempts += 1
         if attempts > 50 * wanted + 1000:
-            raise ValueError(
+            raise InputError(
                 f"could only generate {len(problems)} distinct problems out of {wanted}; "
                 "raise data.synthetic.max_number or lower n_train/n_test/data.val_examples"
             )

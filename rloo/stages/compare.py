@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rloo.errors import InputError
 from rloo.io import atomic_path, write_json_atomic
 
 # Per-policy metrics copied from the evaluation report, and training summary fields from metrics.json.
@@ -28,13 +29,13 @@ def _policy_name(name: str, result: dict) -> str:
         return name
     if len(policies) == 1:
         return policies[0]
-    raise ValueError(f"{name}: expected one trained policy in the result, found {policies or 'none'}")
+    raise InputError(f"{name}: expected one trained policy in the result, found {policies or 'none'}")
 
 
 def compare(results: dict[str, dict]) -> dict[str, Any]:
     """The comparison table of `results` ({estimator: evaluation result})."""
     if not results:
-        raise ValueError("compare: no result files given")
+        raise InputError("compare: no result files given")
     rows: dict[str, dict] = {}
     for name, res in results.items():
         policy = _policy_name(name, res)

@@ -26,13 +26,14 @@ from rloo.judges import build_judge, win_rate
 from rloo.losses import sequence_kl
 from rloo.rewards import score_texts
 from rloo.rollout import generate
-from rloo.runtime import autocast, setup, step_generator
+from rloo.runtime import Progress, autocast, setup, step_generator
 
 log = logging.getLogger("rloo.evaluate")
 
 
 @torch.no_grad()
-def decode(cfg: dict, policy, reference, tok, ids: list[list[int]], greedy: bool, draws: int = 1) -> list[dict]:
+def decode(cfg: dict, policy, reference, tok, ids: list[list[int]], greedy: bool, draws: int = 1,
+           label: str = "policy") -> list[dict]:
     """Completions of `ids`: greedy (one), or `draws` independent samples per prompt at T = 1, with
     their lengths and, for samples, their sequence KL to the reference. One dict per draw.
 
@@ -44,7 +45,8 @@ def decode(cfg: dict, policy, reference, tok, ids: list[list[int]], greedy: bool
     draws = 1 if greedy else draws
     out = [{"texts": [], "lengths": [], "kl": []} for _ in range(draws)]
     per_call = max(1, e["batch_size"] // draws)
-    for s in range(0, len(ids), per_call):
+    what = "greedy" if greedy else f"{draws} draws"
+    for s in Progress(range(0, len(ids), per_call), desc=f"evaluate: {label}, {what}", unit="batch"):
         rows = [p for p in ids[s : s + per_call] for _ in range(draws)]
         with autocast(m["autocast"], device):
             ro = generate(policy, rows, max_new_tokens=e["max_new_tokens"], eos_id=tok.eos_token_id,
@@ -76,8 +78,8 @@ def policy_report(
     prompts = [format_prompt(r["question"], cfg["prompt"]["template"]) for r in rows]
     golds = [r["answer"] for r in rows]
     ids = [tok(p)["input_ids"] for p in prompts]
-    greedy = decode(cfg, policy, reference, tok, ids, greedy=True)[0]
-    draws = decode(cfg, policy, reference, tok, ids, greedy=False, draws=e["samples_per_prompt"])
+    greedy = decode(cfg, policy, reference, tok, ids, greedy=True, label=policy_dir.name)[0]
+    draws = decode(cfg, policy, reference, tok, ids, greedy=False, draws=e["samples_per_prompt"], label=policy_dir.name)
     per_draw = [accuracy(d["texts"], golds, "strict") for d in draws]
     report = {
         "accuracy": accuracy(greedy["texts"], golds, "strict"),
@@ -121,6 +123,8 @@ def run(cfg: dict, data_dir: str | Path, sft_dir: str | Path, policies: dict[str
     mode = e["win_rate_decoding"]
     wins = {name: win_rate(judge, questions, golds, texts[name][mode], texts["sft"][mode]).as_dict()
             for name in policies}
+    # An LLM judge that failed more often than allowed stops the stage here, before any output is written.
+    calls = judge.check() if hasattr(judge, "check") else {}
     training = {name: _read_json(Path(folder) / "metrics.json") for name, folder in policies.items()}
     for name, metrics in training.items():
         if metrics:  # the checkpoint the stage wrote, and the alarms that fired while training it
@@ -133,7 +137,7 @@ def run(cfg: dict, data_dir: str | Path, sft_dir: str | Path, policies: dict[str
         "policies": reports,
         "win_rate": wins[next(iter(policies))] if len(policies) == 1 else wins,
         "win_rates": wins,
-        "judge": {**getattr(judge, "description", {"type": judge.name}), "decoding": mode},
+        "judge": {**getattr(judge, "description", {"type": judge.name}), "decoding": mode, **calls},
         "judges": judge_independence(judge.name, sources, reward is not None),
         "examples": len(rows),
         "config_hash": config_hash(cfg),

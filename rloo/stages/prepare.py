@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rloo.config import config_hash
 from rloo.data import gsm8k, synthetic
+from rloo.errors import InputError
 from rloo.io import sha256_file, write_json_atomic, write_jsonl_atomic
 
 log = logging.getLogger("rloo.prepare")
@@ -44,7 +45,7 @@ def load_splits(cfg: dict) -> tuple[list[dict], list[dict], list[dict], dict]:
     else:
         for key in ("train_file", "test_file"):
             if not d[key]:
-                raise ValueError(f"data.{key} must be set when data.source is 'jsonl'")
+                raise InputError(f"data.{key} must be set when data.source is 'jsonl'")
         train, rep_tr = gsm8k.load_jsonl_split(d["train_file"], d["on_bad_record"])
         test, rep_te = gsm8k.load_jsonl_split(d["test_file"], d["on_bad_record"])
         info = {
@@ -65,7 +66,7 @@ def load_splits(cfg: dict) -> tuple[list[dict], list[dict], list[dict], dict]:
 def hold_out(rows: list[dict], n: int, seed: int) -> tuple[list[dict], list[dict]]:
     """(rest, n rows drawn at random): a validation split carved out of a train split."""
     if n >= len(rows):
-        raise ValueError(f"data.val_examples={n} leaves no training records (the train split has {len(rows)})")
+        raise InputError(f"data.val_examples={n} leaves no training records (the train split has {len(rows)})")
     picked = set(random.Random(seed).sample(range(len(rows)), n))
     return [r for i, r in enumerate(rows) if i not in picked], [r for i, r in enumerate(rows) if i in picked]
 
@@ -84,11 +85,11 @@ def run(cfg: dict, out_dir: str | Path) -> dict:
         test = test[: d["max_test"]]
     splits = dict(zip(SPLITS, (train, test, val), strict=True))
     if not all(splits.values()):
-        raise ValueError(f"data: empty split ({', '.join(f'{k}={len(v)}' for k, v in splits.items())})")
+        raise InputError(f"data: empty split ({', '.join(f'{k}={len(v)}' for k, v in splits.items())})")
     test_questions = {r["question"] for r in test}
     val_test = sum(r["question"] in test_questions for r in val)
     if val_test:  # selection on validation must never see a test problem
-        raise ValueError(f"data: {val_test} validation questions also occur in the test split")
+        raise InputError(f"data: {val_test} validation questions also occur in the test split")
     for name, rows in splits.items():
         write_jsonl_atomic(out / f"{name}.jsonl", rows)
     manifest = {

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from rloo import models, tracking
 from rloo.batching import left_pad, model_device, positions
 from rloo.data.gsm8k import format_completion, format_prompt
+from rloo.errors import InputError
 from rloo.io import atomic_dir, read_jsonl, write_json_atomic
 from rloo.losses import bradley_terry_loss
 from rloo.preferences import Pair, build_pairs, split_by_prompt
 from rloo.rollout import generate
-from rloo.runtime import autocast, setup, step_generator
+from rloo.runtime import Progress, autocast, setup, step_generator
 from rloo.verifier import is_correct
 
 log = logging.getLogger("rloo.reward")
@@ -36,7 +36,7 @@ def sample_pairs(cfg: dict, policy_dir: Path, train: list[dict]) -> tuple[list[P
     pairs: list[Pair] = []
     n_correct = n_samples = 0
     per_batch = max(1, 128 // k)
-    for start in tqdm(range(0, len(rows), per_batch), desc="reward: sampling", unit="batch"):
+    for start in Progress(range(0, len(rows), per_batch), desc="reward: sampling", unit="batch"):
         chunk = rows[start : start + per_batch]
         prompts = [format_prompt(r["question"], tmpl) for r in chunk]
         ids = [tok(p)["input_ids"] for p in prompts for _ in range(k)]
@@ -90,7 +90,7 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
     pairs, sample_info = sample_pairs(cfg, policy_dir, train)
     tr_pairs, val_pairs = split_by_prompt(pairs, rcfg["val_fraction"], cfg["seed"])
     if not tr_pairs:
-        raise ValueError("reward: no preference pairs could be built (every sample was correct, or none)")
+        raise InputError("reward: no preference pairs could be built (every sample was correct, or none)")
     t_pairs = time.perf_counter() - t0
 
     init = rcfg["init"] or policy_dir
@@ -101,7 +101,7 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
     rng = np.random.default_rng(cfg["seed"])
     history = []
     val_before = pairwise_accuracy(model, tok, val_pairs, mcfg["max_length"], mcfg["autocast"])
-    for step in tqdm(range(rcfg["steps"]), desc="reward: training", unit="step"):
+    for step in Progress(range(rcfg["steps"]), desc="reward: training", unit="step"):
         idx = rng.choice(len(tr_pairs), size=min(rcfg["batch_size"], len(tr_pairs)), replace=False)
         c, r = pair_scores(model, tok, [tr_pairs[i] for i in idx], mcfg["max_length"], mcfg["autocast"])
         loss = bradley_terry_loss(c, r)

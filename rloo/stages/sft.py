@@ -9,14 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from rloo import checkpoint, models, tracking
 from rloo.batching import model_device
 from rloo.data.gsm8k import format_completion, format_prompt
+from rloo.errors import InputError
 from rloo.evaluation import accuracy, complete
 from rloo.io import atomic_dir, read_jsonl, write_json_atomic
-from rloo.runtime import Preempted, StopFlag, autocast, run_fingerprint, setup, step_generator
+from rloo.runtime import Preempted, Progress, StopFlag, autocast, run_fingerprint, setup, step_generator
 from rloo.schedules import lr_multiplier
 
 log = logging.getLogger("rloo.sft")
@@ -131,8 +131,13 @@ def run(cfg: dict, data_dir: str | Path, out_dir: str | Path, work_dir: str | Pa
     model = models.load_causal_lm(init, **models.load_options(mcfg), trainable=True)
     device = model_device(model)
     examples, too_long = tokenize(train, tokenizer, cfg["prompt"]["template"], mcfg["max_length"])
+    if too_long / len(train) > scfg["max_dropped_share"]:
+        raise InputError(
+            f"{data_dir / 'train.jsonl'}: {too_long} of {len(train)} training examples "
+            f"({too_long / len(train):.0%}) are longer than model.max_length={mcfg['max_length']} tokens, more than "
+            f"sft.max_dropped_share={scfg['max_dropped_share']}; raise model.max_length (or that share)")
     if not examples:
-        raise ValueError(f"{data_dir / 'train.jsonl'}: no example fits model.max_length={mcfg['max_length']}")
+        raise InputError(f"{data_dir / 'train.jsonl'}: no example fits model.max_length={mcfg['max_length']}")
     if too_long:
         log.warning("dropped %d of %d training examples longer than model.max_length", too_long, len(train))
     lengths = np.array([len(e.ids) for e in examples])
@@ -149,11 +154,12 @@ def run(cfg: dict, data_dir: str | Path, out_dir: str | Path, work_dir: str | Pa
         start, extra = checkpoint.load(last, model, optimizer, scheduler, fingerprint)
         history = extra.get("history", [])
         log.info("resumed from %s (step %d)", last, start)
+        tracking.replay_history(history, start)
 
     t0 = time.perf_counter()
     tokens = 0
     model.train()
-    with StopFlag() as stop, tqdm(total=scfg["steps"], initial=start, desc="sft", unit="step") as bar:
+    with StopFlag() as stop, Progress(total=scfg["steps"], initial=start, desc="sft", unit="step") as bar:
         for step in range(start, scfg["steps"]):
             idx = batch_indices(lengths, step, batch_size, cfg["seed"])
             ids, mask, labels = (t.to(device) for t in collate([examples[i] for i in idx], tokenizer.pad_token_id))
@@ -182,7 +188,7 @@ def run(cfg: dict, data_dir: str | Path, out_dir: str | Path, work_dir: str | Pa
                 checkpoint.save(ckpt_dir, done, model, optimizer, scheduler, {"history": history},
                                 fingerprint=fingerprint)
                 if stop.requested:
-                    raise Preempted(done)
+                    raise Preempted(done, stop.exit_code)
     train_seconds = time.perf_counter() - t0
     model.eval()
     metrics = evaluate_policy(model, tokenizer, test, cfg, scfg["eval_examples"], scfg["eval_max_new_tokens"])

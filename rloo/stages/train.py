@@ -17,18 +17,18 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from rloo import alarms, checkpoint, models, report, tracking
 from rloo.batching import SeqBatch, completion_logprobs, completion_logprobs_and_entropy, join, model_device
 from rloo.data.gsm8k import format_prompt, solution_steps
+from rloo.errors import InputError, MissingInputError
 from rloo.estimators import MovingBaseline, compute_advantages
 from rloo.evaluation import accuracy, complete
 from rloo.io import atomic_dir, read_jsonl, write_json_atomic
 from rloo.losses import kl_loss_term, policy_loss, sequence_kl, shaped_reward
 from rloo.rewards import RewardSource, build_reward
 from rloo.rollout import Rollout, logprob_gap, make_rollout
-from rloo.runtime import Preempted, StopFlag, autocast, run_fingerprint, setup, step_generator
+from rloo.runtime import Preempted, Progress, StopFlag, autocast, run_fingerprint, setup, step_generator
 from rloo.schedules import lr_multiplier
 
 log = logging.getLogger("rloo.train")
@@ -57,7 +57,7 @@ def training_prompts(rows: list[dict], min_steps: int) -> list[dict]:
     if min_steps:
         log.info("rloo.min_solution_steps=%d keeps %d of %d training prompts", min_steps, len(kept), len(rows))
     if not kept:
-        raise ValueError(f"rloo.min_solution_steps={min_steps}: no training prompt has that many solution steps")
+        raise InputError(f"rloo.min_solution_steps={min_steps}: no training prompt has that many solution steps")
     return kept
 
 
@@ -76,9 +76,9 @@ class Trainer:
         self.cfg, self.rcfg, self.mcfg = cfg, cfg["rloo"], cfg["model"]
         r = self.rcfg
         if r["estimator"] in ("rloo", "grpo", "grpo_std") and r["k"] < 2:
-            raise ValueError(f"rloo.k={r['k']}: the {r['estimator']} estimator needs k >= 2 samples per prompt")
+            raise InputError(f"rloo.k={r['k']}: the {r['estimator']} estimator needs k >= 2 samples per prompt")
         if r["prompts_per_step"] > len(train):
-            raise ValueError(
+            raise InputError(
                 f"rloo.prompts_per_step={r['prompts_per_step']} exceeds the {len(train)} training prompts"
             )
         self.tokenizer = models.load_tokenizer(policy_dir, self.mcfg["trust_remote_code"])
@@ -112,7 +112,7 @@ class Trainer:
         ids = [self.tokenizer(format_prompt(r["question"], tmpl))["input_ids"] for r in rows]
         too_long = [i for i, p in enumerate(ids) if len(p) > limit]
         if too_long:
-            raise ValueError(
+            raise InputError(
                 f"{len(too_long)} training prompts (first: #{too_long[0]}) are longer than model.max_length - "
                 f"rloo.max_new_tokens = {limit} tokens; raise model.max_length or shorten the prompts"
             )
@@ -326,6 +326,7 @@ def run(
         trainer.evals = extra.get("evals", [])
         trainer.baseline = MovingBaseline(**extra["baseline"]) if extra.get("baseline") else trainer.baseline
         log.info("resumed from %s (step %d)", last, start)
+        tracking.replay_history([*trainer.history, *trainer.evals], start)
         trainer.rollout.sync_weights(trainer.policy)  # rollout backend (issue 8): engine holds policy_dir's weights
     else:
         shutil.rmtree(best_dir, ignore_errors=True)  # a best snapshot of another run
@@ -343,7 +344,7 @@ def run(
 
     t_start = time.perf_counter()
     stopped = None
-    with StopFlag() as stop, tqdm(total=r["steps"], initial=start, desc="rloo", unit="step") as bar:
+    with StopFlag() as stop, Progress(total=r["steps"], initial=start, desc="rloo", unit="step") as bar:
         if select.enabled and not trainer.evals:  # the starting policy is a candidate too
             tracking.log_metrics({k: v for k, v in evaluate(0).items() if k != "step"}, 0)
         for step in range(start, r["steps"]):
@@ -366,7 +367,7 @@ def run(
                                  "baseline": asdict(trainer.baseline)},
                                 keep=r["keep_checkpoints"], fingerprint=fingerprint)
                 if stop.requested:
-                    raise Preempted(done)
+                    raise Preempted(done, stop.exit_code)
     seconds = time.perf_counter() - t_start
     h = trainer.history
     trained = h[-1]["step"] + 1 if h else 0
@@ -407,7 +408,7 @@ def run(
 def read_split(data_dir: Path, name: str) -> list[dict]:
     path = data_dir / f"{name}.jsonl"
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no {name} split; run `rloo prepare` (this data folder predates it)")
+        raise MissingInputError(f"{path}: no {name} split; run `rloo prepare` (this data folder predates it)")
     return [row for _, row in read_jsonl(path)]
 
 

@@ -86,3 +86,11 @@ TORCH_THREADS = config["threads"] or 8
 
 def cpus(wildcards, threads):
     return threads
+
+
+def no_such_estimator(wildcards):
+    """The input of results/gsm8k_<name>.json for an unknown <name>: an error naming the valid estimators."""
+    raise ValueError(
+        f"{RESULTS}/gsm8k_{wildcards.name}.json: no estimator named '{wildcards.name}'; "
+        f"the targets are {RESULTS}/gsm8k_<estimator>.json with <estimator> one of {', '.join(ESTIMATORS)}"
+    )

@@ -40,5 +40,20 @@ rule evaluate:
     shell:
         "rloo evaluate --config-json {params.cfg:q} --set threads={threads} "
         "--data {params.data} --sft {input.sft} --policy {wildcards.estimator}={input.policy} "
-        "--reward-model {input.reward_model} --out {output.result} --plots {params.plots} > {log} 2>&1 && "
+        "--reward-model {input.reward_model} --out {output.result} --plots {params.plots} 2> {log} && "
         "rloo summary {output.result}"
+
+
+# A mistyped target (results/gsm8k_rlooo.json) names the valid estimators instead of "no rule".
+rule unknown_estimator:
+    input:
+        no_such_estimator,
+    output:
+        f"{RESULTS}/gsm8k_{{name}}.json",
+    wildcard_constraints:
+        name="(?!(" + "|".join(ESTIMATORS) + ")$)[^/]+",
+    log:
+        f"{LOGS}/unknown_estimator_{{name}}.log",
+    localrule: True
+    shell:
+        "false"

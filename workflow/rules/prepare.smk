@@ -22,4 +22,5 @@ rule prepare:
         mem_mb=4000,
         runtime=30,
     shell:
-        "rloo prepare --config-json {params.cfg:q} --out {params.out} > {log} 2>&1"
+        "rloo prepare --config-json {params.cfg:q} --out {params.out} > {log} 2>&1 && "
+        "rloo summary {output.manifest}"

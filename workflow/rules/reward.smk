@@ -22,4 +22,4 @@ rule reward:
         cpus_per_task=cpus,
     shell:
         "rloo reward --config-json {params.cfg:q} --set threads={threads} "
-        "--data {params.data} --policy {input.policy} --out {output.model} > {log} 2>&1"
+        "--data {params.data} --policy {input.policy} --out {output.model} 2> {log}"

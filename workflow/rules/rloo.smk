@@ -27,5 +27,5 @@ rule rloo:
         "python {params.guard} {params.work} {params.cfg:q} {input} > {log} 2>&1 && "
         "rloo train --config-json {params.cfg:q} --set threads={threads} "
         "--data {params.data} --policy {input.policy} {params.reward_model} "
-        "--out {output.model} --work {params.work} >> {log} 2>&1 && "
+        "--out {output.model} --work {params.work} 2>> {log} && "
         "rloo summary {output.model}/metrics.json"

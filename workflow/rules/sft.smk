@@ -25,4 +25,4 @@ rule sft:
     shell:
         "python {params.guard} {params.work} {params.cfg:q} {input} > {log} 2>&1 && "
         "rloo sft --config-json {params.cfg:q} --set threads={threads} "
-        "--data {params.data} --out {output.model} --work {params.work} >> {log} 2>&1"
+        "--data {params.data} --out {output.model} --work {params.work} 2>> {log}"

@@ -27,5 +27,5 @@ include: "workflow/rules/tracking.smk"
 rule all:
     default_target: True
     input:
-        f"{RESULTS}/gsm8k_{ESTIMATOR}.json",
-        f"{RESULTS}/toy_variance.json",
+        expand(OUT["evaluate"]["result"], estimator=ESTIMATOR),
+        OUT["toy"]["result"],

@@ -11,12 +11,10 @@ import sys
 import traceback
 from pathlib import Path
 
-from rloo import tracking
+from rloo import pipeline, tracking
 from rloo.config import ConfigError, changed_keys, declares_base, deep_merge, load_config, parse_set
 from rloo.errors import UserError
 
-# The stage names used by Snakemake, DVC and MLflow; the RLOO stage's CLI verb is `train`.
-STAGE_NAMES = {"train": "rloo"}
 DEFAULT_CONFIG = "config/config.yaml"
 
 
@@ -54,17 +52,8 @@ def _warn_without_base(paths: list[str], overrides: dict, cfg: dict) -> None:
               f"`base: config.yaml` to the file, or pass -c {DEFAULT_CONFIG} first.", file=sys.stderr)
 
 
-def _paths(cfg: dict) -> dict:
-    p = cfg["paths"]
-    return {
-        "data": p["data"],
-        "sft": f"{p['models']}/sft",
-        "reward": f"{p['models']}/reward",
-        "work": f"{p['results']}/work",
-    }
-
-
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """`rloo`'s command line: one sub-command per stage (pipeline.BY_VERB), plus the tools."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--config", "-c", action="append", default=[],
                         help="YAML config, repeatable: later files overlay earlier ones, as Snakemake's "
@@ -105,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", default=None)
     p.add_argument("--policy", default=None, help="SFT policy folder (default: paths.models/sft)")
     p.add_argument("--out", default=None, help="default: paths.models/reward")
+    p.add_argument("--work", default=None, help="checkpoints (default: results/work/reward)")
 
     p = sub.add_parser("evaluate", parents=[common], help="evaluate SFT and trained policies; write results JSON")
     p.add_argument("--data", default=None)
@@ -112,24 +102,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policy", action="append", default=[], metavar="NAME=FOLDER",
                    help="a trained policy to evaluate against SFT (repeatable)")
     p.add_argument("--reward-model", default=None, help="reward model for the proxy score")
-    p.add_argument("--out", default="results/gsm8k_rloo.json")
+    p.add_argument("--out", default=None, help="default: paths.results/gsm8k_<policy>.json (one policy) or <rloo.estimator>")
     p.add_argument("--plots", default=None, help="folder for PNG plots (default: next to --out)")
 
     p = sub.add_parser("toy", parents=[common], help="the article's toy variance experiment")
-    p.add_argument("--out", default="results/toy_variance.json")
-    p.add_argument("--plot", default="results/toy_variance.png")
+    p.add_argument("--out", default=None, help="default: paths.results/toy_variance.json")
+    p.add_argument("--plot", default=None, help="default: paths.results/toy_variance.png")
 
     p = sub.add_parser("compare", parents=[common], help="compare the evaluation results of several estimators")
     p.add_argument("--result", action="append", default=[], required=True, metavar="NAME=FILE",
                    help="an evaluation result (results/gsm8k_<estimator>.json) named by its estimator (repeatable)")
-    p.add_argument("--out", default="results/comparison.json")
-    p.add_argument("--plot", default="results/comparison.png")
+    p.add_argument("--out", default=None, help="default: paths.results/comparison.json")
+    p.add_argument("--plot", default=None, help="default: paths.results/comparison.png")
 
     sub.add_parser("validate-config", parents=[common], help="validate a config and print it resolved")
     sub.add_parser("dvc", add_help=False, help="DVC: dvc.yaml from the Snakemake DAG, commit, pull (rloo dvc -h)")
     p = sub.add_parser("summary", help="print what a finished stage reports (an rloo metrics.json or a results JSON)")
     p.add_argument("files", nargs="+")
 
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["dvc"]:
         # Imported by name, like the stages: rloo.provenance does not count it as a stage's code.
@@ -164,46 +159,40 @@ def _stderr_is_a_file() -> bool:
 
 
 def _run_stage(args: argparse.Namespace, cfg: dict) -> int:
-    paths = _paths(cfg)
-
     if args.stage == "validate-config":
         print(json.dumps(cfg, indent=2))
         return 0
     # Stages are imported by name: `rloo.provenance` then counts only the one that runs as its code.
     stage = importlib.import_module(f"rloo.stages.{args.stage}")
-    name = STAGE_NAMES.get(args.stage, args.stage)
-    if args.stage == "train":
-        name = f"rloo_{cfg['rloo']['estimator']}" if cfg["rloo"]["estimator"] != "rloo" else "rloo"
     # One MLflow run per stage (a child of the pipeline's run under Snakemake): rloo/tracking.py.
-    with tracking.stage_run(cfg, **tracking.cli_context(args, cfg, name)):
-        _dispatch(stage, args, cfg, paths)
+    with tracking.stage_run(cfg, **tracking.cli_context(args, cfg)):
+        _dispatch(stage, args, cfg, pipeline.cli_outputs(args, cfg))
     return 0
 
 
-def _dispatch(stage, args: argparse.Namespace, cfg: dict, paths: dict) -> None:
+def _dispatch(stage, args: argparse.Namespace, cfg: dict, out: dict[str, str]) -> None:
+    """Call the stage's `run` with the job's inputs (options, else the declared upstream outputs)."""
+    data = args.data if getattr(args, "data", None) else pipeline.folders(cfg)["data"]
+    sft = pipeline.outputs("sft", cfg)["model"]
+    work = getattr(args, "work", None) or (pipeline.work_dir(pipeline.BY_VERB[args.stage].name, cfg)
+                                           if pipeline.BY_VERB[args.stage].work else None)
     if args.stage == "prepare":
-        stage.run(cfg, args.out or paths["data"])
+        stage.run(cfg, out["data"])
     elif args.stage == "sft":
-        stage.run(cfg, args.data or paths["data"], args.out or paths["sft"], args.work or f"{paths['work']}/sft")
+        stage.run(cfg, data, out["model"], work)
     elif args.stage == "train":
-        name = f"rloo_{cfg['rloo']['estimator']}"
-        stage.run(
-            cfg, args.data or paths["data"], args.policy or paths["sft"],
-            args.out or f"{cfg['paths']['models']}/{name}", args.work or f"{paths['work']}/{name}",
-            args.reward_model or (paths["reward"] if cfg["reward"]["source"] == "model" else None),
-        )
+        reward_model = args.reward_model or (
+            pipeline.outputs("reward", cfg)["model"] if cfg["reward"]["source"] == "model" else None)
+        stage.run(cfg, data, args.policy or sft, out["model"], work, reward_model)
     elif args.stage == "reward":
-        stage.run(cfg, args.data or paths["data"], args.policy or paths["sft"], args.out or paths["reward"])
+        stage.run(cfg, data, args.policy or sft, out["model"], work)
     elif args.stage == "evaluate":
-        policies = dict(p.split("=", 1) for p in args.policy) if args.policy else {
-            "rloo": f"{cfg['paths']['models']}/rloo_{cfg['rloo']['estimator']}"}
-        out = Path(args.out)
-        stage.run(cfg, args.data or paths["data"], args.sft or paths["sft"], policies, out,
-                  args.reward_model, args.plots or out.with_suffix(""))
+        stage.run(cfg, data, args.sft or sft, pipeline.evaluated_policies(args, cfg), Path(out["result"]),
+                  args.reward_model, out["plots"])
     elif args.stage == "toy":
-        stage.run(args.out, args.plot, seed=cfg["seed"])
+        stage.run(out["result"], out["plot"], seed=cfg["seed"])
     elif args.stage == "compare":
-        stage.run(dict(r.split("=", 1) for r in args.result), args.out, args.plot)
+        stage.run(dict(r.split("=", 1) for r in args.result), out["result"], out["plot"])
 
 
 if __name__ == "__main__":

@@ -267,32 +267,14 @@ def config_hash(cfg: dict[str, Any], sections: list[str] | None = None) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-# What each stage reads of the config ("section" or "section.key"), less keys of those sections it does
-# not read. Snakemake passes a stage exactly this part (workflow/rules/common.smk), so a changed value
-# reruns just the stages that read it; a stage run by hand logs it as its MLflow parameters.
-STAGE_KEYS: dict[str, list[str]] = {
-    "prepare": ["seed", "data"],
-    "sft": ["seed", "model", "prompt", "sft"],
-    "reward": ["seed", "model", "prompt", "reward"],
-    "rloo": ["seed", "model", "prompt", "reward.source", "rloo", "rollout"],
-    "evaluate": ["seed", "model", "prompt", "evaluate"],
-    "toy": ["seed"],
-    "compare": [],
-}
-STAGE_EXCLUDED: dict[str, list[str]] = {
-    # The reward model does not depend on what RLOO then uses as its reward.
-    "reward": ["reward.source", "reward.batch_size_score"],
-}
-
-
 def stage_keys(cfg: dict, stage: str) -> tuple[list[str], list[str]]:
-    """(dotted keys `stage` reads under this config, keys below those that it does not read)."""
-    keys = list(STAGE_KEYS[stage])
-    if stage == "rloo" and cfg["reward"]["source"] == "model":
-        keys.append("reward.batch_size_score")  # the reward model's scoring batch inside RLOO
-    elif stage == "rloo" and cfg["reward"]["source"] == "judge":
-        keys += ["evaluate.judge", "evaluate.llm_judge"]  # RLOO is scored by the evaluation judge
-    return keys, STAGE_EXCLUDED.get(stage, [])
+    """(dotted keys `stage` reads under this config, keys below those that it does not read): the
+    pipeline's declaration (rloo/pipeline.py). Snakemake passes a stage exactly this part
+    (workflow/rules/common.smk), so a changed value reruns just the stages that read it; a stage run by
+    hand logs it as its MLflow parameters."""
+    from rloo.pipeline import stage_keys as declared
+
+    return declared(cfg, stage)
 
 
 def stage_config(cfg: dict, stage: str, overrides: dict[str, Any] | None = None) -> dict:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -141,7 +141,6 @@ class WinRate:
     losses: float = 0.0
     ties: float = 0.0
     invalid: int = 0
-    per_question: list[float | None] = field(default_factory=list)
 
     @property
     def value(self) -> float:
@@ -171,7 +170,6 @@ def win_rate(judge: PairwiseJudge, questions: list[str], golds: list[str], candi
     out = WinRate()
     for q, g, c, b in zip(questions, golds, candidate, baseline, strict=True):
         s = combine(judge.judge(q, g, c, b), judge.judge(q, g, b, c))
-        out.per_question.append(s)
         if s is None:
             out.invalid += 1
         elif s == 1.0:

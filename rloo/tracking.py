@@ -616,7 +616,8 @@ def _open_run(client, experiment_id: str, name: str, kind: str, parent: str | No
 
 
 def _start_stage_run(cfg: dict, stage: str, keys: list[str] | None, outputs: list[Path]) -> _Run:
-    from rloo.config import STAGE_KEYS, config_hash, stage_config
+    from rloo.config import config_hash, stage_config
+    from rloo.pipeline import STAGES
 
     uri = tracking_uri(cfg)
     parent = os.environ.get(ENV_PARENT, "").strip() or None
@@ -635,7 +636,7 @@ def _start_stage_run(cfg: dict, stage: str, keys: list[str] | None, outputs: lis
         client = client or _client(uri)
     # Under Snakemake `keys` are those its rule passed (see `cli_context`), which decide whether it
     # reruns; run by hand, a stage's parameters are what it reads of the config, plus name and threads.
-    if keys is None and _stage_base(stage) in STAGE_KEYS:
+    if keys is None and _stage_base(stage) in STAGES:
         keys = ["name", "threads", *_leaf_keys(stage_config(cfg, _stage_base(stage)))]
     tags = {
         "rloo.stage": stage,
@@ -825,45 +826,23 @@ def stage_run(
         run.end(status)
 
 
-def _cli_outputs(args, cfg: dict) -> list[str]:
-    """The output paths `rloo <stage>` writes, resolved the way rloo.cli does."""
-    p = cfg["paths"]
-    models = p["models"]
-    stage = args.stage
-    out = getattr(args, "out", None)
-    if stage == "prepare":
-        return [out or p["data"]]
-    if stage == "sft":
-        return [out or f"{models}/sft"]
-    if stage == "reward":
-        return [out or f"{models}/reward"]
-    if stage == "train":
-        return [out or f"{models}/rloo_{cfg['rloo']['estimator']}"]
-    if stage == "evaluate":
-        out = Path(out or "results/gsm8k_rloo.json")
-        return [str(out), str(getattr(args, "plots", None) or out.with_suffix(""))]
-    if stage in ("toy", "compare"):
-        return [p for p in (out, getattr(args, "plot", None)) if p]
-    return []
-
-
 def _leaf_keys(tree: Any, prefix: str = "") -> list[str]:
     if isinstance(tree, dict) and tree:
         return [k for key, v in tree.items() for k in _leaf_keys(v, f"{prefix}{key}.")]
     return [prefix[:-1]] if prefix else []
 
 
-def cli_context(args, cfg: dict, stage: str) -> dict:
+def cli_context(args, cfg: dict, stage: str | None = None) -> dict:
     """stage_run's arguments for `rloo <stage>`: the run's name, its outputs, the config keys given.
 
     Under Snakemake a stage gets only the keys its rule passes (--config-json, --set): those are its
-    parameters. Run by hand (no --config-json), the stage's STAGE_KEYS are used. An evaluation of one
-    policy other than `rloo` is named `evaluate_<policy>` (one run per estimator, like rloo_<estimator>).
+    parameters. Run by hand (no --config-json), the stage's declared keys are used. Names and outputs
+    come from the pipeline's declaration (rloo/pipeline.py), as the CLI's do. (`stage` is ignored.)
     """
-    policies = [p.split("=", 1)[0] for p in getattr(args, "policy", None) or []] if args.stage == "evaluate" else []
-    if len(policies) == 1 and policies[0] != "rloo":
-        stage = f"evaluate_{policies[0]}"
-    ctx: dict[str, Any] = {"stage": stage, "outputs": _cli_outputs(args, cfg)}
+    from rloo import pipeline
+
+    ctx: dict[str, Any] = {"stage": pipeline.cli_run_name(args, cfg),
+                           "outputs": list(pipeline.cli_outputs(args, cfg).values())}
     if getattr(args, "config_json", None):
         keys: list[str] = []
         with contextlib.suppress(json.JSONDecodeError, TypeError):

@@ -140,3 +140,31 @@ def test_same_config_and_seed_give_the_same_results(micro_run, tmp_path):
     for key in ("accuracy_sampled", "accuracy_sampled_draws", "proxy_reward", "selected_step"):
         assert key in kept["policies"]["rloo"]  # the headline figures are compared, not dropped
     assert "data_manifest_sha256" in kept and kept["training"]["rloo"]["reward_source"] == "model"
+
+
+def _reward_cmd(micro_run, tmp_path):
+    return [
+        sys.executable, "-m", "rloo.cli", "reward", "-c", str(ROOT / "config" / "micro.yaml"),
+        "--set", "reward.steps=80", "--set", "reward.checkpoint_every=4", "--set", "tracking.enabled=false",
+        "--data", str(micro_run["data"]), "--policy", str(micro_run["sft"]),
+        "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"),
+    ]
+
+
+def test_reward_stage_killed_then_rerun_gives_the_same_model(micro_run, tmp_path_factory):
+    """The reward stage resumes like sft and rloo: kill -9 after a checkpoint, rerun, same weights."""
+    whole, cut = tmp_path_factory.mktemp("reward_whole"), tmp_path_factory.mktemp("reward_cut")
+    subprocess.run(_reward_cmd(micro_run, whole), check=True, capture_output=True)
+    expected = models.load_reward_model(whole / "out").state_dict()
+    start = models.load_reward_model(micro_run["sft"]).state_dict()
+    assert max(float((expected[k] - start[k]).abs().max()) for k in expected if k in start) > 1e-4  # it trained
+    proc = subprocess.Popen(_reward_cmd(micro_run, cut), stderr=subprocess.DEVNULL)
+    _wait_for_checkpoint(cut / "work", proc, timeout=120)
+    assert proc.poll() is None, "the run finished before the kill: nothing was tested"
+    proc.kill()
+    proc.wait()
+    assert not (cut / "out").exists()
+    subprocess.run(_reward_cmd(micro_run, cut), check=True, capture_output=True)
+    assert json.loads((cut / "out" / "metrics.json").read_text())["resumed_from_step"] > 0
+    got = models.load_reward_model(cut / "out").state_dict()
+    assert all(torch.equal(expected[k], got[k]) for k in expected)

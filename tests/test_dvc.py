@@ -255,7 +255,7 @@ def test_dvc_yaml_is_in_sync_with_the_rules(tmp_path):
     rule.write_text(original.replace('code=code("toy"),', 'code=code("toy"),\n        extra="config/config.yaml",'))
     res = run(copy, "rloo", "dvc", "yaml", "--check", check=False)
     assert res.returncode == 1 and "stage toy: differs in deps" in res.stderr, res.stderr
-    rule.write_text(original.replace("toy_variance.png", "toy_variance_plot.png"))
+    rule.write_text(original.replace('OUT["toy"]["plot"],', '"results/toy_variance_plot.png",'))  # a renamed output
     res = run(copy, "rloo", "dvc", "yaml", "--check", check=False)
     assert res.returncode == 1 and "stage toy: differs in cmd, outs" in res.stderr, res.stderr
 

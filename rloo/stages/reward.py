@@ -15,10 +15,11 @@ from rloo.batching import left_pad, model_device, positions
 from rloo.data.gsm8k import format_completion, format_prompt
 from rloo.errors import InputError
 from rloo.io import atomic_dir, read_jsonl, write_json_atomic
+from rloo.loop import TrainingLoop
 from rloo.losses import bradley_terry_loss
 from rloo.preferences import Pair, build_pairs, split_by_prompt
 from rloo.rollout import generate
-from rloo.runtime import Progress, autocast, setup, step_generator
+from rloo.runtime import Progress, autocast, run_fingerprint, setup, step_generator
 from rloo.verifier import is_correct
 
 log = logging.getLogger("rloo.reward")
@@ -80,8 +81,12 @@ def pairwise_accuracy(model, tok, pairs: list[Pair], max_length: int, autocast_m
     return wins / len(pairs)
 
 
-def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | Path) -> dict:
-    """Build pairs, train the reward model, report held-out pairwise accuracy; write `out_dir`."""
+def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | Path,
+        work_dir: str | Path | None = None) -> dict:
+    """Build pairs, train the reward model, report held-out pairwise accuracy; write `out_dir`.
+    Checkpoints go to `work_dir` (default: a `work` folder next to `out_dir`); a rerun resumes.
+
+    The pairs are sampled again on a resume: they depend only on the seed, like each step's batch."""
     threads = setup(cfg["threads"], cfg["seed"])
     rcfg, mcfg = cfg["reward"], cfg["model"]
     policy_dir, out_dir = Path(policy_dir), Path(out_dir)
@@ -98,11 +103,18 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
     model = models.load_reward_model(init, **models.load_options(mcfg), trainable=True)
     model.config.pad_token_id = tok.pad_token_id
     opt = torch.optim.AdamW(model.parameters(), lr=rcfg["lr"])
-    rng = np.random.default_rng(cfg["seed"])
-    history = []
     val_before = pairwise_accuracy(model, tok, val_pairs, mcfg["max_length"], mcfg["autocast"])
-    for step in Progress(range(rcfg["steps"]), desc="reward: training", unit="step"):
-        idx = rng.choice(len(tr_pairs), size=min(rcfg["batch_size"], len(tr_pairs)), replace=False)
+    work_dir = Path(work_dir) if work_dir is not None else out_dir.parent / "work" / out_dir.name
+    # What the reward model does not depend on: what RLOO later uses as its reward (config.STAGE_EXCLUDED).
+    fingerprint = run_fingerprint(cfg, ["seed", "model", "prompt", "reward"], data_dir, policy_dir,
+                                  ignore=("reward.checkpoint_every", "reward.source", "reward.batch_size_score"))
+    loop = TrainingLoop("reward", rcfg["steps"], work_dir / "checkpoints", model, opt, None, fingerprint,
+                        rcfg["checkpoint_every"])
+    loop.resume()
+    t_train = time.perf_counter()
+    for step in loop:
+        batch_rng = np.random.default_rng([cfg["seed"], step])  # the batch of step N depends on (seed, N) only
+        idx = batch_rng.choice(len(tr_pairs), size=min(rcfg["batch_size"], len(tr_pairs)), replace=False)
         c, r = pair_scores(model, tok, [tr_pairs[i] for i in idx], mcfg["max_length"], mcfg["autocast"])
         loss = bradley_terry_loss(c, r)
         loss.backward()
@@ -110,8 +122,9 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
         opt.step()
         opt.zero_grad(set_to_none=True)
         if step % 10 == 0 or step == rcfg["steps"] - 1:
-            history.append({"step": step, "reward/loss": float(loss.detach()), "reward/train_accuracy": float((c > r).float().mean())})
-            tracking.log_metrics(history[-1], step)
+            value = float(loss.detach())
+            loop.log({"step": step, "reward/loss": value, "reward/train_accuracy": float((c > r).float().mean())},
+                     step, loss=f"{value:.3f}")
     model.requires_grad_(False)
     metrics = {
         "pairs": len(pairs),
@@ -123,7 +136,8 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
         "train_accuracy": pairwise_accuracy(model, tok, tr_pairs[:128], mcfg["max_length"], mcfg["autocast"]),
         **sample_info,
         "pair_seconds": round(t_pairs, 2),
-        "train_seconds": round(time.perf_counter() - t0 - t_pairs, 2),
+        "train_seconds": round(time.perf_counter() - t_train, 2),
+        "resumed_from_step": loop.start,
         "threads": threads,
         "init": str(init),
     }
@@ -131,6 +145,6 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
     with atomic_dir(out_dir) as tmp:
         models.save_pretrained(model, tok, tmp)
         write_json_atomic(tmp / "metrics.json", metrics)
-        write_json_atomic(tmp / "history.json", history)
+        write_json_atomic(tmp / "history.json", loop.history)
     log.info("reward model: %s", metrics)
     return metrics

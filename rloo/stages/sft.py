@@ -10,13 +10,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rloo import checkpoint, models, tracking
+from rloo import models, tracking
 from rloo.batching import model_device
 from rloo.data.gsm8k import format_completion, format_prompt
 from rloo.errors import InputError
 from rloo.evaluation import accuracy, complete
 from rloo.io import atomic_dir, read_jsonl, write_json_atomic
-from rloo.runtime import Preempted, Progress, StopFlag, autocast, run_fingerprint, setup, step_generator
+from rloo.loop import TrainingLoop
+from rloo.runtime import autocast, run_fingerprint, setup, step_generator
 from rloo.schedules import lr_multiplier
 
 log = logging.getLogger("rloo.sft")
@@ -147,68 +148,47 @@ def run(cfg: dict, data_dir: str | Path, out_dir: str | Path, work_dir: str | Pa
         model.parameters(), lr=scfg["lr"], weight_decay=scfg["weight_decay"], betas=(0.9, scfg["adam_beta2"])
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(scfg["warmup_steps"], scfg["steps"], "cosine", floor=0.1))
-    ckpt_dir = work_dir / "checkpoints"
-    fingerprint = run_fingerprint(cfg, ["seed", "model", "prompt", "sft"], data_dir)
-    start, history = 0, []
-    if (last := checkpoint.latest(ckpt_dir)) is not None:
-        start, extra = checkpoint.load(last, model, optimizer, scheduler, fingerprint)
-        history = extra.get("history", [])
-        log.info("resumed from %s (step %d)", last, start)
-        tracking.replay_history(history, start)
+    loop = TrainingLoop("sft", scfg["steps"], work_dir / "checkpoints", model, optimizer, scheduler,
+                        run_fingerprint(cfg, ["seed", "model", "prompt", "sft"], data_dir), scfg["checkpoint_every"])
+    loop.resume()
 
     t0 = time.perf_counter()
     tokens = 0
     model.train()
-    with StopFlag() as stop, Progress(total=scfg["steps"], initial=start, desc="sft", unit="step") as bar:
-        for step in range(start, scfg["steps"]):
-            idx = batch_indices(lengths, step, batch_size, cfg["seed"])
-            ids, mask, labels = (t.to(device) for t in collate([examples[i] for i in idx], tokenizer.pad_token_id))
-            with autocast(mcfg["autocast"], device):
-                out = model(input_ids=ids, attention_mask=mask, labels=labels, use_cache=False)
-            out.loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), scfg["grad_clip"])
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            tokens += int(mask.sum())
-            if step % scfg["log_every"] == 0 or step == scfg["steps"] - 1:
-                history.append(
-                    {
-                        "step": step,
-                        "sft/loss": out.loss.item(),
-                        "sft/grad_norm": float(grad_norm),
-                        "sft/lr": scheduler.get_last_lr()[0],
-                    }
-                )
-                tracking.log_metrics(history[-1], step)
-                bar.set_postfix(loss=f"{out.loss.item():.3f}")
-            bar.update(1)
-            done = step + 1
-            if stop.requested or (done % scfg["checkpoint_every"] == 0 and done < scfg["steps"]):
-                checkpoint.save(ckpt_dir, done, model, optimizer, scheduler, {"history": history},
-                                fingerprint=fingerprint)
-                if stop.requested:
-                    raise Preempted(done, stop.exit_code)
+    for step in loop:
+        idx = batch_indices(lengths, step, batch_size, cfg["seed"])
+        ids, mask, labels = (t.to(device) for t in collate([examples[i] for i in idx], tokenizer.pad_token_id))
+        with autocast(mcfg["autocast"], device):
+            out = model(input_ids=ids, attention_mask=mask, labels=labels, use_cache=False)
+        out.loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), scfg["grad_clip"])
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        tokens += int(mask.sum())
+        if step % scfg["log_every"] == 0 or step == scfg["steps"] - 1:
+            loop.log({"step": step, "sft/loss": out.loss.item(), "sft/grad_norm": float(grad_norm),
+                      "sft/lr": scheduler.get_last_lr()[0]}, step, loss=f"{out.loss.item():.3f}")
     train_seconds = time.perf_counter() - t0
     model.eval()
     metrics = evaluate_policy(model, tokenizer, test, cfg, scfg["eval_examples"], scfg["eval_max_new_tokens"])
     metrics.update(
         {
             "steps": scfg["steps"],
-            "resumed_from_step": start,
+            "resumed_from_step": loop.start,
             "train_seconds": round(train_seconds, 2),
             "tokens_per_second": round(tokens / max(train_seconds, 1e-9), 1),
             "threads": threads,
             "train_examples": len(examples),
             "dropped_too_long": too_long,
             "parameters": models.count_parameters(model),
-            "final_loss": history[-1]["sft/loss"] if history else None,
+            "final_loss": loop.history[-1]["sft/loss"] if loop.history else None,
         }
     )
     tracking.log_metrics({f"sft/eval_{k}": v for k, v in metrics.items()}, scfg["steps"])
     with atomic_dir(out_dir) as tmp:
         models.save_pretrained(model, tokenizer, tmp)
         write_json_atomic(tmp / "metrics.json", metrics)
-        write_json_atomic(tmp / "history.json", history)
+        write_json_atomic(tmp / "history.json", loop.history)
     log.info("sft done: %s", {k: metrics[k] for k in ("accuracy", "accuracy_sampled", "train_seconds")})
     return metrics

@@ -25,10 +25,11 @@ from rloo.errors import InputError, MissingInputError
 from rloo.estimators import MovingBaseline, compute_advantages
 from rloo.evaluation import accuracy, complete
 from rloo.io import atomic_dir, read_jsonl, write_json_atomic
+from rloo.loop import TrainingLoop
 from rloo.losses import kl_loss_term, policy_loss, sequence_kl, shaped_reward
 from rloo.rewards import RewardSource, build_reward
 from rloo.rollout import Rollout, logprob_gap, make_rollout
-from rloo.runtime import Preempted, Progress, StopFlag, autocast, run_fingerprint, setup, step_generator
+from rloo.runtime import autocast, run_fingerprint, setup, step_generator
 from rloo.schedules import lr_multiplier
 
 log = logging.getLogger("rloo.train")
@@ -309,100 +310,93 @@ def run(
     reward = build_reward(cfg, str(reward_model_dir) if reward_model_dir else None)
     trainer = Trainer(cfg, policy_dir, reward, train)
 
-    ckpt_dir, best_dir = work_dir / "checkpoints", work_dir / "best"
-    # Under the constant LR schedule a run may be extended (more steps) and resume exactly; a decaying
-    # schedule depends on the step count, so there it is part of the fingerprint. Evaluation, selection
-    # and stopping rules change what is written, not the training trajectory.
-    bookkeeping = ("rloo.checkpoint_every", "rloo.keep_checkpoints", "rloo.eval_every", "rloo.eval_examples",
-                   "rloo.eval_draws", "rloo.select", "rloo.stop_on")
-    if cfg["rloo"]["lr_schedule"] == "constant":
-        bookkeeping += ("rloo.steps",)
-    fingerprint = run_fingerprint(cfg, ["seed", "model", "prompt", "reward", "rloo"], data_dir, policy_dir,
-                                  ignore=bookkeeping)
-    start = 0
-    if (last := checkpoint.latest(ckpt_dir)) is not None:
-        start, extra = checkpoint.load(last, trainer.policy, trainer.optimizer, trainer.scheduler, fingerprint)
-        trainer.history = extra.get("history", [])
-        trainer.evals = extra.get("evals", [])
-        trainer.baseline = MovingBaseline(**extra["baseline"]) if extra.get("baseline") else trainer.baseline
-        log.info("resumed from %s (step %d)", last, start)
-        tracking.replay_history([*trainer.history, *trainer.evals], start)
-        trainer.rollout.sync_weights(trainer.policy)  # rollout backend (issue 8): engine holds policy_dir's weights
-    else:
-        shutil.rmtree(best_dir, ignore_errors=True)  # a best snapshot of another run
-    select = Selection(best_dir, r["select"] == "best" and r["eval_every"] > 0)
+    try:
+        ckpt_dir, best_dir = work_dir / "checkpoints", work_dir / "best"
+        # Under the constant LR schedule a run may be extended (more steps) and resume exactly; a decaying
+        # schedule depends on the step count, so there it is part of the fingerprint. Evaluation, selection
+        # and stopping rules change what is written, not the training trajectory.
+        bookkeeping = ("rloo.checkpoint_every", "rloo.keep_checkpoints", "rloo.eval_every", "rloo.eval_examples",
+                       "rloo.eval_draws", "rloo.select", "rloo.stop_on")
+        if cfg["rloo"]["lr_schedule"] == "constant":
+            bookkeeping += ("rloo.steps",)
+        fingerprint = run_fingerprint(cfg, ["seed", "model", "prompt", "reward", "rloo"], data_dir, policy_dir,
+                                      ignore=bookkeeping)
+        loop = TrainingLoop("rloo", r["steps"], ckpt_dir, trainer.policy, trainer.optimizer, trainer.scheduler,
+                            fingerprint, r["checkpoint_every"], keep=r["keep_checkpoints"],
+                            state=lambda: {"evals": trainer.evals, "baseline": asdict(trainer.baseline)})
+        # The step-0 evaluation is the only record logged outside the history.
+        extra = loop.resume(replay=lambda extra: [e for e in extra.get("evals", []) if e["step"] == 0])
+        if loop.start:
+            trainer.history = loop.history
+            trainer.evals = extra.get("evals", [])
+            trainer.baseline = MovingBaseline(**extra["baseline"]) if extra.get("baseline") else trainer.baseline
+            trainer.rollout.sync_weights(trainer.policy)  # rollout backend (issue 8): engine holds policy_dir's weights
+        else:
+            loop.history = trainer.history
+            shutil.rmtree(best_dir, ignore_errors=True)  # a best snapshot of another run
+        select = Selection(best_dir, r["select"] == "best" and r["eval_every"] > 0)
 
-    def evaluate(done: int) -> dict:
-        e = {"step": done, **trainer.evaluate(val, r["eval_examples"], r["eval_draws"])}
-        trainer.evals.append(e)
-        e["alarm/reward_hacking"] = int(alarms.reward_hacking(
-            [x["eval/accuracy_sampled"] for x in trainer.evals], [x["eval/proxy_reward"] for x in trainer.evals],
-            min(r["eval_examples"], len(val)) * r["eval_draws"]))
-        select.offer(e, trainer.policy)
-        log.info("eval after %d steps: %s", done, {k: round(v, 4) for k, v in e.items() if k != "step"})
-        return e
+        def evaluate(done: int) -> dict:
+            e = {"step": done, **trainer.evaluate(val, r["eval_examples"], r["eval_draws"])}
+            trainer.evals.append(e)
+            e["alarm/reward_hacking"] = int(alarms.reward_hacking(
+                [x["eval/accuracy_sampled"] for x in trainer.evals], [x["eval/proxy_reward"] for x in trainer.evals],
+                min(r["eval_examples"], len(val)) * r["eval_draws"]))
+            select.offer(e, trainer.policy)
+            log.info("eval after %d steps: %s", done, {k: round(v, 4) for k, v in e.items() if k != "step"})
+            return e
 
-    t_start = time.perf_counter()
-    stopped = None
-    with StopFlag() as stop, Progress(total=r["steps"], initial=start, desc="rloo", unit="step") as bar:
+        t_start = time.perf_counter()
+        stopped = None
         if select.enabled and not trainer.evals:  # the starting policy is a candidate too
             tracking.log_metrics({k: v for k, v in evaluate(0).items() if k != "step"}, 0)
-        for step in range(start, r["steps"]):
+        for step in loop:
             m = trainer.step(step)
             done = step + 1
             if r["eval_every"] and (done % r["eval_every"] == 0 or done == r["steps"]):
                 m.update({k: v for k, v in evaluate(done).items() if k != "step"})
-            trainer.history.append(m)
-            tracking.log_metrics(m, step)
-            bar.set_postfix(reward=f"{m['train/reward_mean']:.3f}", kl=f"{m['train/kl']:.3f}")
-            bar.update(1)
-            fired = [a for a in r["stop_on"] if m.get(f"alarm/{a}")]
-            if fired:
+            loop.log(m, step, reward=f"{m['train/reward_mean']:.3f}", kl=f"{m['train/kl']:.3f}")
+            if fired := [a for a in r["stop_on"] if m.get(f"alarm/{a}")]:
                 stopped = {"step": done, "alarm": fired[0]}
                 log.warning("rloo.stop_on: alarm/%s fired after %d steps; stopping here", fired[0], done)
-                break
-            if stop.requested or (done % r["checkpoint_every"] == 0 and done < r["steps"]):
-                checkpoint.save(ckpt_dir, done, trainer.policy, trainer.optimizer, trainer.scheduler,
-                                {"history": trainer.history, "evals": trainer.evals,
-                                 "baseline": asdict(trainer.baseline)},
-                                keep=r["keep_checkpoints"], fingerprint=fingerprint)
-                if stop.requested:
-                    raise Preempted(done, stop.exit_code)
-    seconds = time.perf_counter() - t_start
-    h = trainer.history
-    trained = h[-1]["step"] + 1 if h else 0
-    chosen = select.best if select.enabled and select.best else {"step": trained, **(trainer.evals[-1] if (
-        trainer.evals and trainer.evals[-1]["step"] == trained) else {})}
-    if select.enabled and select.best and select.best["step"] != trained:
-        checkpoint.load_snapshot(best_dir, trainer.policy)
-    last10 = h[-10:]
-    summary = {
-        "steps": r["steps"],
-        "steps_trained": trained,
-        "resumed_from_step": start,
-        "train_seconds": round(seconds, 2),
-        "threads": threads,
-        "estimator": r["estimator"],
-        "reward_source": reward.name,
-        "select": r["select"],
-        "selected_step": chosen["step"],
-        "selected_val_accuracy_sampled": chosen.get("eval/accuracy_sampled"),
-        "stopped_early": stopped,
-        "final_reward_mean": float(np.nanmean([x["train/reward_mean"] for x in last10])) if last10 else math.nan,
-        "final_kl": float(np.mean([x["train/kl"] for x in last10])) if last10 else math.nan,
-        "samples_per_second": r["prompts_per_step"] * r["k"] * (trained - start) / max(seconds, 1e-9),
-        "alarms": first_alarms(h),
-        "evals": trainer.evals,
-    }
-    tracking.log_metrics({"rloo/selected_step": chosen["step"]}, trained)
-    with atomic_dir(out_dir) as tmp:
-        models.save_pretrained(trainer.policy, trainer.tokenizer, tmp)
-        (tmp / "steps.jsonl").write_text("".join(json.dumps(x) + "\n" for x in h))
-        write_json_atomic(tmp / "metrics.json", summary)
-    log.info("rloo done: %s", {k: v for k, v in summary.items() if k != "evals"})
-    for line in report.rloo_lines(summary):
-        log.warning(line) if line.startswith("!!") else log.info(line)
-    return summary
+                loop.finish()
+        seconds = time.perf_counter() - t_start
+        h = trainer.history
+        trained = h[-1]["step"] + 1 if h else 0
+        chosen = select.best if select.enabled and select.best else {"step": trained, **(trainer.evals[-1] if (
+            trainer.evals and trainer.evals[-1]["step"] == trained) else {})}
+        if select.enabled and select.best and select.best["step"] != trained:
+            checkpoint.load_snapshot(best_dir, trainer.policy)
+        last10 = h[-10:]
+        summary = {
+            "steps": r["steps"],
+            "steps_trained": trained,
+            "resumed_from_step": loop.start,
+            "train_seconds": round(seconds, 2),
+            "threads": threads,
+            "estimator": r["estimator"],
+            "reward_source": reward.name,
+            "select": r["select"],
+            "selected_step": chosen["step"],
+            "selected_val_accuracy_sampled": chosen.get("eval/accuracy_sampled"),
+            "stopped_early": stopped,
+            "final_reward_mean": float(np.nanmean([x["train/reward_mean"] for x in last10])) if last10 else math.nan,
+            "final_kl": float(np.mean([x["train/kl"] for x in last10])) if last10 else math.nan,
+            "samples_per_second": r["prompts_per_step"] * r["k"] * (trained - loop.start) / max(seconds, 1e-9),
+            "alarms": first_alarms(h),
+            "evals": trainer.evals,
+        }
+        tracking.log_metrics({"rloo/selected_step": chosen["step"]}, trained)
+        with atomic_dir(out_dir) as tmp:
+            models.save_pretrained(trainer.policy, trainer.tokenizer, tmp)
+            (tmp / "steps.jsonl").write_text("".join(json.dumps(x) + "\n" for x in h))
+            write_json_atomic(tmp / "metrics.json", summary)
+        log.info("rloo done: %s", {k: v for k, v in summary.items() if k != "evals"})
+        for line in report.rloo_lines(summary):
+            log.warning(line) if line.startswith("!!") else log.info(line)
+        return summary
+    finally:
+        trainer.rollout.close()  # a vLLM engine frees its memory (and its process) here
 
 
 def read_split(data_dir: Path, name: str) -> list[dict]:

@@ -6,17 +6,17 @@ from pathlib import Path
 from rloo.config import load_schema
 from rloo.config import stage_config as _stage_config
 from rloo.config import validate as _validate_config
+from rloo.pipeline import STAGES, rule_outputs, work_dir
 from rloo.provenance import PACKAGE_DIR, stage_sources
 
 # The same schema and validator as `rloo <stage>`: defaults filled in place, unknown keys named.
 _validate_config(config, source="snakemake config")
 
-DATA = config["paths"]["data"]
-MODELS = config["paths"]["models"]
 RESULTS = config["paths"]["results"]
 LOGS = config["paths"]["logs"]
-# Training checkpoints: outside every output, so Snakemake never deletes them and a rerun resumes.
-WORK = f"{RESULTS}/work"
+# Each rule's output paths, from the pipeline's one declaration (rloo/pipeline.py): the CLI's defaults,
+# MLflow's output tags and dvc.yaml agree with these (tests/test_pipeline.py). `{estimator}` is a wildcard.
+OUT = {name: rule_outputs(name, config) for name in STAGES}
 
 # Every estimator of the RLOO stage (results/gsm8k_{estimator}.json); the default target uses the
 # config's own rloo.estimator.
@@ -67,7 +67,7 @@ WORKDIR_GUARD = _local(Path(workflow.basedir) / "workflow" / "scripts" / "workdi
 
 def reward_model(wildcards):
     """The reward model as a named input, for reward.source=model only (verifier and judge need none)."""
-    return {"reward_model": f"{MODELS}/reward"} if USES_REWARD_MODEL else {}
+    return {"reward_model": OUT["reward"]["model"]} if USES_REWARD_MODEL else {}
 
 
 def reward_model_arg(wildcards, input):

@@ -1,11 +1,11 @@
 rule comparison:
     input:
         code=code("compare"),
-        results=expand(f"{RESULTS}/gsm8k_{{estimator}}.json", estimator=ESTIMATORS),
+        results=expand(OUT["evaluate"]["result"], estimator=ESTIMATORS),
     output:
-        result=f"{RESULTS}/comparison.json",
+        result=OUT["comparison"]["result"],
         plot=report(
-            f"{RESULTS}/comparison.png",
+            OUT["comparison"]["plot"],
             caption="../report/comparison.rst",
             category="Estimator comparison",
         ),

@@ -8,16 +8,16 @@ rule evaluate:
         sft=rules.sft.output.model,
         policy=rules.rloo.output.model,
     output:
-        result=f"{RESULTS}/gsm8k_{{estimator}}.json",
+        result=OUT["evaluate"]["result"],
         policies=report(
-            f"{RESULTS}/gsm8k_{{estimator}}/policies.png",
+            OUT["evaluate"]["policies"],
             caption="../report/policies.rst",
             category="Evaluation",
             subcategory="{estimator}",
             labels={"estimator": "{estimator}", "plot": "accuracy, KL, length"},
         ),
         proxy_vs_judge=report(
-            f"{RESULTS}/gsm8k_{{estimator}}/proxy_vs_judge.png",
+            OUT["evaluate"]["proxy_vs_judge"],
             caption="../report/proxy_vs_judge.rst",
             category="Evaluation",
             subcategory="{estimator}",
@@ -51,7 +51,8 @@ rule unknown_estimator:
     output:
         f"{RESULTS}/gsm8k_{{name}}.json",
     wildcard_constraints:
-        name="(?!(" + "|".join(ESTIMATORS) + ")$)[^/]+",
+        # not an estimator: "rloo", and "rloo" followed by ".json" when matched inside the path
+        name="(?!(?:" + "|".join(ESTIMATORS) + r")(?:\.json)?$)[^/]+",
     log:
         f"{LOGS}/unknown_estimator_{{name}}.log",
     localrule: True

@@ -6,10 +6,7 @@ rule prepare:
         if config["data"]["source"] == "jsonl"
         else [],
     output:
-        train=f"{DATA}/train.jsonl",
-        test=f"{DATA}/test.jsonl",
-        val=f"{DATA}/val.jsonl",
-        manifest=f"{DATA}/manifest.json",
+        **OUT["prepare"],
     params:
         cfg=lambda wildcards: stage_config("prepare"),
         out=lambda wildcards, output: os.path.dirname(output.manifest),

@@ -6,10 +6,12 @@ rule reward:
         # reward.init when it is a local folder
         start=local_inputs(config["reward"]["init"]),
     output:
-        model=directory(f"{MODELS}/reward"),
+        model=directory(OUT["reward"]["model"]),
     params:
         cfg=lambda wildcards: stage_config("reward"),
         data=data_dir,
+        guard=WORKDIR_GUARD,
+        work=work_dir("reward", config),
     log:
         f"{LOGS}/reward.log",
     benchmark:
@@ -21,5 +23,6 @@ rule reward:
         runtime=120,
         cpus_per_task=cpus,
     shell:
+        "python {params.guard} {params.work} {params.cfg:q} {input} > {log} 2>&1 && "
         "rloo reward --config-json {params.cfg:q} --set threads={threads} "
-        "--data {params.data} --policy {input.policy} --out {output.model} 2> {log}"
+        "--data {params.data} --policy {input.policy} --out {output.model} --work {params.work} 2>> {log}"

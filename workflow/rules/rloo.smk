@@ -6,12 +6,12 @@ rule rloo:
         val=rules.prepare.output.val,
         policy=rules.sft.output.model,
     output:
-        model=directory(f"{MODELS}/rloo_{{estimator}}"),
+        model=directory(OUT["rloo"]["model"]),
     params:
         cfg=lambda wildcards: stage_config("rloo", {"rloo.estimator": wildcards.estimator}),
         data=data_dir,
         guard=WORKDIR_GUARD,
-        work=lambda wildcards: f"{WORK}/rloo_{wildcards.estimator}",
+        work=lambda wildcards: work_dir("rloo", config, wildcards.estimator),
         reward_model=reward_model_arg,
     log:
         f"{LOGS}/rloo_{{estimator}}.log",

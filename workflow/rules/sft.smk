@@ -6,12 +6,12 @@ rule sft:
         # model.name_or_path / model.tokenizer when they are local folders
         start=local_inputs(config["model"]["name_or_path"], config["model"]["tokenizer"]),
     output:
-        model=directory(f"{MODELS}/sft"),
+        model=directory(OUT["sft"]["model"]),
     params:
         cfg=lambda wildcards: stage_config("sft"),
         data=data_dir,
         guard=WORKDIR_GUARD,
-        work=f"{WORK}/sft",
+        work=work_dir("sft", config),
     log:
         f"{LOGS}/sft.log",
     benchmark:

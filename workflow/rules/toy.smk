@@ -2,9 +2,9 @@ rule toy:
     input:
         code=code("toy"),
     output:
-        result=f"{RESULTS}/toy_variance.json",
+        result=OUT["toy"]["result"],
         plot=report(
-            f"{RESULTS}/toy_variance.png",
+            OUT["toy"]["plot"],
             caption="../report/toy_variance.rst",
             category="Toy variance experiment",
         ),

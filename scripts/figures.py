@@ -8,7 +8,7 @@ written by this script from the files it names, never by hand:
     python scripts/figures.py collect RUN_DIR OUT.json --command "..."   # record a pipeline run
 
 `collect` reads a finished pipeline run (its results/gsm8k_*.json, the stages' metrics.json and
-Snakemake's logs/benchmarks/*.tsv) into one file: the figures and the command that produced them.
+Snakemake's logs/benchmarks/*.tsv) into one file: the figures, the command and the commit that produced them.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -189,8 +190,10 @@ def collect(run_dir: Path, out: Path, command: str) -> None:
         header, values = tsv.read_text().splitlines()[:2]
         stage_seconds[tsv.stem] = float(dict(zip(header.split("\t"), values.split("\t"), strict=False))["s"])
     wall = run_dir / "wall_seconds"
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=run_dir, capture_output=True, text=True).stdout.strip()
     record = {
         "command": command,
+        "commit": commit or None,
         "wall_seconds": float(wall.read_text()) if wall.exists() else sum(stage_seconds.values()),
         "stage_seconds": stage_seconds,
         "results": json.loads(results[0].read_text()),

@@ -19,7 +19,7 @@ from typing import Any
 class Stage:
     name: str  # the Snakemake rule, the DVC stage and (with the estimator) the MLflow run
     verb: str  # `rloo <verb>`; rloo.stages.<verb>.run does the work
-    outputs: dict[str, str]  # named output paths (templates); the first is the CLI's --out
+    outputs: dict[str, str]  # named output paths (templates); `cli_outputs` maps them to the CLI options
     keys: tuple[str, ...] = ()  # config keys it reads ("section" or "section.key")
     excluded: tuple[str, ...] = ()  # keys below those that it does not read
     per_estimator: bool = False  # one job per advantage estimator

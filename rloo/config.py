@@ -17,6 +17,7 @@ import jsonschema
 import yaml
 
 from rloo.errors import UserError
+from rloo.pipeline import stage_keys
 
 SCHEMA_PATH = Path(str(resources.files("rloo") / "schemas" / "config.schema.yaml"))
 
@@ -267,18 +268,10 @@ def config_hash(cfg: dict[str, Any], sections: list[str] | None = None) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def stage_keys(cfg: dict, stage: str) -> tuple[list[str], list[str]]:
-    """(dotted keys `stage` reads under this config, keys below those that it does not read): the
-    pipeline's declaration (rloo/pipeline.py). Snakemake passes a stage exactly this part
-    (workflow/rules/common.smk), so a changed value reruns just the stages that read it; a stage run by
-    hand logs it as its MLflow parameters."""
-    from rloo.pipeline import stage_keys as declared
-
-    return declared(cfg, stage)
-
-
 def stage_config(cfg: dict, stage: str, overrides: dict[str, Any] | None = None) -> dict:
-    """The part of `cfg` that `stage` reads (a copy), with {dotted key: value} `overrides` set on top."""
+    """The part of `cfg` that `stage` reads (a copy; `pipeline.stage_keys`), with {dotted key: value}
+    `overrides` set on top. Snakemake passes a stage exactly this part (workflow/rules/common.smk), so a
+    changed value reruns just the stages that read it; a stage run by hand logs it as MLflow parameters."""
     keys, excluded = stage_keys(cfg, stage)
     part = select(cfg, keys)
     for key in excluded:

@@ -71,31 +71,36 @@ def write_jsonl_atomic(path: str | os.PathLike, rows: list[dict]) -> None:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
-def jsonl_lines(path: str | os.PathLike) -> Iterator[tuple[int, str | None, str | None]]:
-    """(line number, text, None) for each non-blank line, or (line number, None, why) for a line that
-    is not UTF-8 text: a bad byte names its line, and a reader that skips bad records can skip it."""
+def jsonl_records(path: str | os.PathLike) -> Iterator[tuple[int, dict | None, str | None]]:
+    """(line number, record, None) for each non-blank line holding a JSON object, or (line number,
+    None, why) for one that does not (not UTF-8, malformed JSON, not an object): the reason names file
+    and line, and a reader that skips bad records can skip it."""
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
+            where = f"{path}:{lineno}"
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                yield lineno, None, f"{path}:{lineno}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1})"
+                yield lineno, None, f"{where}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1})"
                 continue
-            if line.strip():
-                yield lineno, line, None
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                yield lineno, None, f"{where}: malformed JSON ({e.msg} at column {e.colno})"
+                continue
+            if not isinstance(rec, dict):
+                yield lineno, None, f"{where}: expected a JSON object, got {type(rec).__name__}"
+                continue
+            yield lineno, rec, None
 
 
 def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
-    """Yield (line number, record); a malformed line raises InputError naming file and line."""
-    for lineno, line, bad in jsonl_lines(path):
+    """Yield (line number, record); a bad line raises InputError naming file and line."""
+    for lineno, rec, bad in jsonl_records(path):
         if bad:
             raise InputError(bad)
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InputError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
-        if not isinstance(rec, dict):
-            raise InputError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
         yield lineno, rec
 
 

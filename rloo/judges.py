@@ -28,6 +28,10 @@ class PairwiseJudge(Protocol):
 
     def judge(self, question: str, gold: str, answer_a: str, answer_b: str) -> Verdict: ...
 
+    def check(self) -> dict:
+        """The record of the calls made, for the results; raises when too many failed."""
+        ...
+
 
 class VerifierJudge:
     """Prefers the answer whose final `#### N` is correct; both right or both wrong is a tie."""
@@ -37,6 +41,9 @@ class VerifierJudge:
     def judge(self, question: str, gold: str, answer_a: str, answer_b: str) -> Verdict:
         a, b = is_correct(answer_a, gold), is_correct(answer_b, gold)
         return "tie" if a == b else ("A" if a else "B")
+
+    def check(self) -> dict:
+        return {}  # no calls that can fail
 
 
 JUDGE_PROMPT = """You are grading two answers to a math word problem.

@@ -477,24 +477,29 @@ class _Run:
             return None
 
     def log_metrics(self, metrics: dict, step: int | None) -> None:
+        self.log_records([{**metrics, "step": step}])
+
+    def log_records(self, records: list[dict]) -> None:
+        """Each record's numeric, finite metrics at its "step", in as few MLflow calls as MLflow allows."""
         from mlflow.entities import Metric
 
         ts = int(time.time() * 1000)
-        step = int(step) if step is not None else 0
         batch = []
-        for key, value in metrics.items():
-            if key == "step" or isinstance(value, str) or value is None:
-                continue
-            try:
-                v = float(value)
-            except (TypeError, ValueError):
-                continue
-            if not math.isfinite(v):
-                continue
-            batch.append(Metric(str(key), v, ts, step))
-            self.history[str(key)].append((step, v))
-        if batch:
-            self._safe("log metrics", self.client.log_batch, self.run_id, metrics=batch)
+        for rec in records:
+            step = int(rec["step"]) if rec.get("step") is not None else 0
+            for key, value in rec.items():
+                if key == "step" or isinstance(value, str) or value is None:
+                    continue
+                try:
+                    v = float(value)
+                except (TypeError, ValueError):
+                    continue
+                if not math.isfinite(v):
+                    continue
+                batch.append(Metric(str(key), v, ts, step))
+                self.history[str(key)].append((step, v))
+        for i in range(0, len(batch), 1000):  # MLflow's limit per log_batch
+            self._safe("log metrics", self.client.log_batch, self.run_id, metrics=batch[i : i + 1000])
 
     def log_params(self, params: dict[str, str]) -> None:
         from mlflow.entities import Param
@@ -583,8 +588,7 @@ def replay_history(records: list[dict], resumed_from: int) -> None:
     if _active is None:
         return
     _active.set_tags({"rloo.resumed_from_step": str(resumed_from)})
-    for rec in records:
-        _active.log_metrics(rec, rec.get("step"))
+    _active.log_records(records)
 
 
 def _redirected_log() -> Path | None:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rloo.errors import UserError
-from rloo.io import jsonl_lines
+from rloo.io import jsonl_records
 from rloo.verifier import extract_answer
 
 
@@ -20,6 +19,12 @@ class LoadReport:
     kept: int = 0
     skipped: int = 0
     reasons: list[str] = field(default_factory=list)
+
+    def skip(self, why: str) -> None:
+        """Count a dropped record; the first 20 reasons are kept for the manifest."""
+        self.skipped += 1
+        if len(self.reasons) < 20:
+            self.reasons.append(why)
 
 
 def check_record(rec: dict, where: str) -> dict:
@@ -42,32 +47,20 @@ def _collect(records, on_bad: str, report: LoadReport) -> list[dict]:
         except DataError as e:
             if on_bad == "error":
                 raise
-            report.skipped += 1
-            if len(report.reasons) < 20:
-                report.reasons.append(str(e))
+            report.skip(str(e))
     report.kept = len(out)
     return out
 
 
 def _jsonl_records(path: str, on_bad: str, report: LoadReport):
-    """(file:line, record) pairs; a malformed line raises, or with on_bad=skip is counted and dropped."""
-    for lineno, line, bad in jsonl_lines(path):
-        where = f"{path}:{lineno}"
-        try:
-            if bad:
-                raise DataError(bad)
-            rec = json.loads(line)
-            if not isinstance(rec, dict):
-                raise DataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
-        except (json.JSONDecodeError, DataError) as e:
-            msg = str(e) if isinstance(e, DataError) else f"{where}: malformed JSON ({e.msg})"
-            if on_bad == "error":
-                raise DataError(msg) from None
-            report.skipped += 1
-            if len(report.reasons) < 20:
-                report.reasons.append(msg)
-            continue
-        yield where, rec
+    """(file:line, record) pairs; a bad line raises, or with on_bad=skip is counted and dropped."""
+    for lineno, rec, bad in jsonl_records(path):
+        if bad is None:
+            yield f"{path}:{lineno}", rec
+        elif on_bad == "error":
+            raise DataError(bad)
+        else:
+            report.skip(bad)
 
 
 def load_jsonl_split(path: str, on_bad: str = "error") -> tuple[list[dict], LoadReport]:

@@ -124,7 +124,7 @@ def run(cfg: dict, data_dir: str | Path, sft_dir: str | Path, policies: dict[str
     wins = {name: win_rate(judge, questions, golds, texts[name][mode], texts["sft"][mode]).as_dict()
             for name in policies}
     # An LLM judge that failed more often than allowed stops the stage here, before any output is written.
-    calls = judge.check() if hasattr(judge, "check") else {}
+    calls = judge.check()
     training = {name: _read_json(Path(folder) / "metrics.json") for name, folder in policies.items()}
     for name, metrics in training.items():
         if metrics:  # the checkpoint the stage wrote, and the alarms that fired while training it

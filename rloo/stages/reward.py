@@ -17,6 +17,7 @@ from rloo.errors import InputError
 from rloo.io import atomic_dir, read_jsonl, write_json_atomic
 from rloo.loop import TrainingLoop
 from rloo.losses import bradley_terry_loss
+from rloo.pipeline import STAGES
 from rloo.preferences import Pair, build_pairs, split_by_prompt
 from rloo.rollout import generate
 from rloo.runtime import Progress, autocast, run_fingerprint, setup, step_generator
@@ -105,9 +106,9 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
     opt = torch.optim.AdamW(model.parameters(), lr=rcfg["lr"])
     val_before = pairwise_accuracy(model, tok, val_pairs, mcfg["max_length"], mcfg["autocast"])
     work_dir = Path(work_dir) if work_dir is not None else out_dir.parent / "work" / out_dir.name
-    # What the reward model does not depend on: what RLOO later uses as its reward (config.STAGE_EXCLUDED).
+    # Not part of the run: the checkpoint interval, and what the stage does not read (pipeline.STAGES).
     fingerprint = run_fingerprint(cfg, ["seed", "model", "prompt", "reward"], data_dir, policy_dir,
-                                  ignore=("reward.checkpoint_every", "reward.source", "reward.batch_size_score"))
+                                  ignore=("reward.checkpoint_every", *STAGES["reward"].excluded))
     loop = TrainingLoop("reward", rcfg["steps"], work_dir / "checkpoints", model, opt, None, fingerprint,
                         rcfg["checkpoint_every"])
     loop.resume()

@@ -326,13 +326,12 @@ def run(
                             state=lambda: {"evals": trainer.evals, "baseline": asdict(trainer.baseline)})
         # The step-0 evaluation is the only record logged outside the history.
         extra = loop.resume(replay=lambda extra: [e for e in extra.get("evals", []) if e["step"] == 0])
+        trainer.history = loop.history  # one list: the loop saves it, the alarms read it
         if loop.start:
-            trainer.history = loop.history
             trainer.evals = extra.get("evals", [])
             trainer.baseline = MovingBaseline(**extra["baseline"]) if extra.get("baseline") else trainer.baseline
             trainer.rollout.sync_weights(trainer.policy)  # rollout backend (issue 8): engine holds policy_dir's weights
         else:
-            loop.history = trainer.history
             shutil.rmtree(best_dir, ignore_errors=True)  # a best snapshot of another run
         select = Selection(best_dir, r["select"] == "best" and r["eval_every"] > 0)
 

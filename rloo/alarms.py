@@ -54,3 +54,16 @@ def reward_hacking(accuracy: list[float], proxy: list[float], n: int, z: float =
     a, b = accuracy[best], accuracy[-1]
     se = math.sqrt((a * (1 - a) + b * (1 - b)) / n)
     return a - b > z * max(se, 1e-12) and proxy[-1] > proxy[best]
+
+
+ALARMS = ("zero_signal", "kl_without_reward", "length_climb", "reward_hacking")
+
+
+def first_alarms(history: list[dict]) -> dict[str, int | None]:
+    """For each alarm, the step (counted from 1, like `steps_trained`) at which it first fired; None: never."""
+    out: dict[str, int | None] = dict.fromkeys(ALARMS)
+    for rec in history:
+        for name in ALARMS:
+            if out[name] is None and rec.get(f"alarm/{name}"):
+                out[name] = rec["step"] + 1
+    return out

@@ -128,3 +128,19 @@ def load(
     if scheduler is not None and opt.get("scheduler") is not None:
         scheduler.load_state_dict(opt["scheduler"])
     return int(meta["step"]), meta.get("extra", {})
+
+
+class Selection:
+    """The best policy so far by validation sampled accuracy, kept as a weights snapshot in `folder`
+    (written atomically, so a resumed run still knows its best)."""
+
+    def __init__(self, folder: Path, enabled: bool) -> None:
+        self.folder, self.enabled = folder, enabled
+        self.best = read_snapshot(folder) if enabled else None
+
+    def offer(self, evaluation: dict, model: torch.nn.Module) -> None:
+        if not self.enabled:
+            return
+        if self.best is None or evaluation["eval/accuracy_sampled"] > self.best["eval/accuracy_sampled"]:
+            save_snapshot(self.folder, model, evaluation)
+            self.best = dict(evaluation)

@@ -12,7 +12,15 @@ import traceback
 from pathlib import Path
 
 from rloo import pipeline, tracking
-from rloo.config import ConfigError, changed_keys, declares_base, deep_merge, load_config, parse_set
+from rloo.config import (
+    ConfigError,
+    changed_keys,
+    declares_base,
+    deep_merge,
+    load_config,
+    parse_set,
+    resolved_base,
+)
 from rloo.errors import UserError
 
 DEFAULT_CONFIG = "config/config.yaml"
@@ -30,6 +38,10 @@ def _config(args: argparse.Namespace) -> dict:
     paths = args.config
     if not paths and not args.config_json and Path(DEFAULT_CONFIG).is_file():
         paths = [DEFAULT_CONFIG]
+    if args.config_json and not paths:
+        # A Snakemake job: its keys (--config-json) over the pipeline's resolved config, where the main
+        # process exported one; else over the schema's defaults.
+        overrides = deep_merge(resolved_base(), overrides)
     cfg = load_config(paths or None, overrides)
     if paths:
         _warn_without_base(paths, overrides, cfg)
@@ -112,6 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compare", parents=[common], help="compare the evaluation results of several estimators")
     p.add_argument("--result", action="append", default=[], required=True, metavar="NAME=FILE",
                    help="an evaluation result (results/gsm8k_<estimator>.json) named by its estimator (repeatable)")
+    p.add_argument("--timings", action="append", default=[], metavar="NAME=FILE",
+                   help="an RLOO run's wall-clock figures (default: <paths.results>/work/rloo_<NAME>/timings.json)")
     p.add_argument("--out", default=None, help="default: paths.results/comparison.json")
     p.add_argument("--plot", default=None, help="default: paths.results/comparison.png")
 
@@ -192,7 +206,10 @@ def _dispatch(stage, args: argparse.Namespace, cfg: dict, out: dict[str, str]) -
     elif args.stage == "toy":
         stage.run(out["result"], out["plot"], seed=cfg["seed"])
     elif args.stage == "compare":
-        stage.run(dict(r.split("=", 1) for r in args.result), out["result"], out["plot"])
+        results = dict(r.split("=", 1) for r in args.result)
+        timings = {name: f"{pipeline.work_dir('rloo', cfg, name)}/timings.json" for name in results}
+        timings.update(dict(t.split("=", 1) for t in args.timings))
+        stage.run(results, out["result"], out["plot"], timings)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import copy
 import hashlib
 import json
 import math
+import os
 import re
 from collections.abc import Iterable
 from importlib import resources
@@ -206,6 +207,34 @@ def _scalar(raw: str):
         except ValueError:
             return value
     return value
+
+
+# Where Snakemake's main process leaves the user's resolved config for its jobs (workflow/rules/tracking.smk).
+RESOLVED_ENV = "RLOO_RESOLVED_CONFIG"
+
+
+def export_resolved(cfg: dict, path: str | Path) -> Path:
+    """Write the resolved `cfg` to `path` and name it in the environment the jobs inherit, so that
+    each stage sees the user's whole config (provenance, config hash) while Snakemake reruns it on its
+    own keys only (its --config-json)."""
+    from rloo.io import write_json_atomic
+
+    path = Path(path).resolve()
+    write_json_atomic(path, cfg)
+    os.environ[RESOLVED_ENV] = str(path)
+    return path
+
+
+def resolved_base() -> dict:
+    """The config exported by `export_resolved` for this job, or {} outside a Snakemake run."""
+    path = os.environ.get(RESOLVED_ENV)
+    if not path:
+        return {}
+    try:
+        base = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path} ({RESOLVED_ENV}): cannot read the pipeline's resolved config ({e})") from None
+    return base if isinstance(base, dict) else {}
 
 
 def load_config(

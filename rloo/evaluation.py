@@ -1,57 +1,125 @@
-"""Completions for a list of questions, and their accuracy by the verifier."""
+"""Held-out evaluation of one policy: the one function SFT's final eval, RLOO's periodic eval and the
+evaluate stage share, so `accuracy_sampled` means the same everywhere: the mean over `draws`
+independent T = 1 samples per problem (`sampled_draws` says how many)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
+from rloo.batching import completion_logprobs, join, model_device
 from rloo.data.gsm8k import format_prompt
+from rloo.losses import sequence_kl
+from rloo.rewards import RewardSource
 from rloo.rollout import generate
+from rloo.runtime import Progress, autocast, step_generator
 from rloo.verifier import Mode, is_correct
 
 
+@dataclass(frozen=True)
+class EvalSpec:
+    """How to evaluate: the prompt template, the token budget, the sampled draws per problem, the
+    decoding batch (rows per call), the sampling noise's (seed, stream), the autocast mode."""
+
+    template: str
+    max_new_tokens: int
+    draws: int
+    batch_size: int
+    seed: int
+    stream: int
+    autocast: str = "none"
+
+
 @dataclass
-class Completions:
-    texts: list[str]
-    lengths: list[int]  # tokens, EOS included
-    finished: list[bool]  # ended with EOS within the token budget
+class Decoded:
+    """One decoding pass over the prompts: greedy, or one sampled draw."""
+
+    texts: list[str] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)  # tokens, EOS included
+    finished: list[bool] = field(default_factory=list)  # ended with EOS within the budget
+    kl: list[float] = field(default_factory=list)  # sequence KL to the reference (sampled draws only)
 
 
-def complete(
-    model: torch.nn.Module,
-    tokenizer,
-    questions: list[str],
-    *,
-    template: str,
-    max_new_tokens: int,
-    greedy: bool,
-    batch_size: int = 128,
-    generator: torch.Generator | None = None,
-) -> Completions:
-    """One completion per question, batched by prompt length to keep padding small."""
-    prompt_ids = [tokenizer(format_prompt(q, template))["input_ids"] for q in questions]
-    order = sorted(range(len(questions)), key=lambda i: len(prompt_ids[i]))
-    texts: list[str] = [""] * len(questions)
-    lengths = [0] * len(questions)
-    finished = [False] * len(questions)
-    for start in range(0, len(order), batch_size):
-        idx = order[start : start + batch_size]
-        ro = generate(
-            model,
-            [prompt_ids[i] for i in idx],
-            max_new_tokens=max_new_tokens,
-            eos_id=tokenizer.eos_token_id,
-            pad_id=tokenizer.pad_token_id,
-            greedy=greedy,
-            generator=generator,
-        )
-        for i, text, n, done in zip(idx, ro.texts(tokenizer), ro.lengths.tolist(), ro.finished.tolist(), strict=True):
-            texts[i], lengths[i], finished[i] = text, n, done
-    return Completions(texts, lengths, finished)
+@torch.no_grad()
+def decode(policy, tokenizer, ids: list[list[int]], spec: EvalSpec, greedy: bool, reference=None,
+           label: str = "policy") -> list[Decoded]:
+    """Completions of the prompt `ids`: greedy (one pass), or `spec.draws` samples per prompt at T = 1.
+
+    The draws of a prompt are decoded side by side (its prompt prefilled once, its keys shared),
+    `spec.batch_size` rows per call. The noise of the call at prompt offset s depends only on
+    (seed, s, stream), so every evaluation of a run sees the same noise (checkpoints compare fairly).
+    With a `reference`, each sample's KL(π‖π_ref) is estimated on it (k1 is unbiased on π's samples).
+    """
+    device = model_device(policy)
+    draws = 1 if greedy else spec.draws
+    out = [Decoded() for _ in range(draws)]
+    per_call = max(1, spec.batch_size // draws)
+    what = "greedy" if greedy else f"{draws} draws"
+    for s in Progress(range(0, len(ids), per_call), desc=f"evaluate: {label}, {what}", unit="batch"):
+        rows = [p for p in ids[s : s + per_call] for _ in range(draws)]
+        with autocast(spec.autocast, device):
+            ro = generate(policy, rows, max_new_tokens=spec.max_new_tokens, eos_id=tokenizer.eos_token_id,
+                          pad_id=tokenizer.pad_token_id, greedy=greedy,
+                          generator=step_generator(spec.seed, s, stream=spec.stream))
+            kl = None
+            if not greedy and reference is not None:
+                batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
+                kl = sequence_kl(completion_logprobs(policy, batch), completion_logprobs(reference, batch),
+                                 batch.completion_mask).tolist()
+        texts, lengths, finished = ro.texts(tokenizer), ro.lengths.tolist(), ro.finished.tolist()
+        for j, d in enumerate(out):
+            d.texts += texts[j::draws]
+            d.lengths += lengths[j::draws]
+            d.finished += finished[j::draws]
+            d.kl += kl[j::draws] if kl is not None else []
+    return out
 
 
 def accuracy(texts: list[str], golds: list[str], mode: Mode = "strict") -> float:
+    """Share of completions whose answer the verifier finds equal to the gold answer."""
     if not texts:
         return 0.0
     return sum(is_correct(t, g, mode) for t, g in zip(texts, golds, strict=True)) / len(texts)
+
+
+@torch.no_grad()
+def evaluate_policy(policy, tokenizer, rows: list[dict], spec: EvalSpec, reference=None,
+                    proxy: RewardSource | None = None, label: str = "policy") -> tuple[dict, dict[str, list[str]]]:
+    """Verifier accuracy of `policy` on `rows` (greedy, and sampled as the mean of `spec.draws` draws;
+    strict and flexible), mean sampled length, KL to `reference` and the `proxy` reward's mean over the
+    sampled completions where given (else None). Also the completions by mode, for a pairwise judge:
+    `greedy`, and `sampled` = the first draw (an LLM judge is paid per comparison)."""
+    prompts = [format_prompt(r["question"], spec.template) for r in rows]
+    golds = [r["answer"] for r in rows]
+    ids = [tokenizer(p)["input_ids"] for p in prompts]
+    greedy = decode(policy, tokenizer, ids, spec, greedy=True, label=label)[0]
+    draws = decode(policy, tokenizer, ids, spec, greedy=False, reference=reference, label=label)
+    per_draw = [accuracy(d.texts, golds, "strict") for d in draws]
+    report = {
+        "accuracy": accuracy(greedy.texts, golds, "strict"),
+        "accuracy_flexible": accuracy(greedy.texts, golds, "flexible"),
+        "accuracy_sampled": float(np.mean(per_draw)),
+        "accuracy_sampled_flexible": float(np.mean([accuracy(d.texts, golds, "flexible") for d in draws])),
+        "accuracy_sampled_draws": per_draw,
+        "sampled_draws": len(draws),
+        "kl": float(np.mean([x for d in draws for x in d.kl])) if reference is not None else None,
+        "mean_length": float(np.mean([x for d in draws for x in d.lengths])),
+        "proxy_reward": None,
+        "examples": len(rows),
+    }
+    if proxy is not None:  # what the reward the policy is judged by as a proxy thinks of these samples
+        scores = torch.cat([proxy.score(prompts, d.texts, golds, d.finished) for d in draws])
+        ok = torch.isfinite(scores)
+        report["proxy_reward"] = float(scores[ok].mean()) if ok.any() else None
+    return report, {"greedy": greedy.texts, "sampled": draws[0].texts}
+
+
+def spec_for(cfg: dict, section: str, max_new_tokens: int, draws: int, stream: int) -> EvalSpec:
+    """A stage's EvalSpec: the config's template, seed and autocast, and its own section's decoding
+    batch (`<section>.eval_batch_size`, or `evaluate.batch_size`): the batch decides which noise each
+    row draws, so it must be a key the stage reruns on."""
+    batch = cfg[section]["batch_size" if section == "evaluate" else "eval_batch_size"]
+    return EvalSpec(template=cfg["prompt"]["template"], max_new_tokens=max_new_tokens, draws=draws,
+                    batch_size=batch, seed=cfg["seed"], stream=stream, autocast=cfg["model"]["autocast"])

@@ -7,6 +7,7 @@
         metrics = train_one_step(step)
         loop.log(metrics, step)           # kept in loop.history, sent to MLflow, shown on the bar
     # loop.finish(): called by a trainer that stops early (an alarm), so no checkpoint follows
+    loop.record_timings(train_seconds=...)   # wall-clock figures: MLflow and <work>/timings.json
 
 A checkpoint holds the weights, the optimizer and scheduler state, `loop.history` and whatever
 `state()` returns (the trainer's own state: evaluations, a moving baseline). The batches of step N
@@ -24,6 +25,7 @@ from typing import Any
 import torch
 
 from rloo import checkpoint, tracking
+from rloo.io import write_json_atomic
 from rloo.runtime import Preempted, Progress, StopFlag
 
 log = logging.getLogger("rloo")
@@ -70,6 +72,15 @@ class TrainingLoop:
         tracking.log_metrics(metrics, step)
         if postfix and self.bar is not None:
             self.bar.set_postfix(**postfix)
+
+    def record_timings(self, **figures: float) -> dict[str, float]:
+        """Wall-clock figures of this run (seconds, throughput): MLflow metrics `time/<name>` and
+        `<work>/timings.json` beside the checkpoints, never the stage's outputs, which must be a
+        function of their inputs (a rerun writes them byte for byte)."""
+        figures = {k: round(float(v), 3) for k, v in figures.items()}
+        tracking.log_metrics({f"time/{k}": v for k, v in figures.items()}, self.steps)
+        write_json_atomic(self.ckpt_dir.parent / "timings.json", figures)
+        return figures
 
     def finish(self) -> None:
         """End after the current step, without a checkpoint (the trainer decided to stop)."""

@@ -149,6 +149,7 @@ def test_summary_names_the_checkpoint_and_every_alarm(tmp_path, capsys):
 def test_sampled_accuracy_averages_independent_draws(micro_run):
     from rloo import models
     from rloo.data.gsm8k import format_prompt
+    from rloo.evaluation import decode, spec_for
     from rloo.io import read_jsonl
     from rloo.stages import evaluate
 
@@ -161,6 +162,7 @@ def test_sampled_accuracy_averages_independent_draws(micro_run):
     assert len(report["accuracy_sampled_draws"]) == 3
     assert report["accuracy_sampled"] == pytest.approx(sum(report["accuracy_sampled_draws"]) / 3)
     ids = [tok(format_prompt(r["question"], cfg["prompt"]["template"]))["input_ids"] for r in rows]
-    first, second, _ = (d["texts"] for d in evaluate.decode(cfg, ref, ref, tok, ids, greedy=False, draws=3))
+    spec = spec_for(cfg, "evaluate", cfg["evaluate"]["max_new_tokens"], 3, stream=21)
+    first, second, _ = (d.texts for d in decode(ref, tok, ids, spec, greedy=False))
     assert first != second  # each draw has its own noise
     assert texts["sampled"] == first  # the pairwise judge sees the first draw, as with one draw

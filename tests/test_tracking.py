@@ -441,6 +441,12 @@ def test_snakemake_pipeline_logs_parent_and_stage_runs(snakemake_pipeline):
     assert "rloo.k" not in runs["children"]["sft"].data.params
     toy = runs["children"]["toy"].data.params
     assert "seed" in toy and not [k for k in toy if k.startswith(("rloo.", "sft.", "model.", "tracking."))]
+    # ...but each stage sees, and records, the user's whole resolved config (RLOO_RESOLVED_CONFIG): the
+    # micro values of sections it does not read, not the schema's defaults.
+    for name in ("toy", "evaluate", "sft"):
+        run_id = runs["children"][name].info.run_id
+        seen = json.loads(Path(client.download_artifacts(run_id, "provenance/config.json", str(wf / "dl-cfg" / name))).read_text())
+        assert (seen["sft"]["steps"], seen["rloo"]["k"], seen["evaluate"]["examples"]) == (12, 2, 16), name
 
 
 @pytest.mark.slow

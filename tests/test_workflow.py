@@ -172,9 +172,14 @@ def test_lint_only_asks_for_conda_or_containers(run):
     res = snakemake(run["copy"], "--lint", *CONFIGFILES, check=False)
     out = res.stdout + res.stderr
     lints = set(re.findall(r"^\s+\* (.+?):?$", out, flags=re.M))
-    # Documented decision (docs/workflow.md, "On a Slurm cluster"): no per-rule conda env or container; the
-    # package and its torch build come from the project's venv (a cluster brings its CUDA build).
     assert lints <= {"Specify a conda environment or container for each rule."}, out
+
+
+def test_lint_is_clean(run):
+    # Every rule names workflow/envs/rloo.yaml (used with --software-deployment-method conda only).
+    res = snakemake(run["copy"], "--lint", *CONFIGFILES, check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0 and "Lints for" not in out and "good condition" in out, out
 
 
 def test_report_includes_the_plots(run):

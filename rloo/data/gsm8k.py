@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rloo.errors import UserError
-from rloo.io import jsonl_records
+from rloo.errors import MissingInputError, UserError
+from rloo.io import jsonl_records, read_jsonl
 from rloo.verifier import extract_answer
 
 
@@ -111,3 +111,11 @@ def format_prompt(question: str, template: str) -> str:
 def format_completion(answer: str) -> str:
     """The SFT target that follows the prompt; the tokenizer's EOS is appended by the caller."""
     return " " + answer
+
+
+def read_split(data_dir: Path, name: str) -> list[dict]:
+    """The records of `<data_dir>/<name>.jsonl` (train, val or test), an error naming a missing split."""
+    path = data_dir / f"{name}.jsonl"
+    if not path.is_file():
+        raise MissingInputError(f"{path}: no {name} split; run `rloo prepare` (this data folder predates it)")
+    return [row for _, row in read_jsonl(path)]

@@ -113,10 +113,18 @@ def plot_comparison(table: dict[str, Any], path: str | Path) -> str:
     return str(path)
 
 
-def run(result_files: dict[str, str | Path], out_json: str | Path, out_png: str | Path) -> dict[str, Any]:
-    """Compare the evaluation results in `result_files` ({estimator: path}); write JSON and PNG."""
+def run(result_files: dict[str, str | Path], out_json: str | Path, out_png: str | Path,
+        timing_files: dict[str, str | Path] | None = None) -> dict[str, Any]:
+    """Compare the evaluation results in `result_files` ({estimator: path}); write JSON and PNG.
+
+    `timing_files` ({estimator: <work>/timings.json}): the RLOO runs' wall-clock figures, kept outside
+    their outputs; an estimator whose file is missing (its work folder was removed) has none."""
     results = {name: json.loads(Path(f).read_text()) for name, f in result_files.items()}
     table = compare(results)
+    for name, f in (timing_files or {}).items():
+        if name in table["estimators"] and Path(f).is_file():
+            timings = json.loads(Path(f).read_text())
+            table["estimators"][name]["training"].update({k: timings[k] for k in TRAINING_KEYS if k in timings})
     table["sources"] = {name: str(f) for name, f in result_files.items()}
     # The plot first: the JSON is the stage's completion marker.
     table["plot"] = plot_comparison(table, out_png)

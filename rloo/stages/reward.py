@@ -136,16 +136,15 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
         "val_accuracy_before_training": val_before,
         "train_accuracy": pairwise_accuracy(model, tok, tr_pairs[:128], mcfg["max_length"], mcfg["autocast"]),
         **sample_info,
-        "pair_seconds": round(t_pairs, 2),
-        "train_seconds": round(time.perf_counter() - t_train, 2),
         "resumed_from_step": loop.start,
         "threads": threads,
         "init": str(init),
     }
+    timings = loop.record_timings(pair_seconds=t_pairs, train_seconds=time.perf_counter() - t_train)
     tracking.log_metrics({f"reward/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
     with atomic_dir(out_dir) as tmp:
         models.save_pretrained(model, tok, tmp)
         write_json_atomic(tmp / "metrics.json", metrics)
         write_json_atomic(tmp / "history.json", loop.history)
-    log.info("reward model: %s", metrics)
-    return metrics
+    log.info("reward model: %s", {**metrics, **timings})
+    return {**metrics, **timings}

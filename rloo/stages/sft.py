@@ -14,10 +14,10 @@ from rloo import models, tracking
 from rloo.batching import model_device
 from rloo.data.gsm8k import format_completion, format_prompt
 from rloo.errors import InputError
-from rloo.evaluation import accuracy, complete
+from rloo.evaluation import evaluate_policy, spec_for
 from rloo.io import atomic_dir, read_jsonl, write_json_atomic
 from rloo.loop import TrainingLoop
-from rloo.runtime import autocast, run_fingerprint, setup, step_generator
+from rloo.runtime import autocast, run_fingerprint, setup
 from rloo.schedules import lr_multiplier
 
 log = logging.getLogger("rloo.sft")
@@ -92,31 +92,6 @@ def init_model_folder(cfg: dict, train: list[dict], folder: Path) -> Path:
     return folder
 
 
-def evaluate_policy(model, tokenizer, test: list[dict], cfg: dict, n: int, max_new_tokens: int) -> dict:
-    """Held-out accuracy by the verifier: greedy and sampled (T = 1), strict and flexible."""
-    qs = [r["question"] for r in test[:n]]
-    golds = [r["answer"] for r in test[:n]]
-    tmpl = cfg["prompt"]["template"]
-    greedy = complete(model, tokenizer, qs, template=tmpl, max_new_tokens=max_new_tokens, greedy=True)
-    sampled = complete(
-        model,
-        tokenizer,
-        qs,
-        template=tmpl,
-        max_new_tokens=max_new_tokens,
-        greedy=False,
-        generator=step_generator(cfg["seed"], 0, stream=7),
-    )
-    return {
-        "accuracy": accuracy(greedy.texts, golds, "strict"),
-        "accuracy_flexible": accuracy(greedy.texts, golds, "flexible"),
-        "accuracy_sampled": accuracy(sampled.texts, golds, "strict"),
-        "accuracy_sampled_flexible": accuracy(sampled.texts, golds, "flexible"),
-        "mean_length": float(np.mean(greedy.lengths)),
-        "eval_examples": len(qs),
-    }
-
-
 def run(cfg: dict, data_dir: str | Path, out_dir: str | Path, work_dir: str | Path) -> dict:
     """Train, evaluate and write `out_dir` (save_pretrained + metrics.json); resumable via `work_dir`."""
     threads = setup(cfg["threads"], cfg["seed"])
@@ -171,13 +146,13 @@ def run(cfg: dict, data_dir: str | Path, out_dir: str | Path, work_dir: str | Pa
                       "sft/lr": scheduler.get_last_lr()[0]}, step, loss=f"{out.loss.item():.3f}")
     train_seconds = time.perf_counter() - t0
     model.eval()
-    metrics = evaluate_policy(model, tokenizer, test, cfg, scfg["eval_examples"], scfg["eval_max_new_tokens"])
+    spec = spec_for(cfg, "sft", scfg["eval_max_new_tokens"], scfg["eval_draws"], stream=7)
+    report, _ = evaluate_policy(model, tokenizer, test[: scfg["eval_examples"]], spec, label="sft")
+    metrics = {k: v for k, v in report.items() if v is not None}  # no reference, no proxy here
     metrics.update(
         {
             "steps": scfg["steps"],
             "resumed_from_step": loop.start,
-            "train_seconds": round(train_seconds, 2),
-            "tokens_per_second": round(tokens / max(train_seconds, 1e-9), 1),
             "threads": threads,
             "train_examples": len(examples),
             "dropped_too_long": too_long,
@@ -185,10 +160,12 @@ def run(cfg: dict, data_dir: str | Path, out_dir: str | Path, work_dir: str | Pa
             "final_loss": loop.history[-1]["sft/loss"] if loop.history else None,
         }
     )
-    tracking.log_metrics({f"sft/eval_{k}": v for k, v in metrics.items()}, scfg["steps"])
+    # Tokens of this process's steps (a resumed run counts from its checkpoint).
+    timings = loop.record_timings(train_seconds=train_seconds, tokens_per_second=tokens / max(train_seconds, 1e-9))
+    tracking.log_metrics({f"sft/eval_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}, scfg["steps"])
     with atomic_dir(out_dir) as tmp:
         models.save_pretrained(model, tokenizer, tmp)
         write_json_atomic(tmp / "metrics.json", metrics)
         write_json_atomic(tmp / "history.json", loop.history)
-    log.info("sft done: %s", {k: metrics[k] for k in ("accuracy", "accuracy_sampled", "train_seconds")})
-    return metrics
+    log.info("sft done: %s", {**{k: metrics[k] for k in ("accuracy", "accuracy_sampled")}, **timings})
+    return {**metrics, **timings}

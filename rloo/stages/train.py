@@ -20,10 +20,10 @@ import torch
 
 from rloo import alarms, checkpoint, models, report, tracking
 from rloo.batching import SeqBatch, completion_logprobs, completion_logprobs_and_entropy, join, model_device
-from rloo.data.gsm8k import format_prompt, solution_steps
-from rloo.errors import InputError, MissingInputError
+from rloo.data.gsm8k import format_prompt, read_split, solution_steps
+from rloo.errors import InputError
 from rloo.estimators import MovingBaseline, compute_advantages
-from rloo.evaluation import accuracy, complete
+from rloo.evaluation import evaluate_policy, spec_for
 from rloo.io import atomic_dir, read_jsonl, write_json_atomic
 from rloo.loop import TrainingLoop
 from rloo.losses import kl_loss_term, policy_loss, sequence_kl, shaped_reward
@@ -269,21 +269,12 @@ class Trainer:
     def evaluate(self, rows: list[dict], n: int, draws: int) -> dict:
         """Validation accuracy (greedy, and sampled as the mean of `draws` draws per problem) and the
         training reward's mean over the sampled completions (the proxy the policy is optimised for)."""
-        tmpl, max_new = self.cfg["prompt"]["template"], self.rcfg["max_new_tokens"]
-        rows = rows[:n]
-        qs, golds = [r["question"] for r in rows], [r["answer"] for r in rows]
-        greedy = complete(self.policy, self.tokenizer, qs, template=tmpl, max_new_tokens=max_new, greedy=True)
-        accs, proxies = [], []
-        for draw in range(draws):
-            sampled = complete(self.policy, self.tokenizer, qs, template=tmpl, max_new_tokens=max_new, greedy=False,
-                               generator=step_generator(self.cfg["seed"], draw, stream=11))
-            accs.append(accuracy(sampled.texts, golds, "strict"))
-            proxy = self.reward.score([format_prompt(q, tmpl) for q in qs], sampled.texts, golds, sampled.finished)
-            proxies += proxy[torch.isfinite(proxy)].tolist()
+        spec = spec_for(self.cfg, "rloo", self.rcfg["max_new_tokens"], draws, stream=11)
+        report, _ = evaluate_policy(self.policy, self.tokenizer, rows[:n], spec, proxy=self.reward, label="validation")
         return {
-            "eval/accuracy_sampled": float(np.mean(accs)),
-            "eval/accuracy_greedy": accuracy(greedy.texts, golds, "strict"),
-            "eval/proxy_reward": float(np.mean(proxies)) if proxies else math.nan,
+            "eval/accuracy_sampled": report["accuracy_sampled"],
+            "eval/accuracy_greedy": report["accuracy"],
+            "eval/proxy_reward": math.nan if report["proxy_reward"] is None else report["proxy_reward"],
         }
 
 
@@ -333,7 +324,7 @@ def run(
             trainer.rollout.sync_weights(trainer.policy)  # rollout backend (issue 8): engine holds policy_dir's weights
         else:
             shutil.rmtree(best_dir, ignore_errors=True)  # a best snapshot of another run
-        select = Selection(best_dir, r["select"] == "best" and r["eval_every"] > 0)
+        select = checkpoint.Selection(best_dir, r["select"] == "best" and r["eval_every"] > 0)
 
         def evaluate(done: int) -> dict:
             e = {"step": done, **trainer.evaluate(val, r["eval_examples"], r["eval_draws"])}
@@ -371,7 +362,6 @@ def run(
             "steps": r["steps"],
             "steps_trained": trained,
             "resumed_from_step": loop.start,
-            "train_seconds": round(seconds, 2),
             "threads": threads,
             "estimator": r["estimator"],
             "reward_source": reward.name,
@@ -381,54 +371,22 @@ def run(
             "stopped_early": stopped,
             "final_reward_mean": float(np.nanmean([x["train/reward_mean"] for x in last10])) if last10 else math.nan,
             "final_kl": float(np.mean([x["train/kl"] for x in last10])) if last10 else math.nan,
-            "samples_per_second": r["prompts_per_step"] * r["k"] * (trained - loop.start) / max(seconds, 1e-9),
-            "alarms": first_alarms(h),
+            "alarms": alarms.first_alarms(h),
             "evals": trainer.evals,
         }
+        timings = loop.record_timings(
+            train_seconds=seconds,
+            samples_per_second=r["prompts_per_step"] * r["k"] * (trained - loop.start) / max(seconds, 1e-9))
         tracking.log_metrics({"rloo/selected_step": chosen["step"]}, trained)
         with atomic_dir(out_dir) as tmp:
             models.save_pretrained(trainer.policy, trainer.tokenizer, tmp)
-            (tmp / "steps.jsonl").write_text("".join(json.dumps(x) + "\n" for x in h))
+            # Per-step wall-clock times (time/*) go to MLflow only: the output is a function of its inputs.
+            (tmp / "steps.jsonl").write_text("".join(
+                json.dumps({k: v for k, v in x.items() if not k.startswith("time/")}) + "\n" for x in h))
             write_json_atomic(tmp / "metrics.json", summary)
-        log.info("rloo done: %s", {k: v for k, v in summary.items() if k != "evals"})
+        log.info("rloo done: %s", {**{k: v for k, v in summary.items() if k != "evals"}, **timings})
         for line in report.rloo_lines(summary):
             log.warning(line) if line.startswith("!!") else log.info(line)
-        return summary
+        return {**summary, **timings}
     finally:
         trainer.rollout.close()  # a vLLM engine frees its memory (and its process) here
-
-
-def read_split(data_dir: Path, name: str) -> list[dict]:
-    path = data_dir / f"{name}.jsonl"
-    if not path.is_file():
-        raise MissingInputError(f"{path}: no {name} split; run `rloo prepare` (this data folder predates it)")
-    return [row for _, row in read_jsonl(path)]
-
-
-ALARMS = ("zero_signal", "kl_without_reward", "length_climb", "reward_hacking")
-
-
-def first_alarms(history: list[dict]) -> dict[str, int | None]:
-    """For each alarm, the step (counted from 1, like `steps_trained`) at which it first fired; None: never."""
-    out: dict[str, int | None] = dict.fromkeys(ALARMS)
-    for rec in history:
-        for name in ALARMS:
-            if out[name] is None and rec.get(f"alarm/{name}"):
-                out[name] = rec["step"] + 1
-    return out
-
-
-class Selection:
-    """The best policy so far by validation sampled accuracy, kept as a weights snapshot in `folder`
-    (written atomically, so a resumed run still knows its best)."""
-
-    def __init__(self, folder: Path, enabled: bool) -> None:
-        self.folder, self.enabled = folder, enabled
-        self.best = checkpoint.read_snapshot(folder) if enabled else None
-
-    def offer(self, evaluation: dict, model: torch.nn.Module) -> None:
-        if not self.enabled:
-            return
-        if self.best is None or evaluation["eval/accuracy_sampled"] > self.best["eval/accuracy_sampled"]:
-            checkpoint.save_snapshot(self.folder, model, evaluation)
-            self.best = dict(evaluation)

@@ -12,6 +12,10 @@ from rloo.provenance import PACKAGE_DIR, stage_sources
 # The same schema and validator as `rloo <stage>`: defaults filled in place, unknown keys named.
 _validate_config(config, source="snakemake config")
 
+# Every rule's software: the rloo package and its dependencies (used with --software-deployment-method
+# conda; a plain run uses the environment it was started in). Relative to the rule files.
+RLOO_ENV = "../envs/rloo.yaml"
+
 RESULTS = config["paths"]["results"]
 LOGS = config["paths"]["logs"]
 # Each rule's output paths, from the pipeline's one declaration (rloo/pipeline.py): the CLI's defaults,

@@ -13,6 +13,10 @@ rule comparison:
         results=lambda wildcards, input: " ".join(
             f"--result {e}={f}" for e, f in zip(ESTIMATORS, input.results, strict=True)
         ),
+        # wall-clock figures of the RLOO runs: beside their checkpoints, not in any output
+        timings=" ".join(f"--timings {e}={work_dir('rloo', config, e)}/timings.json" for e in ESTIMATORS),
+    conda:
+        RLOO_ENV
     log:
         f"{LOGS}/comparison.log",
     benchmark:
@@ -22,4 +26,4 @@ rule comparison:
         mem_mb=2000,
         runtime=10,
     shell:
-        "rloo compare {params.results} --out {output.result} --plot {output.plot} > {log} 2>&1"
+        "rloo compare {params.results} {params.timings} --out {output.result} --plot {output.plot} > {log} 2>&1"

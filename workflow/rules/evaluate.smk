@@ -27,6 +27,8 @@ rule evaluate:
         cfg=lambda wildcards: stage_config("evaluate"),
         data=data_dir,
         plots=lambda wildcards, output: os.path.dirname(output.policies),
+    conda:
+        RLOO_ENV
     log:
         f"{LOGS}/evaluate_{{estimator}}.log",
     benchmark:
@@ -53,6 +55,8 @@ rule unknown_estimator:
     wildcard_constraints:
         # not an estimator: "rloo", and "rloo" followed by ".json" when matched inside the path
         name="(?!(?:" + "|".join(ESTIMATORS) + r")(?:\.json)?$)[^/]+",
+    conda:
+        RLOO_ENV
     log:
         f"{LOGS}/unknown_estimator_{{name}}.log",
     localrule: True

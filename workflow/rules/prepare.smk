@@ -10,6 +10,8 @@ rule prepare:
     params:
         cfg=lambda wildcards: stage_config("prepare"),
         out=lambda wildcards, output: os.path.dirname(output.manifest),
+    conda:
+        RLOO_ENV
     log:
         f"{LOGS}/prepare.log",
     benchmark:

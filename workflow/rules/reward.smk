@@ -12,6 +12,8 @@ rule reward:
         data=data_dir,
         guard=WORKDIR_GUARD,
         work=work_dir("reward", config),
+    conda:
+        RLOO_ENV
     log:
         f"{LOGS}/reward.log",
     benchmark:

@@ -13,6 +13,8 @@ rule rloo:
         guard=WORKDIR_GUARD,
         work=lambda wildcards: work_dir("rloo", config, wildcards.estimator),
         reward_model=reward_model_arg,
+    conda:
+        RLOO_ENV
     log:
         f"{LOGS}/rloo_{{estimator}}.log",
     benchmark:

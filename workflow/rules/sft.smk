@@ -12,6 +12,8 @@ rule sft:
         data=data_dir,
         guard=WORKDIR_GUARD,
         work=work_dir("sft", config),
+    conda:
+        RLOO_ENV
     log:
         f"{LOGS}/sft.log",
     benchmark:

@@ -10,6 +10,8 @@ rule toy:
         ),
     params:
         cfg=lambda wildcards: stage_config("toy"),
+    conda:
+        RLOO_ENV
     log:
         f"{LOGS}/toy.log",
     benchmark:

@@ -1,4 +1,5 @@
-"""Which source files a stage runs: the package modules it imports (transitively) plus the schema.
+"""Which source files a stage runs: the package modules it imports (transitively), the data files
+they read (MODULE_DATA) and the schema.
 
 Snakemake and DVC both take these files as inputs of the stage, so editing a stage's code, or a
 library module it uses, reruns exactly that stage and what depends on it.
@@ -11,6 +12,8 @@ from functools import cache
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
+# Package data a module reads as it runs: part of its code (an edited template reruns its stages).
+MODULE_DATA = {"rloo.data.synthetic": ("data/themes.yaml",)}
 
 
 def _module_file(name: str) -> Path | None:
@@ -51,6 +54,7 @@ def module_sources(module: str) -> tuple[str, ...]:
         todo.extend(_imports(path))
     root = PACKAGE_DIR.parent
     files = {str(p.relative_to(root)) for p in seen.values()}
+    files.update(str((PACKAGE_DIR / f).relative_to(root)) for name in seen for f in MODULE_DATA.get(name, ()))
     files.add(str((PACKAGE_DIR / "schemas" / "config.schema.yaml").relative_to(root)))
     return tuple(sorted(files))
 

@@ -10,6 +10,9 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
 
 from rloo.errors import InputError
 
@@ -72,40 +75,7 @@ class Theme:
     question: str
 
 
-THEMES = [
-    Theme(
-        start="{name} has {a} {item}.",
-        add="{name} finds {b} more {item}.",
-        sub="{name} gives away {b} {item}.",
-        mul="Then {name}'s {item} become {b} times as many.",
-        div="{name} splits the {item} into {b} equal piles and keeps one pile.",
-        question="How many {item} does {name} have now?",
-    ),
-    Theme(
-        start="A box holds {a} {item}.",
-        add="A worker adds {b} {item}.",
-        sub="A worker removes {b} {item}.",
-        mul="The box then holds {b} times as many {item}.",
-        div="The {item} are shared equally among {b} boxes; we keep one box.",
-        question="How many {item} are in the box at the end?",
-    ),
-    Theme(
-        start="{name} saves {a} dollars.",
-        add="{name} earns {b} dollars more.",
-        sub="{name} spends {b} dollars on {item}.",
-        mul="A bonus makes the savings {b} times bigger.",
-        div="{name} splits the money into {b} equal parts and keeps one part.",
-        question="How many dollars does {name} have in the end?",
-    ),
-    Theme(
-        start="A shop sells {a} {item} on day 1.",
-        add="The next day it sells {b} more than the day before.",
-        sub="The next day it sells {b} fewer than the day before.",
-        mul="The next day it sells {b} times as many as the day before.",
-        div="The next day it sells only 1/{b} of the day before's amount.",
-        question="How many {item} does the shop sell on the last day?",
-    ),
-]
+THEMES = [Theme(**t) for t in yaml.safe_load((Path(__file__).parent / "themes.yaml").read_text())]
 
 _APPLY: dict[str, Callable[[int, int], int]] = {
     "add": lambda x, b: x + b,

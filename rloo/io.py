@@ -1,4 +1,4 @@
-"""Atomic file writes and line-numbered JSONL reading: no stage ever leaves a half-written output."""
+"""Atomic writes (no stage ever leaves a half-written output), line-numbered JSONL reading, file digests."""
 
 from __future__ import annotations
 
@@ -104,9 +104,14 @@ def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:
         yield lineno, rec
 
 
-def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
+def file_digest(path: str | os.PathLike, algorithm: str = "sha256") -> str:
+    """Hex digest of a file's bytes, read 1 MiB at a time (md5 only where DVC's checksums need it)."""
+    h = hashlib.new(algorithm, usedforsecurity=False)
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    return file_digest(path, "sha256")

@@ -1,7 +1,7 @@
 """The pipeline's shape, declared once: each stage's names, its command, its outputs, the config it reads.
 
 `rloo <verb>` (rloo/cli.py) takes its default outputs from here, the Snakemake rules
-(workflow/rules/*.smk) their output paths, MLflow its run names and output tags (rloo/tracking.py);
+(workflow/rules/*.smk) their output paths, MLflow its run names and output tags (rloo/tracking/);
 `dvc.yaml` is compiled from the Snakemake DAG. tests/test_pipeline.py checks that all four agree.
 
 Output templates use the config's folders (`{data}`, `{models}`, `{results}`: `paths.*`) and, for

@@ -1,7 +1,8 @@
-"""PNG plots for the results: policies side by side, and proxy reward against judge accuracy."""
+"""PNG plots for the results: policies side by side, proxy reward against judge accuracy, a run's curves."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import matplotlib
@@ -11,11 +12,19 @@ import matplotlib.pyplot as plt
 
 from rloo.io import atomic_path
 
+# Curves drawn by plot_curves, in this order (then any other metric with a history).
+CURVE_PRIORITY = [
+    "train/reward_mean", "train/kl", "train/zero_adv_frac", "train/response_length", "train/entropy",
+    "train/loss", "train/grad_norm", "train/clip_frac", "eval/accuracy_sampled", "eval/proxy_reward",
+    "time/step_s", "sft/loss", "sft/grad_norm", "sft/lr", "reward/loss", "reward/train_accuracy",
+]
+MAX_CURVES = 12
 
-def _save(fig, path: Path) -> str:
+
+def _save(fig, path: Path, dpi: int = 110) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+        fig.savefig(tmp, format="png", dpi=dpi, bbox_inches="tight")
     plt.close(fig)
     return str(path)
 
@@ -64,3 +73,26 @@ def plot_proxy_vs_judge(evals: dict[str, list[dict]], path: Path) -> str:
     if h1 or h2:
         ax.legend(h1 + h2, l1 + l2, loc="lower right", fontsize=8)
     return _save(fig, path)
+
+
+def plot_curves(history: dict[str, list[tuple[int, float]]], title: str, path: Path) -> str | None:
+    """A grid of a stage's metric curves (every metric logged at two or more steps); None if none is."""
+    names = [k for k, v in history.items() if len({s for s, _ in v}) >= 2]
+    if not names:
+        return None
+    order = {k: i for i, k in enumerate(CURVE_PRIORITY)}
+    names = sorted(names, key=lambda k: (order.get(k, len(order)), k))[:MAX_CURVES]
+    cols = min(3, len(names))
+    rows = math.ceil(len(names) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 2.8 * rows), squeeze=False)
+    for ax, name in zip(axes.flat, names, strict=False):
+        pts = sorted(history[name])
+        ax.plot([s for s, _ in pts], [v for _, v in pts], marker="." if len(pts) < 50 else None)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[len(names):]:
+        ax.set_visible(False)
+    fig.suptitle(f"{title}: metric curves", fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path, dpi=90)

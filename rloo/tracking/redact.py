@@ -1,0 +1,102 @@
+"""Secrets out of everything MLflow receives: parameters, tags and text artifacts are shared and kept.
+
+A key that names a secret (API key, token, password, ...) has its value replaced, and so has any value
+that looks like a credential or equals the value of a secret-named environment variable. A key ending
+in `_env` that holds an environment variable's *name* (evaluate.llm_judge.api_key_env) is kept.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+REDACTED = "[REDACTED]"
+
+_SECRET_KEY = re.compile(
+    r"(?i)(?:^|[^a-z])(?:api[_-]?keys?|apikey|secrets?|passw(?:or)?ds?|passphrase|token|"
+    r"credentials?|private[_-]?key|auth|authorization|cookie|session[_-]?key)(?:$|[^a-z])"
+)
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SECRET_VALUE = [
+    re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(?:-----END [A-Z ]*PRIVATE KEY-----|\Z)", re.S),
+    re.compile(r"\bsk-[A-Za-z0-9_\-]{16,}"),
+    re.compile(r"\bhf_[A-Za-z0-9]{20,}"),
+    re.compile(r"\bgh[pousr]_[A-Za-z0-9]{20,}"),
+    re.compile(r"\bgithub_pat_[A-Za-z0-9_]{20,}"),
+    re.compile(r"\bglpat-[A-Za-z0-9_\-]{20,}"),
+    re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"),
+    re.compile(r"\bxox[abprs]-[A-Za-z0-9\-]{10,}"),
+    re.compile(r"\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"),
+    re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._~+/\-]{12,}=*"),
+]
+# user:password@ in a URL: keep the user, drop the password.
+_URL_CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://[^/\s:@]+):[^/\s@]+@")
+# KEY=VALUE / "key": "value" with a secret-named key, inside free text (logs, command lines).
+_ASSIGNMENT = re.compile(
+    r"""(?ix)
+    (?P<key>[A-Za-z0-9_.\-]*(?:api[_-]?key|apikey|secret|passw(?:or)?d|token|credential|private[_-]?key)
+        [A-Za-z0-9_.\-]*)
+    (?P<sep>["']?\s*[:=]\s*["']?)
+    (?P<value>[^\s"',}]{6,})
+    """
+)
+
+
+def is_secret_key(key: str) -> bool:
+    """True for a key that names a secret (api_key, hf_token, password, ...), not max_new_tokens."""
+    return bool(_SECRET_KEY.search(str(key)))
+
+
+def _secret_env_values() -> list[str]:
+    """Values of secret-named environment variables (not those that merely name another variable)."""
+    vals = {v for k, v in os.environ.items()
+            if is_secret_key(k) and len(v) >= 8 and not re.fullmatch(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+", v)}
+    return sorted(vals, key=len, reverse=True)
+
+
+def redact_url_passwords(text: str) -> str:
+    """`scheme://user:password@` → `scheme://user:[REDACTED]@`, wherever it stands in `text`."""
+    return _URL_CREDENTIALS.sub(rf"\1:{REDACTED}@", text)
+
+
+def redact_text(text: str) -> str:
+    """Replace credentials in free text: secret env values, known token shapes, URL passwords."""
+    if not text:
+        return text
+    for value in _secret_env_values():
+        text = text.replace(value, REDACTED)
+    for pattern in _SECRET_VALUE:
+        text = pattern.sub(REDACTED, text)
+    text = redact_url_passwords(text)
+
+    def _assignment(m: re.Match) -> str:
+        key, value = m.group("key"), m.group("value")
+        if key.lower().endswith("_env") and _ENV_NAME.match(value):
+            return m.group(0)  # the *name* of an environment variable, not its value
+        if value == REDACTED:
+            return m.group(0)
+        return f"{key}{m.group('sep')}{REDACTED}"
+
+    return _ASSIGNMENT.sub(_assignment, text)
+
+
+def redact_value(key: str, value: Any) -> Any:
+    """The value to log under `key`: REDACTED for a secret key (unless it holds an env var name)."""
+    leaf = str(key).rsplit(".", 1)[-1]
+    if is_secret_key(leaf) and value not in (None, "", False):
+        if leaf.lower().endswith("_env") and isinstance(value, str) and _ENV_NAME.match(value):
+            return value
+        return REDACTED
+    if isinstance(value, str):
+        return redact_text(value)
+    return value
+
+
+def redact(obj: Any, key: str = "") -> Any:
+    """Deep copy of a JSON-like object with every secret replaced (see module docstring)."""
+    if isinstance(obj, dict):
+        return {k: redact(v, str(k)) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [redact(v, key) for v in obj]
+    return redact_value(key, obj)

@@ -1,0 +1,126 @@
+"""An MLflow run this process opened, behind calls that never fail the stage.
+
+Every call goes through `_safe`: an MLflow error is a warning (the first three of a run) and the stage
+goes on untracked. Everything logged is redacted first; the run keeps a copy of its metric history
+for the curves drawn at the end.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from rloo.tracking.artifacts import MAX_ARTIFACT_BYTES, TEXT_SUFFIXES, WEIGHT_SUFFIXES, redacted_file_text
+from rloo.tracking.provenance import base_tags
+from rloo.tracking.records import write_record
+from rloo.tracking.redact import redact_text, redact_value
+
+log = logging.getLogger("rloo.tracking")
+
+
+class Run:
+    """A run this process opened: its client, id, and a copy of the metric history (for plots)."""
+
+    def __init__(self, client, run_id: str, name: str, record: dict, record_path: Path | None):
+        self.client = client
+        self.run_id = run_id
+        self.name = name
+        self.record = record
+        self.record_path = record_path
+        self.history: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        self.failures = 0
+
+    def _safe(self, what: str, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            self.failures += 1
+            if self.failures <= 3:
+                log.warning("MLflow: could not %s for run %s: %s", what, self.run_id, e)
+            return None
+
+    def log_metrics(self, metrics: dict, step: int | None) -> None:
+        self.log_records([{**metrics, "step": step}])
+
+    def log_records(self, records: list[dict]) -> None:
+        """Each record's numeric, finite metrics at its "step", in as few MLflow calls as MLflow allows."""
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        batch = []
+        for rec in records:
+            step = int(rec["step"]) if rec.get("step") is not None else 0
+            for key, value in rec.items():
+                if key == "step" or isinstance(value, str) or value is None:
+                    continue
+                try:
+                    v = float(value)
+                except (TypeError, ValueError):
+                    continue
+                if not math.isfinite(v):
+                    continue
+                batch.append(Metric(str(key), v, ts, step))
+                self.history[str(key)].append((step, v))
+        for i in range(0, len(batch), 1000):  # MLflow's limit per log_batch
+            self._safe("log metrics", self.client.log_batch, self.run_id, metrics=batch[i : i + 1000])
+
+    def log_params(self, params: dict[str, str]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, v) for k, v in params.items()]
+        for i in range(0, len(items), 100):
+            self._safe("log params", self.client.log_batch, self.run_id, params=items[i : i + 100])
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        items = [RunTag(k[:250], str(redact_value(k, v))[:8000]) for k, v in tags.items()]
+        for i in range(0, len(items), 100):
+            self._safe("set tags", self.client.log_batch, self.run_id, tags=items[i : i + 100])
+
+    def log_file(self, path: Path, artifact_dir: str | None, name: str | None = None) -> None:
+        """Upload one file; text is redacted first (a scrubbed copy is uploaded, never the original)."""
+        path = Path(path)
+        if path.suffix.lower() in WEIGHT_SUFFIXES:
+            return
+        size = path.stat().st_size
+        if size > MAX_ARTIFACT_BYTES:
+            log.warning("MLflow: %s is %d MB; not logged as an artifact", path, size >> 20)
+            return
+        name = name or path.name
+        with tempfile.TemporaryDirectory(prefix="rloo-artifact-") as tmp:
+            dst = Path(tmp) / name
+            if path.suffix.lower() in TEXT_SUFFIXES:
+                dst.write_text(redacted_file_text(path), encoding="utf-8")
+            else:
+                shutil.copyfile(path, dst)
+            self._safe(f"log artifact {path}", self.client.log_artifact, self.run_id, str(dst), artifact_dir)
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        self._safe(f"log {artifact_file}", self.client.log_text, self.run_id, redact_text(text), artifact_file)
+
+    def write_record(self, **changes: Any) -> None:
+        self.record.update(changes)
+        if self.record_path is not None:
+            write_record(self.record_path, self.record)
+
+    def end(self, status: str) -> None:
+        self.write_record(status=status)
+        self._safe("end the run", self.client.set_terminated, self.run_id, status)
+
+
+def open_run(client, experiment_id: str, name: str, kind: str, parent: str | None, extra_tags: dict) -> str:
+    """Create a run (a child of `parent` when given) with the base tags and `extra_tags`, redacted."""
+    tags = base_tags(kind, name)
+    if parent:
+        tags["mlflow.parentRunId"] = parent
+    tags.update(extra_tags)
+    tags = {k: str(redact_value(k, v))[:8000] for k, v in tags.items()}
+    run = client.create_run(experiment_id, tags=tags, run_name=name)
+    return run.info.run_id

@@ -37,12 +37,14 @@ def kl_k3(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
     return (torch.expm1(r) - r).clamp_min(0.0)
 
 
+def _pick(table: dict, name: str, what: str):
+    if name not in table:
+        raise ValueError(f"unknown {what} {name!r}; valid: {', '.join(map(repr, table))}")
+    return table[name]
+
+
 def _per_token_kl(logp: torch.Tensor, logp_ref: torch.Tensor, estimator: KLEstimator) -> torch.Tensor:
-    if estimator == "k1":
-        return kl_k1(logp, logp_ref)
-    if estimator == "k3":
-        return kl_k3(logp, logp_ref)
-    raise ValueError(f"unknown KL estimator {estimator!r}; valid: 'k1', 'k3'")
+    return _pick({"k1": kl_k1, "k3": kl_k3}, estimator, "KL estimator")(logp, logp_ref)
 
 
 def sequence_kl(
@@ -61,14 +63,16 @@ def shaped_reward(score: torch.Tensor, seq_kl: torch.Tensor, beta: float) -> tor
     return score - beta * seq_kl.detach()
 
 
+# Sequence: sum over a response's tokens (its log-probability), mean over responses: the estimator itself.
+# Token: every response token in the batch weighs the same, whatever the length of its response.
+_AGGREGATE = {
+    "sequence": lambda terms, m: (terms * m).sum(dim=1).mean(),
+    "token": lambda terms, m: (terms * m).sum() / m.sum().clamp(min=1.0),
+}
+
+
 def _aggregate(token_terms: torch.Tensor, m: torch.Tensor, norm: Norm) -> torch.Tensor:
-    if norm == "sequence":
-        # Sum over a response's tokens (its log-probability), mean over responses: the estimator itself.
-        return (token_terms * m).sum(dim=1).mean()
-    if norm == "token":
-        # Every response token in the batch weighs the same, whatever the length of its response.
-        return (token_terms * m).sum() / m.sum().clamp(min=1.0)
-    raise ValueError(f"unknown loss normalisation {norm!r}; valid: 'sequence', 'token'")
+    return _pick(_AGGREGATE, norm, "loss normalisation")(token_terms, m)
 
 
 def policy_loss(

@@ -104,6 +104,15 @@ def load_options(mcfg: dict) -> dict:
     }
 
 
+def _load(auto_cls, path: str | Path, dtype: str, trust_remote_code: bool, trainable: bool,
+          attn_implementation: str | None, device: str, **extra) -> PreTrainedModel:
+    model = auto_cls.from_pretrained(
+        str(path), dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, use_safetensors=True,
+        attn_implementation=attn_implementation, **extra,
+    )
+    return _prepare(model, trainable, device)
+
+
 def load_causal_lm(
     path: str | Path,
     dtype: str = "float32",
@@ -113,31 +122,15 @@ def load_causal_lm(
     device: str = "cpu",
 ) -> PreTrainedModel:
     """A causal LM from a folder or hub id, safetensors only; frozen and in eval mode unless trainable."""
-    model = AutoModelForCausalLM.from_pretrained(
-        str(path), dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, use_safetensors=True,
-        attn_implementation=attn_implementation,
-    )
-    return _prepare(model, trainable, device)
+    return _load(AutoModelForCausalLM, path, dtype, trust_remote_code, trainable, attn_implementation, device)
 
 
-def load_reward_model(
-    path: str | Path,
-    dtype: str = "float32",
-    trust_remote_code: bool = False,
-    trainable: bool = False,
-    attn_implementation: str | None = None,
-    device: str = "cpu",
-) -> PreTrainedModel:
-    """A one-label sequence classifier (Bradley-Terry reward model); a causal LM folder gets a new head."""
-    model = AutoModelForSequenceClassification.from_pretrained(
-        str(path),
-        num_labels=1,
-        dtype=DTYPES[dtype],
-        trust_remote_code=trust_remote_code,
-        use_safetensors=True,
-        attn_implementation=attn_implementation,
-    )
-    return _prepare(model, trainable, device)
+def load_reward_model(path: str | Path, **options) -> PreTrainedModel:
+    """A one-label sequence classifier (Bradley-Terry reward model); a causal LM folder gets a new head.
+    Takes `load_causal_lm`'s options."""
+    opts = {"dtype": "float32", "trust_remote_code": False, "trainable": False, "attn_implementation": None,
+            "device": "cpu", **options}
+    return _load(AutoModelForSequenceClassification, path, **opts, num_labels=1)
 
 
 def _prepare(model: PreTrainedModel, trainable: bool, device: str) -> PreTrainedModel:

@@ -179,10 +179,4 @@ def _generate(model, prompts, dtype, *, max_new_tokens: int, eos_id: int, pad_id
             gate, up = F.linear(F.rms_norm(x, (w.hidden,), w_post, w.eps), w_gu, b_gu).chunk(2, -1)
             x = x + F.linear(F.silu(gate) * up, w_down, b_down)
         logits = F.linear(F.rms_norm(x, (w.hidden,), w.norm, w.eps), w.lm_head, w.lm_bias).float()
-    return Rollout(
-        prompt_ids=prompt_ids,
-        prompt_mask=prompt_mask,
-        completions=tokens[:, :steps],
-        completion_mask=mask[:, :steps],
-        finished=finished,
-    )
+    return Rollout.from_buffers(prompt_ids, prompt_mask, tokens, mask, finished, steps)

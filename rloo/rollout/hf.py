@@ -28,6 +28,12 @@ class Rollout:
         tokens, lengths = self.completions.cpu(), self.lengths.tolist()
         return [tokenizer.decode(tokens[j, :n], skip_special_tokens=True) for j, n in enumerate(lengths)]
 
+    @classmethod
+    def from_buffers(cls, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, tokens: torch.Tensor,
+                     mask: torch.Tensor, finished: torch.Tensor, steps: int) -> Rollout:
+        """The rollout of a decode loop's preallocated buffers, cut to the `steps` it ran."""
+        return cls(prompt_ids, prompt_mask, tokens[:, :steps], mask[:, :steps], finished)
+
     def clone(self) -> Rollout:
         """A copy whose tensors are ordinary ones (usable by autograd even if made under inference mode)."""
         return Rollout(**{f.name: None if (t := getattr(self, f.name)) is None else t.clone() for f in fields(self)})
@@ -83,17 +89,9 @@ def _noise_generator(generator: torch.Generator | None, device: torch.device) ->
 def generate(
     model: torch.nn.Module,
     prompts: list[list[int]],
-    *,
-    max_new_tokens: int,
-    eos_id: int,
-    pad_id: int,
-    greedy: bool = False,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    top_k: int = 0,
-    generator: torch.Generator | None = None,
-    compact: bool = True,
-    lean: bool = True,
+    *, max_new_tokens: int, eos_id: int, pad_id: int, greedy: bool = False, temperature: float = 1.0,
+    top_p: float = 1.0, top_k: int = 0, generator: torch.Generator | None = None,
+    compact: bool = True, lean: bool = True,
 ) -> Rollout:
     """Complete every prompt once; stops early when all rows have produced EOS.
 
@@ -153,10 +151,4 @@ def generate(
             input_ids=nxt[:, None], attention_mask=attn, position_ids=last_pos, use_cache=True, **{cache_kw: cache}
         )
         cache, logits = kv_cache(out), out.logits[:, -1]
-    return Rollout(
-        prompt_ids=prompt_ids,
-        prompt_mask=prompt_mask,
-        completions=tokens[:, :steps],
-        completion_mask=mask[:, :steps],
-        finished=finished,
-    )
+    return Rollout.from_buffers(prompt_ids, prompt_mask, tokens, mask, finished, steps)

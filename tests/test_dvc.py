@@ -1,4 +1,4 @@
-"""DVC, for real, in a temporary git repository (rloo/dvc.py).
+"""DVC, for real, in a temporary git repository (rloo/dvc/).
 
 One micro pipeline run (module fixture `origin`: a copy of the workflow with the project's .dvc/config,
 .dvcignore, dvc.yaml and params.yaml, made a git repository) is reused by every check: the run commits
@@ -25,6 +25,7 @@ from workflow_helpers import CONFIGFILES, ROOT, VENV_BIN, env_for, make_copy, pl
 
 from rloo import dvc as rdvc
 from rloo import tracking
+from rloo.dvc import driver
 
 RLOO = "results/gsm8k_rloo.json"
 CONFIG = CONFIGFILES[1:]  # the files, for `rloo dvc ... --configfile`
@@ -49,8 +50,7 @@ def run(repo: Path, *cmd: str, check: bool = True, timeout: float = 600) -> subp
 
 
 def dvc_status(repo: Path) -> dict:
-    out = run(repo, "dvc", "status", "--json").stdout
-    return json.loads(out[out.index("{"):]) if "{" in out else {}
+    return json.loads(run(repo, "dvc", "status", "--json").stdout)  # stdout is the JSON, all of it
 
 
 def stages(repo: Path) -> dict[str, dict]:
@@ -275,6 +275,39 @@ def test_dvc_command_reads_params_yaml_instead_of_inline_json():
                    "--out results/models/rloo_grpo")
     with pytest.raises(rdvc.DvcError):
         rdvc.dvc_command("rloo toy | tee x", None, {})
+
+
+@pytest.mark.parametrize(("shell", "refused"), [
+    ("rloo toy | tee x", "'|'"),
+    ("rloo toy; rm x", "';'"),
+    ("rloo toy || true", "'||'"),
+    ("rloo toy &", "'&'"),
+    ("rloo toy < x", "'<'"),
+    ("rloo toy\nrm x", "'\\n'"),
+    ("rloo toy --out $HOME", "an unquoted '$'"),
+    ('rloo toy --out "$(pwd)"', "an expansion ($) in double quotes"),
+    ("rloo toy --out 'x", "no closing quotation"),
+])
+def test_dvc_command_refuses_what_it_cannot_carry_over_naming_the_rule(shell, refused):
+    with pytest.raises(rdvc.DvcError) as e:
+        rdvc.dvc_command(shell, None, {}, rule="toy")
+    assert str(e.value).startswith("rule toy: ") and refused in str(e.value), e.value
+
+
+def test_dvc_command_reads_the_shell_as_a_shell_does():
+    shell = "rloo toy --title '>' \"a b\" c\\ d > logs/t.log 2>logs/t.err &&\n rloo summary x 1>&2"
+    assert rdvc.dvc_command(shell, None, {}) == "rloo toy --title '>' 'a b' 'c d' && rloo summary x"
+
+
+def test_dvc_status_is_read_as_json(tmp_path, monkeypatch):
+    def fake(stdout):
+        return lambda root, *args: subprocess.CompletedProcess(["dvc", *args], 0, stdout, "")
+
+    monkeypatch.setattr(driver, "dvc", fake('{"sub/dvc.yaml:sft": [{"changed deps": {}}]}\n'))
+    assert rdvc.changed_stages(tmp_path) == {"sft": [{"changed deps": {}}]}
+    monkeypatch.setattr(driver, "dvc", fake("Waiting to acquire lock\n{}"))
+    with pytest.raises(rdvc.DvcError, match="dvc status --json printed no JSON"):
+        rdvc.changed_stages(tmp_path)
 
 
 def test_split_params_whole_sections_where_possible():

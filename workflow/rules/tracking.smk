@@ -5,7 +5,7 @@
 # environment on): MLFLOW_TRACKING_URI (absolute), RLOO_MLFLOW_PARENT_RUN_ID, RLOO_MLFLOW_RUNS_DIR
 # (run ids: <paths.results>/runs/<stage>.json), and RLOO_TRACKING=0 when tracking.enabled is false.
 # Snakemake keeps one handler of each kind: add other start/end work to these blocks.
-# onsuccess also commits the run's outputs to DVC (rloo/dvc.py: dvc.yaml, dvc.lock, the DVC cache;
+# onsuccess also commits the run's outputs to DVC (rloo/dvc/commit.py: dvc.yaml, dvc.lock, the DVC cache;
 # one `dvc` process, here in the main process, never in the jobs; skipped outside a DVC repository).
 from rloo import dvc as _dvc
 from rloo import tracking as _tracking

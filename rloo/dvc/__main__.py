@@ -1,0 +1,5 @@
+import sys
+
+from rloo.dvc.cli import main
+
+sys.exit(main())

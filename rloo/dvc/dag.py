@@ -1,0 +1,256 @@
+"""The Snakemake DAG, read in this process through Snakemake's Python API: the one module of rloo
+that uses Snakemake's internals.
+
+Why internals: no public route gives what dvc.yaml needs. The CLI describes a DAG as rule names and
+edges (`--dag`, `--d3dag`); `--summary`/`--detailed-summary` show shell commands and inputs from the
+records of the last run (none on a fresh clone, none for a job not run yet); the dry-run log shows
+jobs as text. None gives each job's wildcards, inputs, outputs, benchmark file and formatted shell
+command, and none builds the job for a wildcard value that no target asks for (the template of a
+`foreach` stage). So the DAG is built with `snakemake.api` (public) and read off the objects behind
+it. Every attribute read beyond `snakemake.api` and `snakemake.settings` goes through `attr()` or
+`call()` and is listed in INTERNALS: when a Snakemake upgrade removes one or changes its arguments,
+the error names the call and the installed version. pyproject.toml pins Snakemake to the minor
+version tested (TESTED); tests/test_snakemake_api.py runs every call on a small workflow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+from rloo.dvc.dvcyaml import DvcError, covers, log, stage_name
+
+# The Snakemake minor version this module is tested with (pyproject.toml: snakemake>=9.27,<9.28).
+TESTED = "9.27"
+# A wildcard value no real job has: the job built with it is the template of a foreach stage.
+SENTINEL = "rlooitem0sentinel"
+
+# Every Snakemake attribute this module uses beyond snakemake.api / snakemake.settings, by the class
+# it is read from (WorkflowApi is snakemake.api's; IOFile is what Rule.get_some_product returns).
+INTERNALS: dict[str, tuple[str, ...]] = {
+    "WorkflowApi": ("_workflow",),
+    "Workflow": ("get_rule", "_prepare_dag", "_build_dag", "dag", "async_run", "config"),
+    "Rule": ("name", "wildcard_names", "get_some_product", "get_wildcards"),
+    "IOFile": ("apply_wildcards",),
+    "DAG": ("jobs", "needrun", "job_factory", "_jobid"),
+    "JobFactory": ("new",),
+    "Job": ("rule", "wildcards_dict", "input", "output", "shellcmd", "params", "benchmark"),
+}
+USED: set[tuple[str, str]] = set()  # what attr() has read in this process (the canary test's check)
+
+
+class SnakemakeApiError(DvcError):
+    """A Snakemake internal this module uses is gone or takes other arguments."""
+
+
+def _broken(owner: str, name: str, why: str) -> SnakemakeApiError:
+    return SnakemakeApiError(
+        f"Snakemake {version('snakemake')}: {owner}.{name} {why}. rloo/dvc/dag.py builds dvc.yaml through "
+        f"it and is tested with Snakemake {TESTED}.x (the range pyproject.toml pins)")
+
+
+def attr(owner: str, obj: Any, name: str) -> Any:
+    """`obj.name`, a Snakemake internal declared in INTERNALS[owner]."""
+    if name not in INTERNALS.get(owner, ()):
+        raise DvcError(f"{owner}.{name} is not declared in rloo.dvc.dag.INTERNALS")
+    USED.add((owner, name))
+    try:
+        return getattr(obj, name)
+    except AttributeError as e:
+        raise _broken(owner, name, f"is gone ({e})") from e
+
+
+def call(owner: str, obj: Any, name: str, *args: Any, **kwargs: Any) -> Any:
+    """`obj.name(*args, **kwargs)`, its arguments checked against the installed signature first."""
+    fn = attr(owner, obj, name)
+    try:
+        inspect.signature(fn).bind(*args, **kwargs)
+    except TypeError as e:
+        raise _broken(owner, name, f"takes other arguments ({e})") from e
+    except ValueError:  # no signature to check
+        pass
+    return fn(*args, **kwargs)
+
+
+@dataclass
+class Job:
+    rule: str
+    wildcards: dict[str, str]
+    inputs: list[str]
+    outputs: list[str]
+    shellcmd: str
+    cfg: str | None
+    needrun: bool = True
+    benchmark: str | None = None
+
+    @property
+    def stage(self) -> str:
+        return stage_name(self.rule, self.wildcards)
+
+
+@dataclass
+class Dag:
+    jobs: list[Job]  # topological order, the `all` rule left out
+    templates: dict[str, Job]  # rule -> its job for the SENTINEL wildcard value (rules with a wildcard)
+    config: dict  # the resolved config Snakemake ran with
+
+
+def _flat(items) -> list[str]:
+    out: list[str] = []
+    for item in items:
+        if isinstance(item, list | tuple):
+            out.extend(_flat(item))
+        else:
+            out.append(str(item))
+    return list(dict.fromkeys(out))
+
+
+def _rule_name(job) -> str:
+    return attr("Rule", attr("Job", job, "rule"), "name")
+
+
+def _wildcards(job) -> dict[str, str]:
+    return {k: str(v) for k, v in dict(attr("Job", job, "wildcards_dict")).items()}
+
+
+def _job(job, needrun: bool) -> Job:
+    params = attr("Job", job, "params")
+    cfg = params.get("cfg") if hasattr(params, "get") else None
+    benchmark = attr("Job", job, "benchmark")
+    return Job(
+        rule=_rule_name(job),
+        wildcards=_wildcards(job),
+        inputs=_flat(attr("Job", job, "input")),
+        outputs=_flat(attr("Job", job, "output")),
+        shellcmd=attr("Job", job, "shellcmd") or "",
+        cfg=str(cfg) if cfg is not None else None,
+        needrun=needrun,
+        benchmark=str(benchmark) if benchmark else None,
+    )
+
+
+def _stage_target(workflow, name: str) -> str | None:
+    """An output file of DVC stage `name` (`rule` or `rule@value`), or None (with a message) when the
+    workflow no longer has the rule or the rule does not accept the value."""
+    rule_name, _, value = name.partition("@")
+    problem = f"no rule {rule_name} in the workflow any more"
+    try:
+        rule = call("Workflow", workflow, "get_rule", rule_name)
+        product = call("Rule", rule, "get_some_product")
+        if product is None:
+            return None
+        problem = f"does not match rule {rule_name}"
+        wildcards = {next(iter(attr("Rule", rule, "wildcard_names"))): value} if value else {}
+        target = call("IOFile", product, "apply_wildcards", wildcards) if wildcards else str(product)
+        problem = f"rule {rule_name} does not accept {value!r}"
+        accepted = call("Rule", rule, "get_wildcards", target) is not None
+    except SnakemakeApiError:
+        raise
+    except Exception:
+        accepted = False
+    if not accepted:
+        log(f"stage {name}: {problem}; dropped")
+        return None
+    return str(target)
+
+
+def _template(workflow, dag, rule_name: str) -> Job:
+    """The job of `rule_name` for the SENTINEL wildcard value."""
+    rule = call("Workflow", workflow, "get_rule", rule_name)
+    names = attr("Rule", rule, "wildcard_names")
+    if len(names) != 1:
+        raise DvcError(f"rule {rule_name}: only rules with one wildcard are supported")
+    wildcards = {next(iter(names)): SENTINEL}
+    target = call("IOFile", call("Rule", rule, "get_some_product"), "apply_wildcards", wildcards)
+    # Built directly (the wildcard constraints would refuse the sentinel), with a job id so that its
+    # shell command can be formatted.
+    factory = attr("DAG", dag, "job_factory")
+    job = call("Workflow", workflow, "async_run",
+               call("JobFactory", factory, "new", rule, dag, wildcards_dict=wildcards, targetfile=target))
+    jobids = attr("DAG", dag, "_jobid")
+    jobids.setdefault(job, len(jobids))
+    return _job(job, True)
+
+
+@contextlib.contextmanager
+def built_dag(root: Path, configfiles: list[str], targets: Iterable[str] = (), stages: Iterable[str] = (),
+              forceall: bool = True) -> Iterator[Any]:
+    """Snakemake's workflow (`Workflow`) with its DAG built for the default target, `targets` (files
+    or rule names) and `stages` (DVC stage names; those the workflow no longer has are dropped with a
+    message), in this process; cwd is `root` meanwhile."""
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.types import (
+        ConfigSettings,
+        DAGSettings,
+        OutputSettings,
+        Quietness,
+        ResourceSettings,
+    )
+
+    root = Path(root).resolve()
+    output = OutputSettings(quiet={Quietness.ALL}, enable_file_logging=False)
+    with SnakemakeApi(output) as api:
+        wf_api = api.workflow(
+            resource_settings=ResourceSettings(cores=1),
+            config_settings=ConfigSettings(configfiles=[Path(c).resolve() for c in configfiles]),
+            snakefile=root / "Snakefile",
+            workdir=root,
+        )
+        workflow = attr("WorkflowApi", wf_api, "_workflow")
+        wanted = {"all", *targets} | {t for s in stages if (t := _stage_target(workflow, s))}
+        wf_api.dag(DAGSettings(targets=frozenset(wanted), forceall=forceall))
+        call("Workflow", workflow, "_prepare_dag", forceall=forceall, ignore_incomplete=True,
+             lock_warn_only=True, nolock=True)
+        call("Workflow", workflow, "_build_dag")
+        yield workflow
+
+
+def snakemake_dag(root: Path, configfiles: list[str], stages: list[str] = (), targets: list[str] = (),
+                  forceall: bool = True) -> Dag:
+    """The jobs of the Snakemake default target, of `targets` (files or rule names) and of `stages`
+    (DVC stage names), through Snakemake's API, in this process (cwd must stay `root` meanwhile).
+
+    Stage names whose rule no longer exists, or whose wildcard value the rule no longer accepts, are
+    dropped with a message (the caller compares the result with dvc.yaml). `forceall=False` computes
+    which jobs Snakemake would run (`Job.needrun`)."""
+    with built_dag(root, configfiles, targets=targets, stages=stages, forceall=forceall) as workflow:
+        dag = attr("Workflow", workflow, "dag")
+        jobs = [_job(j, bool(call("DAG", dag, "needrun", j))) for j in attr("DAG", dag, "jobs")
+                if _rule_name(j) != "all" and attr("Job", j, "output")]
+        templates = {rule: _template(workflow, dag, rule) for rule in sorted({j.rule for j in jobs if j.wildcards})}
+        config = json.loads(json.dumps(attr("Workflow", workflow, "config")))
+    return Dag(jobs=toposort(jobs), templates=templates, config=config)
+
+
+def run_stages(workflow) -> list[str]:
+    """The DVC stages of the jobs of a running workflow's DAG (`workflow` of a Snakefile's onsuccess)."""
+    dag = attr("Workflow", workflow, "dag")
+    return sorted({stage_name(_rule_name(j), _wildcards(j)) for j in attr("DAG", dag, "jobs")
+                   if _rule_name(j) != "all" and attr("Job", j, "output")})
+
+
+def toposort(jobs: list[Job]) -> list[Job]:
+    """Jobs in dependency order (ties by rule order of first appearance, then stage name)."""
+    by_stage = {j.stage: j for j in jobs}
+    parents = {
+        j.stage: {o.stage for o in jobs if o is not j and any(covers(out, i) for out in o.outputs for i in j.inputs)}
+        for j in jobs
+    }
+    order: list[Job] = []
+    done: set[str] = set()
+    rank = {name: i for i, name in enumerate(dict.fromkeys(j.rule for j in jobs))}
+    while len(order) < len(jobs):
+        ready = sorted((s for s in by_stage if s not in done and parents[s] <= done),
+                       key=lambda s: (rank[by_stage[s].rule], s))
+        if not ready:
+            raise DvcError("the jobs form a cycle")
+        # one at a time, so that a rule's jobs follow its parents as early as possible
+        done.add(ready[0])
+        order.append(by_stage[ready[0]])
+    return order

@@ -1,0 +1,88 @@
+"""What the other modules of rloo.dvc share: the file names, the error, and dvc.yaml as written
+(stages expanded, their deps and outs)."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DVC_YAML = "dvc.yaml"
+PARAMS = "params.yaml"
+LOCK = "dvc.lock"
+ENV_ENABLED = "RLOO_DVC"
+# Snakemake's mtime carrier inside directory outputs (also in .dvcignore: not part of an output).
+MARKER = ".snakemake_timestamp"
+ITEM = "${item}"
+
+
+class DvcError(RuntimeError):
+    pass
+
+
+def log(msg: str) -> None:
+    print(f"rloo dvc: {msg}", file=sys.stderr, flush=True)
+
+
+def venv_executable(name: str) -> str | None:
+    """`name` next to this Python (the project's venv), else on PATH."""
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.exists() else shutil.which(name)
+
+
+def stage_name(rule: str, wildcards: dict[str, str]) -> str:
+    """The DVC stage of a Snakemake job: the rule, `rule@value` for a rule with a wildcard."""
+    if not wildcards:
+        return rule
+    if len(wildcards) > 1:
+        raise DvcError(f"rule {rule}: more than one wildcard ({', '.join(wildcards)}) is not supported")
+    return f"{rule}@{next(iter(wildcards.values()))}"
+
+
+def covers(out: str, path: str) -> bool:
+    return path == out or path.startswith(out.rstrip("/") + "/")
+
+
+def substitute(obj: Any, old: str, new: str) -> Any:
+    """`obj` (strings, lists, dicts) with every `old` in its strings replaced by `new`."""
+    if isinstance(obj, str):
+        return obj.replace(old, new)
+    if isinstance(obj, list):
+        return [substitute(x, old, new) for x in obj]
+    if isinstance(obj, dict):
+        return {k: substitute(v, old, new) for k, v in obj.items()}
+    return obj
+
+
+def load_pipeline(root: Path) -> dict:
+    path = Path(root) / DVC_YAML
+    if not path.is_file():
+        return {}
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def expand_stages(pipeline: dict) -> dict[str, dict]:
+    """{stage name: {deps, outs, ...}} with `foreach` stages expanded (`rule@value`)."""
+    out: dict[str, dict] = {}
+    for name, body in (pipeline.get("stages") or {}).items():
+        if "foreach" in body:
+            for value in body["foreach"]:
+                out[f"{name}@{value}"] = substitute(body["do"], ITEM, str(value))
+        else:
+            out[name] = body
+    return out
+
+
+def stage_outs(body: dict) -> list[str]:
+    outs = []
+    for kind in ("outs", "metrics", "plots"):
+        for entry in body.get(kind) or []:
+            outs.append(next(iter(entry)) if isinstance(entry, dict) else str(entry))
+    return outs
+
+
+def stage_deps(body: dict) -> list[str]:
+    return [str(d) for d in body.get("deps") or []]

@@ -5,6 +5,7 @@ independent T = 1 samples per problem (`sampled_draws` says how many)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -12,10 +13,17 @@ import torch
 from rloo.batching import completion_logprobs, join, model_device
 from rloo.data.gsm8k import format_prompt
 from rloo.losses import sequence_kl
-from rloo.rewards import RewardSource
 from rloo.rollout import generate
 from rloo.runtime import Progress, autocast, step_generator
 from rloo.verifier import Mode, is_correct
+
+
+class Scorer(Protocol):
+    """What scores completions as a proxy: any reward source (rloo.rewards), not imported here so that
+    a stage that evaluates without one does not count the reward sources as its code."""
+
+    def score(self, prompts: list[str], completions: list[str], golds: list[str],
+              finished: list[bool]) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -86,7 +94,7 @@ def accuracy(texts: list[str], golds: list[str], mode: Mode = "strict") -> float
 
 @torch.no_grad()
 def evaluate_policy(policy, tokenizer, rows: list[dict], spec: EvalSpec, reference=None,
-                    proxy: RewardSource | None = None, label: str = "policy") -> tuple[dict, dict[str, list[str]]]:
+                    proxy: Scorer | None = None, label: str = "policy") -> tuple[dict, dict[str, list[str]]]:
     """Verifier accuracy of `policy` on `rows` (greedy, and sampled as the mean of `spec.draws` draws;
     strict and flexible), mean sampled length, KL to `reference` and the `proxy` reward's mean over the
     sampled completions where given (else None). Also the completions by mode, for a pairwise judge:

@@ -441,6 +441,11 @@ def test_snakemake_pipeline_logs_parent_and_stage_runs(snakemake_pipeline):
     assert "rloo.k" not in runs["children"]["sft"].data.params
     toy = runs["children"]["toy"].data.params
     assert "seed" in toy and not [k for k in toy if k.startswith(("rloo.", "sft.", "model.", "tracking."))]
+    # Lineage: each stage's run names the runs of the stages before it (the results file does not).
+    kids = runs["children"]
+    assert kids["evaluate"].data.tags["rloo.upstream.sft"] == kids["sft"].info.run_id
+    assert kids["evaluate"].data.tags["rloo.upstream.rloo"] == kids["rloo"].info.run_id
+    assert not [t for t in kids["sft"].data.tags if t.startswith("rloo.upstream.") and t != "rloo.upstream.prepare"]
     # ...but each stage sees, and records, the user's whole resolved config (RLOO_RESOLVED_CONFIG): the
     # micro values of sections it does not read, not the schema's defaults.
     for name in ("toy", "evaluate", "sft"):

@@ -23,7 +23,7 @@ from rloo.tracking import store
 from rloo.tracking.artifacts import WEIGHT_SUFFIXES, artifact_files
 from rloo.tracking.params import config_params, config_part, flatten, leaf_keys
 from rloo.tracking.provenance import dvc_lock_md5s, dvc_md5, rel_path, tag_path
-from rloo.tracking.records import new_record, runs_dir
+from rloo.tracking.records import new_record, recorded_runs, runs_dir
 from rloo.tracking.redact import redact
 from rloo.tracking.run import Run, open_run
 
@@ -104,6 +104,12 @@ def _start_stage_run(cfg: dict, stage: str, keys: list[str] | None, outputs: lis
     }
     if parent:
         tags["parent_run_id"] = parent
+    # Lineage: the latest run of each stage declared before this one (the runs that made its inputs, from
+    # the run-id files). It lives here, not in the outputs, which must not change with tracking on or off.
+    order = [s for s in STAGES if s != "toy"]
+    earlier = order[: order.index(stage.split("_")[0])] if stage.split("_")[0] in order else []
+    tags.update({f"rloo.upstream.{name}": rec["run_id"] for name, rec in recorded_runs(runs_dir(cfg)).items()
+                 if rec.get("run_id") and name.split("_")[0] in earlier})
     run_id = open_run(client, experiment_id, stage, "stage", parent, tags)
     experiment = store.experiment_name(cfg)
     with contextlib.suppress(Exception):

@@ -33,7 +33,10 @@ def save(
     extra: dict | None = None,
     keep: int = 2,
     fingerprint: str | None = None,
+    companions: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]] | None = None,
 ) -> Path:
+    """Write checkpoint `step` under `root`: the model and its optimizer/scheduler, plus each of the
+    `companions` ({name: (model, optimizer)}, e.g. PPO's critic) as `<name>.safetensors` + `<name>_optimizer.pt`."""
     final = Path(root) / f"step_{step:08d}"
     with atomic_dir(final) as tmp:
         save_file(_weights(model), str(tmp / "model.safetensors"))
@@ -41,6 +44,9 @@ def save(
             {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict() if scheduler else None},
             tmp / "optimizer.pt",
         )
+        for name, (module, opt) in (companions or {}).items():
+            save_file(_weights(module), str(tmp / f"{name}.safetensors"))
+            torch.save({"optimizer": opt.state_dict()}, tmp / f"{name}_optimizer.pt")
         (tmp / _DONE).write_text(json.dumps({"step": step, "fingerprint": fingerprint, "extra": extra or {}}))
     for old in sorted(p for p in Path(root).glob("step_*") if p != final)[:-keep] if keep else []:
         shutil.rmtree(old, ignore_errors=True)
@@ -100,8 +106,10 @@ def load(
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
     fingerprint: str | None = None,
+    companions: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]] | None = None,
 ) -> tuple[int, dict]:
-    """Restore model, optimizer and scheduler in place; return (step, extra).
+    """Restore model, optimizer and scheduler (and the `companions` saved with them) in place; return
+    (step, extra).
 
     A checkpoint written under another `fingerprint` (other settings or data) is refused rather than
     silently continued with the wrong run.
@@ -116,17 +124,25 @@ def load(
             f"{folder}: written by a run with other settings or data (fingerprint {meta['fingerprint']} != "
             f"{fingerprint}); delete {folder.parent} or use another --work folder to start afresh"
         )
+    parts = {"model": (model, optimizer), **(companions or {})}
+    loaded = {}
     try:
-        state = load_file(str(folder / "model.safetensors"))
-        opt = torch.load(folder / "optimizer.pt", weights_only=True, map_location="cpu")  # cast to the params on load
+        for name in parts:
+            loaded[name] = (load_file(str(folder / f"{name}.safetensors")),
+                            # map_location cpu: the optimizer casts its state to the parameters on load
+                            torch.load(folder / ("optimizer.pt" if name == "model" else f"{name}_optimizer.pt"),
+                                       weights_only=True, map_location="cpu"))
     except FileNotFoundError as e:
         raise CheckpointError(f"{folder}: incomplete checkpoint, missing {Path(e.filename).name}") from None
     except Exception as e:
         raise CheckpointError(f"{folder}: corrupt checkpoint ({type(e).__name__}: {e})") from None
-    _restore(folder, model, state)
-    optimizer.load_state_dict(opt["optimizer"])
-    if scheduler is not None and opt.get("scheduler") is not None:
-        scheduler.load_state_dict(opt["scheduler"])
+    for name, (module, opt) in parts.items():
+        state, opt_state = loaded[name]
+        _restore(folder, module, state)
+        opt.load_state_dict(opt_state["optimizer"])
+    sched = loaded["model"][1].get("scheduler")
+    if scheduler is not None and sched is not None:
+        scheduler.load_state_dict(sched)
     return int(meta["step"]), meta.get("extra", {})
 
 

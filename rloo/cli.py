@@ -195,8 +195,9 @@ def _dispatch(stage, args: argparse.Namespace, cfg: dict, out: dict[str, str]) -
     elif args.stage == "sft":
         stage.run(cfg, data, out["model"], work)
     elif args.stage == "train":
-        reward_model = args.reward_model or (
-            pipeline.outputs("reward", cfg)["model"] if cfg["reward"]["source"] == "model" else None)
+        reads = cfg["reward"]["source"] == "model" or (
+            cfg["rloo"]["estimator"] == "ppo" and cfg["rloo"]["ppo"]["critic_init"] == "reward_model")
+        reward_model = args.reward_model or (pipeline.outputs("reward", cfg)["model"] if reads else None)
         stage.run(cfg, data, args.policy or sft, out["model"], work, reward_model)
     elif args.stage == "reward":
         stage.run(cfg, data, args.policy or sft, out["model"], work)

@@ -301,7 +301,7 @@ def stage_config(cfg: dict, stage: str, overrides: dict[str, Any] | None = None)
     """The part of `cfg` that `stage` reads (a copy; `pipeline.stage_keys`), with {dotted key: value}
     `overrides` set on top. Snakemake passes a stage exactly this part (workflow/rules/common.smk), so a
     changed value reruns just the stages that read it; a stage run by hand logs it as MLflow parameters."""
-    keys, excluded = stage_keys(cfg, stage)
+    keys, excluded = stage_keys(cfg, stage, (overrides or {}).get("rloo.estimator"))
     part = select(cfg, keys)
     for key in excluded:
         *parents, leaf = key.split(".")

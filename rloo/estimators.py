@@ -15,6 +15,11 @@ Equation numbers refer to the list below, for k samples y_1..y_k of one prompt w
   (4) group mean / std (GRPO):  A_i = (R_i - mean(R)) / (std(R) + eps),  std with ddof = 0
   (5) moving average:           A_i = R_i - b,   b <- decay * b + (1 - decay) * mean(batch rewards)
   (6) ReMax / self-critical:    A_i = R_i - R(greedy decode of the same prompt)
+
+PPO's critic-based estimator works per token instead, on rewards r_t and values V_t shaped [B, T]:
+
+  (7) GAE:  delta_t = r_t + gamma V_{t+1} - V_t,  A_t = sum_l (gamma lambda)^l delta_{t+l},  R_t = A_t + V_t
+      (V after the last response token is 0; with gamma = lambda = 1, A_t = sum_{s>=t} r_s - V_t)
 """
 
 from __future__ import annotations
@@ -211,3 +216,33 @@ def compute_advantages(
     n_degenerate = int((valid_count < 2).sum())
     zero_frac = float((adv == 0).all(dim=1).double().mean()) if n_prompts else 0.0
     return AdvantageResult(adv, n_degenerate, zero_frac, new_state)
+
+
+def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
+        lam: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
+    """(7) Generalised advantage estimation over each response's tokens: (advantages, returns), [B, T].
+
+    Responses are right-padded: token t of a row is real where `mask` is 1, and the value after its
+    last real token is 0 (the episode ends there). Padding positions get 0."""
+    if rewards.shape != values.shape or rewards.shape != mask.shape or rewards.dim() != 2:
+        raise ValueError(f"rewards, values and mask must share one [B, T] shape, got "
+                         f"{tuple(rewards.shape)}, {tuple(values.shape)}, {tuple(mask.shape)}")
+    m = mask.to(values.dtype)
+    r, v = rewards.detach() * m, values.detach() * m
+    adv = torch.zeros_like(v)
+    running = torch.zeros_like(v[:, 0])
+    for t in reversed(range(v.shape[1])):
+        next_value = v[:, t + 1] if t + 1 < v.shape[1] else torch.zeros_like(running)
+        delta = r[:, t] + gamma * next_value - v[:, t]
+        running = (delta + gamma * lam * running) * m[:, t]
+        adv[:, t] = running
+    return adv, (adv + v) * m
+
+
+def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / std over the entries where `mask` is 1 (PPO's advantage whitening); 0 elsewhere."""
+    m = mask.to(x.dtype)
+    n = m.sum().clamp(min=1.0)
+    mean = (x * m).sum() / n
+    var = (((x - mean) ** 2) * m).sum() / n
+    return (x - mean) * torch.rsqrt(var + eps) * m

@@ -44,10 +44,12 @@ class TrainingLoop:
         checkpoint_every: int,
         keep: int = 2,
         state: Callable[[], dict] = dict,
+        companions: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]] | None = None,
     ) -> None:
         self.name, self.steps, self.ckpt_dir = name, steps, Path(ckpt_dir)
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.fingerprint, self.checkpoint_every, self.keep, self.state = fingerprint, checkpoint_every, keep, state
+        self.companions = companions or {}  # other trained networks, checkpointed with the model (a critic)
         self.start = 0
         self.history: list[dict] = []
         self.bar: Progress | None = None
@@ -60,7 +62,8 @@ class TrainingLoop:
         last = checkpoint.latest(self.ckpt_dir)
         if last is None:
             return {}
-        self.start, extra = checkpoint.load(last, self.model, self.optimizer, self.scheduler, self.fingerprint)
+        self.start, extra = checkpoint.load(last, self.model, self.optimizer, self.scheduler, self.fingerprint,
+                                            self.companions)
         self.history = extra.pop("history", [])
         log.info("resumed from %s (step %d)", last, self.start)
         tracking.replay_history([*self.history, *replay(extra)], self.start)
@@ -98,6 +101,6 @@ class TrainingLoop:
                 if stop.requested or (done % self.checkpoint_every == 0 and done < self.steps):
                     checkpoint.save(self.ckpt_dir, done, self.model, self.optimizer, self.scheduler,
                                     {"history": self.history, **self.state()}, keep=self.keep,
-                                    fingerprint=self.fingerprint)
+                                    fingerprint=self.fingerprint, companions=self.companions)
                     if stop.requested:
                         raise Preempted(done, stop.exit_code)

@@ -1,8 +1,8 @@
 """Policy-gradient loss, KL estimators and reward shaping for RLOO-style training.
 
 Shapes: ``token_logp``, ``token_logp_ref``, ``old_token_logp`` and ``mask`` are ``[B, T]`` (one row per
-sampled response, response tokens only where ``mask`` is 1); ``advantages`` and per-sequence values are
-``[B]``. Stats are returned as detached 0-d tensors so the caller decides when to synchronise a device.
+sampled response, response tokens only where ``mask`` is 1); ``advantages`` are ``[B]`` (one per
+response, RLOO) or ``[B, T]`` (one per token, PPO); per-sequence values are ``[B]``. Stats are returned as detached 0-d tensors so the caller decides when to synchronise a device.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ def _pick(table: dict, name: str, what: str):
     return table[name]
 
 
-def _per_token_kl(logp: torch.Tensor, logp_ref: torch.Tensor, estimator: KLEstimator) -> torch.Tensor:
+def token_kl(logp: torch.Tensor, logp_ref: torch.Tensor, estimator: KLEstimator) -> torch.Tensor:
+    """Per-token KL(pi || ref) by the chosen estimator (k1 or k3), [B, T]."""
     return _pick({"k1": kl_k1, "k3": kl_k3}, estimator, "KL estimator")(logp, logp_ref)
 
 
@@ -55,7 +56,7 @@ def sequence_kl(
 ) -> torch.Tensor:
     """Per-sequence KL [B]: the chosen per-token estimate summed over response tokens."""
     m = _mask_like(mask, token_logp)
-    return (_per_token_kl(token_logp, token_logp_ref, estimator) * m).sum(dim=1)
+    return (token_kl(token_logp, token_logp_ref, estimator) * m).sum(dim=1)
 
 
 def shaped_reward(score: torch.Tensor, seq_kl: torch.Tensor, beta: float) -> torch.Tensor:
@@ -86,18 +87,20 @@ def policy_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """REINFORCE loss -mean_i A_i sum_t log pi(y_it), or its per-token PPO-clipped form given old log-probs.
 
-    Every token of response i gets that response's sequence-level advantage A_i (advantages are
-    treated as constants). With ``old_token_logp`` the per-token ratio rho = exp(logp - old_logp) is
+    Every token of response i gets that response's sequence-level advantage A_i, or its own A_it when
+    ``advantages`` is [B, T] (advantages are treated as constants). With ``old_token_logp`` the per-token ratio rho = exp(logp - old_logp) is
     clipped to [1 - eps, 1 + eps] pessimistically, as in PPO.
     """
     if token_logp.dim() != 2:
         raise ValueError(f"token_logp must be [B, T], got shape {tuple(token_logp.shape)}")
-    if advantages.shape != token_logp.shape[:1]:
+    if advantages.shape not in (token_logp.shape[:1], token_logp.shape):
         raise ValueError(
-            f"advantages must be [B]={token_logp.shape[0]} (one per response), got {tuple(advantages.shape)}"
+            f"advantages must be [B]={token_logp.shape[0]} (one per response) or [B, T]={tuple(token_logp.shape)} "
+            f"(one per token), got {tuple(advantages.shape)}"
         )
     m = _mask_like(mask, token_logp)
-    adv = advantages.detach().to(token_logp.dtype).unsqueeze(1)
+    adv = advantages.detach().to(token_logp.dtype)
+    adv = adv.unsqueeze(1) if adv.dim() == 1 else adv
     n_tokens = m.sum()
 
     if old_token_logp is None:
@@ -149,8 +152,55 @@ def kl_loss_term(
     the k1 term is the score function, whose expectation under on-policy samples is zero.
     """
     m = _mask_like(mask, token_logp)
-    per_token = _per_token_kl(token_logp, token_logp_ref.detach(), estimator)
+    per_token = token_kl(token_logp, token_logp_ref.detach(), estimator)
     return beta * _aggregate(per_token, m, norm)
+
+
+def token_rewards(scores: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, beta: float) -> torch.Tensor:
+    """PPO's per-token rewards [B, T]: r_t = -beta * kl_t on every response token, plus the sequence score
+    on the last one, so that sum_t r_t = score - beta * KL, the sequence reward RLOO shapes."""
+    m = _mask_like(mask, kl)
+    rewards = -beta * kl.detach() * m
+    last = (m.sum(1).long() - 1).clamp(min=0)
+    return rewards.scatter_add(1, last[:, None], (scores.to(rewards.dtype) * (m.sum(1) > 0))[:, None])
+
+
+def value_loss(
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, clip_eps: float
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped value loss, mean over response tokens: 0.5 * max((V - R)^2, (V_old + clip(V - V_old, ±eps) - R)^2).
+
+    Stats: the share of tokens where the clipped branch was the larger (the value moved past its trust
+    region), and the explained variance 1 - Var(R - V_old) / Var(R) of the values the advantages used.
+    """
+    m = _mask_like(mask, values)
+    old, ret = old_values.detach(), returns.detach()
+    clipped = old + (values - old).clamp(-clip_eps, clip_eps)
+    err, err_clipped = (values - ret) ** 2, (clipped - ret) ** 2
+    n = m.sum().clamp(min=1.0)
+    loss = 0.5 * (torch.maximum(err, err_clipped) * m).sum() / n
+    with torch.no_grad():
+        stats = {"value_clip_frac": ((err_clipped > err).to(m.dtype) * m).sum() / n,
+                 "explained_variance": explained_variance(old, ret, m)}
+    return loss, stats
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """1 - Var(R - V) / Var(R) over the response tokens: 1 is a perfect critic, 0 no better than a constant."""
+    m = _mask_like(mask, values)
+    n = m.sum().clamp(min=1.0)
+
+    def var(x: torch.Tensor) -> torch.Tensor:
+        mean = (x * m).sum() / n
+        return (((x - mean) ** 2) * m).sum() / n
+
+    return 1.0 - var(returns - values) / var(returns).clamp(min=1e-8)
+
+
+def approx_kl(token_logp: torch.Tensor, old_token_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """k3 estimate of KL(pi_old || pi) over response tokens: how far an update moved the policy."""
+    m = _mask_like(mask, token_logp)
+    return (kl_k3(old_token_logp.detach(), token_logp.detach()) * m).sum() / m.sum().clamp(min=1.0)
 
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
     AutoTokenizer,
     LlamaConfig,
     PreTrainedModel,
@@ -125,12 +126,21 @@ def load_causal_lm(
     return _load(AutoModelForCausalLM, path, dtype, trust_remote_code, trainable, attn_implementation, device)
 
 
+def _options(options: dict) -> dict:
+    return {"dtype": "float32", "trust_remote_code": False, "trainable": False, "attn_implementation": None,
+            "device": "cpu", **options}
+
+
+def load_critic(path: str | Path, **options) -> PreTrainedModel:
+    """PPO's critic: a one-label token classifier (a value at every position) on the backbone of a policy
+    or reward-model folder; a folder without that head gets a new one. Takes `load_causal_lm`'s options."""
+    return _load(AutoModelForTokenClassification, path, **_options(options), num_labels=1)
+
+
 def load_reward_model(path: str | Path, **options) -> PreTrainedModel:
     """A one-label sequence classifier (Bradley-Terry reward model); a causal LM folder gets a new head.
     Takes `load_causal_lm`'s options."""
-    opts = {"dtype": "float32", "trust_remote_code": False, "trainable": False, "attn_implementation": None,
-            "device": "cpu", **options}
-    return _load(AutoModelForSequenceClassification, path, **opts, num_labels=1)
+    return _load(AutoModelForSequenceClassification, path, **_options(options), num_labels=1)
 
 
 def _prepare(model: PreTrainedModel, trainable: bool, device: str) -> PreTrainedModel:

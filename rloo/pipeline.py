@@ -79,15 +79,18 @@ def run_name(stage: str, estimator: str | None = None, policy: str | None = None
     return stage if suffix in (None, "rloo") else f"{stage}_{suffix}"
 
 
-def stage_keys(cfg: dict, stage: str) -> tuple[list[str], list[str]]:
-    """(dotted keys `stage` reads under this config, keys below those that it does not read)."""
+def stage_keys(cfg: dict, stage: str, estimator: str | None = None) -> tuple[list[str], list[str]]:
+    """(dotted keys `stage` reads under this config, keys below those that it does not read);
+    `estimator`: the RLOO stage's, when it is not the config's own (a Snakemake wildcard)."""
     decl = STAGES[stage]
-    keys = list(decl.keys)
+    keys, excluded = list(decl.keys), list(decl.excluded)
+    if stage == "rloo" and (estimator or cfg["rloo"]["estimator"]) != "ppo":
+        excluded.append("rloo.ppo")  # PPO's settings: the critic-free estimators do not rerun on them
     if stage == "rloo" and cfg["reward"]["source"] == "model":
         keys.append("reward.batch_size_score")  # the reward model's scoring batch inside RLOO
     elif stage == "rloo" and cfg["reward"]["source"] == "judge":
         keys += ["evaluate.judge", "evaluate.llm_judge"]  # RLOO is scored by the evaluation judge
-    return keys, list(decl.excluded)
+    return keys, excluded
 
 
 def evaluated_policies(args: Any, cfg: dict) -> dict[str, str]:

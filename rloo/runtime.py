@@ -56,6 +56,16 @@ def autocast(mode: str, device: torch.device | str = "cpu") -> contextlib.Abstra
     return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
 
 
+def peak_memory_mb(device: torch.device | str = "cpu") -> float:
+    """The process's peak memory so far, in MiB: CUDA's max allocated on a GPU, the peak RSS on a CPU
+    (everything the process ever held: interpreter, libraries, models, activations)."""
+    if torch.device(device).type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
 def step_generator(seed: int, step: int, stream: int = 0) -> torch.Generator:
     """A generator that depends only on (seed, step, stream): a resumed run draws the same numbers."""
     g = torch.Generator()

@@ -21,7 +21,7 @@ import torch
 from rloo import alarms, checkpoint, models, report, tracking
 from rloo.batching import SeqBatch, completion_logprobs, completion_logprobs_and_entropy, join, model_device
 from rloo.data.gsm8k import format_prompt, read_split, solution_steps
-from rloo.errors import InputError
+from rloo.errors import InputError, MissingInputError
 from rloo.estimators import MovingBaseline, compute_advantages
 from rloo.evaluation import evaluate_policy, spec_for
 from rloo.io import atomic_dir, read_jsonl, write_json_atomic
@@ -29,7 +29,7 @@ from rloo.loop import TrainingLoop
 from rloo.losses import kl_loss_term, policy_loss, sequence_kl, shaped_reward
 from rloo.rewards import RewardSource, build_reward
 from rloo.rollout import Rollout, logprob_gap, make_rollout
-from rloo.runtime import autocast, run_fingerprint, setup, step_generator
+from rloo.runtime import autocast, peak_memory_mb, run_fingerprint, setup, step_generator
 from rloo.schedules import lr_multiplier
 
 log = logging.getLogger("rloo.train")
@@ -107,6 +107,15 @@ class Trainer:
         # a completion sampled twice for a prompt is passed forward once (bench/rloo_step.py turns both off).
         self.chunk_rows = 16
         self.dedup = True
+
+    def companions(self) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]:
+        """Trained networks besides the policy, checkpointed with it (none here; PPO's critic)."""
+        return {}
+
+    def networks(self) -> dict[str, int]:
+        """{network: parameters} of every network this trainer holds (the method's memory argument)."""
+        held = {"policy": self.policy, "reference": self.reference, "reward_model": getattr(self.reward, "model", None)}
+        return {name: models.count_parameters(m) for name, m in held.items() if m is not None}
 
     def _tokenize_prompts(self, rows: list[dict]) -> list[list[int]]:
         tmpl, limit = self.cfg["prompt"]["template"], self.mcfg["max_length"] - self.rcfg["max_new_tokens"]
@@ -278,6 +287,22 @@ class Trainer:
         }
 
 
+def make_trainer(cfg: dict, policy_dir: str | Path, reward: RewardSource, train: list[dict],
+                 reward_model_dir: str | Path | None) -> Trainer:
+    """The trainer of `rloo.estimator`: PPO (its critic grown from the policy or the reward model), or
+    the critic-free Trainer for every other estimator."""
+    if cfg["rloo"]["estimator"] != "ppo":
+        return Trainer(cfg, policy_dir, reward, train)
+    from rloo.ppo import PPOTrainer
+
+    critic_dir = policy_dir
+    if cfg["rloo"]["ppo"]["critic_init"] == "reward_model":
+        if not reward_model_dir:
+            raise MissingInputError("rloo.ppo.critic_init=reward_model: no reward model folder given (--reward-model)")
+        critic_dir = reward_model_dir
+    return PPOTrainer(cfg, policy_dir, reward, train, critic_dir)
+
+
 def run(
     cfg: dict,
     data_dir: str | Path,
@@ -299,7 +324,7 @@ def run(
     train = training_prompts([row for _, row in read_jsonl(data_dir / "train.jsonl")], r["min_solution_steps"])
     val = read_split(data_dir, "val")
     reward = build_reward(cfg, str(reward_model_dir) if reward_model_dir else None)
-    trainer = Trainer(cfg, policy_dir, reward, train)
+    trainer = make_trainer(cfg, policy_dir, reward, train, reward_model_dir)
 
     try:
         ckpt_dir, best_dir = work_dir / "checkpoints", work_dir / "best"
@@ -307,14 +332,17 @@ def run(
         # schedule depends on the step count, so there it is part of the fingerprint. Evaluation, selection
         # and stopping rules change what is written, not the training trajectory.
         bookkeeping = ("rloo.checkpoint_every", "rloo.keep_checkpoints", "rloo.eval_every", "rloo.eval_examples",
-                       "rloo.eval_draws", "rloo.select", "rloo.stop_on")
+                       "rloo.eval_draws", "rloo.eval_batch_size", "rloo.select", "rloo.stop_on")
+        if r["estimator"] != "ppo":
+            bookkeeping += ("rloo.ppo",)  # PPO's settings do not touch the other estimators' runs
         if cfg["rloo"]["lr_schedule"] == "constant":
             bookkeeping += ("rloo.steps",)
         fingerprint = run_fingerprint(cfg, ["seed", "model", "prompt", "reward", "rloo"], data_dir, policy_dir,
                                       ignore=bookkeeping)
         loop = TrainingLoop("rloo", r["steps"], ckpt_dir, trainer.policy, trainer.optimizer, trainer.scheduler,
                             fingerprint, r["checkpoint_every"], keep=r["keep_checkpoints"],
-                            state=lambda: {"evals": trainer.evals, "baseline": asdict(trainer.baseline)})
+                            state=lambda: {"evals": trainer.evals, "baseline": asdict(trainer.baseline)},
+                            companions=trainer.companions())
         # The step-0 evaluation is the only record logged outside the history.
         extra = loop.resume(replay=lambda extra: [e for e in extra.get("evals", []) if e["step"] == 0])
         trainer.history = loop.history  # one list: the loop saves it, the alarms read it
@@ -373,10 +401,12 @@ def run(
             "final_kl": float(np.mean([x["train/kl"] for x in last10])) if last10 else math.nan,
             "alarms": alarms.first_alarms(h),
             "evals": trainer.evals,
+            "networks": trainer.networks(),  # parameters of every network the stage holds
         }
         timings = loop.record_timings(
             train_seconds=seconds,
-            samples_per_second=r["prompts_per_step"] * r["k"] * (trained - loop.start) / max(seconds, 1e-9))
+            samples_per_second=r["prompts_per_step"] * r["k"] * (trained - loop.start) / max(seconds, 1e-9),
+            seconds_per_step=seconds / max(trained - loop.start, 1), peak_memory_mb=peak_memory_mb(trainer.device))
         tracking.log_metrics({"rloo/selected_step": chosen["step"]}, trained)
         with atomic_dir(out_dir) as tmp:
             models.save_pretrained(trainer.policy, trainer.tokenizer, tmp)

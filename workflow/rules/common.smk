@@ -69,13 +69,18 @@ def local_inputs(*values):
 WORKDIR_GUARD = _local(Path(workflow.basedir) / "workflow" / "scripts" / "workdir.py")
 
 
+def needs_reward_model(estimator):
+    """The RLOO stage reads the reward model when it is the training reward, or PPO's critic's start."""
+    return USES_REWARD_MODEL or (estimator == "ppo" and config["rloo"]["ppo"]["critic_init"] == "reward_model")
+
+
 def reward_model(wildcards):
-    """The reward model as a named input, for reward.source=model only (verifier and judge need none)."""
-    return {"reward_model": OUT["reward"]["model"]} if USES_REWARD_MODEL else {}
+    """The reward model as a named input, where the RLOO stage reads it (see needs_reward_model)."""
+    return {"reward_model": OUT["reward"]["model"]} if needs_reward_model(wildcards.estimator) else {}
 
 
 def reward_model_arg(wildcards, input):
-    return f"--reward-model {input.reward_model}" if USES_REWARD_MODEL else ""
+    return f"--reward-model {input.reward_model}" if needs_reward_model(wildcards.estimator) else ""
 
 
 def data_dir(wildcards, input):

@@ -1,0 +1,154 @@
+"""PPO with a learned critic: the method RLOO is measured against, as an estimator of the same stage.
+
+Same sampling (B prompts x k samples at T = 1), reward, frozen reference, evaluation, checkpoints and
+resume as the critic-free estimators (`rloo.estimator: ppo`). What differs, per batch:
+
+    r_t   = -beta * kl_t on every response token, + the score on the last one  (losses.token_rewards)
+    V_t   = the critic's value of the state before token t                       (a separate network)
+    A_t   = GAE(r, V; gamma, lambda), whitened; R_t = A_t + V_t                  (estimators.gae, eq. 7)
+    then `ppo.epochs` passes over `ppo.minibatches` minibatches: the clipped-ratio policy loss on A_t
+    (token mean) and the clipped value loss on R_t, each network with its own optimizer.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from rloo import models
+from rloo.batching import SeqBatch, completion_logprobs, completion_logprobs_and_entropy, join
+from rloo.estimators import gae, whiten
+from rloo.losses import approx_kl, explained_variance, policy_loss, token_kl, token_rewards, value_loss
+from rloo.rewards import RewardSource
+from rloo.runtime import autocast, step_generator
+from rloo.stages.train import Trainer, prompt_indices
+
+
+class PPOTrainer(Trainer):
+    """`Trainer` plus a critic: one PPO iteration per `step()`."""
+
+    def __init__(self, cfg: dict, policy_dir: str | Path, reward: RewardSource, train: list[dict],
+                 critic_dir: str | Path) -> None:
+        super().__init__(cfg, policy_dir, reward, train)
+        self.ppo = self.rcfg["ppo"]
+        self.critic = models.load_critic(critic_dir, **models.load_options(self.mcfg), trainable=True)
+        self.critic.config.pad_token_id = self.tokenizer.pad_token_id
+        self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=self.ppo["critic_lr"],
+                                                  weight_decay=self.rcfg["weight_decay"])
+
+    def companions(self) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]:
+        return {"critic": (self.critic, self.critic_optimizer)}
+
+    def networks(self) -> dict[str, int]:
+        return {**super().networks(), "critic": models.count_parameters(self.critic)}
+
+    def values(self, batch: SeqBatch) -> torch.Tensor:
+        """[B, T] the critic's value of the state before each completion token (aligned with log-probs)."""
+        with autocast(self.mcfg["autocast"], self.device):
+            out = self.critic(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                              position_ids=batch.position_ids, use_cache=False)
+        return out.logits[:, batch.prompt_len - 1 : -1, 0].float()
+
+    def step(self, step: int) -> dict:
+        r, p = self.rcfg, self.ppo
+        t0 = time.perf_counter()
+        idx = prompt_indices(len(self.train), step, r["prompts_per_step"], self.cfg["seed"])
+        ro = self._sample(idx, step)
+        t_gen = time.perf_counter()
+        scores, _ = self._score(idx, ro, r["k"])
+        t_score = time.perf_counter()
+
+        batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
+        mask = batch.completion_mask
+        with torch.no_grad(), autocast(self.mcfg["autocast"], self.device):
+            ref_lp = completion_logprobs(self.reference, batch, self.chunk_rows)
+            old_lp = completion_logprobs(self.policy, batch, self.chunk_rows)
+        with torch.no_grad():
+            old_values = self.values(batch)
+        t_ref = time.perf_counter()
+
+        valid = torch.isfinite(scores)
+        kl = token_kl(old_lp, ref_lp, r["kl_estimator"]) * mask
+        rewards = token_rewards(torch.where(valid, scores, torch.zeros_like(scores)), kl, mask, r["beta"])
+        adv, returns = gae(rewards, old_values, mask, p["gamma"], p["lam"])
+        # A sample without a reward (NaN) is left out of both losses rather than trained on a made-up 0.
+        train_mask = mask * valid[:, None].to(mask.dtype)
+        if p["whiten_advantages"]:
+            adv = whiten(adv, train_mask)
+
+        stats = {"clip_frac": 0.0, "approx_kl": 0.0, "value_loss": 0.0, "value_clip_frac": 0.0, "loss": 0.0}
+        grad_norm, entropy, n_updates = 0.0, math.nan, p["epochs"] * p["minibatches"]
+        lr = self.scheduler.get_last_lr()[0]
+        g = step_generator(self.cfg["seed"], step, stream=31)  # minibatch order: resume-exact
+        for epoch in range(p["epochs"]):
+            for rows in torch.randperm(len(mask), generator=g).to(self.device).chunk(p["minibatches"]):
+                mb, m = batch.select(rows), train_mask[rows]
+                with autocast(self.mcfg["autocast"], self.device):
+                    lp, ent = completion_logprobs_and_entropy(self.policy, mb, self.chunk_rows)
+                loss, st = policy_loss(lp, m, adv[rows], norm="token", old_token_logp=old_lp[rows],
+                                       clip_eps=r["clip_eps"])
+                loss.backward()
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), r["grad_clip"]))
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                vloss, vst = value_loss(self.values(mb), old_values[rows], returns[rows], m, p["value_clip"])
+                vloss.backward()
+                torch.nn.utils.clip_grad_norm_(self.critic.parameters(), r["grad_clip"])
+                self.critic_optimizer.step()
+                self.critic_optimizer.zero_grad(set_to_none=True)
+                for key, value in (("clip_frac", st["clip_frac"]), ("approx_kl", approx_kl(lp, old_lp[rows], m)),
+                                   ("value_loss", vloss), ("value_clip_frac", vst["value_clip_frac"]),
+                                   ("loss", loss)):
+                    stats[key] += float(value.detach()) / n_updates
+                if epoch == 0:  # the entropy of the policy that sampled (before this batch's updates)
+                    tokens = (ent * mb.completion_mask).sum()
+                    entropy = (0.0 if math.isnan(entropy) else entropy) + float(tokens / mask.sum().clamp(min=1))
+        self.scheduler.step()
+        self.rollout.sync_weights(self.policy)
+        t_upd = time.perf_counter()
+
+        metrics = {
+            "step": step,
+            **sample_metrics(scores, kl.sum(1), ro, r["k"]),
+            "train/clip_frac": stats["clip_frac"],
+            "train/entropy": entropy,
+            "train/grad_norm": grad_norm,
+            "train/loss": stats["loss"],
+            "train/lr": lr,
+            "ppo/value_loss": stats["value_loss"],
+            "ppo/value_clip_frac": stats["value_clip_frac"],
+            "ppo/explained_variance": float(explained_variance(old_values, returns, train_mask)),
+            "ppo/approx_kl": stats["approx_kl"],
+            "ppo/policy_clip_frac": stats["clip_frac"],
+            "ppo/value_mean": float((old_values * train_mask).sum() / train_mask.sum().clamp(min=1)),
+            "ppo/return_mean": float((returns * train_mask).sum() / train_mask.sum().clamp(min=1)),
+            "time/generation_s": t_gen - t0,
+            "time/scoring_s": t_score - t_gen,
+            "time/reference_s": t_ref - t_score,
+            "time/update_s": t_upd - t_ref,
+            "time/step_s": t_upd - t0,
+        }
+        metrics.update(self._alarms(metrics))
+        return metrics
+
+
+def sample_metrics(scores: torch.Tensor, seq_kl: torch.Tensor, ro, k: int) -> dict[str, float]:
+    """What a batch of samples says before any update: reward, KL, lengths, and the zero-signal share
+    (groups whose valid rewards do not differ: no estimator can learn from them)."""
+    valid = torch.isfinite(scores)
+    groups, ok = scores.view(-1, k), valid.view(-1, k)
+    hi = torch.where(ok, groups, torch.full_like(groups, -math.inf)).amax(1)
+    lo = torch.where(ok, groups, torch.full_like(groups, math.inf)).amin(1)
+    no_signal = (ok.sum(1) < 2) | (hi == lo)
+    return {
+        "train/reward_mean": float(scores[valid].mean()) if valid.any() else math.nan,
+        "train/reward_std": float(scores[valid].std()) if int(valid.sum()) > 1 else 0.0,
+        "train/kl": float(seq_kl.mean()),
+        "train/zero_adv_frac": float(no_signal.float().mean()),
+        "train/missing_rewards": int((~valid).sum()),
+        "train/response_length": float(ro.lengths.float().mean()),
+        "train/truncated_frac": float((~ro.finished).float().mean()),
+    }

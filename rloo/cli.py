@@ -210,7 +210,7 @@ def _dispatch(stage, args: argparse.Namespace, cfg: dict, out: dict[str, str]) -
         results = dict(r.split("=", 1) for r in args.result)
         timings = {name: f"{pipeline.work_dir('rloo', cfg, name)}/timings.json" for name in results}
         timings.update(dict(t.split("=", 1) for t in args.timings))
-        stage.run(results, out["result"], out["plot"], timings)
+        stage.run(results, out["result"], out["plot"], timings, cfg)
 
 
 if __name__ == "__main__":

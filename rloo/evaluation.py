@@ -5,6 +5,7 @@ independent T = 1 samples per problem (`sampled_draws` says how many)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -12,6 +13,7 @@ import torch
 
 from rloo.batching import completion_logprobs, join, model_device
 from rloo.data.gsm8k import format_prompt
+from rloo.io import read_jsonl, write_jsonl_atomic
 from rloo.losses import sequence_kl
 from rloo.rollout import generate
 from rloo.runtime import Progress, autocast, step_generator
@@ -131,3 +133,17 @@ def spec_for(cfg: dict, section: str, max_new_tokens: int, draws: int, stream: i
     batch = cfg[section]["batch_size" if section == "evaluate" else "eval_batch_size"]
     return EvalSpec(template=cfg["prompt"]["template"], max_new_tokens=max_new_tokens, draws=draws,
                     batch_size=batch, seed=cfg["seed"], stream=stream, autocast=cfg["model"]["autocast"])
+
+
+def write_completions(path: Path, rows: list[dict], texts: dict[str, dict[str, list[str]]]) -> None:
+    """Each problem with every policy's completions by decoding mode (the pairwise judge's inputs), so
+    that the comparison stage can judge two estimators' policies against each other."""
+    write_jsonl_atomic(path, [
+        {"question": r["question"], "answer": r["answer"],
+         "completions": {name: {mode: t[mode][i] for mode in t} for name, t in texts.items()}}
+        for i, r in enumerate(rows)])
+
+
+def read_completions(path: Path) -> list[dict]:
+    """`write_completions`' records."""
+    return [rec for _, rec in read_jsonl(path)]

@@ -39,11 +39,14 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
           keys=("seed", "model", "prompt", "reward.source", "rloo", "rollout"), per_estimator=True, work=True),
     Stage("evaluate", "evaluate",
           {"result": "{results}/gsm8k_{estimator}.json", "policies": "{results}/gsm8k_{estimator}/policies.png",
-           "proxy_vs_judge": "{results}/gsm8k_{estimator}/proxy_vs_judge.png"},
+           "proxy_vs_judge": "{results}/gsm8k_{estimator}/proxy_vs_judge.png",
+           "completions": "{results}/gsm8k_{estimator}/completions.jsonl"},
           keys=("seed", "model", "prompt", "evaluate"), per_estimator=True),
     Stage("toy", "toy", {"result": "{results}/toy_variance.json", "plot": "{results}/toy_variance.png"},
           keys=("seed",)),
-    Stage("comparison", "compare", {"result": "{results}/comparison.json", "plot": "{results}/comparison.png"}),
+    # It judges every estimator's completions against RLOO's with the evaluation's judge.
+    Stage("comparison", "compare", {"result": "{results}/comparison.json", "plot": "{results}/comparison.png"},
+          keys=("seed", "evaluate.judge", "evaluate.llm_judge", "evaluate.win_rate_decoding")),
 )}
 BY_VERB: dict[str, Stage] = {s.verb: s for s in STAGES.values()}
 

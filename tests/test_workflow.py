@@ -151,8 +151,8 @@ def test_gpu_config_plans_the_whole_pipeline_with_cluster_resources(run):
 
 
 def test_comparison_target_reuses_shared_stages(run):
-    # 6 estimators: the 4 not run yet get rloo + evaluate; prepare/sft/reward are shared
-    assert planned(run["copy"], "results/comparison.json") == {"rloo": 4, "evaluate": 4, "comparison": 1}
+    # 7 estimators (PPO among them): the 5 not run yet get rloo + evaluate; prepare/sft/reward are shared
+    assert planned(run["copy"], "results/comparison.json") == {"rloo": 5, "evaluate": 5, "comparison": 1}
 
 
 def test_compare_stage_on_real_results(run, tmp_path):
@@ -166,6 +166,28 @@ def test_compare_stage_on_real_results(run, tmp_path):
                 for e in ("rloo", "grpo")}
     best = max(accuracy, key=lambda e: (accuracy[e], e == "rloo"))  # ties: the first one listed
     assert json.loads((tmp_path / "comparison.json").read_text())["best_by_accuracy"] == best
+
+
+def test_comparison_target_has_a_ppo_row_judged_against_rloo(run):
+    c = run["copy"]
+    snakemake(c, "results/comparison.json", "--cores", "1", *CONFIGFILES, timeout=1200)
+    table = json.loads((c / "results/comparison.json").read_text())
+    rows = table["estimators"]
+    assert set(rows) == {"rloo", "grpo", "grpo_std", "reinforce", "moving_average", "remax", "ppo"}
+    ppo, rloo = rows["ppo"], rows["rloo"]
+    # The memory argument: PPO holds a critic beside the policy, the reference and the reward model.
+    assert set(ppo["training"]["networks"]) == set(rloo["training"]["networks"]) | {"critic"}
+    assert ppo["parameters_held"] > rloo["parameters_held"]
+    for row in (ppo, rloo):
+        assert row["training"]["seconds_per_step"] > 0 and row["training"]["peak_memory_mb"] > 0
+        assert row["samples_to_target"]["samples"] > 0
+    # Every policy but RLOO's is judged against RLOO's by the evaluation's judge, in both orders.
+    assert "win_rate_vs_rloo" not in rloo
+    for name, row in rows.items():
+        if name != "rloo":
+            wr = row["win_rate_vs_rloo"]
+            assert wr["wins"] + wr["losses"] + wr["ties"] + wr["invalid"] == table["examples"], name
+    assert table["judge_vs_baseline"]["baseline"] == "rloo"
 
 
 def test_lint_only_asks_for_conda_or_containers(run):

@@ -2,13 +2,16 @@
 
 Reads the `rloo evaluate` results (`results/gsm8k_<estimator>.json`), one per estimator, each holding
 the SFT policy and one trained policy evaluated on the same held-out prompts. Writes one row per
-estimator (held-out accuracy, win rate against SFT, KL, length, training throughput) and the SFT
-baseline, and checks that every result was computed on the same data.
+estimator (held-out accuracy, win rate against SFT and against RLOO by the evaluation's judge, KL,
+length, seconds per step, samples to a validation accuracy every estimator reached, peak memory, the
+networks held and their parameters) and the SFT baseline, and checks that every result was computed
+on the same data.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +22,10 @@ from rloo.io import atomic_path, write_json_atomic
 POLICY_KEYS = ("accuracy", "accuracy_flexible", "accuracy_sampled", "accuracy_sampled_flexible", "kl",
                "mean_length", "proxy_reward")
 TRAINING_KEYS = ("steps", "steps_trained", "selected_step", "train_seconds", "samples_per_second",
-                 "final_reward_mean", "final_kl", "reward_source", "alarms")
+                 "seconds_per_step", "peak_memory_mb", "samples_per_step", "networks", "final_reward_mean",
+                 "final_kl", "reward_source", "alarms")
+# The critic-free reference every estimator's policy is judged against (beside SFT).
+BASELINE = "rloo"
 
 
 def _policy_name(name: str, result: dict) -> str:
@@ -48,6 +54,7 @@ def compare(results: dict[str, dict]) -> dict[str, Any]:
             "win_rate_detail": wins or None,
             "training": {k: training.get(k) for k in TRAINING_KEYS if k in training},
         }
+    _samples_to_target(rows, results)
     first = next(iter(results.values()))
     sft = {k: first["policies"]["sft"].get(k) for k in POLICY_KEYS}
     manifests = {name: res.get("data_manifest_sha256") for name, res in results.items()}
@@ -68,6 +75,54 @@ def compare(results: dict[str, dict]) -> dict[str, Any]:
         },
         "data_manifest_sha256": manifests,
     }
+
+
+def _evals(name: str, res: dict) -> list[dict]:
+    policy = _policy_name(name, res)
+    return (((res.get("training") or {}).get(policy) or {}).get("evals")) or []
+
+
+def _samples_to_target(rows: dict[str, dict], results: dict[str, dict]) -> None:
+    """Samples each estimator drew before its validation sampled accuracy first reached the target:
+    the highest accuracy that every estimator's run reached (so each has a figure), step 0 excluded."""
+    best = {n: max((e["eval/accuracy_sampled"] for e in _evals(n, r) if e["step"] > 0), default=None)
+            for n, r in results.items()}
+    if any(b is None for b in best.values()):
+        return
+    target = min(best.values())
+    for name, res in results.items():
+        per_step = rows[name]["training"].get("samples_per_step")
+        step = next(e["step"] for e in _evals(name, res) if e["step"] > 0 and e["eval/accuracy_sampled"] >= target)
+        rows[name]["samples_to_target"] = {"target_val_accuracy_sampled": target, "step": step,
+                                           "samples": step * per_step if per_step else None}
+
+
+def judge_against_baseline(table: dict[str, Any], completion_files: dict[str, Path], results: dict[str, dict],
+                           cfg: dict) -> None:
+    """Win rate of each estimator's policy against the RLOO estimator's, by the evaluation's judge, on
+    the completions the evaluate stage wrote (same prompts, same decoding mode)."""
+    from rloo.evaluation import read_completions
+    from rloo.judges import build_judge, win_rate
+
+    if BASELINE not in completion_files or not all(Path(f).is_file() for f in completion_files.values()):
+        return
+    mode = cfg["evaluate"]["win_rate_decoding"]
+    base = read_completions(Path(completion_files[BASELINE]))
+    judge = build_judge(cfg)
+    for name, f in completion_files.items():
+        if name == BASELINE or name not in table["estimators"]:
+            continue
+        recs = read_completions(Path(f))
+        if [r["question"] for r in recs] != [r["question"] for r in base]:
+            raise InputError(f"{f}: other prompts than {completion_files[BASELINE]}; evaluate both on the same data")
+        mine, theirs = _policy_name(name, results[name]), _policy_name(BASELINE, results[BASELINE])
+        wr = win_rate(judge, [r["question"] for r in recs], [r["answer"] for r in recs],
+                      [r["completions"][mine][mode] for r in recs], [r["completions"][theirs][mode] for r in base])
+        detail = wr.as_dict()
+        if isinstance(detail["value"], float) and math.isnan(detail["value"]):
+            detail["value"] = None  # no valid verdict; NaN is not JSON
+        table["estimators"][name][f"win_rate_vs_{BASELINE}"] = detail
+    table["judge_vs_baseline"] = {"baseline": BASELINE, "decoding": mode, **judge.check()}
 
 
 def plot_comparison(table: dict[str, Any], path: str | Path) -> str:
@@ -114,17 +169,25 @@ def plot_comparison(table: dict[str, Any], path: str | Path) -> str:
 
 
 def run(result_files: dict[str, str | Path], out_json: str | Path, out_png: str | Path,
-        timing_files: dict[str, str | Path] | None = None) -> dict[str, Any]:
+        timing_files: dict[str, str | Path] | None = None, cfg: dict | None = None) -> dict[str, Any]:
     """Compare the evaluation results in `result_files` ({estimator: path}); write JSON and PNG.
 
     `timing_files` ({estimator: <work>/timings.json}): the RLOO runs' wall-clock figures, kept outside
-    their outputs; an estimator whose file is missing (its work folder was removed) has none."""
+    their outputs; an estimator whose file is missing (its work folder was removed) has none. With
+    `cfg` (its evaluate.judge settings), each policy is also judged against RLOO's, on the completions
+    next to each result (results/gsm8k_<estimator>/completions.jsonl)."""
     results = {name: json.loads(Path(f).read_text()) for name, f in result_files.items()}
     table = compare(results)
     for name, f in (timing_files or {}).items():
         if name in table["estimators"] and Path(f).is_file():
             timings = json.loads(Path(f).read_text())
             table["estimators"][name]["training"].update({k: timings[k] for k in TRAINING_KEYS if k in timings})
+    for row in table["estimators"].values():
+        nets = row["training"].get("networks")
+        row["parameters_held"] = sum(nets.values()) if nets else None
+    if cfg is not None:
+        judge_against_baseline(table, {n: Path(f).with_suffix("") / "completions.jsonl" for n, f in result_files.items()},
+                               results, cfg)
     table["sources"] = {name: str(f) for name, f in result_files.items()}
     # The plot first: the JSON is the stage's completion marker.
     table["plot"] = plot_comparison(table, out_png)

@@ -17,7 +17,7 @@ import yaml
 
 from rloo import models
 from rloo.config import config_hash, stage_config
-from rloo.evaluation import evaluate_policy, spec_for
+from rloo.evaluation import evaluate_policy, spec_for, write_completions
 from rloo.io import read_jsonl, sha256_file, write_json_atomic
 from rloo.judges import build_judge, win_rate
 from rloo.rewards import RewardModelReward
@@ -45,7 +45,8 @@ def policy_report(
 
 def run(cfg: dict, data_dir: str | Path, sft_dir: str | Path, policies: dict[str, str], out_json: str | Path,
         reward_model_dir: str | Path | None = None, plot_dir: str | Path | None = None) -> dict:
-    """Evaluate SFT and `policies` ({name: folder}); write the results JSON (and plots)."""
+    """Evaluate SFT and `policies` ({name: folder}); write the results JSON (and, into `plot_dir`, the
+    plots and every policy's completions)."""
     setup(cfg["threads"], cfg["seed"])
     m, e = cfg["model"], cfg["evaluate"]
     data_dir = Path(data_dir)
@@ -90,6 +91,8 @@ def run(cfg: dict, data_dir: str | Path, sft_dir: str | Path, policies: dict[str
     }
     if plot_dir is not None:
         from rloo.plots import plot_policies, plot_proxy_vs_judge
+
+        write_completions(Path(plot_dir) / "completions.jsonl", rows, texts)
 
         result["plots"] = {
             "policies": plot_policies(reports, Path(plot_dir) / "policies.png"),

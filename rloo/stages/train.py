@@ -389,6 +389,7 @@ def run(
         summary = {
             "steps": r["steps"],
             "steps_trained": trained,
+            "samples_per_step": r["prompts_per_step"] * r["k"],
             "resumed_from_step": loop.start,
             "threads": threads,
             "estimator": r["estimator"],

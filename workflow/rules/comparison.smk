@@ -2,6 +2,7 @@ rule comparison:
     input:
         code=code("compare"),
         results=expand(OUT["evaluate"]["result"], estimator=ESTIMATORS),
+        completions=expand(OUT["evaluate"]["completions"], estimator=ESTIMATORS),
     output:
         result=OUT["comparison"]["result"],
         plot=report(
@@ -10,6 +11,7 @@ rule comparison:
             category="Estimator comparison",
         ),
     params:
+        cfg=lambda wildcards: stage_config("comparison"),
         results=lambda wildcards, input: " ".join(
             f"--result {e}={f}" for e, f in zip(ESTIMATORS, input.results, strict=True)
         ),
@@ -26,4 +28,4 @@ rule comparison:
         mem_mb=2000,
         runtime=10,
     shell:
-        "rloo compare {params.results} {params.timings} --out {output.result} --plot {output.plot} > {log} 2>&1"
+        "rloo compare --config-json {params.cfg:q} {params.results} {params.timings} --out {output.result} --plot {output.plot} > {log} 2>&1"

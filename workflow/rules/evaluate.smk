@@ -23,6 +23,8 @@ rule evaluate:
             subcategory="{estimator}",
             labels={"estimator": "{estimator}", "plot": "proxy reward vs judge"},
         ),
+        # every policy's completions, for judging estimators against each other (rule comparison)
+        completions=OUT["evaluate"]["completions"],
     params:
         cfg=lambda wildcards: stage_config("evaluate"),
         data=data_dir,

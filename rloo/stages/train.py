@@ -1,8 +1,9 @@
 """`rloo train`: REINFORCE Leave-One-Out on the SFT policy, with a frozen reference and no critic.
 
-Per step: sample k completions for each of B prompts at T = 1, score them, shape the reward with the
-sequence KL to the reference, turn rewards into advantages with the configured estimator, and take
-one (or a few, ratio-clipped) optimizer steps on -mean_i A_i log π(y_i).
+Per step: sample k completions for each of B prompts at T = 1 and score them (`Trainer.collect`; with
+`rloo.dynamic_sampling`, only groups whose rewards differ, refilled from further prompts: rloo/collect.py),
+shape the reward with the sequence KL to the reference, turn rewards into advantages with the configured
+estimator, and take one (or a few, ratio-clipped) optimizer steps on -mean_i A_i log π(y_i).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import torch
 
 from rloo import alarms, checkpoint, models, report, tracking
 from rloo.batching import SeqBatch, completion_logprobs, completion_logprobs_and_entropy, join, model_device
-from rloo.data.gsm8k import format_prompt, read_split, solution_steps
+from rloo.collect import REFILL_STREAM, Collected, gather, prompt_indices, training_prompts
+from rloo.data.gsm8k import format_prompt, read_split
 from rloo.errors import InputError
 from rloo.estimators import MovingBaseline, compute_advantages
 from rloo.evaluation import evaluate_policy, spec_for
@@ -52,32 +54,17 @@ def check_sampling(rcfg: dict) -> list[str]:
     return problems
 
 
-def training_prompts(rows: list[dict], min_steps: int) -> list[dict]:
-    """The RL prompt pool: rows whose reference solution has >= `min_steps` reasoning lines."""
-    kept = [r for r in rows if solution_steps(r["answer"]) >= min_steps]
-    if min_steps:
-        log.info("rloo.min_solution_steps=%d keeps %d of %d training prompts", min_steps, len(kept), len(rows))
-    if not kept:
-        raise InputError(f"rloo.min_solution_steps={min_steps}: no training prompt has that many solution steps")
-    return kept
-
-
-def prompt_indices(n: int, step: int, per_step: int, seed: int) -> np.ndarray:
-    """The prompts of `step`: consecutive slices of a seeded permutation per epoch (resume-exact)."""
-    per_epoch = max(1, n // per_step)
-    epoch, pos = divmod(step, per_epoch)
-    perm = np.random.default_rng([seed, epoch, 1]).permutation(n)
-    return perm[pos * per_step : (pos + 1) * per_step]
-
-
 class Trainer:
-    """Holds the policy, the frozen reference, the optimizer and the reward; `step()` is one RLOO step."""
+    """Holds the policy, the frozen reference, the optimizer and the reward; `step()` is one RLOO step,
+    on the scored groups of `collect(step)`."""
 
     def __init__(self, cfg: dict, policy_dir: str | Path, reward: RewardSource, train: list[dict]) -> None:
         self.cfg, self.rcfg, self.mcfg = cfg, cfg["rloo"], cfg["model"]
         r = self.rcfg
         if r["estimator"] in ("rloo", "grpo", "grpo_std") and r["k"] < 2:
             raise InputError(f"rloo.k={r['k']}: the {r['estimator']} estimator needs k >= 2 samples per prompt")
+        if r["dynamic_sampling"] and r["k"] < 2:
+            raise InputError(f"rloo.k={r['k']}: rloo.dynamic_sampling keeps groups whose rewards differ; needs k >= 2")
         if r["prompts_per_step"] > len(train):
             raise InputError(
                 f"rloo.prompts_per_step={r['prompts_per_step']} exceeds the {len(train)} training prompts"
@@ -125,12 +112,12 @@ class Trainer:
                                    eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id, **kwargs)
         return ro.to(self.device)  # vLLM hands its samples back on the CPU
 
-    def _sample(self, idx: np.ndarray, step: int) -> Rollout:
+    def _sample(self, idx: np.ndarray, step: int, round_: int = 0) -> Rollout:
         k = self.rcfg["k"]
         return self._generate(
             [self.prompt_ids[i] for i in idx for _ in range(k)],
             temperature=self.rcfg["temperature"], top_p=self.rcfg["top_p"], top_k=self.rcfg["top_k"],
-            generator=step_generator(self.cfg["seed"], step),
+            generator=step_generator(self.cfg["seed"], step, stream=(REFILL_STREAM + round_) if round_ else 0),
         )
 
     def _score(self, idx: np.ndarray, ro: Rollout, repeat: int) -> tuple[torch.Tensor, list[str]]:
@@ -142,6 +129,18 @@ class Trainer:
             ro.finished.tolist(),
         )
         return scores.float().to(self.device), texts
+
+    def collect(self, step: int) -> Collected:
+        """The groups step `step` trains on: k samples for each of its B prompts, scored; with
+        `rloo.dynamic_sampling`, only groups whose raw rewards differ, refilled from further prompts
+        (`rloo.collect.gather`). Depends on (seed, step) and the policy only, and on no loss."""
+        r = self.rcfg
+        return gather(
+            prompt_indices(len(self.train), step, r["prompts_per_step"], self.cfg["seed"]),
+            lambda idx, round_: self._sample(idx, step, round_), lambda idx, ro: self._score(idx, ro, r["k"])[0],
+            k=r["k"], n_prompts=len(self.train), seed=self.cfg["seed"], step=step, pad_id=self.tokenizer.pad_token_id,
+            dynamic=r["dynamic_sampling"], max_rounds=r["dynamic_sampling_max_rounds"],
+        )
 
     def _greedy_baseline(self, idx: np.ndarray) -> torch.Tensor:
         """ReMax: the shaped reward of each prompt's greedy completion."""
@@ -164,11 +163,9 @@ class Trainer:
     def step(self, step: int) -> dict:
         r = self.rcfg
         t0 = time.perf_counter()
-        idx = prompt_indices(len(self.train), step, r["prompts_per_step"], self.cfg["seed"])
-        ro = self._sample(idx, step)
-        t_gen = time.perf_counter()
-        scores, _texts = self._score(idx, ro, r["k"])
-        greedy = self._greedy_baseline(idx) if r["estimator"] == "remax" else None
+        got = self.collect(step)
+        ro, scores = got.rollout, got.scores
+        greedy = self._greedy_baseline(got.idx) if r["estimator"] == "remax" else None
         t_score = time.perf_counter()
 
         batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
@@ -240,8 +237,9 @@ class Trainer:
             "train/grad_norm": grad_norm,
             "train/loss": float(loss.detach()),
             "train/lr": lr,
-            "time/generation_s": t_gen - t0,
-            "time/scoring_s": t_score - t_gen,
+            **got.stats,
+            "time/generation_s": got.timings["generation_s"],
+            "time/scoring_s": t_score - t0 - got.timings["generation_s"],
             "time/reference_s": t_ref - t_score,
             "time/update_s": t_upd - t_ref,
             "time/step_s": t_upd - t0,

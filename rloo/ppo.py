@@ -24,7 +24,7 @@ from rloo.estimators import gae, whiten
 from rloo.losses import approx_kl, explained_variance, policy_loss, token_kl, token_rewards, value_loss
 from rloo.rewards import RewardSource
 from rloo.runtime import autocast, step_generator
-from rloo.stages.train import Trainer, prompt_indices
+from rloo.trainer import Trainer
 
 
 class PPOTrainer(Trainer):
@@ -55,10 +55,8 @@ class PPOTrainer(Trainer):
     def step(self, step: int) -> dict:
         r, p = self.rcfg, self.ppo
         t0 = time.perf_counter()
-        idx = prompt_indices(len(self.train), step, r["prompts_per_step"], self.cfg["seed"])
-        ro = self._sample(idx, step)
-        t_gen = time.perf_counter()
-        scores, _ = self._score(idx, ro, r["k"])
+        got = self.collect(step)  # the same groups RLOO would train on (dynamic sampling included)
+        ro, scores = got.rollout, got.scores
         t_score = time.perf_counter()
 
         batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
@@ -125,14 +123,8 @@ class PPOTrainer(Trainer):
             "ppo/policy_clip_frac": stats["clip_frac"],
             "ppo/value_mean": float((old_values * train_mask).sum() / train_mask.sum().clamp(min=1)),
             "ppo/return_mean": float((returns * train_mask).sum() / train_mask.sum().clamp(min=1)),
-            "time/generation_s": t_gen - t0,
-            "time/scoring_s": t_score - t_gen,
-            "time/reference_s": t_ref - t_score,
-            "time/update_s": t_upd - t_ref,
-            "time/step_s": t_upd - t0,
         }
-        metrics.update(self._alarms(metrics))
-        return metrics
+        return self._complete(metrics, got, (t0, t_score, t_ref, t_upd))
 
 
 def sample_metrics(scores: torch.Tensor, seq_kl: torch.Tensor, ro, k: int) -> dict[str, float]:

@@ -152,3 +152,18 @@ def test_ppo_settings_do_not_rerun_the_critic_free_estimators(micro_run):
     cfg = json.loads(json.dumps(micro_run["cfg"]))
     assert "ppo" not in stage_config(cfg, "rloo", {"rloo.estimator": "rloo"})["rloo"]
     assert stage_config(cfg, "rloo", {"rloo.estimator": "ppo"})["rloo"]["ppo"]["lam"] == 0.95
+
+
+def test_ppo_trains_on_the_groups_dynamic_sampling_keeps(micro_run):
+    from test_dynamic_sampling import ScriptedReward, _cfg, _rows
+
+    from rloo.ppo import PPOTrainer
+
+    cfg = _cfg(micro_run, estimator="ppo")
+    plain = PPOTrainer({**cfg, "rloo": {**cfg["rloo"], "dynamic_sampling": False}}, micro_run["sft"],
+                       ScriptedReward(), _rows(micro_run), micro_run["sft"])
+    dynamic = PPOTrainer(cfg, micro_run["sft"], ScriptedReward(), _rows(micro_run), micro_run["sft"])
+    before, after = plain.step(0), dynamic.step(0)
+    assert before["train/zero_adv_frac"] > 0  # the scripted reward leaves most groups without signal
+    assert after["train/zero_adv_frac"] == 0 and after["train/dynamic_dropped_frac"] > 0
+    assert math.isfinite(after["ppo/value_loss"])

@@ -178,6 +178,9 @@ def test_comparison_target_has_a_ppo_row_judged_against_rloo(run):
     # The memory argument: PPO holds a critic beside the policy, the reference and the reward model.
     assert set(ppo["training"]["networks"]) == set(rloo["training"]["networks"]) | {"critic"}
     assert ppo["parameters_held"] > rloo["parameters_held"]
+    nets = ppo["training"]["networks"]
+    frozen = sum(n for name, n in nets.items() if name not in ("policy", "critic"))
+    assert ppo["model_state_bytes"] == 16 * (nets["policy"] + nets["critic"]) + 2 * frozen
     for row in (ppo, rloo):
         assert row["training"]["seconds_per_step"] > 0 and row["training"]["peak_memory_mb"] > 0
         assert row["samples_to_target"]["samples"] > 0

@@ -38,6 +38,10 @@ class Rollout:
         """A copy whose tensors are ordinary ones (usable by autograd even if made under inference mode)."""
         return Rollout(**{f.name: None if (t := getattr(self, f.name)) is None else t.clone() for f in fields(self)})
 
+    def select(self, rows: torch.Tensor) -> Rollout:
+        """The rollout of `rows` only: every tensor field indexed by row (the widths stay)."""
+        return Rollout(**{f.name: None if (t := getattr(self, f.name)) is None else t[rows] for f in fields(self)})
+
     def to(self, device: torch.device | str) -> Rollout:
         """The same rollout with every tensor on `device` (a no-op where they already are)."""
         return Rollout(**{f.name: None if (t := getattr(self, f.name)) is None else t.to(device) for f in fields(self)})

@@ -77,6 +77,16 @@ def compare(results: dict[str, dict]) -> dict[str, Any]:
     }
 
 
+# The method description's accounting: a trained parameter costs 16 bytes (bf16 weights and gradients,
+# fp32 Adam moments and master weights), a frozen one 2 (bf16 weights).
+TRAINED, BYTES_TRAINED, BYTES_FROZEN = ("policy", "critic"), 16, 2
+
+
+def model_state_bytes(networks: dict[str, int]) -> int:
+    """Model state of the networks held, by the accounting above (computed, not measured)."""
+    return sum(n * (BYTES_TRAINED if name in TRAINED else BYTES_FROZEN) for name, n in networks.items())
+
+
 def _evals(name: str, res: dict) -> list[dict]:
     policy = _policy_name(name, res)
     return (((res.get("training") or {}).get(policy) or {}).get("evals")) or []
@@ -185,6 +195,7 @@ def run(result_files: dict[str, str | Path], out_json: str | Path, out_png: str 
     for row in table["estimators"].values():
         nets = row["training"].get("networks")
         row["parameters_held"] = sum(nets.values()) if nets else None
+        row["model_state_bytes"] = model_state_bytes(nets) if nets else None
     if cfg is not None:
         judge_against_baseline(table, {n: Path(f).with_suffix("") / "completions.jsonl" for n, f in result_files.items()},
                                results, cfg)

@@ -1,8 +1,6 @@
-"""`rloo train`: REINFORCE Leave-One-Out on the SFT policy, with a frozen reference and no critic.
-
-Per step: sample k completions for each of B prompts at T = 1, score them, shape the reward with the
-sequence KL to the reference, turn rewards into advantages with the configured estimator, and take
-one (or a few, ratio-clipped) optimizer steps on -mean_i A_i log π(y_i).
+"""`rloo train`: REINFORCE Leave-One-Out on the SFT policy, with a frozen reference and no critic (the
+trainer: rloo/trainer.py), or PPO with a critic (`rloo.estimator: ppo`, rloo/ppo.py), on one training
+loop: validation evals, best-checkpoint selection, early stopping on an alarm, resume.
 """
 
 from __future__ import annotations
@@ -16,21 +14,20 @@ from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from rloo import alarms, checkpoint, models, report, tracking
-from rloo.batching import SeqBatch, completion_logprobs, completion_logprobs_and_entropy, join, model_device
-from rloo.data.gsm8k import format_prompt, read_split, solution_steps
-from rloo.errors import InputError, MissingInputError
-from rloo.estimators import MovingBaseline, compute_advantages
-from rloo.evaluation import evaluate_policy, spec_for
+from rloo.collect import prompt_indices, training_prompts
+from rloo.data.gsm8k import read_split
+from rloo.errors import MissingInputError
+from rloo.estimators import MovingBaseline
 from rloo.io import atomic_dir, read_jsonl, write_json_atomic
 from rloo.loop import TrainingLoop
-from rloo.losses import kl_loss_term, policy_loss, sequence_kl, shaped_reward
 from rloo.rewards import RewardSource, build_reward
-from rloo.rollout import Rollout, logprob_gap, make_rollout
-from rloo.runtime import autocast, peak_memory_mb, run_fingerprint, setup, step_generator
-from rloo.schedules import lr_multiplier
+from rloo.runtime import peak_memory_mb, run_fingerprint, setup
+from rloo.trainer import Trainer
+
+# The trainer and the prompt pool are the library's; the stage's names for them stay importable here.
+__all__ = ["Trainer", "check_sampling", "make_trainer", "prompt_indices", "run", "training_prompts"]
 
 log = logging.getLogger("rloo.train")
 
@@ -50,241 +47,6 @@ def check_sampling(rcfg: dict) -> list[str]:
             "differentiated; the RLOO gradient is biased. Sample with temperature 1.0, no top-p/top-k.", p
         )
     return problems
-
-
-def training_prompts(rows: list[dict], min_steps: int) -> list[dict]:
-    """The RL prompt pool: rows whose reference solution has >= `min_steps` reasoning lines."""
-    kept = [r for r in rows if solution_steps(r["answer"]) >= min_steps]
-    if min_steps:
-        log.info("rloo.min_solution_steps=%d keeps %d of %d training prompts", min_steps, len(kept), len(rows))
-    if not kept:
-        raise InputError(f"rloo.min_solution_steps={min_steps}: no training prompt has that many solution steps")
-    return kept
-
-
-def prompt_indices(n: int, step: int, per_step: int, seed: int) -> np.ndarray:
-    """The prompts of `step`: consecutive slices of a seeded permutation per epoch (resume-exact)."""
-    per_epoch = max(1, n // per_step)
-    epoch, pos = divmod(step, per_epoch)
-    perm = np.random.default_rng([seed, epoch, 1]).permutation(n)
-    return perm[pos * per_step : (pos + 1) * per_step]
-
-
-class Trainer:
-    """Holds the policy, the frozen reference, the optimizer and the reward; `step()` is one RLOO step."""
-
-    def __init__(self, cfg: dict, policy_dir: str | Path, reward: RewardSource, train: list[dict]) -> None:
-        self.cfg, self.rcfg, self.mcfg = cfg, cfg["rloo"], cfg["model"]
-        r = self.rcfg
-        if r["estimator"] in ("rloo", "grpo", "grpo_std") and r["k"] < 2:
-            raise InputError(f"rloo.k={r['k']}: the {r['estimator']} estimator needs k >= 2 samples per prompt")
-        if r["prompts_per_step"] > len(train):
-            raise InputError(
-                f"rloo.prompts_per_step={r['prompts_per_step']} exceeds the {len(train)} training prompts"
-            )
-        self.tokenizer = models.load_tokenizer(policy_dir, self.mcfg["trust_remote_code"])
-        self.policy = models.load_causal_lm(policy_dir, **models.load_options(self.mcfg), trainable=True)
-        # The reference is frozen by running only under no_grad and staying out of the optimizer. Its
-        # parameters keep requires_grad like the policy's because CPU kernels are chosen by that flag
-        # (a frozen weight takes another matmul path): the same flag gives bit-identical log-probs, so
-        # the measured KL before the first update is exactly 0.
-        self.reference = models.load_causal_lm(policy_dir, **models.load_options(self.mcfg), trainable=True)
-        self.device = model_device(self.policy)
-        self.reward = reward
-        self.train = train
-        self.prompt_ids = self._tokenize_prompts(train)
-        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=r["lr"], weight_decay=r["weight_decay"])
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_multiplier(r["warmup_steps"], r["steps"], r["lr_schedule"], r["min_lr_ratio"])
-        )
-        self.baseline = MovingBaseline(None, r["moving_average_decay"])
-        self.history: list[dict] = []
-        self.evals: list[dict] = []  # validation evaluations, {"step": updates done, "eval/...": ...}
-        self._warned: set[str] = set()  # alarms already announced in the log
-        # rollout backend (issue 8): `rollout.backend` hf | vllm; a vLLM engine is built once, here.
-        self.rollout = make_rollout(cfg, policy_dir, self.policy)
-        # Rows per chunk of the forward passes over the samples (batching._completion_pass), and whether
-        # a completion sampled twice for a prompt is passed forward once (bench/rloo_step.py turns both off).
-        self.chunk_rows = 16
-        self.dedup = True
-
-    def companions(self) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]:
-        """Trained networks besides the policy, checkpointed with it (none here; PPO's critic)."""
-        return {}
-
-    def networks(self) -> dict[str, int]:
-        """{network: parameters} of every network this trainer holds (the method's memory argument)."""
-        held = {"policy": self.policy, "reference": self.reference, "reward_model": getattr(self.reward, "model", None)}
-        return {name: models.count_parameters(m) for name, m in held.items() if m is not None}
-
-    def _tokenize_prompts(self, rows: list[dict]) -> list[list[int]]:
-        tmpl, limit = self.cfg["prompt"]["template"], self.mcfg["max_length"] - self.rcfg["max_new_tokens"]
-        ids = [self.tokenizer(format_prompt(r["question"], tmpl))["input_ids"] for r in rows]
-        too_long = [i for i, p in enumerate(ids) if len(p) > limit]
-        if too_long:
-            raise InputError(
-                f"{len(too_long)} training prompts (first: #{too_long[0]}) are longer than model.max_length - "
-                f"rloo.max_new_tokens = {limit} tokens; raise model.max_length or shorten the prompts"
-            )
-        return ids
-
-    # -- one step ---------------------------------------------------------------------------------
-    def _generate(self, prompts: list[list[int]], **kwargs) -> Rollout:
-        ro = self.rollout.generate(prompts, max_new_tokens=self.rcfg["max_new_tokens"],
-                                   eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id, **kwargs)
-        return ro.to(self.device)  # vLLM hands its samples back on the CPU
-
-    def _sample(self, idx: np.ndarray, step: int) -> Rollout:
-        k = self.rcfg["k"]
-        return self._generate(
-            [self.prompt_ids[i] for i in idx for _ in range(k)],
-            temperature=self.rcfg["temperature"], top_p=self.rcfg["top_p"], top_k=self.rcfg["top_k"],
-            generator=step_generator(self.cfg["seed"], step),
-        )
-
-    def _score(self, idx: np.ndarray, ro: Rollout, repeat: int) -> tuple[torch.Tensor, list[str]]:
-        tmpl = self.cfg["prompt"]["template"]
-        rows = [self.train[i] for i in idx for _ in range(repeat)]
-        texts = ro.texts(self.tokenizer)
-        scores = self.reward.score(
-            [format_prompt(r["question"], tmpl) for r in rows], texts, [r["answer"] for r in rows],
-            ro.finished.tolist(),
-        )
-        return scores.float().to(self.device), texts
-
-    def _greedy_baseline(self, idx: np.ndarray) -> torch.Tensor:
-        """ReMax: the shaped reward of each prompt's greedy completion."""
-        ro = self._generate([self.prompt_ids[i] for i in idx], greedy=True)
-        scores, _ = self._score(idx, ro, 1)
-        batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
-        with torch.no_grad(), autocast(self.mcfg["autocast"], self.device):
-            lp = completion_logprobs(self.policy, batch)
-            lp_ref = completion_logprobs(self.reference, batch)
-        kl = sequence_kl(lp, lp_ref, batch.completion_mask, self.rcfg["kl_estimator"])
-        return shaped_reward(scores, kl, self.rcfg["beta"]) if self.rcfg["kl_in"] == "reward" else scores
-
-    def _policy_pass(self, distinct: SeqBatch, inverse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Token log-probabilities under the policy (with gradient) and its entropy at each position, of
-        every row: computed once per distinct row and indexed out (the gradient sums over the copies)."""
-        with autocast(self.mcfg["autocast"], self.device):
-            lp, ent = completion_logprobs_and_entropy(self.policy, distinct, self.chunk_rows)
-        return lp[inverse], ent[inverse]
-
-    def step(self, step: int) -> dict:
-        r = self.rcfg
-        t0 = time.perf_counter()
-        idx = prompt_indices(len(self.train), step, r["prompts_per_step"], self.cfg["seed"])
-        ro = self._sample(idx, step)
-        t_gen = time.perf_counter()
-        scores, _texts = self._score(idx, ro, r["k"])
-        greedy = self._greedy_baseline(idx) if r["estimator"] == "remax" else None
-        t_score = time.perf_counter()
-
-        batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
-        mask = batch.completion_mask
-        # Samples of a prompt are often the very same completion (a peaked policy): the forward passes
-        # run once per distinct row, and every copy reads its log-probabilities. Exact: copies have the
-        # same log-probabilities, KL and shaped reward, and the gradient through the shared row is the
-        # sum over its copies.
-        first, inverse = batch.distinct_rows if self.dedup else (torch.arange(len(mask)), torch.arange(len(mask)))
-        distinct = batch.select(first) if len(first) < len(inverse) else batch
-        with torch.no_grad(), autocast(self.mcfg["autocast"], self.device):
-            ref_lp = completion_logprobs(self.reference, distinct, self.chunk_rows)[inverse]
-        t_ref = time.perf_counter()
-        # The policy stays in eval mode (no dropout): before the first update it must give exactly the
-        # reference's log-probabilities, so the measured KL starts at 0.
-        lp, token_ent = self._policy_pass(distinct, inverse)
-        rollout_metrics = logprob_gap(ro, lp, mask)  # rollout backend (issue 8): vLLM vs trainer log-probs
-        seq_kl = sequence_kl(lp.detach(), ref_lp, mask, r["kl_estimator"])
-        beta_in_reward = r["beta"] if r["kl_in"] == "reward" else 0.0
-        shaped = shaped_reward(scores, seq_kl, beta_in_reward)
-        adv = compute_advantages(
-            r["estimator"], shaped.view(-1, r["k"]), state=self.baseline, greedy_rewards=greedy,
-            decay=r["moving_average_decay"],
-        )
-        if adv.state is not None:
-            self.baseline = adv.state
-        advantages = adv.advantages.reshape(-1)
-
-        old_lp = lp.detach() if r["updates_per_batch"] > 1 else None
-        stats_acc: dict[str, float] = {"clip_frac": 0.0}
-        grad_norm = 0.0
-        lr = self.scheduler.get_last_lr()[0]  # the rate this step's updates use
-        for update in range(r["updates_per_batch"]):
-            if update > 0:
-                lp, token_ent = self._policy_pass(distinct, inverse)
-            loss, stats = policy_loss(lp, mask, advantages, norm=r["loss_norm"], old_token_logp=old_lp,
-                                      clip_eps=r["clip_eps"])
-            if r["kl_in"] == "loss":
-                loss = loss + kl_loss_term(lp, ref_lp, mask, r["beta"], r["kl_estimator"], r["loss_norm"])
-            loss.backward()
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), r["grad_clip"]))
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            stats_acc["clip_frac"] += float(stats["clip_frac"]) / r["updates_per_batch"]
-        self.scheduler.step()
-        self.rollout.sync_weights(self.policy)  # rollout backend (issue 8): in-place push; no-op for hf
-        entropy = float((token_ent * mask).sum() / mask.sum().clamp(min=1))
-        t_upd = time.perf_counter()
-
-        valid = torch.isfinite(scores)
-        lengths = ro.lengths.float()
-        metrics = {
-            "step": step,
-            "train/reward_mean": float(scores[valid].mean()) if valid.any() else math.nan,
-            "train/reward_std": float(scores[valid].std()) if int(valid.sum()) > 1 else 0.0,
-            "train/shaped_reward_mean": float(shaped[valid].mean()) if valid.any() else math.nan,
-            "train/kl": float(seq_kl.mean()),
-            "train/zero_adv_frac": adv.zero_adv_frac,
-            "train/degenerate_groups": adv.n_degenerate_groups,
-            "train/missing_rewards": int((~valid).sum()),
-            "train/response_length": float(lengths.mean()),
-            "train/distinct_frac": len(first) / len(inverse),
-            "train/truncated_frac": float((~ro.finished).float().mean()),
-            "train/adv_mean": float(advantages.mean()),
-            "train/adv_std": float(advantages.std()),
-            "train/adv_abs_max": float(advantages.abs().max()),
-            "train/clip_frac": stats_acc["clip_frac"],
-            "train/entropy": entropy,
-            "train/grad_norm": grad_norm,
-            "train/loss": float(loss.detach()),
-            "train/lr": lr,
-            "time/generation_s": t_gen - t0,
-            "time/scoring_s": t_score - t_gen,
-            "time/reference_s": t_ref - t_score,
-            "time/update_s": t_upd - t_ref,
-            "time/step_s": t_upd - t0,
-            **rollout_metrics,
-        }
-        metrics.update(self._alarms(metrics))
-        return metrics
-
-    def _alarms(self, m: dict) -> dict:
-        past = [*self.history, m]
-        flags = {
-            "alarm/zero_signal": alarms.zero_signal(m["train/zero_adv_frac"]),
-            "alarm/kl_without_reward": alarms.kl_without_reward(
-                [h["train/kl"] for h in past], [h["train/reward_mean"] for h in past]
-            ),
-            "alarm/length_climb": alarms.length_climb([h["train/response_length"] for h in past]),
-        }
-        for name, on in flags.items():
-            if on and name not in self._warned:
-                log.warning("%s fired at step %d (docs/failure-modes.md)", name, m["step"])
-                self._warned.add(name)
-        return {k: int(v) for k, v in flags.items()}
-
-    # -- evaluation during training: selection and the reward-hacking check ---------------------------
-    def evaluate(self, rows: list[dict], n: int, draws: int) -> dict:
-        """Validation accuracy (greedy, and sampled as the mean of `draws` draws per problem) and the
-        training reward's mean over the sampled completions (the proxy the policy is optimised for)."""
-        spec = spec_for(self.cfg, "rloo", self.rcfg["max_new_tokens"], draws, stream=11)
-        report, _ = evaluate_policy(self.policy, self.tokenizer, rows[:n], spec, proxy=self.reward, label="validation")
-        return {
-            "eval/accuracy_sampled": report["accuracy_sampled"],
-            "eval/accuracy_greedy": report["accuracy"],
-            "eval/proxy_reward": math.nan if report["proxy_reward"] is None else report["proxy_reward"],
-        }
 
 
 def make_trainer(cfg: dict, policy_dir: str | Path, reward: RewardSource, train: list[dict],

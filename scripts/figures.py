@@ -163,7 +163,55 @@ def rollout_backends_table() -> str:
     return "\n".join(rows)
 
 
+def _value(win_rate: dict | None) -> str:
+    return "—" if not win_rate or win_rate.get("value") is None else f"{win_rate['value']:.3f}"
+
+
+def comparison_table() -> str:
+    """Every estimator, PPO included, on the comparison overlay (config/comparison.yaml)."""
+    run = _load("comparison.json")
+    table = run["comparison"]
+    rows = ["| estimator | held-out sampled / greedy | win rate vs SFT | win rate vs RLOO | KL | s / step | "
+            "samples to target | peak memory | networks held (parameters) | model state (16/2 B accounting) |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    sft = table["sft"]
+    rows.append(f"| SFT | {sft['accuracy_sampled']:.3f} / {sft['accuracy']:.3f} | | | | | | | | |")
+    for name, r in table["estimators"].items():
+        t, nets = r["training"], r["training"].get("networks") or {}
+        vs = r.get("win_rate_vs_rloo")
+        rows.append(
+            f"| {name} | {r['accuracy_sampled']:.3f} / {r['accuracy']:.3f} | {_value({'value': r['win_rate']})} | "
+            f"{_value(vs)} | {r['kl']:.2f} | "
+            f"{t['seconds_per_step']:.2f} | {r['samples_to_target']['samples']:,} | {t['peak_memory_mb']:.0f} MB | "
+            f"{len(nets)} ({sum(nets.values()):,}) | {r['model_state_bytes'] / 2**20:.1f} MiB |")
+    ppo, rloo = table["estimators"]["ppo"], table["estimators"]["rloo"]
+    target = (ppo.get("samples_to_target") or {}).get("target_val_accuracy_sampled")
+    rows += ["", f"Samples to target: drawn until the validation sampled accuracy first reached {target:.3f}, the "
+             f"highest every estimator reached. PPO / RLOO: model state {ppo['model_state_bytes'] / rloo['model_state_bytes']:.2f}× "
+             f"by the accounting (the method description's 7B example: 252 / 140 = 1.80×, with a 7B reward "
+             f"model), parameters held {ppo['parameters_held'] / rloo['parameters_held']:.2f}×, measured peak "
+             f"memory {ppo['training']['peak_memory_mb'] / rloo['training']['peak_memory_mb']:.2f}× (peak RSS of "
+             f"the whole process on this CPU), seconds per step "
+             f"{ppo['training']['seconds_per_step'] / rloo['training']['seconds_per_step']:.2f}×."]
+    return "\n".join(rows)
+
+
+def dynamic_sampling_table() -> str:
+    """RLOO with and without dynamic sampling, on the comparison overlay's settings."""
+    rows = ["| run | zero-signal share of trained groups | samples generated | held-out sampled / greedy | "
+            "RLOO stage |", "| --- | --- | --- | --- | --- |"]
+    for f in sorted(FIGURES.glob("dynamic_sampling_*.json")):
+        run = json.loads(f.read_text())
+        res = run["results"]
+        rl, t = res["policies"]["rloo"], res["training"]["rloo"]
+        rows.append(f"| [{f.stem}](docs/figures/{f.name}) | {t['zero_adv_frac_mean']:.3f} | {t['samples_generated']:,} | "
+                    f"{rl['accuracy_sampled']:.3f} / {rl['accuracy']:.3f} | {run['stage_seconds']['rloo_rloo']:.0f} s |")
+    return "\n".join(rows)
+
+
 TABLES = {
+    "comparison": comparison_table,
+    "dynamic-sampling": dynamic_sampling_table,
     "validation-curves": validation_curves_table,
     "reward-ceiling": reward_ceiling_table,
     "rollout-backends": rollout_backends_table,
@@ -180,9 +228,10 @@ def render(text: str) -> str:
     return _BLOCK.sub(lambda m: m.group(1) + TABLES[m.group("name")]() + "\n" + m.group(4), text)
 
 
-def collect(run_dir: Path, out: Path, command: str) -> None:
-    """One recorded pipeline run: its results, each stage's seconds, the wall time, the command."""
-    results = sorted(run_dir.glob("results/gsm8k_*.json"))
+def collect(run_dir: Path, out: Path, command: str, result: str | None = None) -> None:
+    """One recorded pipeline run: its results (`result`, else the only results/gsm8k_*.json), each
+    stage's seconds, the wall time, the command; with results/comparison.json, that table too."""
+    results = [run_dir / result] if result else sorted(run_dir.glob("results/gsm8k_*.json"))
     if len(results) != 1:
         raise SystemExit(f"{run_dir}: expected one results/gsm8k_*.json, found {[str(p) for p in results]}")
     stage_seconds = {}
@@ -198,6 +247,8 @@ def collect(run_dir: Path, out: Path, command: str) -> None:
         "stage_seconds": stage_seconds,
         "results": json.loads(results[0].read_text()),
     }
+    if (run_dir / "results" / "comparison.json").is_file() and result is None:
+        record["comparison"] = json.loads((run_dir / "results" / "comparison.json").read_text())
     out.write_text(json.dumps(record, indent=1) + "\n")
 
 
@@ -208,10 +259,16 @@ def main() -> int:
     c.add_argument("run_dir", type=Path)
     c.add_argument("out", type=Path)
     c.add_argument("--command", required=True)
+    c.add_argument("--result", default=None, help="the results file, relative to RUN_DIR (default: the only one)")
+    c.add_argument("--comparison", action="store_true", help="record results/comparison.json (and results/gsm8k_rloo.json)")
     ap.add_argument("--check", action="store_true")
     a = ap.parse_args()
     if a.cmd == "collect":
-        collect(a.run_dir, a.out, a.command)
+        collect(a.run_dir, a.out, a.command, "results/gsm8k_rloo.json" if a.comparison else a.result)
+        if a.comparison:
+            record = json.loads(a.out.read_text())
+            record["comparison"] = json.loads((a.run_dir / "results" / "comparison.json").read_text())
+            a.out.write_text(json.dumps(record, indent=1) + "\n")
         return 0
     stale = []
     for page in PAGES:

@@ -28,7 +28,7 @@ def test_defaults_are_filled_and_not_shared():
         ({"rloo": {"kk": 3}}, "unknown key 'rloo.kk'"),
         ({"sfft": {}}, "unknown key 'sfft'"),
         ({"sft": {"lr": "fast"}}, "key 'sft.lr': 'fast' is not of type 'number'"),
-        ({"rloo": {"estimator": "ppo"}}, "key 'rloo.estimator'"),
+        ({"rloo": {"estimator": "dpo"}}, "key 'rloo.estimator'"),
         ({"rloo": {"k": 0}}, "key 'rloo.k': 0 is less than the minimum of 1"),
         # rules across keys, caught at validation (before any stage runs)
         ({"rloo": {"k": 1}}, "key 'rloo.k': the rloo estimator needs k >= 2"),

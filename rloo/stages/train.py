@@ -162,6 +162,10 @@ def run(
             "stopped_early": stopped,
             "final_reward_mean": float(np.nanmean([x["train/reward_mean"] for x in last10])) if last10 else math.nan,
             "final_kl": float(np.mean([x["train/kl"] for x in last10])) if last10 else math.nan,
+            # Samples drawn in all (dynamic sampling draws more than B*k a step) and the share of trained
+            # groups without signal, over the whole run.
+            "samples_generated": sum(r["prompts_per_step"] * r["k"] + x.get("train/extra_samples", 0) for x in h),
+            "zero_adv_frac_mean": float(np.mean([x["train/zero_adv_frac"] for x in h])) if h else math.nan,
             "alarms": alarms.first_alarms(h),
             "evals": trainer.evals,
             "networks": trainer.networks(),  # parameters of every network the stage holds

@@ -26,7 +26,7 @@ import torch
 
 from rloo import checkpoint, tracking
 from rloo.io import write_json_atomic
-from rloo.runtime import Preempted, Progress, StopFlag
+from rloo.runtime import Preempted, Progress, StopFlag, peak_memory_mb
 
 log = logging.getLogger("rloo")
 
@@ -77,9 +77,11 @@ class TrainingLoop:
             self.bar.set_postfix(**postfix)
 
     def record_timings(self, **figures: float) -> dict[str, float]:
-        """Wall-clock figures of this run (seconds, throughput): MLflow metrics `time/<name>` and
+        """Wall-clock figures of this run (seconds, throughput) and its peak memory: MLflow metrics `time/<name>` and
         `<work>/timings.json` beside the checkpoints, never the stage's outputs, which must be a
         function of their inputs (a rerun writes them byte for byte)."""
+        # The process's peak memory so far: what this stage needed (CUDA max allocated, or peak RSS).
+        figures = {**figures, "peak_memory_mb": peak_memory_mb(next(self.model.parameters()).device)}
         figures = {k: round(float(v), 3) for k, v in figures.items()}
         tracking.log_metrics({f"time/{k}": v for k, v in figures.items()}, self.steps)
         write_json_atomic(self.ckpt_dir.parent / "timings.json", figures)

@@ -61,11 +61,19 @@ class PPOTrainer(Trainer):
 
         batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
         mask = batch.completion_mask
-        with torch.no_grad(), autocast(self.mcfg["autocast"], self.device):
-            ref_lp = completion_logprobs(self.reference, batch, self.chunk_rows)
-            old_lp = completion_logprobs(self.policy, batch, self.chunk_rows)
+        # Fixed minibatches for the step (their order changes by epoch): the log-probabilities and values
+        # before any update are computed on exactly the batches the updates see, so the first update's
+        # ratio is exactly 1 and its value clip inactive (other batch shapes round differently in bf16).
+        g = step_generator(self.cfg["seed"], step, stream=31)  # resume-exact
+        parts = torch.randperm(len(mask), generator=g).to(self.device).chunk(p["minibatches"])
+        ref_lp, old_lp, old_values = (torch.zeros_like(mask) for _ in range(3))
         with torch.no_grad():
-            old_values = self.values(batch)
+            for rows in parts:
+                mb = batch.select(rows)
+                with autocast(self.mcfg["autocast"], self.device):
+                    ref_lp[rows] = completion_logprobs(self.reference, mb, self.chunk_rows)
+                    old_lp[rows] = completion_logprobs(self.policy, mb, self.chunk_rows)
+                old_values[rows] = self.values(mb)
         t_ref = time.perf_counter()
 
         valid = torch.isfinite(scores)
@@ -80,9 +88,9 @@ class PPOTrainer(Trainer):
         stats = {"clip_frac": 0.0, "approx_kl": 0.0, "value_loss": 0.0, "value_clip_frac": 0.0, "loss": 0.0}
         grad_norm, entropy, n_updates = 0.0, math.nan, p["epochs"] * p["minibatches"]
         lr = self.scheduler.get_last_lr()[0]
-        g = step_generator(self.cfg["seed"], step, stream=31)  # minibatch order: resume-exact
         for epoch in range(p["epochs"]):
-            for rows in torch.randperm(len(mask), generator=g).to(self.device).chunk(p["minibatches"]):
+            order = range(len(parts)) if epoch == 0 else torch.randperm(len(parts), generator=g).tolist()
+            for rows in (parts[j] for j in order):
                 mb, m = batch.select(rows), train_mask[rows]
                 with autocast(self.mcfg["autocast"], self.device):
                     lp, ent = completion_logprobs_and_entropy(self.policy, mb, self.chunk_rows)

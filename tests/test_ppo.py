@@ -167,3 +167,20 @@ def test_ppo_trains_on_the_groups_dynamic_sampling_keeps(micro_run):
     assert before["train/zero_adv_frac"] > 0  # the scripted reward leaves most groups without signal
     assert after["train/zero_adv_frac"] == 0 and after["train/dynamic_dropped_frac"] > 0
     assert math.isfinite(after["ppo/value_loss"])
+
+
+def test_a_single_update_starts_at_ratio_one(micro_run, micro_reward):
+    from rloo.io import read_jsonl
+    from rloo.ppo import PPOTrainer
+    from rloo.rewards import build_reward
+    from rloo.stages.train import training_prompts
+
+    cfg = _ppo_cfg(micro_run)
+    cfg["rloo"]["ppo"].update({"epochs": 1, "minibatches": 1})
+    rows = training_prompts([r for _, r in read_jsonl(micro_run["data"] / "train.jsonl")], 0)
+    trainer = PPOTrainer(cfg, micro_run["sft"], build_reward(cfg, str(micro_reward)), rows, micro_run["sft"])
+    m = trainer.step(0)
+    # One update: it sees exactly the log-probabilities and values the advantages were computed with
+    # (the ratio is 1, no value is clipped), and at step 0 the policy is the reference (KL 0).
+    assert m["ppo/approx_kl"] == 0.0 and m["ppo/policy_clip_frac"] == 0.0 and m["ppo/value_clip_frac"] == 0.0
+    assert m["train/kl"] == 0.0

@@ -23,7 +23,7 @@ from rloo.estimators import MovingBaseline
 from rloo.io import atomic_dir, read_jsonl, write_json_atomic
 from rloo.loop import TrainingLoop
 from rloo.rewards import RewardSource, build_reward
-from rloo.runtime import peak_memory_mb, run_fingerprint, setup
+from rloo.runtime import run_fingerprint, setup
 from rloo.trainer import Trainer
 
 # The trainer and the prompt pool are the library's; the stage's names for them stay importable here.
@@ -173,7 +173,7 @@ def run(
         timings = loop.record_timings(
             train_seconds=seconds,
             samples_per_second=r["prompts_per_step"] * r["k"] * (trained - loop.start) / max(seconds, 1e-9),
-            seconds_per_step=seconds / max(trained - loop.start, 1), peak_memory_mb=peak_memory_mb(trainer.device))
+            seconds_per_step=seconds / max(trained - loop.start, 1))
         tracking.log_metrics({"rloo/selected_step": chosen["step"]}, trained)
         with atomic_dir(out_dir) as tmp:
             models.save_pretrained(trainer.policy, trainer.tokenizer, tmp)

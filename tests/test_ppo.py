@@ -184,3 +184,17 @@ def test_a_single_update_starts_at_ratio_one(micro_run, micro_reward):
     # (the ratio is 1, no value is clipped), and at step 0 the policy is the reference (KL 0).
     assert m["ppo/approx_kl"] == 0.0 and m["ppo/policy_clip_frac"] == 0.0 and m["ppo/value_clip_frac"] == 0.0
     assert m["train/kl"] == 0.0
+
+
+def test_a_critic_grown_from_the_reward_model_reuses_its_head(micro_run, micro_reward, tmp_path):
+    from safetensors.torch import load_file
+
+    cfg = _ppo_cfg(micro_run, steps=1, eval_every=0, select="last")
+    cfg["rloo"]["ppo"]["critic_init"] = "reward_model"
+    trainer = train.make_trainer(cfg, micro_run["sft"], train.build_reward(cfg, str(micro_reward)),
+                                 train.training_prompts([{"question": "q", "answer": "a\n#### 1"}] * 8, 0), micro_reward)
+    head = load_file(str(micro_reward / "model.safetensors"))["score.weight"]
+    assert torch.equal(trainer.critic.score.weight.detach(), head)  # the reward model's scalar head, per position
+    with pytest.raises(Exception, match="critic_init=reward_model"):
+        train.make_trainer(cfg, micro_run["sft"], train.build_reward(cfg, str(micro_reward)),
+                           [{"question": "q", "answer": "a\n#### 1"}] * 8, None)

@@ -30,6 +30,7 @@ from rloo import models  # noqa: E402
 from rloo.config import load_config  # noqa: E402
 from rloo.io import read_jsonl  # noqa: E402
 from rloo.preferences import Pair, split_by_prompt  # noqa: E402
+from rloo.prompting import PromptFormat  # noqa: E402
 from rloo.runtime import setup  # noqa: E402
 from rloo.stages.reward import pairwise_accuracy, sample_pairs  # noqa: E402
 
@@ -87,7 +88,8 @@ def main() -> None:
     scores = {f"policy {name}": acc for name, acc in ranking_accuracy(policy, tok, val).items()}
     if args.reward_model:
         rm = models.load_reward_model(args.reward_model, **models.load_options(mcfg))
-        scores["reward model"] = pairwise_accuracy(rm, tok, val, mcfg["max_length"], mcfg["autocast"])
+        fmt = PromptFormat(tok, cfg["prompt"])
+        scores["reward model"] = pairwise_accuracy(rm, fmt, val, mcfg["max_length"], mcfg["autocast"])
     for name, acc in scores.items():
         print(f"held-out pairwise accuracy, {name:<31} {acc:.3f}")
     if args.json:

@@ -31,6 +31,7 @@ from rloo import models  # noqa: E402
 from rloo.config import load_config  # noqa: E402
 from rloo.data import synthetic  # noqa: E402
 from rloo.data.gsm8k import format_completion, format_prompt  # noqa: E402
+from rloo.prompting import PromptFormat  # noqa: E402
 from rloo.rollout.hf import generate as hf_generate  # noqa: E402
 
 
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> dict:
         tok = models.load_tokenizer(policy)
         model = models.load_causal_lm(policy, cfg["model"]["dtype"])
         _, test, _ = synthetic.generate(10, args.prompts, seed=cfg["seed"] + 1)
-        ids = [tok(format_prompt(r["question"], cfg["prompt"]["template"]))["input_ids"] for r in test]
+        ids = [PromptFormat(tok, cfg["prompt"]).prompt_ids(r["question"]) for r in test]
         prompts = [p for p in ids for _ in range(args.k)]
         kw = {"max_new_tokens": max_new, "eos_id": tok.eos_token_id, "pad_id": tok.pad_token_id}
 

@@ -104,6 +104,24 @@ def model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
+def sequence_scores(model: torch.nn.Module, seqs: list[list[int]], pad_id: int) -> torch.Tensor:
+    """A one-label sequence classifier's scores [B] of token sequences, left-padded into one batch and read
+    at each row's last position: its last real token (the EOS every scored text ends with).
+
+    HF's classifiers pool at the rightmost token that is not the pad id; under a tokenizer whose pad is its
+    EOS that is the token before the EOS. A batch whose last column holds the pad id therefore runs the
+    backbone and reads the head (`score`) at the last position itself.
+    """
+    ids, mask = (t.to(model_device(model)) for t in left_pad(seqs, pad_id))
+    pos = positions(mask)
+    pad, head = model.config.pad_token_id, getattr(model, "score", None)
+    if head is None or (pad is not None and not bool((ids[:, -1] == pad).any())):
+        return model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, 0]
+    backbone = getattr(model, model.base_model_prefix)
+    hidden = backbone(input_ids=ids, attention_mask=mask, position_ids=pos).last_hidden_state
+    return head(hidden[:, -1])[:, 0]
+
+
 def completion_logits(model: torch.nn.Module, batch: SeqBatch, share_prompts: bool = True) -> torch.Tensor:
     """Logits that predict each completion token: [B, T, V], in one pass (the reference for the chunked
     pass below). `share_prompts` runs each distinct prompt once (see `completion_logprobs`)."""

@@ -12,9 +12,9 @@ import numpy as np
 import torch
 
 from rloo.batching import completion_logprobs, join, model_device
-from rloo.data.gsm8k import format_prompt
 from rloo.io import read_jsonl, write_jsonl_atomic
 from rloo.losses import sequence_kl
+from rloo.prompting import PromptFormat
 from rloo.rollout import generate
 from rloo.runtime import Progress, autocast, step_generator
 from rloo.verifier import Mode, is_correct
@@ -30,10 +30,10 @@ class Scorer(Protocol):
 
 @dataclass(frozen=True)
 class EvalSpec:
-    """How to evaluate: the prompt template, the token budget, the sampled draws per problem, the
-    decoding batch (rows per call), the sampling noise's (seed, stream), the autocast mode."""
+    """How to evaluate: the `prompt` config (rloo.prompting), the token budget, the sampled draws per
+    problem, the decoding batch (rows per call), the sampling noise's (seed, stream), the autocast mode."""
 
-    template: str
+    prompt: dict
     max_new_tokens: int
     draws: int
     batch_size: int
@@ -101,9 +101,10 @@ def evaluate_policy(policy, tokenizer, rows: list[dict], spec: EvalSpec, referen
     strict and flexible), mean sampled length, KL to `reference` and the `proxy` reward's mean over the
     sampled completions where given (else None). Also the completions by mode, for a pairwise judge:
     `greedy`, and `sampled` = the first draw (an LLM judge is paid per comparison)."""
-    prompts = [format_prompt(r["question"], spec.template) for r in rows]
+    fmt = PromptFormat(tokenizer, spec.prompt)
+    prompts = [fmt.prompt(r["question"]) for r in rows]
     golds = [r["answer"] for r in rows]
-    ids = [tokenizer(p)["input_ids"] for p in prompts]
+    ids = [fmt.encode(p) for p in prompts]
     greedy = decode(policy, tokenizer, ids, spec, greedy=True, label=label)[0]
     draws = decode(policy, tokenizer, ids, spec, greedy=False, reference=reference, label=label)
     per_draw = [accuracy(d.texts, golds, "strict") for d in draws]
@@ -127,11 +128,11 @@ def evaluate_policy(policy, tokenizer, rows: list[dict], spec: EvalSpec, referen
 
 
 def spec_for(cfg: dict, section: str, max_new_tokens: int, draws: int, stream: int) -> EvalSpec:
-    """A stage's EvalSpec: the config's template, seed and autocast, and its own section's decoding
+    """A stage's EvalSpec: the config's prompt, seed and autocast, and its own section's decoding
     batch (`<section>.eval_batch_size`, or `evaluate.batch_size`): the batch decides which noise each
     row draws, so it must be a key the stage reruns on."""
     batch = cfg[section]["batch_size" if section == "evaluate" else "eval_batch_size"]
-    return EvalSpec(template=cfg["prompt"]["template"], max_new_tokens=max_new_tokens, draws=draws,
+    return EvalSpec(prompt=cfg["prompt"], max_new_tokens=max_new_tokens, draws=draws,
                     batch_size=batch, seed=cfg["seed"], stream=stream, autocast=cfg["model"]["autocast"])
 
 

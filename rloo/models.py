@@ -34,6 +34,14 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int = 384) -> PreTrainedTokenizerFast:
     """Byte-level BPE trained on `texts`, every digit its own token (arithmetic stays digit-wise)."""
+    return PreTrainedTokenizerFast(
+        tokenizer_object=train_bpe(texts, vocab_size, [EOS, PAD]), eos_token=EOS, bos_token=EOS, pad_token=PAD,
+        padding_side="left",
+    )
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int, special_tokens: list[str]) -> Tokenizer:
+    """The `tokenizers` byte-level BPE of `train_tokenizer`, with `special_tokens` first in its vocabulary."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
@@ -44,14 +52,12 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 384) -> PreTrainedTo
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=[EOS, PAD],
+        special_tokens=special_tokens,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token=EOS, bos_token=EOS, pad_token=PAD, padding_side="left"
-    )
+    return tok
 
 
 def build_tiny_model(
@@ -75,11 +81,12 @@ def build_tiny_model(
     )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
-    _set_generation_ids(model, tokenizer)
+    set_generation_ids(model, tokenizer)
     return model
 
 
-def _set_generation_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+def set_generation_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+    """The model's config and generation config name the tokenizer's EOS, pad and BOS ids."""
     for cfg in (model.config, model.generation_config):
         cfg.eos_token_id = tokenizer.eos_token_id
         cfg.pad_token_id = tokenizer.pad_token_id
@@ -87,6 +94,10 @@ def _set_generation_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBa
 
 
 def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    """A tokenizer that pads on the left. One without a pad token (Llama 3) pads with its EOS: no new
+    embedding row, the model stays as it was saved. Nothing reads padding from token ids (masks come from
+    lengths, a sampled row ends at its first live EOS, the reward head reads the last position:
+    batching.sequence_scores), so pad == EOS is safe."""
     tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token

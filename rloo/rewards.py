@@ -13,6 +13,7 @@ from typing import Protocol
 
 import torch
 
+from rloo.prompting import PromptFormat
 from rloo.verifier import is_correct
 
 log = logging.getLogger("rloo.rewards")
@@ -45,15 +46,17 @@ class RewardModelReward:
 
     name = "model"
 
-    def __init__(self, model, tokenizer, batch_size: int = 64, max_length: int = 512) -> None:
+    def __init__(self, model, tokenizer, batch_size: int = 64, max_length: int = 512,
+                 prompt_cfg: dict | None = None) -> None:
         self.model, self.tokenizer = model, tokenizer
+        self.format = PromptFormat(tokenizer, prompt_cfg)  # how the rendered prompts were made
         self.batch_size, self.max_length = batch_size, max_length
         self.nonfinite = 0  # running count of NaN/inf scores turned into missing rewards
 
     @torch.no_grad()
     def score(self, prompts, completions, golds, finished) -> torch.Tensor:
         texts = [p + c for p, c in zip(prompts, completions, strict=True)]
-        scores = score_texts(self.model, self.tokenizer, texts, self.batch_size, self.max_length)
+        scores = score_texts(self.model, self.format, texts, self.batch_size, self.max_length)
         bad = ~torch.isfinite(scores)
         if bad.any():
             n = int(bad.sum())
@@ -64,20 +67,17 @@ class RewardModelReward:
 
 
 @torch.no_grad()
-def score_texts(model, tokenizer, texts: list[str], batch_size: int, max_length: int) -> torch.Tensor:
-    """Reward-model scores [N] in float32; texts are sorted by length so batches pad little."""
-    eos = tokenizer.eos_token or ""
-    ids = [tokenizer(t + eos, truncation=True, max_length=max_length)["input_ids"] for t in texts]
+def score_texts(model, fmt: PromptFormat, texts: list[str], batch_size: int, max_length: int) -> torch.Tensor:
+    """Reward-model scores [N] in float32 of prompt + completion texts, each followed by the EOS
+    (`PromptFormat.scored_ids`); texts are sorted by length so batches pad little."""
+    ids = [fmt.scored_ids(t, max_length) for t in texts]
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     out = torch.empty(len(ids), dtype=torch.float32)
-    from rloo.batching import left_pad, model_device, positions
+    from rloo.batching import sequence_scores
 
-    device = model_device(model)
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
-        input_ids, mask = (t.to(device) for t in left_pad([ids[i] for i in idx], tokenizer.pad_token_id))
-        logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions(mask)).logits
-        out[idx] = logits[:, 0].float().cpu()
+        out[idx] = sequence_scores(model, [ids[i] for i in idx], fmt.tokenizer.pad_token_id).float().cpu()
     return out
 
 
@@ -97,6 +97,7 @@ def build_reward(cfg: dict, reward_model_dir: str | None = None) -> RewardSource
             models.load_tokenizer(reward_model_dir, m["trust_remote_code"]),
             batch_size=cfg["reward"]["batch_size_score"],
             max_length=m["max_length"],
+            prompt_cfg=cfg["prompt"],
         )
     from rloo.judges import JudgeReward
 

@@ -20,11 +20,11 @@ import torch
 from rloo import alarms, models
 from rloo.batching import SeqBatch, completion_logprobs, completion_logprobs_and_entropy, join, model_device
 from rloo.collect import REFILL_STREAM, Collected, gather, prompt_indices
-from rloo.data.gsm8k import format_prompt
 from rloo.errors import InputError
 from rloo.estimators import MovingBaseline, compute_advantages
 from rloo.evaluation import evaluate_policy, spec_for
 from rloo.losses import kl_loss_term, policy_loss, sequence_kl, shaped_reward
+from rloo.prompting import PromptFormat
 from rloo.rewards import RewardSource
 from rloo.rollout import Rollout, logprob_gap, make_rollout
 from rloo.runtime import autocast, step_generator
@@ -58,7 +58,7 @@ class Trainer:
         self.device = model_device(self.policy)
         self.reward = reward
         self.train = train
-        self.prompt_ids = self._tokenize_prompts(train)
+        self.prompts, self.prompt_ids = self._render_prompts(train)  # texts for the reward, ids to sample from
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=r["lr"], weight_decay=r["weight_decay"])
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_multiplier(r["warmup_steps"], r["steps"], r["lr_schedule"], r["min_lr_ratio"])
@@ -83,16 +83,19 @@ class Trainer:
         held = {"policy": self.policy, "reference": self.reference, "reward_model": getattr(self.reward, "model", None)}
         return {name: models.count_parameters(m) for name, m in held.items() if m is not None}
 
-    def _tokenize_prompts(self, rows: list[dict]) -> list[list[int]]:
-        tmpl, limit = self.cfg["prompt"]["template"], self.mcfg["max_length"] - self.rcfg["max_new_tokens"]
-        ids = [self.tokenizer(format_prompt(r["question"], tmpl))["input_ids"] for r in rows]
+    def _render_prompts(self, rows: list[dict]) -> tuple[list[str], list[list[int]]]:
+        """Each row's prompt text and ids (rloo.prompting: as SFT, the reward model and the evaluation)."""
+        fmt = PromptFormat(self.tokenizer, self.cfg["prompt"])
+        limit = self.mcfg["max_length"] - self.rcfg["max_new_tokens"]
+        texts = [fmt.prompt(r["question"]) for r in rows]
+        ids = [fmt.encode(p) for p in texts]
         too_long = [i for i, p in enumerate(ids) if len(p) > limit]
         if too_long:
             raise InputError(
                 f"{len(too_long)} training prompts (first: #{too_long[0]}) are longer than model.max_length - "
                 f"rloo.max_new_tokens = {limit} tokens; raise model.max_length or shorten the prompts"
             )
-        return ids
+        return texts, ids
 
     # -- one step ---------------------------------------------------------------------------------
     def _generate(self, prompts: list[list[int]], **kwargs) -> Rollout:
@@ -109,12 +112,10 @@ class Trainer:
         )
 
     def _score(self, idx: np.ndarray, ro: Rollout, repeat: int) -> tuple[torch.Tensor, list[str]]:
-        tmpl = self.cfg["prompt"]["template"]
-        rows = [self.train[i] for i in idx for _ in range(repeat)]
+        rows = [i for i in idx for _ in range(repeat)]
         texts = ro.texts(self.tokenizer)
         scores = self.reward.score(
-            [format_prompt(r["question"], tmpl) for r in rows], texts, [r["answer"] for r in rows],
-            ro.finished.tolist(),
+            [self.prompts[i] for i in rows], texts, [self.train[i]["answer"] for i in rows], ro.finished.tolist(),
         )
         return scores.float().to(self.device), texts
 

@@ -8,7 +8,7 @@ from rloo.config import ConfigError, load_config
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("name", ["config.yaml", "gpu.yaml", "micro.yaml", "reward_model.yaml"])
+@pytest.mark.parametrize("name", ["config.yaml", "gpu.yaml", "micro.yaml", "qwen2-tiny.yaml", "reward_model.yaml"])
 def test_shipped_configs_validate(name):
     cfg = load_config(ROOT / "config" / name)
     assert cfg["rloo"]["k"] >= 2
@@ -30,6 +30,7 @@ def test_defaults_are_filled_and_not_shared():
         ({"sft": {"lr": "fast"}}, "key 'sft.lr': 'fast' is not of type 'number'"),
         ({"rloo": {"estimator": "dpo"}}, "key 'rloo.estimator'"),
         ({"rloo": {"k": 0}}, "key 'rloo.k': 0 is less than the minimum of 1"),
+        ({"prompt": {"chat_template": "yes"}}, "key 'prompt.chat_template': 'yes' is not one of"),
         # rules across keys, caught at validation (before any stage runs)
         ({"rloo": {"k": 1}}, "key 'rloo.k': the rloo estimator needs k >= 2"),
         ({"rloo": {"eval_every": 0}}, "key 'rloo.select': 'best' picks a checkpoint by validation accuracy"),

@@ -37,7 +37,8 @@ def policy_report(
     spec = spec_for(cfg, "evaluate", e["max_new_tokens"], e["samples_per_prompt"], stream=21)
     proxy = None
     if reward is not None:  # what the learned reward model thinks of these completions
-        proxy = RewardModelReward(reward[0], reward[1], batch_size=e["batch_size"], max_length=m["max_length"])
+        proxy = RewardModelReward(reward[0], reward[1], batch_size=e["batch_size"], max_length=m["max_length"],
+                                  prompt_cfg=cfg["prompt"])
     report, texts = evaluate_policy(policy, tok, rows, spec, reference=reference, proxy=proxy, label=policy_dir.name)
     report.pop("examples")  # one figure for the whole result
     return report, texts

@@ -11,14 +11,14 @@ import numpy as np
 import torch
 
 from rloo import models, tracking
-from rloo.batching import left_pad, model_device, positions
-from rloo.data.gsm8k import format_completion, format_prompt
+from rloo.batching import model_device, sequence_scores
 from rloo.errors import InputError
 from rloo.io import atomic_dir, read_jsonl, write_json_atomic
 from rloo.loop import TrainingLoop
 from rloo.losses import bradley_terry_loss
 from rloo.pipeline import STAGES
 from rloo.preferences import Pair, build_pairs, split_by_prompt
+from rloo.prompting import PromptFormat
 from rloo.rollout import generate
 from rloo.runtime import Progress, autocast, run_fingerprint, setup, step_generator
 from rloo.verifier import is_correct
@@ -31,7 +31,7 @@ def sample_pairs(cfg: dict, policy_dir: Path, train: list[dict]) -> tuple[list[P
     rcfg, mcfg = cfg["reward"], cfg["model"]
     tok = models.load_tokenizer(policy_dir, mcfg["trust_remote_code"])
     policy = models.load_causal_lm(policy_dir, **models.load_options(mcfg))
-    tmpl = cfg["prompt"]["template"]
+    fmt = PromptFormat(tok, cfg["prompt"])
     rows = train[: rcfg["prompts"]]
     k = rcfg["samples_per_prompt"]
     rng = random.Random(cfg["seed"])
@@ -40,8 +40,8 @@ def sample_pairs(cfg: dict, policy_dir: Path, train: list[dict]) -> tuple[list[P
     per_batch = max(1, 128 // k)
     for start in Progress(range(0, len(rows), per_batch), desc="reward: sampling", unit="batch"):
         chunk = rows[start : start + per_batch]
-        prompts = [format_prompt(r["question"], tmpl) for r in chunk]
-        ids = [tok(p)["input_ids"] for p in prompts for _ in range(k)]
+        prompts = [fmt.prompt(r["question"]) for r in chunk]
+        ids = [fmt.encode(p) for p in prompts for _ in range(k)]
         with autocast(mcfg["autocast"], model_device(policy)):
             ro = generate(policy, ids, max_new_tokens=rcfg["max_new_tokens"], eos_id=tok.eos_token_id,
                           pad_id=tok.pad_token_id, generator=step_generator(cfg["seed"], start, stream=3))
@@ -51,33 +51,29 @@ def sample_pairs(cfg: dict, policy_dir: Path, train: list[dict]) -> tuple[list[P
             ok = [f and is_correct(t, r["answer"]) for t, f in zip(texts, all_finished[i * k : (i + 1) * k], strict=True)]
             n_correct += sum(ok)
             n_samples += len(ok)
-            pairs += build_pairs(start + i, prompts[i], format_completion(r["answer"]), texts, ok, 2 * k, rng)
+            pairs += build_pairs(start + i, prompts[i], fmt.solution(r["answer"]), texts, ok, 2 * k, rng)
     return pairs, {"samples": n_samples, "sample_accuracy": n_correct / max(1, n_samples)}
 
 
-def _encode(tok, texts: list[str], max_length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    ids = [tok(t + tok.eos_token, truncation=True, max_length=max_length)["input_ids"] for t in texts]
-    input_ids, mask = left_pad(ids, tok.pad_token_id)
-    return input_ids, mask, positions(mask)
-
-
-def pair_scores(model, tok, pairs: list[Pair], max_length: int, autocast_mode: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(chosen, rejected) scores [N] in one forward pass over both halves."""
+def pair_scores(model, fmt: PromptFormat, pairs: list[Pair], max_length: int,
+                autocast_mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(chosen, rejected) scores [N] in one forward pass over both halves, each text encoded as the RLOO
+    stage's reward encodes its samples (`PromptFormat.scored_ids`)."""
     texts = [p.prompt + p.chosen for p in pairs] + [p.prompt + p.rejected for p in pairs]
-    device = model_device(model)
-    ids, mask, pos = (t.to(device) for t in _encode(tok, texts, max_length))
-    with autocast(autocast_mode, device):
-        s = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, 0].float()
+    ids = [fmt.scored_ids(t, max_length) for t in texts]
+    with autocast(autocast_mode, model_device(model)):
+        s = sequence_scores(model, ids, fmt.tokenizer.pad_token_id).float()
     return s[: len(pairs)], s[len(pairs) :]
 
 
 @torch.no_grad()
-def pairwise_accuracy(model, tok, pairs: list[Pair], max_length: int, autocast_mode: str, batch: int = 64) -> float:
+def pairwise_accuracy(model, fmt: PromptFormat, pairs: list[Pair], max_length: int, autocast_mode: str,
+                      batch: int = 64) -> float:
     if not pairs:
         return float("nan")
     wins = 0
     for i in range(0, len(pairs), batch):
-        c, r = pair_scores(model, tok, pairs[i : i + batch], max_length, autocast_mode)
+        c, r = pair_scores(model, fmt, pairs[i : i + batch], max_length, autocast_mode)
         wins += int((c > r).sum())
     return wins / len(pairs)
 
@@ -103,8 +99,9 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
     tok = models.load_tokenizer(policy_dir, mcfg["trust_remote_code"])
     model = models.load_reward_model(init, **models.load_options(mcfg), trainable=True)
     model.config.pad_token_id = tok.pad_token_id
+    fmt = PromptFormat(tok, cfg["prompt"])
     opt = torch.optim.AdamW(model.parameters(), lr=rcfg["lr"])
-    val_before = pairwise_accuracy(model, tok, val_pairs, mcfg["max_length"], mcfg["autocast"])
+    val_before = pairwise_accuracy(model, fmt, val_pairs, mcfg["max_length"], mcfg["autocast"])
     work_dir = Path(work_dir) if work_dir is not None else out_dir.parent / "work" / out_dir.name
     # Not part of the run: the checkpoint interval, and what the stage does not read (pipeline.STAGES).
     fingerprint = run_fingerprint(cfg, ["seed", "model", "prompt", "reward"], data_dir, policy_dir,
@@ -116,7 +113,7 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
     for step in loop:
         batch_rng = np.random.default_rng([cfg["seed"], step])  # the batch of step N depends on (seed, N) only
         idx = batch_rng.choice(len(tr_pairs), size=min(rcfg["batch_size"], len(tr_pairs)), replace=False)
-        c, r = pair_scores(model, tok, [tr_pairs[i] for i in idx], mcfg["max_length"], mcfg["autocast"])
+        c, r = pair_scores(model, fmt, [tr_pairs[i] for i in idx], mcfg["max_length"], mcfg["autocast"])
         loss = bradley_terry_loss(c, r)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -132,9 +129,9 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
         "train_pairs": len(tr_pairs),
         "val_pairs": len(val_pairs),
         "val_prompts": len({p.prompt_id for p in val_pairs}),
-        "val_accuracy": pairwise_accuracy(model, tok, val_pairs, mcfg["max_length"], mcfg["autocast"]),
+        "val_accuracy": pairwise_accuracy(model, fmt, val_pairs, mcfg["max_length"], mcfg["autocast"]),
         "val_accuracy_before_training": val_before,
-        "train_accuracy": pairwise_accuracy(model, tok, tr_pairs[:128], mcfg["max_length"], mcfg["autocast"]),
+        "train_accuracy": pairwise_accuracy(model, fmt, tr_pairs[:128], mcfg["max_length"], mcfg["autocast"]),
         **sample_info,
         "resumed_from_step": loop.start,
         "threads": threads,

@@ -17,6 +17,7 @@ from rloo.errors import InputError
 from rloo.evaluation import evaluate_policy, spec_for
 from rloo.io import atomic_dir, read_jsonl, write_json_atomic
 from rloo.loop import TrainingLoop
+from rloo.prompting import PromptFormat, align_eos
 from rloo.runtime import autocast, run_fingerprint, setup
 from rloo.schedules import lr_multiplier
 
@@ -29,12 +30,14 @@ class Example:
     n_prompt: int
 
 
-def tokenize(records: list[dict], tokenizer, template: str, max_length: int) -> tuple[list[Example], int]:
-    """Prompt + solution + EOS token ids; examples longer than max_length are dropped and counted."""
+def tokenize(records: list[dict], tokenizer, prompt_cfg: dict, max_length: int) -> tuple[list[Example], int]:
+    """Prompt + solution + EOS token ids (rloo.prompting: the bare template or the chat template, the
+    loss on the solution and its EOS only); examples longer than max_length are dropped and counted."""
+    fmt = PromptFormat(tokenizer, prompt_cfg)
     out, too_long = [], 0
     for r in records:
-        p = tokenizer(format_prompt(r["question"], template))["input_ids"]
-        c = tokenizer(format_completion(r["answer"]))["input_ids"] + [tokenizer.eos_token_id]
+        p = fmt.prompt_ids(r["question"])
+        c = fmt.solution_ids(r["answer"])
         if len(p) + len(c) > max_length:
             too_long += 1
             continue
@@ -103,10 +106,13 @@ def run(cfg: dict, data_dir: str | Path, out_dir: str | Path, work_dir: str | Pa
         train = train[: scfg["max_train_examples"]]
 
     init = init_model_folder(cfg, train, work_dir / "init")
-    tokenizer = models.load_tokenizer(init, mcfg["trust_remote_code"])
+    tokenizer = models.load_tokenizer(mcfg["tokenizer"] or init, mcfg["trust_remote_code"])
     model = models.load_causal_lm(init, **models.load_options(mcfg), trainable=True)
+    if eos := align_eos(tokenizer, cfg["prompt"]):  # saved with the policy: every later stage stops there
+        models.set_generation_ids(model, tokenizer)
+        log.info("EOS set to the chat template's end-of-turn token %s", eos)
     device = model_device(model)
-    examples, too_long = tokenize(train, tokenizer, cfg["prompt"]["template"], mcfg["max_length"])
+    examples, too_long = tokenize(train, tokenizer, cfg["prompt"], mcfg["max_length"])
     if too_long / len(train) > scfg["max_dropped_share"]:
         raise InputError(
             f"{data_dir / 'train.jsonl'}: {too_long} of {len(train)} training examples "

@@ -154,11 +154,13 @@ def _completion_pass(
     to it (gradients flow back through the cached keys and values). Rows are then taken in order of
     completion length, `chunk_rows` at a time, each chunk padded only to its own longest completion:
     the same values as one padded pass, at about the cost of the tokens actually sampled.
+    `chunk_rows=0`: that one padded pass, a single forward call (under DDP or FSDP every process then
+    runs the same number of them, whatever its rows).
     """
     targets = batch.input_ids[:, batch.prompt_len :]
     width = targets.shape[1]
-    head = _PromptHead(model, batch)
-    if head.cache is None:  # a cache type without row selection: one plain pass
+    head = _PromptHead(model, batch) if chunk_rows else None
+    if head is None or head.cache is None:  # one plain pass (a cache type without row selection, or asked)
         logits = _plain_logits(model, batch)
         return token_logprobs(logits, targets), _entropy(logits) if entropy else None
     lengths = batch.completion_mask.sum(1).long().clamp(min=1)

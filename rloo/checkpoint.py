@@ -2,6 +2,10 @@
 
 A checkpoint is a folder `step_{N:08d}` written atomically; `latest` finds the newest complete one,
 so a run killed at any moment resumes from the last finished save.
+
+Data-parallel (rloo/distributed.py), every rank takes part in gathering the whole state (a collective
+under FSDP), rank 0 alone writes it, and on resume every rank reads the same folder (a file system all
+ranks see) and takes its shard of it.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from rloo import distributed
 from rloo.errors import UserError
 from rloo.io import atomic_dir
 
@@ -38,31 +43,37 @@ def save(
     """Write checkpoint `step` under `root`: the model and its optimizer/scheduler, plus each of the
     `companions` ({name: (model, optimizer)}, e.g. PPO's critic) as `<name>.safetensors` + `<name>_optimizer.pt`."""
     final = Path(root) / f"step_{step:08d}"
-    with atomic_dir(final) as tmp:
-        save_file(_weights(model), str(tmp / "model.safetensors"))
-        torch.save(
-            {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict() if scheduler else None},
-            tmp / "optimizer.pt",
-        )
-        for name, (module, opt) in (companions or {}).items():
-            save_file(_weights(module), str(tmp / f"{name}.safetensors"))
-            torch.save({"optimizer": opt.state_dict()}, tmp / f"{name}_optimizer.pt")
-        (tmp / _DONE).write_text(json.dumps({"step": step, "fingerprint": fingerprint, "extra": extra or {}}))
-    for old in sorted(p for p in Path(root).glob("step_*") if p != final)[:-keep] if keep else []:
-        shutil.rmtree(old, ignore_errors=True)
+    parts = {"model": (model, optimizer), **(companions or {})}
+    states = {name: (_weights(module), distributed.optim_state(module, opt)) for name, (module, opt) in parts.items()}
+    if distributed.is_main():
+        with atomic_dir(final) as tmp:
+            for name, (weights, opt_state) in states.items():
+                save_file(weights, str(tmp / f"{name}.safetensors"))
+                if name == "model":
+                    torch.save({"optimizer": opt_state, "scheduler": scheduler.state_dict() if scheduler else None},
+                               tmp / "optimizer.pt")
+                else:
+                    torch.save({"optimizer": opt_state}, tmp / f"{name}_optimizer.pt")
+            (tmp / _DONE).write_text(json.dumps({"step": step, "fingerprint": fingerprint, "extra": extra or {}}))
+        for old in sorted(p for p in Path(root).glob("step_*") if p != final)[:-keep] if keep else []:
+            shutil.rmtree(old, ignore_errors=True)
+    distributed.barrier()
     return final
 
 
 def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     # clone(): tied embeddings share storage, which safetensors refuses to save twice.
-    return {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+    return {k: v.detach().clone().contiguous() for k, v in distributed.model_state(model).items()}
 
 
 def save_snapshot(folder: str | Path, model: torch.nn.Module, meta: dict) -> None:
     """Weights alone plus `meta` (e.g. the best evaluation so far), written atomically into `folder`."""
-    with atomic_dir(Path(folder)) as tmp:
-        save_file(_weights(model), str(tmp / "model.safetensors"))
-        (tmp / _DONE).write_text(json.dumps(meta))
+    weights = _weights(model)
+    if distributed.is_main():
+        with atomic_dir(Path(folder)) as tmp:
+            save_file(weights, str(tmp / "model.safetensors"))
+            (tmp / _DONE).write_text(json.dumps(meta))
+    distributed.barrier()
 
 
 def read_snapshot(folder: str | Path) -> dict | None:
@@ -82,7 +93,7 @@ def load_snapshot(folder: str | Path, model: torch.nn.Module) -> None:
 
 
 def _restore(folder: Path, model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing, unexpected = distributed.load_model_state(model, state)
     # Tied weights are saved under both names; anything else missing means a different model.
     real_missing = [k for k in missing if k not in state and "lm_head" not in k]
     if real_missing or unexpected:
@@ -139,7 +150,7 @@ def load(
     for name, (module, opt) in parts.items():
         state, opt_state = loaded[name]
         _restore(folder, module, state)
-        opt.load_state_dict(opt_state["optimizer"])
+        distributed.load_optim_state(module, opt, opt_state["optimizer"])
     sched = loaded["model"][1].get("scheduler")
     if scheduler is not None and sched is not None:
         scheduler.load_state_dict(sched)

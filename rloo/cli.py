@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -24,6 +25,18 @@ from rloo.config import (
 from rloo.errors import UserError
 
 DEFAULT_CONFIG = "config/config.yaml"
+# The stages that train data-parallel under torchrun (rloo/distributed.py, imported by name for them
+# only: `rloo.provenance` then does not count it as the code of the stages that run in one process).
+DATA_PARALLEL = ("sft", "train")
+
+
+def _launched_world() -> int:
+    """WORLD_SIZE as a launcher (torchrun) set it; 1 outside one."""
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+def _distributed():
+    return importlib.import_module("rloo.distributed")
 
 
 def _config(args: argparse.Namespace) -> dict:
@@ -88,14 +101,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("prepare", parents=[common], help="write GSM8K-format train/test splits + manifest")
     p.add_argument("--out", default=None, help="output folder (default: paths.data)")
 
-    p = sub.add_parser("sft", parents=[common], help="supervised fine-tuning of the reference policy")
+    nproc = argparse.ArgumentParser(add_help=False)
+    nproc.add_argument("--nproc", type=int, default=None, metavar="N",
+                       help="train with N processes on this machine (re-run under torchrun; needs "
+                            "distributed.strategy ddp or fsdp; default: distributed.nproc_per_node)")
+
+    p = sub.add_parser("sft", parents=[common, nproc], help="supervised fine-tuning of the reference policy")
     p.add_argument("--data", default=None)
     p.add_argument("--out", default=None)
     p.add_argument(
         "--work", default=None, help="checkpoints and the initial model (default: results/work/sft)"
     )
 
-    p = sub.add_parser("train", parents=[common], help="RLOO on the SFT policy (the `rloo` stage)")
+    p = sub.add_parser("train", parents=[common, nproc], help="RLOO on the SFT policy (the `rloo` stage)")
     p.add_argument("--data", default=None)
     p.add_argument("--policy", default=None, help="SFT policy folder (default: paths.models/sft)")
     p.add_argument("--reward-model", default=None, help="reward model folder (reward.source: model)")
@@ -151,6 +169,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"rloo: {e}", file=sys.stderr)
         return 2
+    if args.stage in DATA_PARALLEL and _launched_world() == 1:
+        n = args.nproc if args.nproc is not None else cfg["distributed"]["nproc_per_node"]
+        if n > 1:  # not yet under a launcher: become torchrun with n processes running this command
+            if problem := _distributed().launch_problem(cfg, n):
+                print(f"rloo {args.stage}: error: {problem}", file=sys.stderr)
+                return 2
+            _distributed().relaunch(n, argv)
     try:
         return _run_stage(args, cfg)
     except UserError as e:
@@ -163,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"rloo {args.stage}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        if args.stage in DATA_PARALLEL:
+            _distributed().shutdown()
 
 
 def _stderr_is_a_file() -> bool:
@@ -176,10 +204,15 @@ def _run_stage(args: argparse.Namespace, cfg: dict) -> int:
     if args.stage == "validate-config":
         print(json.dumps(cfg, indent=2))
         return 0
+    if _launched_world() > 1 and args.stage not in DATA_PARALLEL:
+        raise UserError(f"{_launched_world()} processes were launched; rloo {args.stage} runs in one "
+                        f"(only {' and '.join(DATA_PARALLEL)} train data-parallel)")
     # Stages are imported by name: `rloo.provenance` then counts only the one that runs as its code.
     stage = importlib.import_module(f"rloo.stages.{args.stage}")
-    # One MLflow run per stage (a child of the pipeline's run under Snakemake): rloo/tracking.py.
-    with tracking.stage_run(cfg, **tracking.cli_context(args, cfg)):
+    # One MLflow run per stage (a child of the pipeline's run under Snakemake): rloo/tracking.py. Data-
+    # parallel, rank 0's: the other ranks log nothing (tracking.log_metrics has no run to log to).
+    tracked = args.stage not in DATA_PARALLEL or _distributed().is_main()
+    with tracking.stage_run(cfg, **tracking.cli_context(args, cfg)) if tracked else contextlib.nullcontext():
         _dispatch(stage, args, cfg, pipeline.cli_outputs(args, cfg))
     return 0
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from rloo import checkpoint, tracking
+from rloo import checkpoint, distributed, tracking
 from rloo.io import write_json_atomic
 from rloo.runtime import Preempted, Progress, StopFlag, peak_memory_mb
 
@@ -84,7 +84,8 @@ class TrainingLoop:
         figures = {**figures, "peak_memory_mb": peak_memory_mb(next(self.model.parameters()).device)}
         figures = {k: round(float(v), 3) for k, v in figures.items()}
         tracking.log_metrics({f"time/{k}": v for k, v in figures.items()}, self.steps)
-        write_json_atomic(self.ckpt_dir.parent / "timings.json", figures)
+        if distributed.is_main():  # data-parallel: rank 0's figures
+            write_json_atomic(self.ckpt_dir.parent / "timings.json", figures)
         return figures
 
     def finish(self) -> None:
@@ -92,7 +93,8 @@ class TrainingLoop:
         self._finished = True
 
     def __iter__(self) -> Iterator[int]:
-        with StopFlag() as stop, Progress(total=self.steps, initial=self.start, desc=self.name, unit="step") as bar:
+        with StopFlag() as stop, Progress(total=self.steps, initial=self.start, desc=self.name, unit="step",
+                                          disable=not distributed.is_main()) as bar:
             self.bar = bar
             for step in range(self.start, self.steps):
                 yield step
@@ -100,6 +102,8 @@ class TrainingLoop:
                 done = step + 1
                 if self._finished:
                     return
+                # Data-parallel, a signal may reach the ranks at different steps: all stop at the same one.
+                stop.requested = distributed.any_rank(stop.requested)
                 if stop.requested or (done % self.checkpoint_every == 0 and done < self.steps):
                     checkpoint.save(self.ckpt_dir, done, self.model, self.optimizer, self.scheduler,
                                     {"history": self.history, **self.state()}, keep=self.keep,

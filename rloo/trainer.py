@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rloo import alarms, models
+from rloo import alarms, distributed, models
 from rloo.batching import SeqBatch, completion_logprobs, completion_logprobs_and_entropy, join, model_device
 from rloo.collect import REFILL_STREAM, Collected, gather, prompt_indices
 from rloo.errors import InputError
@@ -48,8 +48,18 @@ class Trainer:
             raise InputError(
                 f"rloo.prompts_per_step={r['prompts_per_step']} exceeds the {len(train)} training prompts"
             )
+        for what, unsupported in (("rloo.estimator=ppo", r["estimator"] == "ppo"),
+                                  ("rloo.estimator=moving_average (a baseline over the whole batch)",
+                                   r["estimator"] == "moving_average"),
+                                  ("rloo.dynamic_sampling", r["dynamic_sampling"]),
+                                  ("rollout.backend=vllm", cfg["rollout"]["backend"] == "vllm")):
+            if unsupported:
+                distributed.refuse(what)
         self.tokenizer = models.load_tokenizer(policy_dir, self.mcfg["trust_remote_code"])
         self.policy = models.load_causal_lm(policy_dir, **models.load_options(self.mcfg), trainable=True)
+        # The module the gradient pass runs through: the policy, DDP around it, or the policy sharded
+        # in place by FSDP (rloo/distributed.py); sampling and evaluation use `self.policy`.
+        self.policy_train = distributed.wrap(self.policy)
         # The reference is frozen by running only under no_grad and staying out of the optimizer. Its
         # parameters keep requires_grad like the policy's because CPU kernels are chosen by that flag
         # (a frozen weight takes another matmul path): the same flag gives bit-identical log-probs, so
@@ -103,12 +113,13 @@ class Trainer:
                                    eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id, **kwargs)
         return ro.to(self.device)  # vLLM hands its samples back on the CPU
 
-    def _sample(self, idx: np.ndarray, step: int, round_: int = 0) -> Rollout:
+    def _sample(self, idx: np.ndarray, step: int, round_: int = 0, noise_rows: tuple[int, int] | None = None) -> Rollout:
         k = self.rcfg["k"]
         return self._generate(
             [self.prompt_ids[i] for i in idx for _ in range(k)],
             temperature=self.rcfg["temperature"], top_p=self.rcfg["top_p"], top_k=self.rcfg["top_k"],
             generator=step_generator(self.cfg["seed"], step, stream=(REFILL_STREAM + round_) if round_ else 0),
+            **({"noise_rows": noise_rows} if noise_rows else {}),
         )
 
     def _score(self, idx: np.ndarray, ro: Rollout, repeat: int) -> tuple[torch.Tensor, list[str]]:
@@ -122,31 +133,44 @@ class Trainer:
     def collect(self, step: int) -> Collected:
         """The groups step `step` trains on: k samples for each of its B prompts, scored; with
         `rloo.dynamic_sampling`, only groups whose raw rewards differ, refilled from further prompts
-        (`rloo.collect.gather`). Depends on (seed, step) and the policy only, and on no loss."""
+        (`rloo.collect.gather`). Depends on (seed, step) and the policy only, and on no loss.
+
+        Data-parallel, a process takes its contiguous share of the B prompts with their k samples each
+        (a group's leave-one-out baseline stays within the process) and samples only those rows, with
+        the noise one process sampling all B * k rows would give them (`noise_rows`)."""
         r = self.rcfg
-        return gather(
-            prompt_indices(len(self.train), step, r["prompts_per_step"], self.cfg["seed"]),
-            lambda idx, round_: self._sample(idx, step, round_), lambda idx, ro: self._score(idx, ro, r["k"])[0],
-            k=r["k"], n_prompts=len(self.train), seed=self.cfg["seed"], step=step, pad_id=self.tokenizer.pad_token_id,
-            dynamic=r["dynamic_sampling"], max_rounds=r["dynamic_sampling_max_rounds"],
-        )
+        idx, noise_rows = prompt_indices(len(self.train), step, r["prompts_per_step"], self.cfg["seed"]), None
+        if distributed.enabled():
+            lo, hi = distributed.shard(len(idx))
+            idx, noise_rows = idx[lo:hi], (lo * r["k"], len(idx) * r["k"])
+        with distributed.gathered(self.policy):
+            return gather(
+                idx, lambda idx, round_: self._sample(idx, step, round_, noise_rows),
+                lambda idx, ro: self._score(idx, ro, r["k"])[0],
+                k=r["k"], n_prompts=len(self.train), seed=self.cfg["seed"], step=step,
+                pad_id=self.tokenizer.pad_token_id, dynamic=r["dynamic_sampling"],
+                max_rounds=r["dynamic_sampling_max_rounds"],
+            )
 
     def _greedy_baseline(self, idx: np.ndarray) -> torch.Tensor:
         """ReMax: the shaped reward of each prompt's greedy completion."""
-        ro = self._generate([self.prompt_ids[i] for i in idx], greedy=True)
-        scores, _ = self._score(idx, ro, 1)
-        batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
-        with torch.no_grad(), autocast(self.mcfg["autocast"], self.device):
-            lp = completion_logprobs(self.policy, batch)
-            lp_ref = completion_logprobs(self.reference, batch)
+        with distributed.gathered(self.policy):
+            ro = self._generate([self.prompt_ids[i] for i in idx], greedy=True)
+            scores, _ = self._score(idx, ro, 1)
+            batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
+            with torch.no_grad(), autocast(self.mcfg["autocast"], self.device):
+                lp = completion_logprobs(self.policy, batch)
+                lp_ref = completion_logprobs(self.reference, batch)
         kl = sequence_kl(lp, lp_ref, batch.completion_mask, self.rcfg["kl_estimator"])
         return shaped_reward(scores, kl, self.rcfg["beta"]) if self.rcfg["kl_in"] == "reward" else scores
 
     def _policy_pass(self, distinct: SeqBatch, inverse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Token log-probabilities under the policy (with gradient) and its entropy at each position, of
-        every row: computed once per distinct row and indexed out (the gradient sums over the copies)."""
+        every row: computed once per distinct row and indexed out (the gradient sums over the copies).
+        Data-parallel, one forward call through DDP / FSDP (`chunk_rows=0`), the same count on every rank."""
+        model, chunk_rows = (self.policy_train, 0) if distributed.enabled() else (self.policy, self.chunk_rows)
         with autocast(self.mcfg["autocast"], self.device):
-            lp, ent = completion_logprobs_and_entropy(self.policy, distinct, self.chunk_rows)
+            lp, ent = completion_logprobs_and_entropy(model, distinct, chunk_rows)
         return lp[inverse], ent[inverse]
 
     def step(self, step: int) -> dict:
@@ -184,6 +208,10 @@ class Trainer:
         advantages = adv.advantages.reshape(-1)
 
         old_lp = lp.detach() if r["updates_per_batch"] > 1 else None
+        # Data-parallel: DDP / FSDP average the ranks' gradients; this factor makes that average the
+        # gradient of the loss over the whole step (its rows, or its tokens under token normalisation).
+        scale = distributed.loss_scale(float(mask.sum()) if r["loss_norm"] == "token" else len(mask)) \
+            if distributed.enabled() else None
         stats_acc: dict[str, float] = {"clip_frac": 0.0}
         grad_norm = 0.0
         lr = self.scheduler.get_last_lr()[0]  # the rate this step's updates use
@@ -194,8 +222,10 @@ class Trainer:
                                       clip_eps=r["clip_eps"])
             if r["kl_in"] == "loss":
                 loss = loss + kl_loss_term(lp, ref_lp, mask, r["beta"], r["kl_estimator"], r["loss_norm"])
+            if scale is not None:
+                loss = loss * scale
             loss.backward()
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), r["grad_clip"]))
+            grad_norm = float(distributed.clip_grad_norm_(self.policy.parameters(), r["grad_clip"]))
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             stats_acc["clip_frac"] += float(stats["clip_frac"]) / r["updates_per_batch"]
@@ -204,27 +234,37 @@ class Trainer:
         entropy = float((token_ent * mask).sum() / mask.sum().clamp(min=1))
         t_upd = time.perf_counter()
 
+        lengths, finished, loss_value = ro.lengths.float(), ro.finished, float(loss.detach())
+        zero_adv_frac, degenerate, distinct_frac = adv.zero_adv_frac, adv.n_degenerate_groups, len(first) / len(inverse)
+        if distributed.enabled():  # the whole step's figures, as one process computes them
+            scores, shaped, seq_kl, advantages, lengths, finished = distributed.gather_rows(
+                scores, shaped, seq_kl, advantages, lengths, finished)
+            ent, tokens, clipped, n_first, n_rows, zero, degenerate, groups = distributed.all_sum(
+                float((token_ent * mask).sum()), float(mask.sum()), stats_acc["clip_frac"] * float(mask.sum()),
+                len(first), len(inverse), adv.zero_adv_frac * len(got.idx), adv.n_degenerate_groups, len(got.idx))
+            entropy, stats_acc["clip_frac"] = ent / max(tokens, 1.0), clipped / max(tokens, 1.0)
+            zero_adv_frac, degenerate, distinct_frac = zero / groups, int(degenerate), n_first / n_rows
+            loss_value = distributed.mean_over_ranks({"loss": loss_value})["loss"]
         valid = torch.isfinite(scores)
-        lengths = ro.lengths.float()
         metrics = {
             "step": step,
             "train/reward_mean": float(scores[valid].mean()) if valid.any() else math.nan,
             "train/reward_std": float(scores[valid].std()) if int(valid.sum()) > 1 else 0.0,
             "train/shaped_reward_mean": float(shaped[valid].mean()) if valid.any() else math.nan,
             "train/kl": float(seq_kl.mean()),
-            "train/zero_adv_frac": adv.zero_adv_frac,
-            "train/degenerate_groups": adv.n_degenerate_groups,
+            "train/zero_adv_frac": zero_adv_frac,
+            "train/degenerate_groups": degenerate,
             "train/missing_rewards": int((~valid).sum()),
             "train/response_length": float(lengths.mean()),
-            "train/distinct_frac": len(first) / len(inverse),
-            "train/truncated_frac": float((~ro.finished).float().mean()),
+            "train/distinct_frac": distinct_frac,
+            "train/truncated_frac": float((~finished).float().mean()),
             "train/adv_mean": float(advantages.mean()),
             "train/adv_std": float(advantages.std()),
             "train/adv_abs_max": float(advantages.abs().max()),
             "train/clip_frac": stats_acc["clip_frac"],
             "train/entropy": entropy,
             "train/grad_norm": grad_norm,
-            "train/loss": float(loss.detach()),
+            "train/loss": loss_value,
             "train/lr": lr,
             **rollout_metrics,
         }
@@ -234,14 +274,14 @@ class Trainer:
         """A step's metrics plus what every trainer adds: the dynamic-sampling stats, the time of each
         phase (start, scored, reference done, updated) and the alarms the metrics raise."""
         t0, t_score, t_ref, t_upd = times
-        metrics.update({
+        metrics.update(distributed.mean_over_ranks({  # data-parallel: the ranks' mean
             **got.stats,
             "time/generation_s": got.timings["generation_s"],
             "time/scoring_s": t_score - t0 - got.timings["generation_s"],
             "time/reference_s": t_ref - t_score,
             "time/update_s": t_upd - t_ref,
             "time/step_s": t_upd - t0,
-        })
+        }))
         metrics.update(self._alarms(metrics))
         return metrics
 
@@ -263,9 +303,12 @@ class Trainer:
     # -- evaluation during training: selection and the reward-hacking check ---------------------------
     def evaluate(self, rows: list[dict], n: int, draws: int) -> dict:
         """Validation accuracy (greedy, and sampled as the mean of `draws` draws per problem) and the
-        training reward's mean over the sampled completions (the proxy the policy is optimised for)."""
+        training reward's mean over the sampled completions (the proxy the policy is optimised for).
+        Data-parallel, rank 0 evaluates (the whole parameters gathered) and every rank gets its figures."""
         spec = spec_for(self.cfg, "rloo", self.rcfg["max_new_tokens"], draws, stream=11)
-        report, _ = evaluate_policy(self.policy, self.tokenizer, rows[:n], spec, proxy=self.reward, label="validation")
+        with distributed.gathered(self.policy):
+            report = distributed.on_main(lambda: evaluate_policy(
+                self.policy, self.tokenizer, rows[:n], spec, proxy=self.reward, label="validation")[0])
         return {
             "eval/accuracy_sampled": report["accuracy_sampled"],
             "eval/accuracy_greedy": report["accuracy"],

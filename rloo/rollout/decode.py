@@ -98,7 +98,8 @@ def generate(model: torch.nn.Module, prompts: list[list[int]], **sampling):
 
 def _generate(model, prompts, dtype, *, max_new_tokens: int, eos_id: int, pad_id: int, greedy: bool = False,
               temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-              generator: torch.Generator | None = None, compact: bool = True):
+              generator: torch.Generator | None = None, compact: bool = True,
+              noise_rows: tuple[int, int] | None = None):
     from rloo.rollout.hf import Rollout, _gumbel, _next_token, _noise_generator
 
     device = model_device(model)
@@ -109,6 +110,7 @@ def _generate(model, prompts, dtype, *, max_new_tokens: int, eos_id: int, pad_id
 
     prompt_ids, prompt_mask = (t.to(device) for t in left_pad(prompts, pad_id))
     batch, width = prompt_ids.shape
+    offset, drawn = noise_rows or (0, batch)  # these rows' place in the batch the noise is drawn for
     first, inverse = unique_rows(torch.cat([prompt_ids, prompt_mask], 1))
     out = model(input_ids=prompt_ids[first], attention_mask=prompt_mask[first],
                 position_ids=positions(prompt_mask[first]), use_cache=True, logits_to_keep=1)
@@ -145,7 +147,7 @@ def _generate(model, prompts, dtype, *, max_new_tokens: int, eos_id: int, pad_id
     for t in range(max_new_tokens):
         real = row_of >= 0
         rows = row_of.clamp(min=0)
-        gumbel = None if greedy else _gumbel(batch, logits.shape[-1], noise, device)[rows]
+        gumbel = None if greedy else _gumbel(drawn, logits.shape[-1], noise, device)[offset + rows]
         nxt = _next_token(logits, greedy, temperature, top_p, top_k, gumbel)
         live = ~done
         nxt = torch.where(live, nxt, pad_id)

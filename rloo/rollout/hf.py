@@ -95,7 +95,7 @@ def generate(
     prompts: list[list[int]],
     *, max_new_tokens: int, eos_id: int, pad_id: int, greedy: bool = False, temperature: float = 1.0,
     top_p: float = 1.0, top_k: int = 0, generator: torch.Generator | None = None,
-    compact: bool = True, lean: bool = True,
+    compact: bool = True, lean: bool = True, noise_rows: tuple[int, int] | None = None,
 ) -> Rollout:
     """Complete every prompt once; stops early when all rows have produced EOS.
 
@@ -105,15 +105,21 @@ def generate(
     `compact=False` turns both off (the tests compare the two paths). Models of a family that
     `rloo.rollout.decode` reproduces run its lean loop instead of HF's forward pass (`lean=False` forces
     HF's; both give the same tokens in float32).
+
+    `noise_rows=(offset, total)`: these prompts are rows offset.. of a batch of `total` rows (one
+    process's share of a data-parallel step): each token's noise is drawn for all `total` rows, as one
+    process sampling the whole batch draws it, and these rows read theirs, so that the processes
+    together sample exactly what one would.
     """
     if lean and decode.supports(model):
         return decode.generate(model, prompts, max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id,
                                greedy=greedy, temperature=temperature, top_p=top_p, top_k=top_k,
-                               generator=generator, compact=compact)
+                               generator=generator, compact=compact, noise_rows=noise_rows)
     device = model_device(model)
     noise = None if greedy else _noise_generator(generator, device)
     prompt_ids, prompt_mask = (t.to(device) for t in left_pad(prompts, pad_id))
     batch = prompt_ids.shape[0]
+    offset, drawn = noise_rows or (0, batch)
     everyone = torch.arange(batch, device=device)
     first, inverse = unique_rows(torch.cat([prompt_ids, prompt_mask], 1)) if compact else (everyone, everyone)
     out = model(input_ids=prompt_ids[first], attention_mask=prompt_mask[first],
@@ -137,7 +143,7 @@ def generate(
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     steps = 0
     for t in range(max_new_tokens):
-        gumbel = None if greedy else _gumbel(batch, logits.shape[-1], noise, device)[rows]
+        gumbel = None if greedy else _gumbel(drawn, logits.shape[-1], noise, device)[offset + rows]
         live = ~finished[rows]  # all True when compacting; else finished rows ride along as padding
         nxt = torch.where(live, _next_token(logits, greedy, temperature, top_p, top_k, gumbel), pad_id)
         tokens[rows, t], mask[rows, t] = nxt, live

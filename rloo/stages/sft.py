@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rloo import models, tracking
+from rloo import distributed, models, tracking
 from rloo.batching import model_device
 from rloo.data.gsm8k import format_completion, format_prompt
 from rloo.errors import InputError
@@ -96,8 +96,13 @@ def init_model_folder(cfg: dict, train: list[dict], folder: Path) -> Path:
 
 
 def run(cfg: dict, data_dir: str | Path, out_dir: str | Path, work_dir: str | Path) -> dict:
-    """Train, evaluate and write `out_dir` (save_pretrained + metrics.json); resumable via `work_dir`."""
-    threads = setup(cfg["threads"], cfg["seed"])
+    """Train, evaluate and write `out_dir` (save_pretrained + metrics.json); resumable via `work_dir`.
+
+    Data-parallel (`distributed.strategy` ddp or fsdp under torchrun), each process trains on its
+    contiguous share of every step's batch, its loss weighted by its share of the batch's answer tokens
+    (so the averaged gradient is the single-process one); rank 0 evaluates and writes."""
+    distributed.init(cfg)
+    threads = setup(distributed.threads(cfg["threads"]), cfg["seed"])
     scfg, mcfg = cfg["sft"], cfg["model"]
     data_dir, out_dir, work_dir = Path(data_dir), Path(out_dir), Path(work_dir)
     train = [r for _, r in read_jsonl(data_dir / "train.jsonl")]
@@ -105,7 +110,8 @@ def run(cfg: dict, data_dir: str | Path, out_dir: str | Path, work_dir: str | Pa
     if scfg["max_train_examples"]:
         train = train[: scfg["max_train_examples"]]
 
-    init = init_model_folder(cfg, train, work_dir / "init")
+    with distributed.main_first():  # rank 0 builds the embedded tiny model, the others load it
+        init = init_model_folder(cfg, train, work_dir / "init")
     tokenizer = models.load_tokenizer(mcfg["tokenizer"] or init, mcfg["trust_remote_code"])
     model = models.load_causal_lm(init, **models.load_options(mcfg), trainable=True)
     if eos := align_eos(tokenizer, cfg["prompt"]):  # saved with the policy: every later stage stops there
@@ -124,13 +130,15 @@ def run(cfg: dict, data_dir: str | Path, out_dir: str | Path, work_dir: str | Pa
         log.warning("dropped %d of %d training examples longer than model.max_length", too_long, len(train))
     lengths = np.array([len(e.ids) for e in examples])
     batch_size = min(scfg["batch_size"], len(examples))
+    train_model = distributed.wrap(model)  # DDP around it, or the model sharded in place by FSDP
 
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=scfg["lr"], weight_decay=scfg["weight_decay"], betas=(0.9, scfg["adam_beta2"])
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(scfg["warmup_steps"], scfg["steps"], "cosine", floor=0.1))
-    loop = TrainingLoop("sft", scfg["steps"], work_dir / "checkpoints", model, optimizer, scheduler,
-                        run_fingerprint(cfg, ["seed", "model", "prompt", "sft"], data_dir), scfg["checkpoint_every"])
+    fingerprint = distributed.fingerprint(run_fingerprint(cfg, ["seed", "model", "prompt", "sft"], data_dir))
+    loop = TrainingLoop("sft", scfg["steps"], work_dir / "checkpoints", model, optimizer, scheduler, fingerprint,
+                        scfg["checkpoint_every"])
     loop.resume()
 
     t0 = time.perf_counter()
@@ -138,22 +146,32 @@ def run(cfg: dict, data_dir: str | Path, out_dir: str | Path, work_dir: str | Pa
     model.train()
     for step in loop:
         idx = batch_indices(lengths, step, batch_size, cfg["seed"])
+        if distributed.enabled():  # this rank's contiguous share of the step's batch
+            lo, hi = distributed.shard(len(idx))
+            idx = idx[lo:hi]
         ids, mask, labels = (t.to(device) for t in collate([examples[i] for i in idx], tokenizer.pad_token_id))
         with autocast(mcfg["autocast"], device):
-            out = model(input_ids=ids, attention_mask=mask, labels=labels, use_cache=False)
-        out.loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), scfg["grad_clip"])
+            out = train_model(input_ids=ids, attention_mask=mask, labels=labels, use_cache=False)
+        loss = out.loss
+        if distributed.enabled():  # the loss is a mean over answer tokens: weigh it by this rank's share
+            loss = loss * distributed.loss_scale(float((labels[:, 1:] != -100).sum()))
+        loss.backward()
+        grad_norm = distributed.clip_grad_norm_(model.parameters(), scfg["grad_clip"])
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         tokens += int(mask.sum())
         if step % scfg["log_every"] == 0 or step == scfg["steps"] - 1:
-            loop.log({"step": step, "sft/loss": out.loss.item(), "sft/grad_norm": float(grad_norm),
-                      "sft/lr": scheduler.get_last_lr()[0]}, step, loss=f"{out.loss.item():.3f}")
+            value = distributed.mean_over_ranks({"loss": loss.item()})["loss"]  # the whole batch's loss
+            loop.log({"step": step, "sft/loss": value, "sft/grad_norm": float(grad_norm),
+                      "sft/lr": scheduler.get_last_lr()[0]}, step, loss=f"{value:.3f}")
     train_seconds = time.perf_counter() - t0
+    (tokens,) = distributed.all_sum(tokens) if distributed.enabled() else (tokens,)
     model.eval()
     spec = spec_for(cfg, "sft", scfg["eval_max_new_tokens"], scfg["eval_draws"], stream=7)
-    report, _ = evaluate_policy(model, tokenizer, test[: scfg["eval_examples"]], spec, label="sft")
+    with distributed.gathered(model):  # rank 0 evaluates, every rank gets its report
+        report = distributed.on_main(lambda: evaluate_policy(model, tokenizer, test[: scfg["eval_examples"]], spec,
+                                                             label="sft")[0])
     metrics = {k: v for k, v in report.items() if v is not None}  # no reference, no proxy here
     metrics.update(
         {
@@ -169,9 +187,12 @@ def run(cfg: dict, data_dir: str | Path, out_dir: str | Path, work_dir: str | Pa
     # Tokens of this process's steps (a resumed run counts from its checkpoint).
     timings = loop.record_timings(train_seconds=train_seconds, tokens_per_second=tokens / max(train_seconds, 1e-9))
     tracking.log_metrics({f"sft/eval_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}, scfg["steps"])
-    with atomic_dir(out_dir) as tmp:
-        models.save_pretrained(model, tokenizer, tmp)
-        write_json_atomic(tmp / "metrics.json", metrics)
-        write_json_atomic(tmp / "history.json", loop.history)
+    whole = distributed.whole_model(model)  # FSDP: gathered on rank 0
+    if distributed.is_main():
+        with atomic_dir(out_dir) as tmp:
+            models.save_pretrained(whole, tokenizer, tmp)
+            write_json_atomic(tmp / "metrics.json", metrics)
+            write_json_atomic(tmp / "history.json", loop.history)
+    distributed.barrier()
     log.info("sft done: %s", {**{k: metrics[k] for k in ("accuracy", "accuracy_sampled")}, **timings})
     return {**metrics, **timings}

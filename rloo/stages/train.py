@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rloo import alarms, checkpoint, models, report, tracking
+from rloo import alarms, checkpoint, distributed, models, report, tracking
 from rloo.collect import prompt_indices, training_prompts
 from rloo.data.gsm8k import read_split
 from rloo.errors import MissingInputError
@@ -78,8 +78,13 @@ def run(
     The policy written is the one of `rloo.select`: `best`, the checkpoint of highest validation
     accuracy (the SFT policy itself, step 0, included), or `last`. A run stops early when an alarm named
     in `rloo.stop_on` fires.
+
+    Under torchrun with `distributed.strategy` ddp or fsdp every process runs this, each training on its
+    share of every step (rloo/trainer.py); rank 0 alone writes the outputs, the best snapshot and the
+    checkpoints, and logs to MLflow.
     """
-    threads = setup(cfg["threads"], cfg["seed"])
+    distributed.init(cfg)
+    threads = setup(distributed.threads(cfg["threads"]), cfg["seed"])
     r = cfg["rloo"]
     check_sampling(r)
     data_dir, out_dir, work_dir = Path(data_dir), Path(out_dir), Path(work_dir)
@@ -99,8 +104,8 @@ def run(
             bookkeeping += ("rloo.ppo",)  # PPO's settings do not touch the other estimators' runs
         if cfg["rloo"]["lr_schedule"] == "constant":
             bookkeeping += ("rloo.steps",)
-        fingerprint = run_fingerprint(cfg, ["seed", "model", "prompt", "reward", "rloo"], data_dir, policy_dir,
-                                      ignore=bookkeeping)
+        fingerprint = distributed.fingerprint(run_fingerprint(
+            cfg, ["seed", "model", "prompt", "reward", "rloo"], data_dir, policy_dir, ignore=bookkeeping))
         loop = TrainingLoop("rloo", r["steps"], ckpt_dir, trainer.policy, trainer.optimizer, trainer.scheduler,
                             fingerprint, r["checkpoint_every"], keep=r["keep_checkpoints"],
                             state=lambda: {"evals": trainer.evals, "baseline": asdict(trainer.baseline)},
@@ -112,8 +117,9 @@ def run(
             trainer.evals = extra.get("evals", [])
             trainer.baseline = MovingBaseline(**extra["baseline"]) if extra.get("baseline") else trainer.baseline
             trainer.rollout.sync_weights(trainer.policy)  # rollout backend (issue 8): engine holds policy_dir's weights
-        else:
+        elif distributed.is_main():
             shutil.rmtree(best_dir, ignore_errors=True)  # a best snapshot of another run
+        distributed.barrier()
         select = checkpoint.Selection(best_dir, r["select"] == "best" and r["eval_every"] > 0)
 
         def evaluate(done: int) -> dict:
@@ -175,12 +181,15 @@ def run(
             samples_per_second=r["prompts_per_step"] * r["k"] * (trained - loop.start) / max(seconds, 1e-9),
             seconds_per_step=seconds / max(trained - loop.start, 1))
         tracking.log_metrics({"rloo/selected_step": chosen["step"]}, trained)
-        with atomic_dir(out_dir) as tmp:
-            models.save_pretrained(trainer.policy, trainer.tokenizer, tmp)
-            # Per-step wall-clock times (time/*) go to MLflow only: the output is a function of its inputs.
-            (tmp / "steps.jsonl").write_text("".join(
-                json.dumps({k: v for k, v in x.items() if not k.startswith("time/")}) + "\n" for x in h))
-            write_json_atomic(tmp / "metrics.json", summary)
+        whole = distributed.whole_model(trainer.policy)  # FSDP: gathered on rank 0
+        if distributed.is_main():
+            with atomic_dir(out_dir) as tmp:
+                models.save_pretrained(whole, trainer.tokenizer, tmp)
+                # Per-step wall-clock times (time/*) go to MLflow only: the output is a function of its inputs.
+                (tmp / "steps.jsonl").write_text("".join(
+                    json.dumps({k: v for k, v in x.items() if not k.startswith("time/")}) + "\n" for x in h))
+                write_json_atomic(tmp / "metrics.json", summary)
+        distributed.barrier()
         log.info("rloo done: %s", {**{k: v for k, v in summary.items() if k != "evals"}, **timings})
         for line in report.rloo_lines(summary):
             log.warning(line) if line.startswith("!!") else log.info(line)

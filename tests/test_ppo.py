@@ -10,6 +10,7 @@ import shutil
 
 import pytest
 import torch
+from workflow_helpers import same_weights
 
 from rloo import checkpoint, models
 from rloo.estimators import gae, whiten
@@ -140,9 +141,7 @@ def test_ppo_run_trains_policy_and_critic_and_resumes_bit_identically(micro_run,
     shutil.copytree(ck, tmp_path / "w_dead" / "checkpoints" / ck.name)
     resumed = run("resumed", "w_dead")
     assert resumed["resumed_from_step"] == 2
-    a = models.load_causal_lm(tmp_path / "full").state_dict()
-    b = models.load_causal_lm(tmp_path / "resumed").state_dict()
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert same_weights(tmp_path / "full", tmp_path / "resumed")
     assert (tmp_path / "resumed" / "steps.jsonl").read_text() == (tmp_path / "full" / "steps.jsonl").read_text()
 
 

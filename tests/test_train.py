@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 import torch
+from workflow_helpers import same_weights
 
 from rloo import checkpoint, models
 from rloo.estimators import ESTIMATORS
@@ -140,9 +141,7 @@ def test_run_writes_policy_and_resumes_bit_identically(micro_run, micro_reward, 
     shutil.copytree(ck, tmp_path / "w_dead" / "checkpoints" / ck.name)
     resumed = run("resumed", "w_dead")
     assert resumed["resumed_from_step"] == 2
-    a = models.load_causal_lm(tmp_path / "full").state_dict()
-    b = models.load_causal_lm(tmp_path / "resumed").state_dict()
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert same_weights(tmp_path / "full", tmp_path / "resumed")
     assert (tmp_path / "resumed" / "steps.jsonl").read_text() .splitlines()[-1].split('"time/')[0] == steps[-1].split('"time/')[0]
     # Extending a finished run (more steps) resumes from its last checkpoint; other settings do not.
     cfg["rloo"]["steps"] = 5

@@ -110,3 +110,13 @@ def planned(copy: Path, *targets: str, extra_config: str | None = None) -> dict[
     counts = job_counts(out)
     assert counts, f"no job table in the dry run's output:\n{out[-3000:]}"
     return counts
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    """Whether two saved policies hold exactly the same weights (a resumed run against an uninterrupted one)."""
+    import torch
+
+    from rloo import models
+
+    sa, sb = models.load_causal_lm(a).state_dict(), models.load_causal_lm(b).state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)

@@ -20,6 +20,7 @@ import torch
 
 from rloo import models
 from rloo.batching import SeqBatch, completion_logprobs, completion_logprobs_and_entropy, join
+from rloo.collect import has_signal
 from rloo.estimators import gae, whiten
 from rloo.losses import approx_kl, explained_variance, policy_loss, token_kl, token_rewards, value_loss
 from rloo.rewards import RewardSource
@@ -139,10 +140,7 @@ def sample_metrics(scores: torch.Tensor, seq_kl: torch.Tensor, ro, k: int) -> di
     """What a batch of samples says before any update: reward, KL, lengths, and the zero-signal share
     (groups whose valid rewards do not differ: no estimator can learn from them)."""
     valid = torch.isfinite(scores)
-    groups, ok = scores.view(-1, k), valid.view(-1, k)
-    hi = torch.where(ok, groups, torch.full_like(groups, -math.inf)).amax(1)
-    lo = torch.where(ok, groups, torch.full_like(groups, math.inf)).amin(1)
-    no_signal = (ok.sum(1) < 2) | (hi == lo)
+    no_signal = ~has_signal(scores.view(-1, k))  # the test dynamic sampling filters on
     return {
         "train/reward_mean": float(scores[valid].mean()) if valid.any() else math.nan,
         "train/reward_std": float(scores[valid].std()) if int(valid.sum()) > 1 else 0.0,

@@ -187,6 +187,13 @@ def test_run_with_dynamic_sampling_resumes_bit_identically(micro_run, tmp_path, 
     records = [json.loads(s) for s in steps]
     assert len(steps) == 4 and all(r["train/zero_adv_frac"] == 0.0 for r in records)
     assert sum(r["train/dynamic_rounds"] for r in records[2:]) > 0  # the resumed steps refill too
+    # the samples counted and timed include the refills: B * k per step is fewer than were drawn
+    base = cfg["rloo"]["prompts_per_step"] * cfg["rloo"]["k"]
+    drawn = sum(base + r["train/extra_samples"] for r in records)
+    assert drawn > 4 * base
+    assert json.loads((tmp_path / "full" / "metrics.json").read_text())["samples_generated"] == drawn
+    t = json.loads((tmp_path / "w_full" / "timings.json").read_text())
+    assert t["samples_per_second"] == pytest.approx(drawn / t["train_seconds"], rel=1e-2)
     ck = checkpoint.latest(tmp_path / "w_full" / "checkpoints")
     assert ck is not None and ck.name == "step_00000002"
     shutil.copytree(ck, tmp_path / "w_dead" / "checkpoints" / ck.name)

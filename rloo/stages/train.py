@@ -49,6 +49,11 @@ def check_sampling(rcfg: dict) -> list[str]:
     return problems
 
 
+def _samples(history: list[dict], r: dict) -> int:
+    """Samples drawn over these steps: B * k each, plus dynamic sampling's extra rounds."""
+    return sum(r["prompts_per_step"] * r["k"] + x.get("train/extra_samples", 0) for x in history)
+
+
 def make_trainer(cfg: dict, policy_dir: str | Path, reward: RewardSource, train: list[dict],
                  reward_model_dir: str | Path | None) -> Trainer:
     """The trainer of `rloo.estimator`: PPO (its critic grown from the policy or the reward model), or
@@ -170,7 +175,7 @@ def run(
             "final_kl": float(np.mean([x["train/kl"] for x in last10])) if last10 else math.nan,
             # Samples drawn in all (dynamic sampling draws more than B*k a step) and the share of trained
             # groups without signal, over the whole run.
-            "samples_generated": sum(r["prompts_per_step"] * r["k"] + x.get("train/extra_samples", 0) for x in h),
+            "samples_generated": _samples(h, r),
             "zero_adv_frac_mean": float(np.mean([x["train/zero_adv_frac"] for x in h])) if h else math.nan,
             "alarms": alarms.first_alarms(h),
             "evals": trainer.evals,
@@ -178,7 +183,8 @@ def run(
         }
         timings = loop.record_timings(
             train_seconds=seconds,
-            samples_per_second=r["prompts_per_step"] * r["k"] * (trained - loop.start) / max(seconds, 1e-9),
+            # the samples this process drew (dynamic sampling's extra rounds included), per second
+            samples_per_second=_samples([x for x in h if x["step"] >= loop.start], r) / max(seconds, 1e-9),
             seconds_per_step=seconds / max(trained - loop.start, 1))
         tracking.log_metrics({"rloo/selected_step": chosen["step"]}, trained)
         whole = distributed.whole_model(trainer.policy)  # FSDP: gathered on rank 0

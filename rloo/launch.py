@@ -14,11 +14,8 @@ Torch-free: the workflow's rules build their resources and the srun line with it
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
-
-log = logging.getLogger("rloo")
 
 
 def launched_world() -> int:
@@ -120,7 +117,7 @@ def relaunch(cfg: dict, nproc: int, argv: list[str]) -> None:
             args.append(a)
     if in_slurm_allocation():
         cmd = [*srun_command(cfg, nproc), sys.executable, "-m", "rloo.cli", *args]
-        log.info("starting %s", " ".join(cmd))
+        print(f"rloo: inside Slurm job {os.environ['SLURM_JOB_ID']}: {' '.join(cmd)}", file=sys.stderr)
         sys.stdout.flush()
         sys.stderr.flush()
         os.execvp(cmd[0], cmd)

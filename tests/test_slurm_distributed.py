@@ -71,6 +71,22 @@ def _dry_run_jobs(copy: Path, extra: str) -> dict[str, str]:
     return jobs
 
 
+def _sbatch_flags(resources: str) -> set[str]:
+    """The sbatch options snakemake-executor-plugin-slurm builds from a dry run's `resources:` line."""
+    from types import SimpleNamespace
+
+    from snakemake_executor_plugin_slurm.submit_string import get_submit_command
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+
+    class Resources(dict):
+        __getattr__ = dict.__getitem__
+
+    res = Resources((k, int(v) if v.isdigit() else v) for k, v in (kv.split("=", 1) for kv in resources.split(", ")))
+    job = SimpleNamespace(resources=res, threads=res["cpus_per_task"])
+    params = {"run_uuid": "u", "slurm_logfile": "log", "comment_str": "c", "account": "", "partition": "", "workdir": ""}
+    return set((get_submit_command(job, params) + set_gres_string(job)).split())
+
+
 def test_the_cluster_dry_run_shows_the_multi_node_request_and_its_srun_line(tmp_path):
     copy = make_copy(tmp_path / "wf")
     jobs = _dry_run_jobs(copy, "distributed: {strategy: fsdp, nproc_per_node: 8, nodes: 2}\n")
@@ -81,6 +97,8 @@ def test_the_cluster_dry_run_shows_the_multi_node_request_and_its_srun_line(tmp_
             assert part in res, (rule, part, res)
         assert "gpu=1" not in res, res
     assert "gpu=1" in jobs["evaluate"] and "mpi=" not in jobs["evaluate"]  # one process
+    # what the Slurm plugin makes of them (its own submit-string code): one task per GPU on each node
+    assert _sbatch_flags(jobs["rloo"]) >= {"--nodes=2", "--ntasks-per-node=8", "--cpus-per-task=1", "--gres=gpu:8"}
     # one process per node: `tasks` (the plugin's --ntasks) with one task per GPU
     jobs = _dry_run_jobs(copy, "distributed: {strategy: ddp, nproc_per_node: 1, nodes: 4}\n")
     assert all(p in jobs["rloo"] for p in ("nodes=4", "gres=gpu:1", "tasks=4", "tasks_per_gpu=1", "mpi=srun --nodes=4"))

@@ -302,6 +302,22 @@ def test_two_processes_train_the_reward_model_as_one(micro_run, single_reward, t
     assert [(r.info.run_name, r.info.status) for r in children] == [("reward", "FINISHED")] and len(runs) == 2
 
 
+@pytest.mark.slow
+def test_a_two_process_reward_model_resumes_from_its_checkpoint(micro_run, tmp_path):
+    """FSDP: the reward model's checkpoints (gathered by rank 0) are loaded back into the shards, the
+    optimizer state with them: a rerun from the newest checkpoint (step 6 of 8) ends bit for bit where
+    the uninterrupted run ended."""
+    cmd = _reward_cmd(micro_run, tmp_path, "distributed.strategy=fsdp", "reward.checkpoint_every=2", steps=8, nproc=2)
+    _run(cmd)
+    whole = _reward_weights(tmp_path / "out")
+    shutil.rmtree(tmp_path / "out")  # as if the job died after its last checkpoint
+    assert checkpoint.latest(tmp_path / "work" / "checkpoints").name == "step_00000006"
+    _run(cmd)
+    assert json.loads((tmp_path / "out" / "metrics.json").read_text())["resumed_from_step"] == 6
+    resumed = _reward_weights(tmp_path / "out")
+    assert all(torch.equal(whole[k], resumed[k]) for k in whole)
+
+
 def _descendants(pid: int) -> list[int]:
     """Every process below `pid` (torchrun starts its workers in sessions of their own)."""
     found = []

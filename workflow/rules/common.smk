@@ -110,7 +110,9 @@ def gpu_resources(stage):
     if not STAGES[stage].data_parallel or d["strategy"] == "none" or per_node * nodes == 1:
         return {"gpu": 1}
     tasks = {"tasks_per_node": per_node} if per_node > 1 else {"tasks": nodes, "tasks_per_gpu": 1}
-    srun = " ".join(srun_command({**config, "threads": TORCH_THREADS}))
+    def srun(wildcards, threads):  # the job's threads: what `--set threads={threads}` hands the stage
+        return " ".join(srun_command({**config, "threads": threads}))
+
     return {"nodes": nodes, "gres": f"gpu:{per_node}", **tasks, "mpi": srun}
 
 

@@ -104,16 +104,28 @@ def model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def sequence_scores(model: torch.nn.Module, seqs: list[list[int]], pad_id: int) -> torch.Tensor:
+def sequence_scores(model: torch.nn.Module, seqs: list[list[int]], pad_id: int,
+                    wrapped: torch.nn.Module | None = None) -> torch.Tensor:
     """A one-label sequence classifier's scores [B] of token sequences, left-padded into one batch and read
     at each row's last position: its last real token (the EOS every scored text ends with).
 
     HF's classifiers pool at the rightmost token that is not the pad id; under a tokenizer whose pad is its
     EOS that is the token before the EOS. A batch whose last column holds the pad id therefore runs the
     backbone and reads the head (`score`) at the last position itself.
+
+    `wrapped`: the DDP / FSDP module around `model` that a data-parallel gradient pass must run through
+    (its hooks average the gradients; FSDP's gather the parameters), so its whole forward runs, told
+    that no token is padding: HF then pools at the last position too.
     """
     ids, mask = (t.to(model_device(model)) for t in left_pad(seqs, pad_id))
     pos = positions(mask)
+    if wrapped is not None:
+        text_cfg = model.config.get_text_config()
+        saved, text_cfg.pad_token_id = text_cfg.pad_token_id, -1  # an id no token has
+        try:
+            return wrapped(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, 0]
+        finally:
+            text_cfg.pad_token_id = saved
     pad, head = model.config.pad_token_id, getattr(model, "score", None)
     if head is None or (pad is not None and not bool((ids[:, -1] == pad).any())):
         return model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, 0]

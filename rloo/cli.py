@@ -25,18 +25,22 @@ from rloo.config import (
 from rloo.errors import UserError
 
 DEFAULT_CONFIG = "config/config.yaml"
-# The stages that train data-parallel under torchrun (rloo/distributed.py, imported by name for them
-# only: `rloo.provenance` then does not count it as the code of the stages that run in one process).
-DATA_PARALLEL = ("sft", "train")
+# The stages that train data-parallel under torchrun or srun (rloo/distributed.py, imported by name for
+# them only: `rloo.provenance` then does not count it as the code of the stages that run in one process).
+DATA_PARALLEL = tuple(s.verb for s in pipeline.STAGES.values() if s.data_parallel)
 
 
 def _launched_world() -> int:
-    """WORLD_SIZE as a launcher (torchrun) set it; 1 outside one."""
+    """WORLD_SIZE as a launcher (torchrun, or srun: see `main`) set it; 1 outside one."""
     return int(os.environ.get("WORLD_SIZE", "1") or 1)
 
 
 def _distributed():
     return importlib.import_module("rloo.distributed")
+
+
+def _launch():
+    return importlib.import_module("rloo.launch")  # by name, as rloo.distributed (see DATA_PARALLEL)
 
 
 def _config(args: argparse.Namespace) -> dict:
@@ -103,8 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     nproc = argparse.ArgumentParser(add_help=False)
     nproc.add_argument("--nproc", type=int, default=None, metavar="N",
-                       help="train with N processes on this machine (re-run under torchrun; needs "
-                            "distributed.strategy ddp or fsdp; default: distributed.nproc_per_node)")
+                       help="train with N processes per machine (re-run under torchrun, or under srun inside a "
+                            "Slurm allocation; needs distributed.strategy ddp or fsdp; default: "
+                            "distributed.nproc_per_node)")
 
     p = sub.add_parser("sft", parents=[common, nproc], help="supervised fine-tuning of the reference policy")
     p.add_argument("--data", default=None)
@@ -120,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="default: paths.models/rloo_<estimator>")
     p.add_argument("--work", default=None, help="checkpoints (default: results/work/rloo_<estimator>)")
 
-    p = sub.add_parser("reward", parents=[common], help="train the Bradley-Terry reward model")
+    p = sub.add_parser("reward", parents=[common, nproc], help="train the Bradley-Terry reward model")
     p.add_argument("--data", default=None)
     p.add_argument("--policy", default=None, help="SFT policy folder (default: paths.models/sft)")
     p.add_argument("--out", default=None, help="default: paths.models/reward")
@@ -169,13 +174,17 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"rloo: {e}", file=sys.stderr)
         return 2
+    if "SLURM_STEP_ID" in os.environ:  # a task of an srun step: its ranks become torchrun's variables
+        _launch().adopt_slurm_env()
     if args.stage in DATA_PARALLEL and _launched_world() == 1:
         n = args.nproc if args.nproc is not None else cfg["distributed"]["nproc_per_node"]
-        if n > 1:  # not yet under a launcher: become torchrun with n processes running this command
-            if problem := _distributed().launch_problem(cfg, n):
+        if n * cfg["distributed"]["nodes"] > 1:
+            # Not yet under a launcher: become srun (inside a Slurm allocation) or torchrun, starting
+            # the run's processes, each running this command.
+            if problem := _launch().launch_problem(cfg, n):
                 print(f"rloo {args.stage}: error: {problem}", file=sys.stderr)
                 return 2
-            _distributed().relaunch(n, argv)
+            _launch().relaunch(cfg, n, argv)
     try:
         return _run_stage(args, cfg)
     except UserError as e:

@@ -1,4 +1,5 @@
-"""Data-parallel training on torch.distributed: DDP or FSDP2, started by torchrun (`rloo train --nproc N`).
+"""Data-parallel training on torch.distributed: DDP or FSDP2, started by torchrun (`rloo train --nproc N`)
+or by srun inside a Slurm allocation (one task per process; `adopt_slurm_env` maps its ranks).
 
 `distributed.strategy: none` (the default) is the single-process path: every helper here is then the
 identity, and no process group exists. Under torchrun (RANK, WORLD_SIZE, LOCAL_RANK in the environment)
@@ -22,7 +23,6 @@ import contextlib
 import hashlib
 import logging
 import os
-import sys
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -31,23 +31,21 @@ import torch
 import torch.distributed as dist
 
 from rloo.errors import InputError
+from rloo.launch import adopt_slurm_env, launched_world
 
 log = logging.getLogger("rloo")
 
 _strategy = "none"  # the strategy this process runs under, set by init
 
 
-def launched_world() -> int:
-    """WORLD_SIZE as a launcher (torchrun) set it; 1 outside one."""
-    return int(os.environ.get("WORLD_SIZE", "1") or 1)
-
-
 def init(cfg: dict) -> int:
-    """Join the process group of this torchrun job (once); return the world size (1: single process).
+    """Join the process group of this torchrun job or srun step (once); return the world size (1: single
+    process).
 
     `strategy: none` under a launcher with several processes is refused: every process would train
     the same batch and write the same outputs."""
     global _strategy
+    adopt_slurm_env()
     strategy, world = cfg["distributed"]["strategy"], launched_world()
     if world > 1 and strategy == "none":
         raise InputError(f"{world} processes were launched (WORLD_SIZE={world}) but distributed.strategy is "
@@ -60,7 +58,8 @@ def init(cfg: dict) -> int:
     if not dist.is_initialized():
         cuda = cfg["model"]["device"] != "cpu" and torch.cuda.is_available()
         if cuda:
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            # srun may show a task every GPU of its node or its own one only
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
         # Rank 0 alone evaluates and writes outputs while the others wait in a collective: a long timeout.
         dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(hours=2))
     _strategy = strategy
@@ -123,12 +122,13 @@ def refuse(what: str) -> None:
 
 
 # -- splitting a step and scaling its loss ------------------------------------------------------------
-def shard(n: int) -> tuple[int, int]:
-    """[lo, hi) of this rank's contiguous share of n items (the first n % W ranks take one more)."""
+def shard(n: int, empty_ok: bool = False) -> tuple[int, int]:
+    """[lo, hi) of this rank's contiguous share of n items (the first n % W ranks take one more);
+    `empty_ok`: a share may be empty (fewer items than ranks), else that is an error."""
     if not enabled():
         return 0, n
     w, r = world(), rank()
-    if n < w:
+    if n < w and not empty_ok:
         raise InputError(f"{n} prompts or examples per step cannot be split over {w} processes")
     base, extra = divmod(n, w)
     lo = r * base + min(r, extra)
@@ -177,6 +177,15 @@ def gather_rows(*tensors: torch.Tensor) -> list[torch.Tensor]:
     dist.all_gather_object(every, mine)
     device = tensors[0].device
     return [torch.cat([part[i] for part in every]).to(device) for i in range(len(tensors))]
+
+
+def gather_objects(items: list) -> list:
+    """This rank's (picklable) items joined with the other ranks' in rank order."""
+    if not enabled():
+        return items
+    every: list[list | None] = [None] * world()
+    dist.all_gather_object(every, items)
+    return [x for part in every for x in part]
 
 
 def on_main(fn: Callable[[], Any]) -> Any:
@@ -309,7 +318,8 @@ def whole_model(model: torch.nn.Module) -> torch.nn.Module | None:
     missing, unexpected = plain.load_state_dict(state, strict=False)
     if unexpected or [k for k in missing if k not in state and "lm_head" not in k]:  # tied heads may be left out
         raise RuntimeError(f"gathered weights do not fit {cls.__name__}: missing {missing}, unexpected {unexpected}")
-    plain.generation_config = copy.deepcopy(model.generation_config)
+    if getattr(model, "generation_config", None) is not None:  # a classifier (the reward model) has none
+        plain.generation_config = copy.deepcopy(model.generation_config)
     return plain.eval()
 
 
@@ -339,31 +349,3 @@ def load_optim_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, s
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
     set_optimizer_state_dict(model, optimizer, state, options=_options())
-
-
-# -- the launcher ---------------------------------------------------------------------------------
-def launch_problem(cfg: dict, nproc: int) -> str | None:
-    """Why `rloo <stage> --nproc N` cannot start N processes here, or None."""
-    d = cfg["distributed"]
-    if d["strategy"] == "none":
-        return f"--nproc {nproc} needs distributed.strategy ddp or fsdp (it is none)"
-    if d["nodes"] > 1:
-        return (f"distributed.nodes={d['nodes']}: start one torchrun per node (or srun), "
-                "--nproc launches the processes of this machine only")
-    return None
-
-
-def relaunch(nproc: int, argv: list[str]) -> None:
-    """Replace this process by torchrun with `nproc` local processes, each running `rloo <argv>`
-    without its --nproc (which torchrun's own parser would take for an abbreviation of its options)."""
-    args, rest = [], iter(argv)
-    for a in rest:
-        if a == "--nproc":
-            next(rest, None)  # its value
-        elif not a.startswith("--nproc="):
-            args.append(a)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "rloo.cli", *args]
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execv(sys.executable, cmd)

@@ -24,6 +24,7 @@ class Stage:
     excluded: tuple[str, ...] = ()  # keys below those that it does not read
     per_estimator: bool = False  # one job per advantage estimator
     work: bool = False  # keeps checkpoints under {results}/work/<name> (resumable)
+    data_parallel: bool = False  # trains on several processes under `distributed` (rloo/distributed.py)
 
 
 STAGES: dict[str, Stage] = {s.name: s for s in (
@@ -31,12 +32,14 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
           {"train": "{data}/train.jsonl", "test": "{data}/test.jsonl", "val": "{data}/val.jsonl",
            "manifest": "{data}/manifest.json"},
           keys=("seed", "data")),
-    Stage("sft", "sft", {"model": "{models}/sft"}, keys=("seed", "model", "prompt", "sft"), work=True),
+    Stage("sft", "sft", {"model": "{models}/sft"}, keys=("seed", "model", "prompt", "sft"), work=True,
+          data_parallel=True),
     # The reward model does not depend on what RLOO then uses as its reward.
     Stage("reward", "reward", {"model": "{models}/reward"}, keys=("seed", "model", "prompt", "reward"),
-          excluded=("reward.source", "reward.batch_size_score"), work=True),
+          excluded=("reward.source", "reward.batch_size_score"), work=True, data_parallel=True),
     Stage("rloo", "train", {"model": "{models}/rloo_{estimator}"},
-          keys=("seed", "model", "prompt", "reward.source", "rloo", "rollout"), per_estimator=True, work=True),
+          keys=("seed", "model", "prompt", "reward.source", "rloo", "rollout"), per_estimator=True, work=True,
+          data_parallel=True),
     Stage("evaluate", "evaluate",
           {"result": "{results}/gsm8k_{estimator}.json", "policies": "{results}/gsm8k_{estimator}/policies.png",
            "proxy_vs_judge": "{results}/gsm8k_{estimator}/proxy_vs_judge.png",

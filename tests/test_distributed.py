@@ -2,8 +2,9 @@
 
 Fast: what makes the processes' union equal one process's step, checked without a process group (a
 slice of a batch samples what the whole batch samples; the split of a step; the launcher's refusals).
-Slow (`rloo train --nproc 2`, `rloo sft --nproc 2` on the micro config): 2 processes give the weights
-of 1 process after 3 steps on the same prompts, write one output and one MLflow child run, and a run
+Slow (`rloo train --nproc 2`, `rloo sft --nproc 2`, `rloo reward --nproc 2` on the micro config): 2
+processes give the weights of 1 process after 3 steps on the same prompts (the reward model: on the
+same pairs, sampled half by each process), write one output and one MLflow child run, and a run
 killed with SIGKILL then rerun ends where an uninterrupted one does, bit for bit; under FSDP the
 best snapshot is the policy written.
 """
@@ -39,7 +40,7 @@ MICRO = str(ROOT / "config" / "micro.yaml")
 # purpose (tests run once with the break): no loss scale under token normalisation, RLOO 5e-5 and
 # 0.07, SFT 5e-3 and 0.03; each rank drawing its own noise 1e-4 and 1.3; twice the scale 1e-5 and 0.1
 # (and the logged gradient norm doubles).
-ATOL = {"rloo": 1e-6, "sft": 2e-5}
+ATOL = {"rloo": 1e-6, "sft": 2e-5, "reward": 2e-5}
 RTOL_UPDATE = 1e-4  # |w_2 - w_1| / |w_1 - w_0|: the difference against how far the steps moved
 RTOL_METRICS = 1e-4
 
@@ -102,8 +103,8 @@ def test_several_processes_need_a_strategy(micro_cfg, monkeypatch, capsys):
                      "--set", "distributed.nodes=2"]) == 2
     assert "one torchrun per node" in capsys.readouterr().err
     monkeypatch.setenv("WORLD_SIZE", "2")  # a stage that runs in one process refuses a launcher's several
-    assert cli.main(["reward", "-c", MICRO, "--set", "distributed.strategy=ddp"]) == 2
-    assert "rloo reward runs in one" in capsys.readouterr().err
+    assert cli.main(["evaluate", "-c", MICRO, "--set", "distributed.strategy=ddp"]) == 2
+    assert "rloo evaluate runs in one" in capsys.readouterr().err
     monkeypatch.delenv("WORLD_SIZE")
     cfg = load_config(MICRO, {"distributed": {"strategy": "fsdp"}})
     assert cfg["distributed"] == {"strategy": "fsdp", "nproc_per_node": 1, "nodes": 1}
@@ -237,6 +238,84 @@ def test_two_processes_train_sft_as_one(micro_run, single_sft, tmp_path, strateg
         assert a["sft/loss"] == pytest.approx(b["sft/loss"], rel=RTOL_METRICS)
         assert a["sft/grad_norm"] == pytest.approx(b["sft/grad_norm"], rel=RTOL_METRICS)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "work"]
+
+
+def _reward_cmd(micro_run, tmp: Path, *sets: str, steps: int = 3, nproc: int | None = None) -> list[str]:
+    # 7 pairs a step: shares of 4 and 3, so the loss scale (8/7, 6/7) matters
+    cmd = [sys.executable, "-m", "rloo.cli", "reward", "-c", MICRO, "--set", f"reward.steps={steps}",
+           "--set", "reward.batch_size=7",
+           "--set", "tracking.enabled=false", "--data", str(micro_run["data"]), "--policy", str(micro_run["sft"]),
+           "--out", str(tmp / "out"), "--work", str(tmp / "work")]
+    for s in sets:
+        cmd += ["--set", s]
+    return cmd + (["--nproc", str(nproc)] if nproc else [])
+
+
+def _reward_weights(folder: Path) -> dict[str, torch.Tensor]:
+    return models.load_reward_model(folder).state_dict()
+
+
+@pytest.fixture(scope="module")
+def single_reward(micro_run, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("single_reward")
+    _run(_reward_cmd(micro_run, tmp))
+    return (_reward_weights(tmp / "out"), json.loads((tmp / "out" / "history.json").read_text()),
+            json.loads((tmp / "out" / "metrics.json").read_text()))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_processes_train_the_reward_model_as_one(micro_run, single_reward, tmp_path, strategy):
+    """The reward model: each rank samples half of every batch's prompts (the noise of the whole batch),
+    the samples are gathered so both pair exactly what one process pairs, then each rank scores half of
+    every step's 7 pairs (4 and 3) through DDP / FSDP (an AutoModelForSequenceClassification sharded per decoder
+    layer); one output, one MLflow child run."""
+    from rloo.tracking import store
+
+    (tmp_path / "mlflow").mkdir()
+    uri = f"sqlite:///{tmp_path}/mlflow/mlflow.db"
+    client = store.mlflow_client(uri)
+    parent = client.create_run(store.ensure_experiment(uri, "rloo"), run_name="pipeline").info.run_id
+    env = {"MLFLOW_TRACKING_URI": uri, "RLOO_MLFLOW_PARENT_RUN_ID": parent, "RLOO_MLFLOW_RUNS_DIR": str(tmp_path / "runs")}
+    _run(_reward_cmd(micro_run, tmp_path, f"distributed.strategy={strategy}", "tracking.enabled=true",
+                     "reward.checkpoint_every=2", nproc=2), env)
+    weights, history, metrics = single_reward
+    start = models.load_reward_model(micro_run["sft"]).state_dict()  # the head is seeded: the same start
+    got = _reward_weights(tmp_path / "out")
+    assert _diff(weights, start) > 1e-4  # the steps moved the weights
+    print(f"reward {strategy}: max |dw| {_diff(got, weights):.3g}")
+    _close(got, weights, start, ATOL["reward"])
+    mine = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    for key in ("pairs", "train_pairs", "val_pairs", "samples", "sample_accuracy"):
+        assert mine[key] == metrics[key], key  # the same pairs
+    for key in ("val_accuracy", "train_accuracy"):
+        assert mine[key] == pytest.approx(metrics[key], abs=1e-9), key
+    got_history = json.loads((tmp_path / "out" / "history.json").read_text())
+    assert [h["step"] for h in got_history] == [h["step"] for h in history]
+    for a, b in zip(got_history, history, strict=True):
+        assert a["reward/loss"] == pytest.approx(b["reward/loss"], rel=RTOL_METRICS)
+        assert a["reward/train_accuracy"] == b["reward/train_accuracy"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlflow", "out", "runs", "work"]
+    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == ["checkpoints", "timings.json"]
+    runs = client.search_runs([client.get_run(parent).info.experiment_id])
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent]
+    assert [(r.info.run_name, r.info.status) for r in children] == [("reward", "FINISHED")] and len(runs) == 2
+
+
+@pytest.mark.slow
+def test_a_two_process_reward_model_resumes_from_its_checkpoint(micro_run, tmp_path):
+    """FSDP: the reward model's checkpoints (gathered by rank 0) are loaded back into the shards, the
+    optimizer state with them: a rerun from the newest checkpoint (step 6 of 8) ends bit for bit where
+    the uninterrupted run ended."""
+    cmd = _reward_cmd(micro_run, tmp_path, "distributed.strategy=fsdp", "reward.checkpoint_every=2", steps=8, nproc=2)
+    _run(cmd)
+    whole = _reward_weights(tmp_path / "out")
+    shutil.rmtree(tmp_path / "out")  # as if the job died after its last checkpoint
+    assert checkpoint.latest(tmp_path / "work" / "checkpoints").name == "step_00000006"
+    _run(cmd)
+    assert json.loads((tmp_path / "out" / "metrics.json").read_text())["resumed_from_step"] == 6
+    resumed = _reward_weights(tmp_path / "out")
+    assert all(torch.equal(whole[k], resumed[k]) for k in whole)
 
 
 def _descendants(pid: int) -> list[int]:

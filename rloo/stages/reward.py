@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rloo import models, tracking
+from rloo import distributed, models, tracking
 from rloo.batching import model_device, sequence_scores
 from rloo.errors import InputError
 from rloo.io import atomic_dir, read_jsonl, write_json_atomic
@@ -27,7 +27,11 @@ log = logging.getLogger("rloo.reward")
 
 
 def sample_pairs(cfg: dict, policy_dir: Path, train: list[dict]) -> tuple[list[Pair], dict]:
-    """Sample `samples_per_prompt` completions per prompt from the SFT policy; label; pair them."""
+    """Sample `samples_per_prompt` completions per prompt from the SFT policy; label; pair them.
+
+    Data-parallel, each process samples its contiguous share of every batch's prompts, with the noise
+    one process sampling the whole batch would give those rows (`noise_rows`); the samples are then
+    gathered, so every process pairs exactly what one process pairs."""
     rcfg, mcfg = cfg["reward"], cfg["model"]
     tok = models.load_tokenizer(policy_dir, mcfg["trust_remote_code"])
     policy = models.load_causal_lm(policy_dir, **models.load_options(mcfg))
@@ -38,14 +42,20 @@ def sample_pairs(cfg: dict, policy_dir: Path, train: list[dict]) -> tuple[list[P
     pairs: list[Pair] = []
     n_correct = n_samples = 0
     per_batch = max(1, 128 // k)
-    for start in Progress(range(0, len(rows), per_batch), desc="reward: sampling", unit="batch"):
+    for start in Progress(range(0, len(rows), per_batch), desc="reward: sampling", unit="batch",
+                          disable=not distributed.is_main()):
         chunk = rows[start : start + per_batch]
         prompts = [fmt.prompt(r["question"]) for r in chunk]
-        ids = [fmt.encode(p) for p in prompts for _ in range(k)]
-        with autocast(mcfg["autocast"], model_device(policy)):
-            ro = generate(policy, ids, max_new_tokens=rcfg["max_new_tokens"], eos_id=tok.eos_token_id,
-                          pad_id=tok.pad_token_id, generator=step_generator(cfg["seed"], start, stream=3))
-        all_texts, all_finished = ro.texts(tok), ro.finished.tolist()
+        lo, hi = distributed.shard(len(chunk), empty_ok=True)
+        ids = [fmt.encode(p) for p in prompts[lo:hi] for _ in range(k)]
+        mine: list[tuple[str, bool]] = []
+        if ids:  # a share may be empty: a last batch with fewer prompts than processes
+            with autocast(mcfg["autocast"], model_device(policy)):
+                ro = generate(policy, ids, max_new_tokens=rcfg["max_new_tokens"], eos_id=tok.eos_token_id,
+                              pad_id=tok.pad_token_id, generator=step_generator(cfg["seed"], start, stream=3),
+                              **({"noise_rows": (lo * k, len(chunk) * k)} if distributed.enabled() else {}))
+            mine = list(zip(ro.texts(tok), ro.finished.tolist(), strict=True))
+        all_texts, all_finished = (list(x) for x in zip(*distributed.gather_objects(mine), strict=True))
         for i, r in enumerate(chunk):
             texts = all_texts[i * k : (i + 1) * k]
             ok = [f and is_correct(t, r["answer"]) for t, f in zip(texts, all_finished[i * k : (i + 1) * k], strict=True)]
@@ -56,14 +66,22 @@ def sample_pairs(cfg: dict, policy_dir: Path, train: list[dict]) -> tuple[list[P
 
 
 def pair_scores(model, fmt: PromptFormat, pairs: list[Pair], max_length: int,
-                autocast_mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+                autocast_mode: str, wrapped=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(chosen, rejected) scores [N] in one forward pass over both halves, each text encoded as the RLOO
-    stage's reward encodes its samples (`PromptFormat.scored_ids`)."""
+    stage's reward encodes its samples (`PromptFormat.scored_ids`). `wrapped`: the DDP / FSDP module the
+    gradient pass runs through (data-parallel training; `batching.sequence_scores`)."""
     texts = [p.prompt + p.chosen for p in pairs] + [p.prompt + p.rejected for p in pairs]
     ids = [fmt.scored_ids(t, max_length) for t in texts]
     with autocast(autocast_mode, model_device(model)):
-        s = sequence_scores(model, ids, fmt.tokenizer.pad_token_id).float()
+        s = sequence_scores(model, ids, fmt.tokenizer.pad_token_id, wrapped).float()
     return s[: len(pairs)], s[len(pairs) :]
+
+
+def accuracy(model, fmt: PromptFormat, pairs: list[Pair], mcfg: dict) -> float:
+    """`pairwise_accuracy` of a model that may be data-parallel: rank 0 computes it with the whole
+    parameters (FSDP: gathered), every rank gets it."""
+    with distributed.gathered(model):
+        return distributed.on_main(lambda: pairwise_accuracy(model, fmt, pairs, mcfg["max_length"], mcfg["autocast"]))
 
 
 @torch.no_grad()
@@ -83,8 +101,13 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
     """Build pairs, train the reward model, report held-out pairwise accuracy; write `out_dir`.
     Checkpoints go to `work_dir` (default: a `work` folder next to `out_dir`); a rerun resumes.
 
-    The pairs are sampled again on a resume: they depend only on the seed, like each step's batch."""
-    threads = setup(cfg["threads"], cfg["seed"])
+    The pairs are sampled again on a resume: they depend only on the seed, like each step's batch.
+
+    Data-parallel (`distributed.strategy` ddp or fsdp under torchrun or srun), each process scores its
+    contiguous share of every step's pairs, its mean loss weighted by its share of the pairs (so the
+    averaged gradient is the single-process one); rank 0 evaluates and writes."""
+    distributed.init(cfg)
+    threads = setup(distributed.threads(cfg["threads"]), cfg["seed"])
     rcfg, mcfg = cfg["reward"], cfg["model"]
     policy_dir, out_dir = Path(policy_dir), Path(out_dir)
     train = [r for _, r in read_jsonl(Path(data_dir) / "train.jsonl")]
@@ -100,12 +123,14 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
     model = models.load_reward_model(init, **models.load_options(mcfg), trainable=True)
     model.config.pad_token_id = tok.pad_token_id
     fmt = PromptFormat(tok, cfg["prompt"])
+    train_model = distributed.wrap(model)  # DDP around it, or the model sharded in place by FSDP
     opt = torch.optim.AdamW(model.parameters(), lr=rcfg["lr"])
-    val_before = pairwise_accuracy(model, fmt, val_pairs, mcfg["max_length"], mcfg["autocast"])
+    val_before = accuracy(model, fmt, val_pairs, mcfg)
     work_dir = Path(work_dir) if work_dir is not None else out_dir.parent / "work" / out_dir.name
     # Not part of the run: the checkpoint interval, and what the stage does not read (pipeline.STAGES).
-    fingerprint = run_fingerprint(cfg, ["seed", "model", "prompt", "reward"], data_dir, policy_dir,
-                                  ignore=("reward.checkpoint_every", *STAGES["reward"].excluded))
+    fingerprint = distributed.fingerprint(run_fingerprint(
+        cfg, ["seed", "model", "prompt", "reward"], data_dir, policy_dir,
+        ignore=("reward.checkpoint_every", *STAGES["reward"].excluded)))
     loop = TrainingLoop("reward", rcfg["steps"], work_dir / "checkpoints", model, opt, None, fingerprint,
                         rcfg["checkpoint_every"])
     loop.resume()
@@ -113,25 +138,32 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
     for step in loop:
         batch_rng = np.random.default_rng([cfg["seed"], step])  # the batch of step N depends on (seed, N) only
         idx = batch_rng.choice(len(tr_pairs), size=min(rcfg["batch_size"], len(tr_pairs)), replace=False)
-        c, r = pair_scores(model, fmt, [tr_pairs[i] for i in idx], mcfg["max_length"], mcfg["autocast"])
+        if distributed.enabled():  # this rank's contiguous share of the step's pairs, through DDP / FSDP
+            lo, hi = distributed.shard(len(idx))
+            idx = idx[lo:hi]
+        c, r = pair_scores(model, fmt, [tr_pairs[i] for i in idx], mcfg["max_length"], mcfg["autocast"],
+                           train_model if distributed.enabled() else None)
         loss = bradley_terry_loss(c, r)
+        if distributed.enabled():  # a mean over pairs: weigh it by this rank's share of the step's
+            loss = loss * distributed.loss_scale(len(idx))
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        distributed.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         if step % 10 == 0 or step == rcfg["steps"] - 1:
-            value = float(loss.detach())
-            loop.log({"step": step, "reward/loss": value, "reward/train_accuracy": float((c > r).float().mean())},
-                     step, loss=f"{value:.3f}")
+            # The whole step's figures: the ranks' mean of the weighted losses is the step's mean loss.
+            value = distributed.mean_over_ranks({"loss": float(loss.detach())})["loss"]
+            wins, n = distributed.all_sum(float((c > r).sum()), len(idx))
+            loop.log({"step": step, "reward/loss": value, "reward/train_accuracy": wins / n}, step, loss=f"{value:.3f}")
     model.requires_grad_(False)
     metrics = {
         "pairs": len(pairs),
         "train_pairs": len(tr_pairs),
         "val_pairs": len(val_pairs),
         "val_prompts": len({p.prompt_id for p in val_pairs}),
-        "val_accuracy": pairwise_accuracy(model, fmt, val_pairs, mcfg["max_length"], mcfg["autocast"]),
+        "val_accuracy": accuracy(model, fmt, val_pairs, mcfg),
         "val_accuracy_before_training": val_before,
-        "train_accuracy": pairwise_accuracy(model, fmt, tr_pairs[:128], mcfg["max_length"], mcfg["autocast"]),
+        "train_accuracy": accuracy(model, fmt, tr_pairs[:128], mcfg),
         **sample_info,
         "resumed_from_step": loop.start,
         "threads": threads,
@@ -139,9 +171,12 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
     }
     timings = loop.record_timings(pair_seconds=t_pairs, train_seconds=time.perf_counter() - t_train)
     tracking.log_metrics({f"reward/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
-    with atomic_dir(out_dir) as tmp:
-        models.save_pretrained(model, tok, tmp)
-        write_json_atomic(tmp / "metrics.json", metrics)
-        write_json_atomic(tmp / "history.json", loop.history)
+    whole = distributed.whole_model(model)  # FSDP: gathered on rank 0
+    if distributed.is_main():
+        with atomic_dir(out_dir) as tmp:
+            models.save_pretrained(whole, tok, tmp)
+            write_json_atomic(tmp / "metrics.json", metrics)
+            write_json_atomic(tmp / "history.json", loop.history)
+    distributed.barrier()
     log.info("reward model: %s", {**metrics, **timings})
     return {**metrics, **timings}

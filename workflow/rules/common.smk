@@ -6,6 +6,7 @@ from pathlib import Path
 from rloo.config import load_schema
 from rloo.config import stage_config as _stage_config
 from rloo.config import validate as _validate_config
+from rloo.launch import srun_command
 from rloo.pipeline import STAGES, rule_outputs, work_dir
 from rloo.provenance import PACKAGE_DIR, stage_sources
 
@@ -95,6 +96,24 @@ TORCH_THREADS = config["threads"] or 8
 
 def cpus(wildcards, threads):
     return threads
+
+
+def gpu_resources(stage):
+    """A training stage's GPUs and tasks (rloo.pipeline: `data_parallel`). One process: `gpu: 1`. Under a
+    `distributed` strategy with several processes, one Slurm task per process: `nodes`, `gres: gpu:P` (P =
+    nproc_per_node GPUs on each node), `tasks_per_node: P` (with one process per node `tasks: nodes`,
+    and `tasks_per_gpu: 1`, which the plugin would otherwise take `tasks` for), and `mpi`, which makes
+    the plugin run the rule's shell in the batch step instead of under `srun -n1`: there `rloo <stage>`
+    finds itself in the allocation and starts its processes with this very srun line (rloo/launch.py)."""
+    d = config["distributed"]
+    per_node, nodes = d["nproc_per_node"], d["nodes"]
+    if not STAGES[stage].data_parallel or d["strategy"] == "none" or per_node * nodes == 1:
+        return {"gpu": 1}
+    tasks = {"tasks_per_node": per_node} if per_node > 1 else {"tasks": nodes, "tasks_per_gpu": 1}
+    def srun(wildcards, threads):  # the job's threads: what `--set threads={threads}` hands the stage
+        return " ".join(srun_command({**config, "threads": threads}))
+
+    return {"nodes": nodes, "gres": f"gpu:{per_node}", **tasks, "mpi": srun}
 
 
 def no_such_estimator(wildcards):

@@ -20,7 +20,7 @@ rule reward:
         f"{LOGS}/benchmarks/reward.tsv"
     threads: TORCH_THREADS
     resources:
-        gpu=1,
+        **gpu_resources("reward"),
         mem_mb=32000,
         runtime=120,
         cpus_per_task=cpus,

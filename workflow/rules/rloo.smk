@@ -21,7 +21,7 @@ rule rloo:
         f"{LOGS}/benchmarks/rloo_{{estimator}}.tsv"
     threads: TORCH_THREADS
     resources:
-        gpu=1,
+        **gpu_resources("rloo"),
         mem_mb=32000,
         runtime=480,
         cpus_per_task=cpus,

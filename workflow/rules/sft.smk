@@ -20,7 +20,7 @@ rule sft:
         f"{LOGS}/benchmarks/sft.tsv"
     threads: TORCH_THREADS
     resources:
-        gpu=1,
+        **gpu_resources("sft"),
         mem_mb=32000,
         runtime=240,
         cpus_per_task=cpus,

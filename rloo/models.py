@@ -166,6 +166,18 @@ def _prepare(model: PreTrainedModel, trainable: bool, device: str) -> PreTrained
     return model
 
 
+def for_training(model: PreTrainedModel, mcfg: dict, task_type: str = "CAUSAL_LM"):
+    """A loaded trainable model as `model.lora` and `model.gradient_checkpointing` make it: (the module
+    to train, its `lora.Adapted` or None). With LoRA the module is the model's own class with LoRA layers
+    injected, only the adapters requiring gradients."""
+    from rloo import grad_checkpointing, lora
+
+    adapted = lora.adapt(model, mcfg, task_type)
+    module = adapted.model if adapted is not None else model
+    grad_checkpointing.enable(module, mcfg["gradient_checkpointing"])
+    return module, adapted
+
+
 def save_pretrained(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, folder: str | Path) -> None:
     """Weights as safetensors plus the tokenizer, loadable with from_pretrained."""
     model.save_pretrained(str(folder), safe_serialization=True)

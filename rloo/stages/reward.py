@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rloo import models, tracking
+from rloo import grad_checkpointing, lora, models, tracking
 from rloo.batching import model_device, sequence_scores
 from rloo.errors import InputError
 from rloo.io import atomic_dir, read_jsonl, write_json_atomic
@@ -97,10 +97,12 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
 
     init = rcfg["init"] or policy_dir
     tok = models.load_tokenizer(policy_dir, mcfg["trust_remote_code"])
-    model = models.load_reward_model(init, **models.load_options(mcfg), trainable=True)
+    # With LoRA: adapters on the backbone, the new score head trained whole (peft's SEQ_CLS task).
+    model, adapted = models.for_training(models.load_reward_model(init, **models.load_options(mcfg), trainable=True),
+                                         mcfg, "SEQ_CLS")
     model.config.pad_token_id = tok.pad_token_id
     fmt = PromptFormat(tok, cfg["prompt"])
-    opt = torch.optim.AdamW(model.parameters(), lr=rcfg["lr"])
+    opt = torch.optim.AdamW(lora.trainable(model), lr=rcfg["lr"])
     val_before = pairwise_accuracy(model, fmt, val_pairs, mcfg["max_length"], mcfg["autocast"])
     work_dir = Path(work_dir) if work_dir is not None else out_dir.parent / "work" / out_dir.name
     # Not part of the run: the checkpoint interval, and what the stage does not read (pipeline.STAGES).
@@ -113,7 +115,8 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
     for step in loop:
         batch_rng = np.random.default_rng([cfg["seed"], step])  # the batch of step N depends on (seed, N) only
         idx = batch_rng.choice(len(tr_pairs), size=min(rcfg["batch_size"], len(tr_pairs)), replace=False)
-        c, r = pair_scores(model, fmt, [tr_pairs[i] for i in idx], mcfg["max_length"], mcfg["autocast"])
+        with grad_checkpointing.active(model):  # the model stays in eval mode (no dropout)
+            c, r = pair_scores(model, fmt, [tr_pairs[i] for i in idx], mcfg["max_length"], mcfg["autocast"])
         loss = bradley_terry_loss(c, r)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -140,7 +143,7 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
     timings = loop.record_timings(pair_seconds=t_pairs, train_seconds=time.perf_counter() - t_train)
     tracking.log_metrics({f"reward/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
     with atomic_dir(out_dir) as tmp:
-        models.save_pretrained(model, tok, tmp)
+        models.save_pretrained(lora.whole(adapted, model), tok, tmp)  # LoRA: merged weights
         write_json_atomic(tmp / "metrics.json", metrics)
         write_json_atomic(tmp / "history.json", loop.history)
     log.info("reward model: %s", {**metrics, **timings})

@@ -70,7 +70,7 @@ def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def _frozen(model: torch.nn.Module) -> set[str]:
     """Names of the parameters that do not train, when some do (a LoRA model's base weights)."""
-    params = dict(model.named_parameters())
+    params = dict(model.named_parameters(remove_duplicate=False))  # a tied head under its own name too
     if not any(p.requires_grad for p in params.values()):
         return set()  # a model frozen as a whole is saved whole
     return {name for name, p in params.items() if not p.requires_grad}

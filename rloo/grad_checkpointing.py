@@ -33,9 +33,10 @@ def enable(model: torch.nn.Module, on: bool) -> None:
 
 
 def layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The layers transformers checkpoints (empty when checkpointing is off)."""
-    return [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True
-            and hasattr(m, "_gradient_checkpointing_func")]
+    """The decoder layers transformers checkpoints (empty when checkpointing is off)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing]
 
 
 def on(model: torch.nn.Module) -> bool:

@@ -12,9 +12,12 @@ layer drops any KV cache, so that pass runs the plain (unshared-prompt) forward:
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 
 import torch
+
+log = logging.getLogger("rloo")
 
 
 def enable(model: torch.nn.Module, on: bool) -> None:
@@ -30,6 +33,7 @@ def enable(model: torch.nn.Module, on: bool) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    log.info("gradient checkpointing: %d decoder layers recompute in the backward pass", len(layers(model)))
 
 
 def layers(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -300,3 +300,39 @@ def test_two_processes_select_the_best_snapshot(micro_run, micro_reward, tmp_pat
     out, sft = _weights(tmp_path / "out"), _weights(micro_run["sft"])
     assert all(torch.equal(out[k], sft[k]) for k in sft)
     assert checkpoint.read_snapshot(tmp_path / "work" / "best")["step"] == 0
+
+
+# -- LoRA and gradient checkpointing under FSDP (docs/scaling.md) ----------------------------------
+LORA = "model.lora.enabled=true"
+GC = "model.gradient_checkpointing=true"
+
+
+@pytest.fixture(scope="module")
+def single_lora(micro_run, micro_reward, tmp_path_factory):
+    """One process's 3 RLOO steps with LoRA: the merged weights."""
+    tmp = tmp_path_factory.mktemp("single_lora")
+    _run(_rloo_cmd(micro_run, micro_reward, tmp, LORA))
+    return _weights(tmp / "out")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("option", ["lora", "gradient_checkpointing"])
+def test_two_fsdp_processes_train_lora_and_checkpointed_rloo_as_one(micro_run, micro_reward, single_rloo, single_lora,
+                                                                    tmp_path, option):
+    """FSDP over a peft model (frozen base shards, trainable adapters; the merged weights gathered on rank
+    0), and FSDP with checkpointed layers (their recompute under the shards): the single process's
+    weights after 3 steps (LoRA: the single LoRA run's; checkpointing: the plain run's)."""
+    done = _run(_rloo_cmd(micro_run, micro_reward, tmp_path, LORA if option == "lora" else GC,
+                          "distributed.strategy=fsdp", nproc=2))
+    if option == "gradient_checkpointing":
+        assert "gradient checkpointing: 2 decoder layers" in done.stderr
+    want = single_lora if option == "lora" else single_rloo["sequence"][0]
+    _close(_weights(tmp_path / "out"), want, _weights(micro_run["sft"]), ATOL["rloo"])
+
+
+@pytest.mark.slow
+def test_two_fsdp_processes_train_sft_with_lora_and_checkpointing_as_one(micro_run, tmp_path_factory):
+    single, double = tmp_path_factory.mktemp("sft_lora_1"), tmp_path_factory.mktemp("sft_lora_2")
+    _run(_sft_cmd(micro_run, single, LORA, GC))
+    _run(_sft_cmd(micro_run, double, LORA, GC, "distributed.strategy=fsdp", nproc=2))
+    _close(_weights(double / "out"), _weights(single / "out"), _weights(single / "work" / "init"), ATOL["sft"])

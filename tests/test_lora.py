@@ -222,6 +222,7 @@ def _train_cmd(micro_run, micro_reward, tmp: Path, steps: int = 12) -> list[str]
             "--out", str(tmp / "out"), "--work", str(tmp / "work")]
 
 
+@pytest.mark.slow
 def test_lora_run_killed_with_sigkill_resumes_bit_for_bit(micro_run, micro_reward, tmp_path_factory):
     """kill -9 after the first (adapter-only) checkpoint, then the rerun: the merged output is the
     uninterrupted run's, bit for bit."""

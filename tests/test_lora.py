@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from test_train import LengthReward
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from rloo import checkpoint, lora, models
 from rloo.batching import completion_logprobs, join
@@ -184,6 +184,14 @@ def _stage_cfg(micro_run, **model) -> dict:
     return cfg
 
 
+def _load_exactly(auto_cls, folder: Path) -> dict[str, torch.Tensor]:
+    """The weights of a saved model loaded by `from_pretrained`, which must find every weight it expects
+    and no other (an unmerged LoRA model would leave `...weight` missing and `base_layer` unexpected)."""
+    model, info = auto_cls.from_pretrained(folder, output_loading_info=True)
+    assert not any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    return model.state_dict()
+
+
 def test_sft_with_lora_writes_a_merged_model(micro_run, tmp_path):
     """SFT with LoRA (and checkpointing): the output is a plain model whose adapted projections moved
     and whose other weights (embeddings, norms) are the starting model's, bit for bit; peak memory is
@@ -191,20 +199,24 @@ def test_sft_with_lora_writes_a_merged_model(micro_run, tmp_path):
     shutil.copytree(micro_run["base"] / "work" / "sft" / "init", tmp_path / "work" / "init")
     metrics = sft.run(_stage_cfg(micro_run, gradient_checkpointing=True), micro_run["data"], tmp_path / "out",
                       tmp_path / "work")
-    out = AutoModelForCausalLM.from_pretrained(tmp_path / "out").state_dict()
+    out = _load_exactly(AutoModelForCausalLM, tmp_path / "out")
     init = models.load_causal_lm(tmp_path / "work" / "init").state_dict()
     assert out.keys() == init.keys()
     adapted = {k for k in init if k.endswith("proj.weight")}
     assert adapted and all(float((out[k] - init[k]).abs().max()) > 1e-4 for k in adapted)
     assert all(torch.equal(out[k], init[k]) for k in init if k not in adapted)
     assert metrics["peak_memory_mb"] > 0
+    # The optimizer held the adapters alone (its saved state names one tensor per adapter matrix).
+    ckpt = checkpoint.latest(tmp_path / "work" / "checkpoints")
+    held = torch.load(ckpt / "optimizer.pt", weights_only=True)["optimizer"]["param_groups"][0]["params"]
+    assert len(held) == 2 * len(adapted)  # A and B of each adapted projection
     assert json.loads((tmp_path / "work" / "timings.json").read_text())["peak_memory_mb"] > 0
 
 
 def test_reward_model_with_lora_writes_a_merged_model(micro_run, tmp_path):
     """The reward stage with LoRA: adapters on the backbone, the new score head trained whole, merged."""
     reward.run(_stage_cfg(micro_run), micro_run["data"], micro_run["sft"], tmp_path / "out", tmp_path / "work")
-    out = models.load_reward_model(tmp_path / "out").state_dict()
+    out = _load_exactly(AutoModelForSequenceClassification, tmp_path / "out")
     start = models.load_reward_model(micro_run["sft"]).state_dict()  # a fresh head: a different init
     sft_weights = models.load_causal_lm(micro_run["sft"]).state_dict()
     assert all(torch.equal(out[k], sft_weights[k]) for k in out if "norm" in k or "embed" in k)

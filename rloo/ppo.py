@@ -71,8 +71,9 @@ class PPOTrainer(Trainer):
         with torch.no_grad():
             for rows in parts:
                 mb = batch.select(rows)
-                with autocast(self.mcfg["autocast"], self.device), self.reference_model() as reference:
-                    ref_lp[rows] = completion_logprobs(reference, mb, self.chunk_rows)
+                with autocast(self.mcfg["autocast"], self.device):
+                    with self.reference_model() as reference:  # under LoRA: the policy, adapters off
+                        ref_lp[rows] = completion_logprobs(reference, mb, self.chunk_rows)
                     old_lp[rows] = completion_logprobs(self.policy, mb, self.chunk_rows)
                 old_values[rows] = self.values(mb)
         t_ref = time.perf_counter()

@@ -71,7 +71,7 @@ def test_lora_trains_only_the_adapters(lora_run, micro_run):
     base = {k for k in params if k not in adapters}
     assert all(torch.equal(params[k], before[k]) for k in base)  # the base weights, bit for bit
     sft = models.load_causal_lm(micro_run["sft"]).state_dict()
-    assert all(torch.equal(params[k], sft[k.replace(".base_layer", "")]) for k in base)
+    assert all(torch.equal(params[k].cpu(), sft[k.replace(".base_layer", "")]) for k in base)
     moved = max(float((params[k].detach() - before[k]).abs().max()) for k in adapters if ".lora_B." in k)
     assert moved > 1e-4, moved
     # No second copy for the reference, and it starts exactly at the policy (B = 0).
@@ -84,7 +84,7 @@ def test_the_reference_is_the_base_model(lora_run, micro_run):
     the policy's are not."""
     trainer, _, _ = lora_run
     batch = _batch(trainer, STEPS)
-    sft_model = models.load_causal_lm(micro_run["sft"], trainable=True)
+    sft_model = models.load_causal_lm(micro_run["sft"], trainable=True, device=str(batch.input_ids.device))
     with torch.no_grad():
         want = completion_logprobs(sft_model, batch)
         with trainer.reference_model() as reference:
@@ -104,7 +104,7 @@ def test_the_merged_output_loads_and_computes_the_adapted_model(lora_run, tmp_pa
                                  position_ids=batch.position_ids).logits
         adapted_copy = copy.deepcopy(trainer.adapted)  # merging is in place: the fixture's trainer stays adapted
         models.save_pretrained(lora.whole(adapted_copy, adapted_copy.model), trainer.tokenizer, tmp_path)
-        loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+        loaded = AutoModelForCausalLM.from_pretrained(tmp_path).to(batch.input_ids.device)
         assert not any("lora" in k or "base_layer" in k for k in loaded.state_dict())
         logits = loaded(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                         position_ids=batch.position_ids).logits
@@ -137,6 +137,22 @@ def test_lora_with_vllm_rollouts_is_refused(micro_run):
     cfg["rollout"]["backend"] = "vllm"
     with pytest.raises(InputError, match=r"model\.lora with rollout\.backend=vllm"):
         train.Trainer(cfg, micro_run["sft"], LengthReward(), _rows(micro_run))
+
+
+def test_ppo_with_lora_keeps_a_full_critic_and_the_adapters_off_reference(micro_run):
+    """PPO: the policy trains adapters, its reference is the adapters-off policy (KL 0 at step 0, then
+    not), its old log-probabilities are the adapted policy's (the first update's ratio is 1), and the
+    critic stays a full network."""
+    from rloo.ppo import PPOTrainer
+
+    cfg = _cfg(micro_run, estimator="ppo")
+    cfg["rloo"]["ppo"].update({"epochs": 1, "minibatches": 1})
+    trainer = PPOTrainer(cfg, micro_run["sft"], LengthReward(), _rows(micro_run), micro_run["sft"])
+    assert all(p.requires_grad for p in trainer.critic.parameters())
+    assert not any("lora" in k for k in trainer.critic.state_dict())
+    first, second = trainer.step(0), trainer.step(1)
+    assert first["train/kl"] == 0.0 and second["train/kl"] != 0.0
+    assert second["ppo/approx_kl"] == 0.0 and second["ppo/policy_clip_frac"] == 0.0
 
 
 # -- gradient checkpointing --------------------------------------------------------------------------

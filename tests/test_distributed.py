@@ -316,14 +316,15 @@ def single_lora(micro_run, micro_reward, tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("option", ["lora", "gradient_checkpointing"])
-def test_two_fsdp_processes_train_lora_and_checkpointed_rloo_as_one(micro_run, micro_reward, single_rloo, single_lora,
-                                                                    tmp_path, option):
+@pytest.mark.parametrize(("strategy", "option"), [("fsdp", "lora"), ("fsdp", "gradient_checkpointing"), ("ddp", "lora")])
+def test_two_processes_train_lora_and_checkpointed_rloo_as_one(micro_run, micro_reward, single_rloo, single_lora,
+                                                               tmp_path, strategy, option):
     """FSDP over a peft model (frozen base shards, trainable adapters; the merged weights gathered on rank
-    0), and FSDP with checkpointed layers (their recompute under the shards): the single process's
-    weights after 3 steps (LoRA: the single LoRA run's; checkpointing: the plain run's)."""
+    0), FSDP with checkpointed layers (their recompute under the shards), DDP with LoRA (only the adapters
+    in its gradient buckets): the single process's weights after 3 steps (LoRA: the single LoRA run's;
+    checkpointing: the plain run's)."""
     done = _run(_rloo_cmd(micro_run, micro_reward, tmp_path, LORA if option == "lora" else GC,
-                          "distributed.strategy=fsdp", nproc=2))
+                          f"distributed.strategy={strategy}", nproc=2))
     if option == "gradient_checkpointing":
         assert "gradient checkpointing: 2 decoder layers" in done.stderr
     want = single_lora if option == "lora" else single_rloo["sequence"][0]
@@ -336,3 +337,22 @@ def test_two_fsdp_processes_train_sft_with_lora_and_checkpointing_as_one(micro_r
     _run(_sft_cmd(micro_run, single, LORA, GC))
     _run(_sft_cmd(micro_run, double, LORA, GC, "distributed.strategy=fsdp", nproc=2))
     _close(_weights(double / "out"), _weights(single / "out"), _weights(single / "work" / "init"), ATOL["sft"])
+
+
+@pytest.mark.slow
+def test_an_fsdp_lora_run_resumes_from_its_adapter_checkpoint_bit_for_bit(micro_run, micro_reward, tmp_path):
+    """FSDP + LoRA: the checkpoint holds the gathered adapters alone; a rerun of the same 4 steps from the
+    step-2 checkpoint (each rank taking its shards of them back) writes the first run's weights, bit for bit."""
+    cmd = _rloo_cmd(micro_run, micro_reward, tmp_path, LORA, "distributed.strategy=fsdp", "rloo.checkpoint_every=2",
+                    "rloo.lr=1.0e-3", steps=4, nproc=2)
+    _run(cmd)
+    first = _weights(tmp_path / "out")
+    assert _diff(first, _weights(micro_run["sft"])) > 1e-4  # the adapters moved the merged weights
+    saved = checkpoint.latest(tmp_path / "work" / "checkpoints")
+    from safetensors.torch import load_file
+
+    assert saved.name == "step_00000002" and all(".lora_" in k for k in load_file(str(saved / "model.safetensors")))
+    shutil.rmtree(tmp_path / "out")
+    assert "resumed from" in _run(cmd).stderr
+    resumed = _weights(tmp_path / "out")
+    assert all(torch.equal(first[k], resumed[k]) for k in first)

@@ -5,7 +5,8 @@ slice of a batch samples what the whole batch samples; the split of a step; the 
 Slow (`rloo train --nproc 2`, `rloo sft --nproc 2` on the micro config): 2 processes give the weights
 of 1 process after 3 steps on the same prompts, write one output and one MLflow child run, and a run
 killed with SIGKILL then rerun ends where an uninterrupted one does, bit for bit; under FSDP the
-best snapshot is the policy written.
+best snapshot is the policy written. With LoRA (FSDP and DDP) and gradient checkpointing (FSDP), 2
+processes train as one does, and an FSDP LoRA run resumes from its adapter-only checkpoint bit for bit.
 """
 
 import contextlib

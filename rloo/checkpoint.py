@@ -62,8 +62,18 @@ def save(
 
 
 def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    # Frozen weights (a LoRA model's base) are left out: they are the stage's input, loaded again on resume.
     # clone(): tied embeddings share storage, which safetensors refuses to save twice.
-    return {k: v.detach().clone().contiguous() for k, v in distributed.model_state(model).items()}
+    frozen = _frozen(model)
+    return {k: v.detach().clone().contiguous() for k, v in distributed.model_state(model).items() if k not in frozen}
+
+
+def _frozen(model: torch.nn.Module) -> set[str]:
+    """Names of the parameters that do not train, when some do (a LoRA model's base weights)."""
+    params = dict(model.named_parameters(remove_duplicate=False))  # a tied head under its own name too
+    if not any(p.requires_grad for p in params.values()):
+        return set()  # a model frozen as a whole is saved whole
+    return {name for name, p in params.items() if not p.requires_grad}
 
 
 def save_snapshot(folder: str | Path, model: torch.nn.Module, meta: dict) -> None:
@@ -94,8 +104,10 @@ def load_snapshot(folder: str | Path, model: torch.nn.Module) -> None:
 
 def _restore(folder: Path, model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
     missing, unexpected = distributed.load_model_state(model, state)
-    # Tied weights are saved under both names; anything else missing means a different model.
-    real_missing = [k for k in missing if k not in state and "lm_head" not in k]
+    # Tied weights are saved under both names, frozen ones not at all; anything else missing means a
+    # different model.
+    frozen = _frozen(model)
+    real_missing = [k for k in missing if k not in state and k not in frozen and "lm_head" not in k]
     if real_missing or unexpected:
         raise CheckpointError(
             f"{folder}: weights do not match the model (missing {real_missing}, unexpected {unexpected})"

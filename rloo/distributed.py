@@ -253,11 +253,12 @@ def gathered(model: torch.nn.Module) -> Iterator[None]:
     """Within the block an FSDP model holds its whole parameters on every rank and its forward passes
     all-gather nothing, so ranks may run different numbers of them (sampling their own rows, rank 0
     alone evaluating). Every rank must enter and leave it together. A no-op for other models."""
-    if not sharded(model):
+    if not sharded(model) or getattr(model, "_rloo_gathered", False):  # nested: the outer block holds them
         yield
         return
     fsdp_module, _ = _fsdp()
     modules = [m for m in model.modules() if isinstance(m, fsdp_module)]
+    model._rloo_gathered = True
     for m in modules:
         m.set_reshard_after_forward(False, recurse=False)
     for m in modules:
@@ -265,6 +266,7 @@ def gathered(model: torch.nn.Module) -> Iterator[None]:
     try:
         yield
     finally:
+        model._rloo_gathered = False
         for m in modules:
             m.reshard()
             m.set_reshard_after_forward(m is not model, recurse=False)  # layers reshard, the root keeps
@@ -310,17 +312,29 @@ def whole_model(model: torch.nn.Module) -> torch.nn.Module | None:
     state = model_state(model)
     if not is_main():
         return None
+    plain = plain_like(model, state)
+    load_whole(plain, state)
+    return plain.eval()
+
+
+def plain_like(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """A fresh, unsharded model of `model`'s own class and config, in the dtype of `state`."""
     import copy
 
     fsdp_module, _ = _fsdp()
-    cls = next(c for c in type(model).__mro__[1:] if issubclass(c, torch.nn.Module) and not issubclass(c, fsdp_module))
+    cls = next(c for c in type(model).__mro__ if issubclass(c, torch.nn.Module) and not issubclass(c, fsdp_module))
     plain = cls(model.config).to(next(iter(state.values())).dtype)
-    missing, unexpected = plain.load_state_dict(state, strict=False)
-    if unexpected or [k for k in missing if k not in state and "lm_head" not in k]:  # tied heads may be left out
-        raise RuntimeError(f"gathered weights do not fit {cls.__name__}: missing {missing}, unexpected {unexpected}")
     if getattr(model, "generation_config", None) is not None:  # a classifier (the reward model) has none
         plain.generation_config = copy.deepcopy(model.generation_config)
-    return plain.eval()
+    return plain
+
+
+def load_whole(plain: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Gathered weights into a plain model; every weight must fit (tied heads may be left out)."""
+    missing, unexpected = plain.load_state_dict(state, strict=False)
+    if unexpected or [k for k in missing if k not in state and "lm_head" not in k]:
+        raise RuntimeError(f"gathered weights do not fit {type(plain).__name__}: missing {missing}, "
+                           f"unexpected {unexpected}")
 
 
 def optim_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:

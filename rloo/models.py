@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -25,6 +26,9 @@ from transformers import (
 
 from rloo.errors import InputError
 from rloo.runtime import resolve_device
+
+if TYPE_CHECKING:
+    from rloo.lora import Adapted
 
 EOS = "<|endoftext|>"
 PAD = "<|pad|>"
@@ -164,6 +168,18 @@ def _prepare(model: PreTrainedModel, trainable: bool, device: str) -> PreTrained
     log.info("%s (%s parameters, %s) on %s, %s", model.name_or_path, f"{count_parameters(model):,}",
              model.dtype, target, "requires_grad" if trainable else "frozen")
     return model
+
+
+def for_training(model: PreTrainedModel, mcfg: dict, task_type: str = "CAUSAL_LM") -> tuple[PreTrainedModel, Adapted | None]:
+    """A loaded trainable model as `model.lora` and `model.gradient_checkpointing` make it: (the module
+    to train, its `lora.Adapted` or None). With LoRA the module is the model's own class with LoRA layers
+    injected, only the adapters requiring gradients."""
+    from rloo import grad_checkpointing, lora
+
+    adapted = lora.adapt(model, mcfg, task_type)
+    module = adapted.model if adapted is not None else model
+    grad_checkpointing.enable(module, mcfg["gradient_checkpointing"])
+    return module, adapted
 
 
 def save_pretrained(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, folder: str | Path) -> None:

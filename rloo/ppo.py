@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from rloo import models
-from rloo.batching import SeqBatch, completion_logprobs, completion_logprobs_and_entropy, join
+from rloo.batching import SeqBatch, completion_logprobs, join
 from rloo.collect import has_signal
 from rloo.estimators import gae, whiten
 from rloo.losses import approx_kl, explained_variance, policy_loss, token_kl, token_rewards, value_loss
@@ -72,7 +72,8 @@ class PPOTrainer(Trainer):
             for rows in parts:
                 mb = batch.select(rows)
                 with autocast(self.mcfg["autocast"], self.device):
-                    ref_lp[rows] = completion_logprobs(self.reference, mb, self.chunk_rows)
+                    with self.reference_model() as reference:  # under LoRA: the policy, adapters off
+                        ref_lp[rows] = completion_logprobs(reference, mb, self.chunk_rows)
                     old_lp[rows] = completion_logprobs(self.policy, mb, self.chunk_rows)
                 old_values[rows] = self.values(mb)
         t_ref = time.perf_counter()
@@ -93,8 +94,7 @@ class PPOTrainer(Trainer):
             order = range(len(parts)) if epoch == 0 else torch.randperm(len(parts), generator=g).tolist()
             for rows in (parts[j] for j in order):
                 mb, m = batch.select(rows), train_mask[rows]
-                with autocast(self.mcfg["autocast"], self.device):
-                    lp, ent = completion_logprobs_and_entropy(self.policy, mb, self.chunk_rows)
+                lp, ent = self._policy_pass(mb, torch.arange(len(rows), device=self.device))
                 loss, st = policy_loss(lp, m, adv[rows], norm="token", old_token_logp=old_lp[rows],
                                        clip_eps=r["clip_eps"])
                 loss.backward()

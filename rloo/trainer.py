@@ -9,15 +9,17 @@ trainer (rloo/ppo.py) keeps all of this but the advantage and the update.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from rloo import alarms, distributed, models
+from rloo import alarms, distributed, grad_checkpointing, lora, models
 from rloo.batching import SeqBatch, completion_logprobs, completion_logprobs_and_entropy, join, model_device
 from rloo.collect import REFILL_STREAM, Collected, gather, prompt_indices
 from rloo.errors import InputError
@@ -55,21 +57,30 @@ class Trainer:
                                   ("rollout.backend=vllm", cfg["rollout"]["backend"] == "vllm")):
             if unsupported:
                 distributed.refuse(what)
+        if lora.enabled(self.mcfg) and cfg["rollout"]["backend"] == "vllm":
+            raise InputError("model.lora with rollout.backend=vllm: the engine would sample from the base weights "
+                             "(no adapter sync); use rollout.backend hf with LoRA, or turn model.lora off")
         self.tokenizer = models.load_tokenizer(policy_dir, self.mcfg["trust_remote_code"])
-        self.policy = models.load_causal_lm(policy_dir, **models.load_options(self.mcfg), trainable=True)
+        # With LoRA (`self.adapted`) the policy is the model with adapters injected, only they train.
+        self.policy, self.adapted = models.for_training(
+            models.load_causal_lm(policy_dir, **models.load_options(self.mcfg), trainable=True), self.mcfg)
+        # A checkpointed decoder layer drops the KV cache, so the gradient pass runs the plain forward.
+        self.checkpointed = grad_checkpointing.on(self.policy)
         # The module the gradient pass runs through: the policy, DDP around it, or the policy sharded
         # in place by FSDP (rloo/distributed.py); sampling and evaluation use `self.policy`.
         self.policy_train = distributed.wrap(self.policy)
         # The reference is frozen by running only under no_grad and staying out of the optimizer. Its
         # parameters keep requires_grad like the policy's because CPU kernels are chosen by that flag
         # (a frozen weight takes another matmul path): the same flag gives bit-identical log-probs, so
-        # the measured KL before the first update is exactly 0.
-        self.reference = models.load_causal_lm(policy_dir, **models.load_options(self.mcfg), trainable=True)
+        # the measured KL before the first update is exactly 0. With LoRA the reference is the policy with
+        # its adapters off (`reference_model`): no second copy.
+        self.reference = None if self.adapted else models.load_causal_lm(
+            policy_dir, **models.load_options(self.mcfg), trainable=True)
         self.device = model_device(self.policy)
         self.reward = reward
         self.train = train
         self.prompts, self.prompt_ids = self._render_prompts(train)  # texts for the reward, ids to sample from
-        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=r["lr"], weight_decay=r["weight_decay"])
+        self.optimizer = torch.optim.AdamW(lora.trainable(self.policy), lr=r["lr"], weight_decay=r["weight_decay"])
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_multiplier(r["warmup_steps"], r["steps"], r["lr_schedule"], r["min_lr_ratio"])
         )
@@ -87,6 +98,17 @@ class Trainer:
     def companions(self) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]:
         """Trained networks besides the policy, checkpointed with it (none here; PPO's critic)."""
         return {}
+
+    @contextlib.contextmanager
+    def reference_model(self) -> Iterator[torch.nn.Module]:
+        """The frozen reference for no-grad passes within the block: its own copy, or under LoRA the
+        policy with its adapters off (data-parallel: its whole parameters gathered, so that ranks may run
+        different numbers of forward passes)."""
+        if self.adapted is None:
+            yield self.reference
+            return
+        with distributed.gathered(self.policy), self.adapted.base() as base:
+            yield base
 
     def networks(self) -> dict[str, int]:
         """{network: parameters} of every network this trainer holds (the method's memory argument)."""
@@ -160,7 +182,8 @@ class Trainer:
             batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
             with torch.no_grad(), autocast(self.mcfg["autocast"], self.device):
                 lp = completion_logprobs(self.policy, batch)
-                lp_ref = completion_logprobs(self.reference, batch)
+                with self.reference_model() as reference:
+                    lp_ref = completion_logprobs(reference, batch)
         kl = sequence_kl(lp, lp_ref, batch.completion_mask, self.rcfg["kl_estimator"])
         return shaped_reward(scores, kl, self.rcfg["beta"]) if self.rcfg["kl_in"] == "reward" else scores
 
@@ -169,8 +192,8 @@ class Trainer:
         every row: computed once per distinct row and indexed out (the gradient sums over the copies).
         Data-parallel, one forward call through DDP / FSDP (`chunk_rows=0`), the same count on every rank."""
         model, chunk_rows = (self.policy_train, 0) if distributed.enabled() else (self.policy, self.chunk_rows)
-        with autocast(self.mcfg["autocast"], self.device):
-            lp, ent = completion_logprobs_and_entropy(model, distinct, chunk_rows)
+        with autocast(self.mcfg["autocast"], self.device), grad_checkpointing.active(self.policy):
+            lp, ent = completion_logprobs_and_entropy(model, distinct, 0 if self.checkpointed else chunk_rows)
         return lp[inverse], ent[inverse]
 
     def step(self, step: int) -> dict:
@@ -189,8 +212,8 @@ class Trainer:
         # sum over its copies.
         first, inverse = batch.distinct_rows if self.dedup else (torch.arange(len(mask)), torch.arange(len(mask)))
         distinct = batch.select(first) if len(first) < len(inverse) else batch
-        with torch.no_grad(), autocast(self.mcfg["autocast"], self.device):
-            ref_lp = completion_logprobs(self.reference, distinct, self.chunk_rows)[inverse]
+        with torch.no_grad(), autocast(self.mcfg["autocast"], self.device), self.reference_model() as reference:
+            ref_lp = completion_logprobs(reference, distinct, self.chunk_rows)[inverse]
         t_ref = time.perf_counter()
         # The policy stays in eval mode (no dropout): before the first update it must give exactly the
         # reference's log-probabilities, so the measured KL starts at 0.

@@ -6,7 +6,8 @@ Slow (`rloo train --nproc 2`, `rloo sft --nproc 2`, `rloo reward --nproc 2` on t
 processes give the weights of 1 process after 3 steps on the same prompts (the reward model: on the
 same pairs, sampled half by each process), write one output and one MLflow child run, and a run
 killed with SIGKILL then rerun ends where an uninterrupted one does, bit for bit; under FSDP the
-best snapshot is the policy written.
+best snapshot is the policy written. With LoRA (FSDP and DDP) and gradient checkpointing (FSDP), 2
+processes train as one does, and an FSDP LoRA run resumes from its adapter-only checkpoint bit for bit.
 """
 
 import contextlib
@@ -379,3 +380,59 @@ def test_two_processes_select_the_best_snapshot(micro_run, micro_reward, tmp_pat
     out, sft = _weights(tmp_path / "out"), _weights(micro_run["sft"])
     assert all(torch.equal(out[k], sft[k]) for k in sft)
     assert checkpoint.read_snapshot(tmp_path / "work" / "best")["step"] == 0
+
+
+# -- LoRA and gradient checkpointing under FSDP (docs/scaling.md) ----------------------------------
+LORA = "model.lora.enabled=true"
+GC = "model.gradient_checkpointing=true"
+
+
+@pytest.fixture(scope="module")
+def single_lora(micro_run, micro_reward, tmp_path_factory):
+    """One process's 3 RLOO steps with LoRA: the merged weights."""
+    tmp = tmp_path_factory.mktemp("single_lora")
+    _run(_rloo_cmd(micro_run, micro_reward, tmp, LORA))
+    return _weights(tmp / "out")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("strategy", "option"), [("fsdp", "lora"), ("fsdp", "gradient_checkpointing"), ("ddp", "lora")])
+def test_two_processes_train_lora_and_checkpointed_rloo_as_one(micro_run, micro_reward, single_rloo, single_lora,
+                                                               tmp_path, strategy, option):
+    """FSDP over a peft model (frozen base shards, trainable adapters; the merged weights gathered on rank
+    0), FSDP with checkpointed layers (their recompute under the shards), DDP with LoRA (only the adapters
+    in its gradient buckets): the single process's weights after 3 steps (LoRA: the single LoRA run's;
+    checkpointing: the plain run's)."""
+    done = _run(_rloo_cmd(micro_run, micro_reward, tmp_path, LORA if option == "lora" else GC,
+                          f"distributed.strategy={strategy}", nproc=2))
+    if option == "gradient_checkpointing":
+        assert "gradient checkpointing: 2 decoder layers" in done.stderr
+    want = single_lora if option == "lora" else single_rloo["sequence"][0]
+    _close(_weights(tmp_path / "out"), want, _weights(micro_run["sft"]), ATOL["rloo"])
+
+
+@pytest.mark.slow
+def test_two_fsdp_processes_train_sft_with_lora_and_checkpointing_as_one(micro_run, tmp_path_factory):
+    single, double = tmp_path_factory.mktemp("sft_lora_1"), tmp_path_factory.mktemp("sft_lora_2")
+    _run(_sft_cmd(micro_run, single, LORA, GC))
+    _run(_sft_cmd(micro_run, double, LORA, GC, "distributed.strategy=fsdp", nproc=2))
+    _close(_weights(double / "out"), _weights(single / "out"), _weights(single / "work" / "init"), ATOL["sft"])
+
+
+@pytest.mark.slow
+def test_an_fsdp_lora_run_resumes_from_its_adapter_checkpoint_bit_for_bit(micro_run, micro_reward, tmp_path):
+    """FSDP + LoRA: the checkpoint holds the gathered adapters alone; a rerun of the same 4 steps from the
+    step-2 checkpoint (each rank taking its shards of them back) writes the first run's weights, bit for bit."""
+    cmd = _rloo_cmd(micro_run, micro_reward, tmp_path, LORA, "distributed.strategy=fsdp", "rloo.checkpoint_every=2",
+                    "rloo.lr=1.0e-3", steps=4, nproc=2)
+    _run(cmd)
+    first = _weights(tmp_path / "out")
+    assert _diff(first, _weights(micro_run["sft"])) > 1e-4  # the adapters moved the merged weights
+    saved = checkpoint.latest(tmp_path / "work" / "checkpoints")
+    from safetensors.torch import load_file
+
+    assert saved.name == "step_00000002" and all(".lora_" in k for k in load_file(str(saved / "model.safetensors")))
+    shutil.rmtree(tmp_path / "out")
+    assert "resumed from" in _run(cmd).stderr
+    resumed = _weights(tmp_path / "out")
+    assert all(torch.equal(first[k], resumed[k]) for k in first)

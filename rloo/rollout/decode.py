@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from rloo.batching import kv_cache, left_pad, model_device, positions, unique_rows
+from rloo.lora import adapter_weight
 
 SUPPORTED = ("llama", "qwen2", "mistral")
 
@@ -51,22 +52,23 @@ class _Weights:
             ts = [t.detach() for t in ts if t is not None]
             return torch.cat(ts).to(dtype) if ts else None
 
+        w = adapter_weight  # W, or under LoRA with its adapters on W + (alpha / r) B A
         self.layers = []
         for layer in model.model.layers:
             a, m = layer.self_attn, layer.mlp
             q_bias = None if a.q_proj.bias is None else a.q_proj.bias * scale
             self.layers.append((
                 cast(layer.input_layernorm.weight),
-                cast(a.q_proj.weight * scale, a.k_proj.weight, a.v_proj.weight),
+                cast(w(a.q_proj) * scale, w(a.k_proj), w(a.v_proj)),
                 cast(q_bias, a.k_proj.bias, a.v_proj.bias),
-                cast(a.o_proj.weight), cast(a.o_proj.bias),
+                cast(w(a.o_proj)), cast(a.o_proj.bias),
                 cast(layer.post_attention_layernorm.weight),
-                cast(m.gate_proj.weight, m.up_proj.weight), cast(m.gate_proj.bias, m.up_proj.bias),
-                cast(m.down_proj.weight), cast(m.down_proj.bias),
+                cast(w(m.gate_proj), w(m.up_proj)), cast(m.gate_proj.bias, m.up_proj.bias),
+                cast(w(m.down_proj)), cast(m.down_proj.bias),
             ))
         self.norm = cast(model.model.norm.weight)
-        self.embed = cast(model.model.embed_tokens.weight)
-        self.lm_head = cast(model.lm_head.weight)
+        self.embed = cast(w(model.model.embed_tokens))
+        self.lm_head = cast(w(model.lm_head))
         self.lm_bias = cast(getattr(model.lm_head, "bias", None))
 
 

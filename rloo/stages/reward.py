@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rloo import distributed, models, tracking
+from rloo import distributed, grad_checkpointing, lora, models, tracking
 from rloo.batching import model_device, sequence_scores
 from rloo.errors import InputError
 from rloo.io import atomic_dir, read_jsonl, write_json_atomic
@@ -120,11 +120,13 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
 
     init = rcfg["init"] or policy_dir
     tok = models.load_tokenizer(policy_dir, mcfg["trust_remote_code"])
-    model = models.load_reward_model(init, **models.load_options(mcfg), trainable=True)
+    # With LoRA: adapters on the backbone, the new score head trained whole (peft's SEQ_CLS task).
+    model, adapted = models.for_training(models.load_reward_model(init, **models.load_options(mcfg), trainable=True),
+                                         mcfg, "SEQ_CLS")
     model.config.pad_token_id = tok.pad_token_id
     fmt = PromptFormat(tok, cfg["prompt"])
     train_model = distributed.wrap(model)  # DDP around it, or the model sharded in place by FSDP
-    opt = torch.optim.AdamW(model.parameters(), lr=rcfg["lr"])
+    opt = torch.optim.AdamW(lora.trainable(model), lr=rcfg["lr"])
     val_before = accuracy(model, fmt, val_pairs, mcfg)
     work_dir = Path(work_dir) if work_dir is not None else out_dir.parent / "work" / out_dir.name
     # Not part of the run: the checkpoint interval, and what the stage does not read (pipeline.STAGES).
@@ -141,8 +143,9 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
         if distributed.enabled():  # this rank's contiguous share of the step's pairs, through DDP / FSDP
             lo, hi = distributed.shard(len(idx))
             idx = idx[lo:hi]
-        c, r = pair_scores(model, fmt, [tr_pairs[i] for i in idx], mcfg["max_length"], mcfg["autocast"],
-                           train_model if distributed.enabled() else None)
+        with grad_checkpointing.active(model):  # the model stays in eval mode (no dropout)
+            c, r = pair_scores(model, fmt, [tr_pairs[i] for i in idx], mcfg["max_length"], mcfg["autocast"],
+                               train_model if distributed.enabled() else None)
         loss = bradley_terry_loss(c, r)
         if distributed.enabled():  # a mean over pairs: weigh it by this rank's share of the step's
             loss = loss * distributed.loss_scale(len(idx))
@@ -171,7 +174,7 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
     }
     timings = loop.record_timings(pair_seconds=t_pairs, train_seconds=time.perf_counter() - t_train)
     tracking.log_metrics({f"reward/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
-    whole = distributed.whole_model(model)  # FSDP: gathered on rank 0
+    whole = lora.whole(adapted, model)  # LoRA: merged weights; FSDP: gathered on rank 0
     if distributed.is_main():
         with atomic_dir(out_dir) as tmp:
             models.save_pretrained(whole, tok, tmp)

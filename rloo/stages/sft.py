@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rloo import distributed, models, tracking
+from rloo import distributed, lora, models, tracking
 from rloo.batching import model_device
 from rloo.data.gsm8k import format_completion, format_prompt
 from rloo.errors import InputError
@@ -113,7 +113,8 @@ def run(cfg: dict, data_dir: str | Path, out_dir: str | Path, work_dir: str | Pa
     with distributed.main_first():  # rank 0 builds the embedded tiny model, the others load it
         init = init_model_folder(cfg, train, work_dir / "init")
     tokenizer = models.load_tokenizer(mcfg["tokenizer"] or init, mcfg["trust_remote_code"])
-    model = models.load_causal_lm(init, **models.load_options(mcfg), trainable=True)
+    # With LoRA the model trained is the loaded one with adapters injected, only they train.
+    model, adapted = models.for_training(models.load_causal_lm(init, **models.load_options(mcfg), trainable=True), mcfg)
     if eos := align_eos(tokenizer, cfg["prompt"]):  # saved with the policy: every later stage stops there
         models.set_generation_ids(model, tokenizer)
         log.info("EOS set to the chat template's end-of-turn token %s", eos)
@@ -133,7 +134,7 @@ def run(cfg: dict, data_dir: str | Path, out_dir: str | Path, work_dir: str | Pa
     train_model = distributed.wrap(model)  # DDP around it, or the model sharded in place by FSDP
 
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=scfg["lr"], weight_decay=scfg["weight_decay"], betas=(0.9, scfg["adam_beta2"])
+        lora.trainable(model), lr=scfg["lr"], weight_decay=scfg["weight_decay"], betas=(0.9, scfg["adam_beta2"])
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(scfg["warmup_steps"], scfg["steps"], "cosine", floor=0.1))
     fingerprint = distributed.fingerprint(run_fingerprint(cfg, ["seed", "model", "prompt", "sft"], data_dir))
@@ -187,7 +188,7 @@ def run(cfg: dict, data_dir: str | Path, out_dir: str | Path, work_dir: str | Pa
     # Tokens of this process's steps (a resumed run counts from its checkpoint).
     timings = loop.record_timings(train_seconds=train_seconds, tokens_per_second=tokens / max(train_seconds, 1e-9))
     tracking.log_metrics({f"sft/eval_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}, scfg["steps"])
-    whole = distributed.whole_model(model)  # FSDP: gathered on rank 0
+    whole = lora.whole(adapted, model)  # LoRA: merged; FSDP: gathered on rank 0
     if distributed.is_main():
         with atomic_dir(out_dir) as tmp:
             models.save_pretrained(whole, tokenizer, tmp)

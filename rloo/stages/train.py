@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rloo import alarms, checkpoint, distributed, models, report, tracking
+from rloo import alarms, checkpoint, distributed, lora, models, report, tracking
 from rloo.collect import prompt_indices, training_prompts
 from rloo.data.gsm8k import read_split
 from rloo.errors import MissingInputError
@@ -187,7 +187,7 @@ def run(
             samples_per_second=_samples([x for x in h if x["step"] >= loop.start], r) / max(seconds, 1e-9),
             seconds_per_step=seconds / max(trained - loop.start, 1))
         tracking.log_metrics({"rloo/selected_step": chosen["step"]}, trained)
-        whole = distributed.whole_model(trainer.policy)  # FSDP: gathered on rank 0
+        whole = lora.whole(trainer.adapted, trainer.policy)  # LoRA: merged; FSDP: gathered on rank 0
         if distributed.is_main():
             with atomic_dir(out_dir) as tmp:
                 models.save_pretrained(whole, trainer.tokenizer, tmp)

@@ -82,9 +82,8 @@ def test_a_server_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
 def test_a_server_that_exits_while_starting_is_one_line_naming_model_code_and_log(tmp_path, caplog):
     log_path = tmp_path / "judge.log"
     cmd = [sys.executable, "-c", "import sys; print('no such model folder: /nope'); sys.exit(3)"]
-    with pytest.raises(JudgeServerError) as e:
-        with serve(cmd, log_path, what="/nope", port=free_port()):
-            pytest.fail("the block must not run")
+    with pytest.raises(JudgeServerError) as e, serve(cmd, log_path, what="/nope", port=free_port()):
+        pytest.fail("the block must not run")
     msg = str(e.value)
     assert "\n" not in msg and "/nope" in msg and "exited with code 3" in msg and str(log_path) in msg
     assert "no such model folder: /nope" in caplog.text  # the log's last lines, logged before the error
@@ -94,9 +93,9 @@ def test_a_server_that_never_answers_times_out_and_is_stopped(tmp_path):
     port = free_port()
     cmd = [sys.executable, "-c", "import os, time; print('server pid', os.getpid(), flush=True); time.sleep(600)"]
     t0 = time.time()
-    with pytest.raises(JudgeServerError, match=r"did not answer .*/health within 1 s .*startup_timeout_s"):
-        with serve(cmd, tmp_path / "t.log", what="slow", port=port, startup_timeout_s=1.0):
-            pass
+    with pytest.raises(JudgeServerError, match=r"did not answer .*/health within 1 s .*startup_timeout_s"), \
+            serve(cmd, tmp_path / "t.log", what="slow", port=port, startup_timeout_s=1.0):
+        pytest.fail("the block must not run")
     assert time.time() - t0 < 10
     assert group_members(pids_in_log(tmp_path / "t.log")["server"]) == []
 

@@ -182,17 +182,18 @@ def serve(command: list[str], log_path: str | Path, *, what: str, port: int, hos
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     base = f"http://{host}:{port}"
+    proc = None
     with _sigterm_raises():
-        with open(log_path, "wb") as out:
-            out.write(f"# rloo: judge server for {what} on {base}: {' '.join(command)}\n".encode())
-            out.flush()
-            proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=env, start_new_session=True,
-                                    preexec_fn=_die_with_parent if sys.platform == "linux" else None)
-        log.info("judge server for %s started (pid %d, log %s); waiting for %s%s", what, proc.pid, log_path,
-                 base, health_path)
-        t0 = time.monotonic()
-        try:
+        try:  # from before the start: a SIGTERM right after Popen still stops the server
+            with open(log_path, "wb") as out:
+                out.write(f"# rloo: judge server for {what} on {base}: {' '.join(command)}\n".encode())
+                out.flush()
+                proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        env=env, start_new_session=True,
+                                        preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+            log.info("judge server for %s started (pid %d, log %s); waiting for %s%s", what, proc.pid, log_path,
+                     base, health_path)
+            t0 = time.monotonic()
             while not _healthy(base + health_path):
                 if proc.poll() is not None:
                     _fail(f"the judge server for {what} exited with code {proc.returncode} after "
@@ -205,8 +206,9 @@ def serve(command: list[str], log_path: str | Path, *, what: str, port: int, hos
             log.info("judge server for %s healthy after %.1f s", what, startup)
             yield Server(f"{base}/v1", proc.pid, log_path, startup)
         finally:
-            stop(proc, stop_grace_s)
-            log.info("judge server for %s stopped (exit code %s)", what, proc.returncode)
+            if proc is not None:
+                stop(proc, stop_grace_s)
+                log.info("judge server for %s stopped (exit code %s)", what, proc.returncode)
 
 
 def _fail(message: str, log_path: Path) -> None:

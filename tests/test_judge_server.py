@@ -21,6 +21,7 @@ import pytest
 
 from rloo.config import ConfigError, load_config
 from rloo.judge_server import JudgeServerError, command_for, free_port, judge_devices, serve
+from rloo.stages import compare
 
 FAKE = Path(__file__).with_name("fake_judge_server.py")
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,7 +139,7 @@ def _evaluate(micro_run, tmp_path, *fake_flags: str, timeout_s: float = 60) -> t
             "--set", f"evaluate.llm_judge.serve.startup_timeout_s={timeout_s}",
             "--set", "evaluate.examples=4", "--set", "evaluate.samples_per_prompt=1",
             "--data", str(micro_run["data"]), "--sft", str(micro_run["sft"]), "--policy", f"rloo={micro_run['sft']}",
-            "--out", str(tmp_path / "gsm8k_rloo.json"), "--plots", str(tmp_path / "plots"), "--judge-log", str(judge_log)]
+            "--out", str(tmp_path / "gsm8k_rloo.json"), "--plots", str(tmp_path / "gsm8k_rloo"), "--judge-log", str(judge_log)]
     return argv, judge_log
 
 
@@ -157,6 +158,16 @@ def test_evaluate_judges_with_the_served_model_and_stops_it(micro_run, tmp_path)
     assert result["judge"]["failed_calls"] == 0 and "base_url" not in result["judge"]
     pids = pids_in_log(judge_log)
     assert group_members(pids["server"]) == [] and not Path(f"/proc/{pids['child']}").exists()
+
+    # The comparison stage judges estimators against RLOO with the same served judge (its own server).
+    cfg = load_config(ROOT / "config" / "micro.yaml", {"evaluate": {"judge": "llm", "llm_judge": {"serve": {
+        "model": "fake-judge", "command": [sys.executable, str(FAKE), "{port}"]}}}})
+    out = tmp_path / "gsm8k_rloo.json"
+    table = compare.run({"rloo": out, "grpo": out}, tmp_path / "comparison.json", tmp_path / "comparison.png", cfg=cfg,
+                        judge_log=tmp_path / "comparison.judge.log")
+    assert table["estimators"]["grpo"]["win_rate_vs_rloo"]["ties"] == 4
+    assert table["judge_vs_baseline"]["failed_calls"] == 0
+    assert group_members(pids_in_log(tmp_path / "comparison.judge.log")["server"]) == []
 
 
 def test_sigterm_to_the_evaluate_stage_stops_the_served_judge(micro_run, tmp_path):

@@ -78,10 +78,10 @@ def vllm_command(model: str, flags: list[str]) -> list[str]:
     return [str(Path(sys.executable).with_name("vllm")), "serve", model, *flags]
 
 
-def judge_devices(gpus: int, visible: list[str] | None = None) -> str | None:
-    """CUDA_VISIBLE_DEVICES for a judge on `gpus` GPUs: the job's last `gpus` devices (the policies
-    being evaluated use its first); all of them with `gpus` = 0 (shared); None on a machine without
-    GPUs (vLLM's CPU build) or when the job does not see more than the policy's own device."""
+def judge_devices(gpus: int, visible: list[str] | None = None, reserved: int = 1) -> str | None:
+    """CUDA_VISIBLE_DEVICES for a judge on `gpus` GPUs: the job's last `gpus` devices, after the
+    `reserved` first ones the stage uses itself (the evaluated policies'; none for the comparison);
+    all of them with `gpus` = 0 (shared); None on a machine without GPUs (vLLM's CPU build)."""
     if visible is None:
         env = os.environ.get("CUDA_VISIBLE_DEVICES")
         if env is not None:
@@ -94,11 +94,12 @@ def judge_devices(gpus: int, visible: list[str] | None = None) -> str | None:
         return None
     if gpus == 0:
         return ",".join(visible)
-    if len(visible) < gpus + 1:
+    if len(visible) < gpus + reserved:
+        beside = " beside the evaluated policy's" if reserved else ""
         raise JudgeServerError(
-            f"evaluate.llm_judge.serve.gpus={gpus} asks for {gpus} GPU(s) beside the evaluated policy's, but this "
-            f"job sees {len(visible)} ({','.join(visible)}): the evaluate rule asks Slurm for 1 + serve.gpus; "
-            "on one machine set serve.gpus: 0 to share the GPU")
+            f"evaluate.llm_judge.serve.gpus={gpus} asks for {gpus} GPU(s){beside}, but this job sees "
+            f"{len(visible)} ({','.join(visible)}): the evaluate rule asks Slurm for 1 + serve.gpus, the "
+            "comparison rule for serve.gpus; on one machine set serve.gpus: 0 to share the GPU")
     return ",".join(visible[-gpus:])
 
 
@@ -232,16 +233,17 @@ def command_for(serve_cfg: dict, name: str, port: int, host: str = HOST) -> list
 
 
 @contextlib.contextmanager
-def open_judge(cfg: dict, log_path: str | Path) -> Iterator[PairwiseJudge]:
+def open_judge(cfg: dict, log_path: str | Path, reserved_gpus: int = 1) -> Iterator[PairwiseJudge]:
     """The configured judge for a block: with `evaluate.llm_judge.serve`, the model served on a free local
-    port for the block's duration (`serve`, its output in `log_path`); else `build_judge`."""
+    port for the block's duration (`serve`, its output in `log_path`), on the GPUs after the stage's own
+    `reserved_gpus`; else `build_judge`."""
     j = cfg["evaluate"]["llm_judge"]
     if cfg["evaluate"]["judge"] != "llm" or not j["serve"]:
         yield build_judge(cfg)
         return
     s = j["serve"]
     env = dict(os.environ)
-    devices = judge_devices(s["gpus"])
+    devices = judge_devices(s["gpus"], reserved=reserved_gpus)
     if devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = devices
     # A one-run key: another user of the node cannot call this judge; it never leaves the two processes.

@@ -114,6 +114,7 @@ def test_command_and_devices_follow_the_config():
     assert judge_devices(1, []) is None  # no GPU: vLLM's CPU build
     with pytest.raises(JudgeServerError, match=r"serve\.gpus=2 .* sees 2 \(0,1\)"):
         judge_devices(2, ["0", "1"])
+    assert judge_devices(2, ["0", "1"], reserved=0) == "0,1"  # the comparison job: no policy of its own
 
 
 @pytest.mark.parametrize(("serve_cfg", "message"), [

@@ -119,7 +119,8 @@ def judge_against_baseline(table: dict[str, Any], completion_files: dict[str, Pa
         return
     mode = cfg["evaluate"]["win_rate_decoding"]
     base = read_completions(Path(completion_files[BASELINE]))
-    with open_judge(cfg, judge_log or Path(cfg["paths"]["logs"]) / "comparison.judge.log") as judge:
+    # The job holds no policy: all its GPUs are the judge's.
+    with open_judge(cfg, judge_log or Path(cfg["paths"]["logs"]) / "comparison.judge.log", reserved_gpus=0) as judge:
         _judge_each(table, judge, completion_files, results, base, mode)
 
 

@@ -139,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reward-model", default=None, help="reward model for the proxy score")
     p.add_argument("--out", default=None, help="default: paths.results/gsm8k_<policy>.json (one policy) or <rloo.estimator>")
     p.add_argument("--plots", default=None, help="folder for PNG plots (default: next to --out)")
+    p.add_argument("--judge-log", default=None,
+                   help="the served judge's output (evaluate.llm_judge.serve; default: "
+                        "<paths.logs>/evaluate_<policy>.judge.log)")
 
     p = sub.add_parser("toy", parents=[common], help="the article's toy variance experiment")
     p.add_argument("--out", default=None, help="default: paths.results/toy_variance.json")
@@ -151,6 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="an RLOO run's wall-clock figures (default: <paths.results>/work/rloo_<NAME>/timings.json)")
     p.add_argument("--out", default=None, help="default: paths.results/comparison.json")
     p.add_argument("--plot", default=None, help="default: paths.results/comparison.png")
+    p.add_argument("--judge-log", default=None,
+                   help="the served judge's output (default: <paths.logs>/comparison.judge.log)")
 
     sub.add_parser("validate-config", parents=[common], help="validate a config and print it resolved")
     sub.add_parser("dvc", add_help=False, help="DVC: dvc.yaml from the Snakemake DAG, commit, pull (rloo dvc -h)")
@@ -245,14 +250,14 @@ def _dispatch(stage, args: argparse.Namespace, cfg: dict, out: dict[str, str]) -
         stage.run(cfg, data, args.policy or sft, out["model"], work)
     elif args.stage == "evaluate":
         stage.run(cfg, data, args.sft or sft, pipeline.evaluated_policies(args, cfg), Path(out["result"]),
-                  args.reward_model, out["plots"])
+                  args.reward_model, out["plots"], args.judge_log)
     elif args.stage == "toy":
         stage.run(out["result"], out["plot"], seed=cfg["seed"])
     elif args.stage == "compare":
         results = dict(r.split("=", 1) for r in args.result)
         timings = {name: f"{pipeline.work_dir('rloo', cfg, name)}/timings.json" for name in results}
         timings.update(dict(t.split("=", 1) for t in args.timings))
-        stage.run(results, out["result"], out["plot"], timings, cfg)
+        stage.run(results, out["result"], out["plot"], timings, cfg, args.judge_log)
 
 
 if __name__ == "__main__":

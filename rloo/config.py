@@ -170,6 +170,23 @@ def _cross_checks(cfg: dict) -> list[str]:
     if r["select"] == "best" and not r["eval_every"]:
         problems.append("key 'rloo.select': 'best' picks a checkpoint by validation accuracy and needs "
                         "rloo.eval_every > 0 (or set rloo.select: last)")
+    return problems + _serve_checks(cfg)
+
+
+def _serve_checks(cfg: dict) -> list[str]:
+    """A served judge (evaluate.llm_judge.serve) runs inside the evaluate job only, on serve.gpus GPUs."""
+    serve = cfg["evaluate"]["llm_judge"]["serve"]
+    if not serve:
+        return []
+    problems = []
+    tp = tensor_parallel(serve["args"])
+    if tp is not None and serve["gpus"] and tp != serve["gpus"]:
+        problems.append(f"key 'evaluate.llm_judge.serve.args': --tensor-parallel-size {tp} but serve.gpus is "
+                        f"{serve['gpus']} (the GPUs the evaluate job gets for the judge): make them equal")
+    if cfg["reward"]["source"] == "judge" and cfg["evaluate"]["judge"] == "llm":
+        problems.append("key 'evaluate.llm_judge.serve': the judge is served by the evaluate job only, but "
+                        "reward.source: judge scores RLOO with it too; give RLOO a running judge "
+                        "(evaluate.llm_judge.base_url, serve: null) or another reward.source")
     return problems
 
 
@@ -333,3 +350,19 @@ def _put(tree: dict, dotted: str, value: Any) -> None:
     for name in parents:
         tree = tree.setdefault(name, {})
     tree[leaf] = copy.deepcopy(value)
+
+
+TP_FLAGS = ("--tensor-parallel-size", "-tp")
+
+
+def tensor_parallel(args: list[str]) -> int | None:
+    """The tensor-parallel size given among vLLM `args` (`--tensor-parallel-size N`, `-tp N`, `--...=N`)."""
+    for i, a in enumerate(args):
+        name, eq, value = a.partition("=")
+        if name in TP_FLAGS:
+            value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None

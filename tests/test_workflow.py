@@ -31,6 +31,7 @@ from workflow_helpers import (
     snakemake_bin,
 )
 
+from rloo.config import load_config, tensor_parallel
 from rloo.stages import compare
 
 pytestmark = pytest.mark.slow
@@ -141,13 +142,38 @@ def test_edited_source_reruns_its_stage_and_descendants(run, source, expected):
         assert planned(run["copy"], "all", GRPO) == {}
 
 
-def test_gpu_config_plans_the_whole_pipeline_with_cluster_resources(run):
+def test_gpu_config_plans_the_whole_pipeline_with_cluster_resources(tmp_path):
+    """The README's cluster command: each rule's GPUs, threads, memory and time for config/gpu.yaml."""
     # A dry run caps threads at --cores (1 unless given); a Slurm run has no such cap.
-    res = snakemake(run["copy"], RLOO, "-n", "--cores", "64", "--profile", "slurm", "--configfile", "config/gpu.yaml")
+    res = snakemake(make_copy(tmp_path / "workflow"), RLOO, "-n", "--cores", "64", "--profile", "slurm", "--workflow-profile", "profiles/gpu",
+                    "--configfile", "config/gpu.yaml")
     out = res.stdout + res.stderr
     assert job_counts(out) == dict.fromkeys(PIPELINE, 1)
-    # threads: null in the config -> 8 threads (= cpus_per_task) for the torch stages
-    assert re.search(r"rule rloo:.*?resources: [^\n]*gpu=1[^\n]*cpus_per_task=8", out, re.S), out[-3000:]
+    blocks = {m.group(1): m.group(2) for m in re.finditer(r"^rule (\w+):\n(.*?)(?=^\S|\Z)", out, re.M | re.S)}
+    resources = {rule: dict(kv.split("=", 1) for kv in re.search(r"resources: (.*)", blocks[rule]).group(1).split(", "))
+                 for rule in PIPELINE}
+    profile = yaml.safe_load((ROOT / "profiles" / "gpu" / "config.yaml").read_text())["set-resources"]
+    gpu_cfg = load_config(ROOT / "config" / "gpu.yaml")
+    judge_gpus = gpu_cfg["evaluate"]["llm_judge"]["serve"]["gpus"]
+    for rule in PIPELINE - {"prepare"}:
+        r = resources[rule]
+        # the evaluate job serves the judge on GPUs of its own, beside the policies' one
+        assert r["gpu"] == str(1 + judge_gpus if rule == "evaluate" else 1), (rule, r)
+        assert r["cpus_per_task"] == "8"  # threads: null in the config -> 8 threads for the torch stages
+        assert (r["mem_mb"], r["runtime"]) == (str(profile[rule]["mem_mb"]), str(profile[rule]["runtime"])), (rule, r)
+        assert r["slurm_extra"] == "--signal=TERM@300"  # the cluster profile's keys are kept
+    assert "gpu" not in resources["prepare"]
+    # the judge's tensor-parallel size, when its flags give one, is the GPU count the job asks for
+    assert tensor_parallel(gpu_cfg["evaluate"]["llm_judge"]["serve"]["args"]) in (None, judge_gpus)
+    assert gpu_cfg["evaluate"]["judge"] == "llm" and gpu_cfg["rollout"]["backend"] == "vllm"
+    assert gpu_cfg["prompt"]["chat_template"] is True and gpu_cfg["prompt"]["system"]
+    assert gpu_cfg["sft"]["max_dropped_share"] == 0  # an over-long example is an error, never dropped
+
+
+def test_gpu_check_script_parses():
+    """scripts/gpu_check.sh runs only where a GPU is lent: here it is at least checked as bash."""
+    res = subprocess.run(["bash", "-n", str(ROOT / "scripts" / "gpu_check.sh")], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
 
 
 def test_comparison_target_reuses_shared_stages(run):

@@ -108,17 +108,27 @@ def _samples_to_target(rows: dict[str, dict], results: dict[str, dict]) -> None:
 
 
 def judge_against_baseline(table: dict[str, Any], completion_files: dict[str, Path], results: dict[str, dict],
-                           cfg: dict) -> None:
+                           cfg: dict, judge_log: str | Path | None = None) -> None:
     """Win rate of each estimator's policy against the RLOO estimator's, by the evaluation's judge, on
-    the completions the evaluate stage wrote (same prompts, same decoding mode)."""
+    the completions the evaluate stage wrote (same prompts, same decoding mode); a served judge is
+    started for it (its output in `judge_log`, default <paths.logs>/comparison.judge.log)."""
     from rloo.evaluation import read_completions
-    from rloo.judges import build_judge, win_rate
+    from rloo.judge_server import open_judge
 
     if BASELINE not in completion_files or not all(Path(f).is_file() for f in completion_files.values()):
         return
     mode = cfg["evaluate"]["win_rate_decoding"]
     base = read_completions(Path(completion_files[BASELINE]))
-    judge = build_judge(cfg)
+    # The job holds no policy: all its GPUs are the judge's.
+    with open_judge(cfg, judge_log or Path(cfg["paths"]["logs"]) / "comparison.judge.log", reserved_gpus=0) as judge:
+        _judge_each(table, judge, completion_files, results, base, mode)
+
+
+def _judge_each(table: dict[str, Any], judge, completion_files: dict[str, Path], results: dict[str, dict],
+                base: list[dict], mode: str) -> None:
+    from rloo.evaluation import read_completions
+    from rloo.judges import win_rate
+
     for name, f in completion_files.items():
         if name == BASELINE or name not in table["estimators"]:
             continue
@@ -179,7 +189,8 @@ def plot_comparison(table: dict[str, Any], path: str | Path) -> str:
 
 
 def run(result_files: dict[str, str | Path], out_json: str | Path, out_png: str | Path,
-        timing_files: dict[str, str | Path] | None = None, cfg: dict | None = None) -> dict[str, Any]:
+        timing_files: dict[str, str | Path] | None = None, cfg: dict | None = None,
+        judge_log: str | Path | None = None) -> dict[str, Any]:
     """Compare the evaluation results in `result_files` ({estimator: path}); write JSON and PNG.
 
     `timing_files` ({estimator: <work>/timings.json}): the RLOO runs' wall-clock figures, kept outside
@@ -198,7 +209,7 @@ def run(result_files: dict[str, str | Path], out_json: str | Path, out_png: str 
         row["model_state_bytes"] = model_state_bytes(nets) if nets else None
     if cfg is not None:
         judge_against_baseline(table, {n: Path(f).with_suffix("") / "completions.jsonl" for n, f in result_files.items()},
-                               results, cfg)
+                               results, cfg, judge_log)
     table["sources"] = {name: str(f) for name, f in result_files.items()}
     # The plot first: the JSON is the stage's completion marker.
     table["plot"] = plot_comparison(table, out_png)

@@ -19,7 +19,8 @@ from rloo import models
 from rloo.config import config_hash, stage_config
 from rloo.evaluation import evaluate_policy, spec_for, write_completions
 from rloo.io import read_jsonl, sha256_file, write_json_atomic
-from rloo.judges import build_judge, win_rate
+from rloo.judge_server import open_judge
+from rloo.judges import win_rate
 from rloo.rewards import RewardModelReward
 from rloo.runtime import setup
 
@@ -45,10 +46,24 @@ def policy_report(
 
 
 def run(cfg: dict, data_dir: str | Path, sft_dir: str | Path, policies: dict[str, str], out_json: str | Path,
-        reward_model_dir: str | Path | None = None, plot_dir: str | Path | None = None) -> dict:
+        reward_model_dir: str | Path | None = None, plot_dir: str | Path | None = None,
+        judge_log: str | Path | None = None) -> dict:
     """Evaluate SFT and `policies` ({name: folder}); write the results JSON (and, into `plot_dir`, the
-    plots and every policy's completions)."""
+    plots and every policy's completions). A served judge (evaluate.llm_judge.serve) is started first,
+    so that one that cannot start fails the stage before the policies are sampled, and is stopped on
+    every way out; its output goes to `judge_log` (default: judge_log_path)."""
     setup(cfg["threads"], cfg["seed"])
+    with open_judge(cfg, judge_log or judge_log_path(cfg, out_json)) as judge:
+        return _evaluate(cfg, judge, data_dir, sft_dir, policies, out_json, reward_model_dir, plot_dir)
+
+
+def judge_log_path(cfg: dict, out_json: str | Path) -> Path:
+    """<paths.logs>/evaluate_<result name>.judge.log: beside the stage's own log."""
+    return Path(cfg["paths"]["logs"]) / f"evaluate_{Path(out_json).stem.removeprefix('gsm8k_')}.judge.log"
+
+
+def _evaluate(cfg: dict, judge, data_dir, sft_dir, policies: dict[str, str], out_json, reward_model_dir,
+              plot_dir) -> dict:
     m, e = cfg["model"], cfg["evaluate"]
     data_dir = Path(data_dir)
     rows = [r for _, r in read_jsonl(data_dir / "test.jsonl")][: e["examples"]]
@@ -62,7 +77,6 @@ def run(cfg: dict, data_dir: str | Path, sft_dir: str | Path, policies: dict[str
     for name, folder in {"sft": str(sft_dir), **policies}.items():
         reports[name], texts[name] = policy_report(cfg, Path(folder), reference, tok, rows, reward)
         log.info("%s: %s", name, reports[name])
-    judge = build_judge(cfg)
     questions, golds = [r["question"] for r in rows], [r["answer"] for r in rows]
     mode = e["win_rate_decoding"]
     wins = {name: win_rate(judge, questions, golds, texts[name][mode], texts["sft"][mode]).as_dict()

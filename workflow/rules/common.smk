@@ -89,6 +89,14 @@ def data_dir(wildcards, input):
     return os.path.dirname(input.train if "train" in input.keys() else input.test)
 
 
+# GPUs of a judge the evaluate job serves itself (evaluate.llm_judge.serve): the evaluate rule asks for
+# them beside its own GPU, the comparison rule (which only judges) for them alone.
+_SERVE = config["evaluate"]["llm_judge"]["serve"] if config["evaluate"]["judge"] == "llm" else None
+JUDGE_GPUS = _SERVE["gpus"] if _SERVE else 0
+# The served judge's weights, when they are a local folder: an input, so replacing them reruns the judging.
+JUDGE_MODEL = local_inputs(_SERVE["model"]) if _SERVE else []
+
+
 # Threads of the torch stages: config `threads`, else 8. Locally Snakemake lowers them to --cores;
 # on Slurm they are the job's --cpus-per-task. The stage gets exactly this many (--set threads=).
 TORCH_THREADS = config["threads"] or 8

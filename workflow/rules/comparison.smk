@@ -3,6 +3,7 @@ rule comparison:
         code=code("compare"),
         results=expand(OUT["evaluate"]["result"], estimator=ESTIMATORS),
         completions=expand(OUT["evaluate"]["completions"], estimator=ESTIMATORS),
+        judge=JUDGE_MODEL,
     output:
         result=OUT["comparison"]["result"],
         plot=report(
@@ -20,12 +21,16 @@ rule comparison:
     conda:
         RLOO_ENV
     log:
-        f"{LOGS}/comparison.log",
+        stage=f"{LOGS}/comparison.log",
+        judge=f"{LOGS}/comparison.judge.log",
     benchmark:
         f"{LOGS}/benchmarks/comparison.tsv"
     threads: 1
     resources:
         mem_mb=2000,
         runtime=10,
+        # a served judge's GPUs (evaluate.llm_judge.serve); none for the verifier or an external judge
+        **({"gpu": JUDGE_GPUS} if JUDGE_GPUS else {}),
     shell:
-        "rloo compare --config-json {params.cfg:q} {params.results} {params.timings} --out {output.result} --plot {output.plot} > {log} 2>&1"
+        "rloo compare --config-json {params.cfg:q} {params.results} {params.timings} --out {output.result} --plot {output.plot} "
+        "--judge-log {log.judge} > {log.stage} 2>&1"

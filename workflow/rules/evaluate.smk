@@ -7,6 +7,7 @@ rule evaluate:
         manifest=rules.prepare.output.manifest,
         sft=rules.sft.output.model,
         policy=rules.rloo.output.model,
+        judge=JUDGE_MODEL,
     output:
         result=OUT["evaluate"]["result"],
         policies=report(
@@ -32,19 +33,23 @@ rule evaluate:
     conda:
         RLOO_ENV
     log:
-        f"{LOGS}/evaluate_{{estimator}}.log",
+        stage=f"{LOGS}/evaluate_{{estimator}}.log",
+        # the output of the judge's server, when the job serves one (evaluate.llm_judge.serve)
+        judge=f"{LOGS}/evaluate_{{estimator}}.judge.log",
     benchmark:
         f"{LOGS}/benchmarks/evaluate_{{estimator}}.tsv"
     threads: TORCH_THREADS
     resources:
-        gpu=1,
+        # the policies' GPU, and the served judge's beside it
+        gpu=1 + JUDGE_GPUS,
         mem_mb=16000,
         runtime=60,
         cpus_per_task=cpus,
     shell:
         "rloo evaluate --config-json {params.cfg:q} --set threads={threads} "
         "--data {params.data} --sft {input.sft} --policy {wildcards.estimator}={input.policy} "
-        "--reward-model {input.reward_model} --out {output.result} --plots {params.plots} 2> {log} && "
+        "--reward-model {input.reward_model} --out {output.result} --plots {params.plots} "
+        "--judge-log {log.judge} 2> {log.stage} && "
         "rloo summary {output.result}"
 
 

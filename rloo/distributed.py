@@ -50,7 +50,9 @@ def init(cfg: dict) -> int:
     if world > 1 and strategy == "none":
         raise InputError(f"{world} processes were launched (WORLD_SIZE={world}) but distributed.strategy is "
                          "none; set distributed.strategy to ddp or fsdp")
-    if world == 1 or strategy == "none":
+    # One process joins a process group of one only when a launcher started it (torchrun
+    # --nproc-per-node 1: FSDP's and DDP's code paths on a single GPU, as scripts/gpu_check.sh runs them).
+    if strategy == "none" or (world == 1 and not under_launcher()):
         if strategy != "none":
             log.info("distributed.strategy=%s in a single process: trains as strategy none", strategy)
         _strategy = "none"
@@ -74,8 +76,14 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
+def under_launcher() -> bool:
+    """Whether torchrun (or an srun step mapped to its variables) started this process."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or {"RANK", "WORLD_SIZE", "MASTER_ADDR"} <= set(os.environ)
+
+
 def enabled() -> bool:
-    return _strategy != "none" and dist.is_initialized() and dist.get_world_size() > 1
+    """Whether this process trains in a process group (of one or more processes)."""
+    return _strategy != "none" and dist.is_initialized()
 
 
 def world() -> int:

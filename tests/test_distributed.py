@@ -167,6 +167,19 @@ def single_rloo(micro_run, micro_reward, tmp_path_factory):
 
 
 @pytest.mark.slow
+def test_one_process_under_torchrun_trains_fsdp_in_a_group_of_one(micro_run, micro_reward, single_rloo, tmp_path):
+    """torchrun --nproc-per-node 1 with strategy fsdp shards over a world of one (the code path a one-GPU
+    check runs: scripts/gpu_check.sh) and trains what the single-process path trains."""
+    cmd = _rloo_cmd(micro_run, micro_reward, tmp_path, "distributed.strategy=fsdp")
+    i = cmd.index("-m")
+    cmd = [*cmd[:i], "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", *cmd[i:]]
+    done = _run(cmd)
+    assert "distributed: fsdp on 1 processes (gloo)" in done.stderr, done.stderr[-3000:]
+    weights, _ = single_rloo["sequence"]
+    _close(_weights(tmp_path / "out"), weights, _weights(micro_run["sft"]), ATOL["rloo"])
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("norm", ["sequence", "token"])
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_processes_train_rloo_as_one(micro_run, micro_reward, single_rloo, tmp_path, strategy, norm):

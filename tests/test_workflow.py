@@ -170,6 +170,30 @@ def test_gpu_config_plans_the_whole_pipeline_with_cluster_resources(tmp_path):
     assert gpu_cfg["sft"]["max_dropped_share"] == 0  # an over-long example is an error, never dropped
 
 
+@pytest.mark.parametrize("overlay, nodes", [("fsdp-1x8.yaml", 1), ("fsdp-2x8.yaml", 2)])
+def test_scale_out_overlays_plan_one_task_per_gpu(tmp_path, overlay, nodes):
+    """The README's "Scaling out" commands: sft, reward and rloo ask Slurm for `nodes` nodes of 8 GPUs and 8
+    tasks each, started by the srun line in `mpi`; evaluate keeps its policy GPU and the judge's."""
+    res = snakemake(make_copy(tmp_path / "workflow"), RLOO, "-n", "--cores", "64", "--profile", "slurm",
+                    "--workflow-profile", "profiles/gpu", "--configfile", "config/gpu.yaml", f"config/{overlay}",
+                    "--set-resources", "sft:mem_mb=256000", "reward:mem_mb=256000", "rloo:mem_mb=256000")
+    out = res.stdout + res.stderr
+    assert job_counts(out) == dict.fromkeys(PIPELINE, 1), out[-3000:]
+    resources = dict(re.findall(r"^rule (\w+):\n(?:    .*\n)*?    resources: (.*)$", out, re.M))
+    srun = (f"mpi=srun --nodes={nodes} --ntasks={8 * nodes} --ntasks-per-node=8 --cpus-per-task=8 "
+            "--kill-on-bad-exit=1")
+    for rule in ("sft", "reward", "rloo"):
+        for part in (f"nodes={nodes}", "gres=gpu:8", "tasks_per_node=8", "mem_mb=256000", srun):
+            assert part in resources[rule], (rule, part, resources[rule])
+    assert "gpu=2" in resources["evaluate"] and "mpi=" not in resources["evaluate"], resources["evaluate"]
+    cfg = load_config(ROOT / "config" / overlay)  # its base chain: gpu.yaml, config.yaml
+    assert cfg["model"]["name_or_path"] == load_config(ROOT / "config" / "gpu.yaml")["model"]["name_or_path"]
+    world = 8 * nodes
+    for key in ("sft.batch_size", "reward.batch_size", "rloo.prompts_per_step"):  # each process gets a share
+        section, name = key.split(".")
+        assert cfg[section][name] >= world, key
+
+
 def test_gpu_check_script_parses():
     """scripts/gpu_check.sh runs only where a GPU is lent: here it is at least checked as bash."""
     res = subprocess.run(["bash", "-n", str(ROOT / "scripts" / "gpu_check.sh")], capture_output=True, text=True)

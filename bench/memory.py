@@ -54,7 +54,8 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--intermediate", type=int, default=1536)
-    ap.add_argument("--prompts", type=int, default=8, help="prompts per step (k = 4 samples each)")
+    ap.add_argument("--prompts", type=int, default=4, help="prompts per step (k = 4 samples each)")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--variants", nargs="*", default=list(VARIANTS), help=f"of {list(VARIANTS)}")
@@ -64,7 +65,7 @@ def main() -> None:
     env = {**os.environ, "MLFLOW_TRACKING_URI": "", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     model = [f"model.tiny.hidden_size={a.hidden}", f"model.tiny.num_layers={a.layers}",
              f"model.tiny.num_heads={a.heads}", f"model.tiny.intermediate_size={a.intermediate}",
-             "model.autocast=none", "tracking.enabled=false", "reward.source=verifier"]
+             f"model.max_length={128 + a.max_new_tokens}", "model.autocast=none", "tracking.enabled=false", "reward.source=verifier"]
     sets = [x for s in model for x in ("--set", s)]
     work = Path(tempfile.mkdtemp(prefix="rloo-memory-"))
     t0 = time.time()
@@ -74,7 +75,7 @@ def main() -> None:
               "--data", str(work / "data"), "--out", str(work / "sft"), "--work", str(work / "sft-work"), env=env)
         rloo = ["--set", "rloo.k=4", "--set", f"rloo.prompts_per_step={a.prompts}", "--set", f"rloo.steps={a.steps}",
                 "--set", "rloo.eval_every=0", "--set", f"rloo.checkpoint_every={a.steps + 1}",
-                "--set", "rloo.max_new_tokens=32", "--set", "rloo.select=last"]
+                "--set", f"rloo.max_new_tokens={a.max_new_tokens}", "--set", "rloo.select=last"]
         figures: dict[str, list[dict]] = {v: [] for v in a.variants}
         for r in range(a.rounds):
             order = a.variants if r % 2 == 0 else a.variants[::-1]
@@ -84,7 +85,7 @@ def main() -> None:
                 shutil.rmtree(out, ignore_errors=True)
                 shutil.rmtree(w, ignore_errors=True)
                 # every variant uses all the machine's cores: one process all of them, two half each
-                threads = max(1, (os.cpu_count() or 1) // nproc)
+                threads = max(1, len(os.sched_getaffinity(0)) // nproc)
                 args = ["train", "-c", MICRO, *sets, *rloo, "--set", f"seed={r}", "--set", f"threads={threads}",
                         *[x for s in extra for x in ("--set", s)],
                         "--data", str(work / "data"), "--policy", str(work / "sft"), "--out", str(out), "--work", str(w)]
@@ -106,9 +107,9 @@ def main() -> None:
                for name, rows in figures.items()}
     result = {
         "command": "python bench/memory.py " + " ".join(sys.argv[1:]),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores (CPU, peak RSS of rank 0)",
+        "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores (CPU, peak RSS of rank 0)",
         "model": {"hidden_size": a.hidden, "num_layers": a.layers, "intermediate_size": a.intermediate},
-        "work": {"prompts_per_step": a.prompts, "k": 4, "steps": a.steps, "max_new_tokens": 32, "dtype": "float32"},
+        "work": {"prompts_per_step": a.prompts, "k": 4, "steps": a.steps, "max_new_tokens": a.max_new_tokens, "dtype": "float32"},
         "rounds": a.rounds, "wall_seconds": round(time.time() - t0, 1),
         "variants": summary, "per_round": figures,
     }

@@ -183,6 +183,10 @@ def _serve_checks(cfg: dict) -> list[str]:
     if tp is not None and serve["gpus"] and tp != serve["gpus"]:
         problems.append(f"key 'evaluate.llm_judge.serve.args': --tensor-parallel-size {tp} but serve.gpus is "
                         f"{serve['gpus']} (the GPUs the evaluate job gets for the judge): make them equal")
+    owned = sorted({a.split("=", 1)[0] for a in serve["args"]} & {"--host", "--port", "--api-key"})
+    if owned:
+        problems.append(f"key 'evaluate.llm_judge.serve.args': {', '.join(owned)} are set by the evaluate job (a free "
+                        "local port, a key of this run only); leave them out")
     if cfg["reward"]["source"] == "judge" and cfg["evaluate"]["judge"] == "llm":
         problems.append("key 'evaluate.llm_judge.serve': the judge is served by the evaluate job only, but "
                         "reward.source: judge scores RLOO with it too; give RLOO a running judge "

@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from rloo.errors import InputError
 from rloo.launch import adopt_slurm_env, launched_world
+from rloo.runtime import configure_logging
 
 log = logging.getLogger("rloo")
 
@@ -45,6 +46,7 @@ def init(cfg: dict) -> int:
     `strategy: none` under a launcher with several processes is refused: every process would train
     the same batch and write the same outputs."""
     global _strategy
+    configure_logging()  # before setup(): what init says (strategy, processes, backend) reaches the log
     adopt_slurm_env()
     strategy, world = cfg["distributed"]["strategy"], launched_world()
     if world > 1 and strategy == "none":

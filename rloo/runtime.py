@@ -36,8 +36,13 @@ def setup(threads: int | None, seed: int) -> int:
         transformers.utils.logging.set_verbosity_error()
     except Exception:  # pragma: no cover - logging niceties only
         pass
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()
     return threads
+
+
+def configure_logging() -> None:
+    """The stages' log format, INFO and up, on stderr (once; later calls change nothing)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
 def resolve_device(name: str) -> torch.device:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Does every stage run on the GPU? The micro chain stage by stage with model.device=cuda (float32, then
-# RLOO under bf16 autocast), then the model and training tests, which put their models on the GPU when
+# RLOO under bf16 autocast, LoRA with gradient checkpointing, FSDP in a process group of one), then the
+# model, training and LoRA tests, which put their models on the GPU when
 # torch sees one, then (with vLLM installed) the GPU configuration's chain on a tiny hub-style model:
 # vLLM rollouts and the served judge. Needs a CUDA build of torch; tracking off, so MLflow is not needed.
 #   bash scripts/gpu_check.sh                 # PYTHON=... for another interpreter
@@ -27,9 +28,20 @@ stage reward --data "$W/data" --policy "$W/sft" --out "$W/rm"
 stage train --data "$W/data" --policy "$W/sft" --reward-model "$W/rm" --out "$W/rl" --work "$W/rl_w"
 stage train --data "$W/data" --policy "$W/sft" --reward-model "$W/rm" --out "$W/rl16" --work "$W/rl16_w" \
   --set model.autocast=bfloat16
-# Both RLOO runs trained on the micro reward model (the micro policy earns 0 from the verifier, and an
+# Memory-lean training on the GPU: LoRA adapters with gradient checkpointing, under bf16 autocast.
+stage train --data "$W/data" --policy "$W/sft" --reward-model "$W/rm" --out "$W/rl_lora" --work "$W/rl_lora_w" \
+  --set model.lora.enabled=true --set model.gradient_checkpointing=true --set model.autocast=bfloat16 --set rloo.lr=1.0e-3
+# FSDP2's code path (fully_shard, gathered sampling, gathered checkpoints) on one GPU: a process group of
+# one, started by torchrun (nccl); with 2+ GPUs, `--nproc 2` instead runs 2 ranks.
+echo "+ torchrun --nproc-per-node 1 rloo train (fsdp)"
+$PY -m torch.distributed.run --standalone --nproc-per-node 1 -m rloo.cli train --config config/micro.yaml \
+  --set tracking.enabled=false --set model.device="$DEVICE" --set distributed.strategy=fsdp \
+  --data "$W/data" --policy "$W/sft" --reward-model "$W/rm" --out "$W/rl_fsdp" --work "$W/rl_fsdp_w" 2> "$W/fsdp.log" \
+  || { tail -30 "$W/fsdp.log"; exit 1; }
+grep -q "distributed: fsdp on 1 processes" "$W/fsdp.log" || { tail -30 "$W/fsdp.log"; echo "FSDP did not start"; exit 1; }
+# Every RLOO run trained on the micro reward model (the micro policy earns 0 from the verifier, and an
 # update on rewards that are all 0 changes nothing): their weights must have moved away from SFT's.
-for rl in rl rl16; do
+for rl in rl rl16 rl_lora rl_fsdp; do
   $PY - "$W/sft" "$W/$rl" <<'PY'
 import sys
 from safetensors.torch import load_file
@@ -43,6 +55,7 @@ stage evaluate --data "$W/data" --sft "$W/sft" --policy rloo="$W/rl" --reward-mo
   --out "$W/eval.json" --plots "$W/plots"
 grep -q '"accuracy_sampled"' "$W/eval.json"
 $PY -m pytest -q -p no:cacheprovider tests/test_models.py tests/test_train.py
+$PY -m pytest -q -p no:cacheprovider -m "not slow" tests/test_lora.py
 # config/gpu.yaml's chain at micro size: a tiny hub-style model folder (scripts/make_tiny_hub_model.py),
 # vLLM rollouts, and the judge served by the evaluate job on the same GPU (serve.gpus: 0), in a copy
 # of the workflow. Needs vLLM in $PY's environment (RLOO_VLLM_PACKAGE=vllm bash scripts/test_vllm.sh).

@@ -121,6 +121,7 @@ def test_command_and_devices_follow_the_config():
     ({"model": "m", "gpus": 2, "args": ["-tp", "4"]}, r"--tensor-parallel-size 4 but serve\.gpus is 2"),
     ({"model": "m", "gpus": 1, "args": ["--tensor-parallel-size=2"]}, r"--tensor-parallel-size 2 but serve\.gpus is 1"),
     ({"args": []}, r"evaluate\.llm_judge\.serve.*'model' is a required property"),
+    ({"model": "m", "args": ["--api-key", "k", "--port=80"]}, r"serve\.args': --api-key, --port are set by the evaluate job"),
 ])
 def test_bad_serve_config_names_the_key(serve_cfg, message):
     with pytest.raises(ConfigError, match=message):

@@ -6,7 +6,10 @@ variant, each in fresh processes: single process, DDP x2, FSDP x2, LoRA, gradien
 (and the last two under FSDP x2). Every variant trains the same prompts from the same weights for the
 same steps, in float32 (no autocast), on this machine; each round uses its own seed and runs the
 variants in another order. Peak memory is the stage's own record (<work>/timings.json: peak RSS of
-rank 0 on a CPU, CUDA max allocated on a GPU); seconds per step likewise.
+rank 0 on a CPU, CUDA max allocated on a GPU); seconds per step likewise. On a CPU the runs set glibc's
+MALLOC_MMAP_THRESHOLD_ (64 KiB): large blocks are then mapped and unmapped one by one, so the peak RSS
+counts the tensors a setting holds rather than how fragmented the heap grew (with glibc's default, LoRA's
+many short-lived adapter temporaries made its peak RSS exceed full fine-tuning's, while holding less).
 
     python bench/memory.py --json docs/figures/memory.json
 """
@@ -59,10 +62,15 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--variants", nargs="*", default=list(VARIANTS), help=f"of {list(VARIANTS)}")
+    ap.add_argument("--mmap-threshold", type=int, default=65536,
+                    help="glibc MALLOC_MMAP_THRESHOLD_ of the runs (bytes; 0: glibc's default): allocations above it "
+                         "are mapped and unmapped on their own, so the peak RSS counts the tensors held, not heap fragments")
     ap.add_argument("--json", default=None, help="also write the figures here")
     a = ap.parse_args()
 
     env = {**os.environ, "MLFLOW_TRACKING_URI": "", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    if a.mmap_threshold:
+        env["MALLOC_MMAP_THRESHOLD_"] = str(a.mmap_threshold)
     model = [f"model.tiny.hidden_size={a.hidden}", f"model.tiny.num_layers={a.layers}",
              f"model.tiny.num_heads={a.heads}", f"model.tiny.intermediate_size={a.intermediate}",
              f"model.max_length={128 + a.max_new_tokens}", "model.autocast=none", "tracking.enabled=false", "reward.source=verifier"]
@@ -110,7 +118,7 @@ def main() -> None:
         "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores (CPU, peak RSS of rank 0)",
         "model": {"hidden_size": a.hidden, "num_layers": a.layers, "intermediate_size": a.intermediate},
         "work": {"prompts_per_step": a.prompts, "k": 4, "steps": a.steps, "max_new_tokens": a.max_new_tokens, "dtype": "float32"},
-        "rounds": a.rounds, "wall_seconds": round(time.time() - t0, 1),
+        "rounds": a.rounds, "malloc_mmap_threshold": a.mmap_threshold or None, "wall_seconds": round(time.time() - t0, 1),
         "variants": summary, "per_round": figures,
     }
     print(json.dumps(summary, indent=1))

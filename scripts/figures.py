@@ -209,7 +209,39 @@ def dynamic_sampling_table() -> str:
     return "\n".join(rows)
 
 
+def memory_budget_table() -> str:
+    """Model state per GPU of the RLOO stage, computed by bench/memory_budget.py (not measured)."""
+    data = _load("memory_budget.json")
+    sizes = list(data["policies"])
+    rows = ["| setup (computed) | reward | " + " | ".join(f"{s} policy: GB per GPU (left of {data['gpu_gb']})" for s in sizes)
+            + " |", "| --- | --- |" + " --- |" * len(sizes)]
+    for r in data["rows"]:
+        cells = [f"{c['total']:.1f} ({c['left']:+.1f})" + ("" if c["left"] > 0 else " **does not fit**")
+                 for c in (r["per_gpu_gb"][s] for s in sizes)]
+        rows.append(f"| {r['setup']} | {'reward model' if r['reward_model'] else 'verifier'} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def memory_table() -> str:
+    """Measured peak memory and seconds per step of the RLOO stage per setting (bench/memory.py)."""
+    data = _load("memory.json")
+    base = data["variants"]["none"]
+    rows = ["| setting | processes | peak memory (rank 0) | vs none | s / step | vs none |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    for name, v in data["variants"].items():
+        rows.append(f"| {name} | {v['processes']} | {v['peak_memory_mb']:.0f} MiB | {v['peak_memory_mb'] / base['peak_memory_mb']:.2f}× | "
+                    f"{v['seconds_per_step']:.2f} | {v['seconds_per_step'] / base['seconds_per_step']:.2f}× |")
+    m, w = data["model"], data["work"]
+    rows += ["", f"Embedded Llama of {base['policy_parameters']:,} parameters (hidden {m['hidden_size']}, {m['num_layers']} "
+             f"layers), {w['prompts_per_step']} prompts × k = {w['k']}, {w['max_new_tokens']} new tokens, {w['steps']} steps, "
+             f"{w['dtype']}, mean of {data['rounds']} rounds; {data['machine']}"
+             + (f", glibc MALLOC_MMAP_THRESHOLD_={data['malloc_mmap_threshold']}." if data.get("malloc_mmap_threshold") else ".")]
+    return "\n".join(rows)
+
+
 TABLES = {
+    "memory": memory_table,
+    "memory-budget": memory_budget_table,
     "comparison": comparison_table,
     "dynamic-sampling": dynamic_sampling_table,
     "validation-curves": validation_curves_table,

@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from rloo import checkpoint, distributed, tracking
-from rloo.io import write_json_atomic
+from rloo import checkpoint, distributed, lora, models, tracking
+from rloo.io import atomic_dir, write_json_atomic
 from rloo.runtime import Preempted, Progress, StopFlag, peak_memory_mb
 
 log = logging.getLogger("rloo")
@@ -110,3 +110,16 @@ class TrainingLoop:
                                     fingerprint=self.fingerprint, companions=self.companions)
                     if stop.requested:
                         raise Preempted(done, stop.exit_code)
+
+
+def write_model_output(out_dir: Path, adapted: lora.Adapted | None, model: torch.nn.Module, tokenizer,
+                       files: dict[str, Any]) -> None:
+    """A training stage's output folder, written atomically by rank 0 (every rank calls it): the model
+    as `lora.whole` gives it (LoRA: merged; FSDP: gathered), its tokenizer and the JSON `files`."""
+    whole = lora.whole(adapted, model)
+    if distributed.is_main():
+        with atomic_dir(out_dir) as tmp:
+            models.save_pretrained(whole, tokenizer, tmp)
+            for name, value in files.items():
+                write_json_atomic(tmp / name, value)
+    distributed.barrier()

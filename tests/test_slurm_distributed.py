@@ -14,14 +14,13 @@ same SFT policy and reward model.
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from test_slurm_smoke import _diagnostics, slurm_env  # noqa: F401  (slurm_env is a fixture)
+from test_slurm_smoke import run_on_slurm, slurm_env  # noqa: F401  (slurm_env is a fixture)
 from workflow_helpers import CONFIGFILES, env_for, make_copy, same_weights, snakemake, snakemake_bin
 
 from rloo.config import load_config
@@ -130,18 +129,7 @@ def test_literal_slurm_command_runs_the_training_stages_as_two_task_jobs(slurm_e
            # fits the one-node test cluster: 2 tasks x 1 CPU, its one (fake) GPU shared, 2 GB
            "--set-resources", *(f"{rule}:{res}" for rule in TRAINING for res in ("mem_mb=2000", "gres=gpu:1")),
            *configs]
-    if shutil.which("timeout"):
-        cmd = ["timeout", "-k", "15", "600", *cmd]
-    t0 = time.monotonic()
-    res = subprocess.run(cmd, cwd=copy, env=env_for(copy), capture_output=True, text=True, timeout=660)
-    print(f"snakemake --profile slurm {TARGET} (micro, ddp x 2): {time.monotonic() - t0:.1f} s")
-    output = res.stdout + res.stderr
-    job_ids = re.findall(r"submitted with SLURM jobid (\d+)", output)
-    try:
-        assert res.returncode == 0, f"snakemake exited {res.returncode}\n{_diagnostics(copy, output)}"
-    finally:
-        if res.returncode != 0 and job_ids:
-            subprocess.run(["scancel", *job_ids], check=False, capture_output=True)
+    output, job_ids = run_on_slurm(copy, cmd, 600, f"snakemake --profile slurm {TARGET} (micro, ddp x 2)")
     assert len(job_ids) == 4, output[-3000:]  # prepare and the training stages
 
     deadline = time.monotonic() + 30  # sacct lags slurmctld by a second or two

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -26,6 +27,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from workflow_helpers import env_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -140,6 +142,25 @@ def _sacct(job_ids: list[str], fields: str) -> dict[str, list[str]]:
     )
     rows = [line.split("|") for line in res.stdout.splitlines() if line.strip()]
     return {row[0]: row[1:] for row in rows}
+
+
+def run_on_slurm(copy: Path, cmd: list[str], limit_s: int, what: str) -> tuple[str, list[str]]:
+    """Run a `snakemake --profile slurm ...` command in `copy` (under `timeout` where there is one):
+    its output and the Slurm job ids it submitted. A failed run is cancelled and fails the test with
+    the diagnostics."""
+    if shutil.which("timeout"):
+        cmd = ["timeout", "-k", "15", str(limit_s), *cmd]
+    t0 = time.monotonic()
+    res = subprocess.run(cmd, cwd=copy, env=env_for(copy), capture_output=True, text=True, timeout=limit_s + 60)
+    print(f"{what}: {time.monotonic() - t0:.1f} s")
+    output = res.stdout + res.stderr
+    job_ids = re.findall(r"submitted with SLURM jobid (\d+)", output)
+    try:
+        assert res.returncode == 0, f"snakemake exited {res.returncode}\n{_diagnostics(copy, output)}"
+    finally:
+        if res.returncode != 0 and job_ids:
+            subprocess.run(["scancel", *job_ids], check=False, capture_output=True)
+    return output, job_ids
 
 
 def _diagnostics(workdir: Path, output: str) -> str:

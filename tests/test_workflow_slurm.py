@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
 import time
 
 import pytest
-from test_slurm_smoke import _diagnostics, _sacct, slurm_env  # noqa: F401  (slurm_env is a fixture)
-from workflow_helpers import CONFIGFILES, PIPELINE, env_for, make_copy, snakemake, snakemake_bin
+from test_slurm_smoke import _sacct, run_on_slurm, slurm_env  # noqa: F401  (slurm_env is a fixture)
+from workflow_helpers import CONFIGFILES, PIPELINE, make_copy, snakemake, snakemake_bin
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -35,19 +33,8 @@ GPU_STAGES = PIPELINE - {"prepare"}
 
 def test_literal_slurm_command_runs_every_stage_as_a_slurm_job(slurm_env, tmp_path):  # noqa: F811
     copy = make_copy(tmp_path / "wf")
-    cmd = [snakemake_bin(), *LITERAL, *TEST_OPTIONS]
-    if shutil.which("timeout"):
-        cmd = ["timeout", "-k", "15", "900", *cmd]
-    t0 = time.monotonic()
-    res = subprocess.run(cmd, cwd=copy, env=env_for(copy), capture_output=True, text=True, timeout=960)
-    print(f"snakemake --profile slurm results/gsm8k_rloo.json (micro): {time.monotonic() - t0:.1f} s")
-    output = res.stdout + res.stderr
-    job_ids = re.findall(r"submitted with SLURM jobid (\d+)", output)
-    try:
-        assert res.returncode == 0, f"snakemake exited {res.returncode}\n{_diagnostics(copy, output)}"
-    finally:
-        if res.returncode != 0 and job_ids:
-            subprocess.run(["scancel", *job_ids], check=False, capture_output=True)
+    output, job_ids = run_on_slurm(copy, [snakemake_bin(), *LITERAL, *TEST_OPTIONS], 900,
+                                   "snakemake --profile slurm results/gsm8k_rloo.json (micro)")
 
     result = json.loads((copy / "results/gsm8k_rloo.json").read_text())
     assert set(result["policies"]) == {"sft", "rloo"}

@@ -13,8 +13,8 @@ import torch
 from rloo import distributed, grad_checkpointing, lora, models, tracking
 from rloo.batching import model_device, sequence_scores
 from rloo.errors import InputError
-from rloo.io import atomic_dir, read_jsonl, write_json_atomic
-from rloo.loop import TrainingLoop
+from rloo.io import read_jsonl
+from rloo.loop import TrainingLoop, write_model_output
 from rloo.losses import bradley_terry_loss
 from rloo.pipeline import STAGES
 from rloo.preferences import Pair, build_pairs, split_by_prompt
@@ -174,12 +174,6 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
     }
     timings = loop.record_timings(pair_seconds=t_pairs, train_seconds=time.perf_counter() - t_train)
     tracking.log_metrics({f"reward/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
-    whole = lora.whole(adapted, model)  # LoRA: merged weights; FSDP: gathered on rank 0
-    if distributed.is_main():
-        with atomic_dir(out_dir) as tmp:
-            models.save_pretrained(whole, tok, tmp)
-            write_json_atomic(tmp / "metrics.json", metrics)
-            write_json_atomic(tmp / "history.json", loop.history)
-    distributed.barrier()
+    write_model_output(out_dir, adapted, model, tok, {"metrics.json": metrics, "history.json": loop.history})
     log.info("reward model: %s", {**metrics, **timings})
     return {**metrics, **timings}

@@ -15,8 +15,8 @@ from rloo.batching import model_device
 from rloo.data.gsm8k import format_completion, format_prompt
 from rloo.errors import InputError
 from rloo.evaluation import evaluate_policy, spec_for
-from rloo.io import atomic_dir, read_jsonl, write_json_atomic
-from rloo.loop import TrainingLoop
+from rloo.io import atomic_dir, read_jsonl
+from rloo.loop import TrainingLoop, write_model_output
 from rloo.prompting import PromptFormat, align_eos
 from rloo.runtime import autocast, run_fingerprint, setup
 from rloo.schedules import lr_multiplier
@@ -188,12 +188,6 @@ def run(cfg: dict, data_dir: str | Path, out_dir: str | Path, work_dir: str | Pa
     # Tokens of this process's steps (a resumed run counts from its checkpoint).
     timings = loop.record_timings(train_seconds=train_seconds, tokens_per_second=tokens / max(train_seconds, 1e-9))
     tracking.log_metrics({f"sft/eval_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}, scfg["steps"])
-    whole = lora.whole(adapted, model)  # LoRA: merged; FSDP: gathered on rank 0
-    if distributed.is_main():
-        with atomic_dir(out_dir) as tmp:
-            models.save_pretrained(whole, tokenizer, tmp)
-            write_json_atomic(tmp / "metrics.json", metrics)
-            write_json_atomic(tmp / "history.json", loop.history)
-    distributed.barrier()
+    write_model_output(out_dir, adapted, model, tokenizer, {"metrics.json": metrics, "history.json": loop.history})
     log.info("sft done: %s", {**{k: metrics[k] for k in ("accuracy", "accuracy_sampled")}, **timings})
     return {**metrics, **timings}

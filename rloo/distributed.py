@@ -153,6 +153,14 @@ def all_sum(*values: float) -> list[float]:
     return t.tolist()
 
 
+def all_max(value: float) -> float:
+    """The largest of the ranks' values (one all-reduce)."""
+    t = torch.tensor([float(value)], dtype=torch.float64)
+    if enabled():
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t[0])
+
+
 def any_rank(flag: bool) -> bool:
     """Whether `flag` is set on any rank (a stop request that reached some processes first)."""
     if not enabled():

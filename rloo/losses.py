@@ -72,8 +72,14 @@ _AGGREGATE = {
 }
 
 
-def _aggregate(token_terms: torch.Tensor, m: torch.Tensor, norm: Norm) -> torch.Tensor:
-    return _pick(_AGGREGATE, norm, "loss normalisation")(token_terms, m)
+def _aggregate(token_terms: torch.Tensor, m: torch.Tensor, norm: Norm, denominator: float | None = None) -> torch.Tensor:
+    """The loss over `m`'s rows by `norm`; with `denominator` (the whole step's responses under
+    `sequence`, its tokens under `token`) the sum over these rows divided by it instead: a micro-batch's
+    share of the step's loss, so that the micro-batches' gradients add up to the step's."""
+    if denominator is None:
+        return _pick(_AGGREGATE, norm, "loss normalisation")(token_terms, m)
+    _pick(_AGGREGATE, norm, "loss normalisation")
+    return (token_terms * m).sum() / max(float(denominator), 1.0)
 
 
 def policy_loss(
@@ -84,12 +90,14 @@ def policy_loss(
     norm: Norm = "sequence",
     old_token_logp: torch.Tensor | None = None,
     clip_eps: float = 0.2,
+    denominator: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """REINFORCE loss -mean_i A_i sum_t log pi(y_it), or its per-token PPO-clipped form given old log-probs.
 
     Every token of response i gets that response's sequence-level advantage A_i, or its own A_it when
     ``advantages`` is [B, T] (advantages are treated as constants). With ``old_token_logp`` the per-token ratio rho = exp(logp - old_logp) is
-    clipped to [1 - eps, 1 + eps] pessimistically, as in PPO.
+    clipped to [1 - eps, 1 + eps] pessimistically, as in PPO. ``denominator``: these rows are a
+    micro-batch of a step with that many responses (``sequence``) or tokens (``token``).
     """
     if token_logp.dim() != 2:
         raise ValueError(f"token_logp must be [B, T], got shape {tuple(token_logp.shape)}")
@@ -105,7 +113,7 @@ def policy_loss(
 
     if old_token_logp is None:
         terms = -adv * token_logp
-        loss = _aggregate(terms, m, norm)
+        loss = _aggregate(terms, m, norm, denominator)
         zero = torch.zeros((), dtype=token_logp.dtype, device=token_logp.device)
         return loss, {"clip_frac": zero, "ratio_mean": zero + 1.0, "n_tokens": n_tokens.detach()}
 
@@ -123,7 +131,7 @@ def policy_loss(
     # with the plain REINFORCE loss when rho = 1 (and stay close to it, since rho - 1 ~ log rho), so
     # logged losses are comparable between one and several steps per batch.
     terms = -(surrogate + adv * (old - 1.0))
-    loss = _aggregate(terms, m, norm)
+    loss = _aggregate(terms, m, norm, denominator)
 
     with torch.no_grad():
         # A token is clipped when the min picks the flat branch: the ratio has moved past the trust
@@ -145,6 +153,7 @@ def kl_loss_term(
     beta: float,
     estimator: KLEstimator = "k3",
     norm: Norm = "sequence",
+    denominator: float | None = None,
 ) -> torch.Tensor:
     """beta * KL as a loss term (gradient through token_logp), aggregated like policy_loss.
 
@@ -153,7 +162,7 @@ def kl_loss_term(
     """
     m = _mask_like(mask, token_logp)
     per_token = token_kl(token_logp, token_logp_ref.detach(), estimator)
-    return beta * _aggregate(per_token, m, norm)
+    return beta * _aggregate(per_token, m, norm, denominator)
 
 
 def token_rewards(scores: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, beta: float) -> torch.Tensor:
@@ -166,7 +175,8 @@ def token_rewards(scores: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, be
 
 
 def value_loss(
-    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, clip_eps: float
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, clip_eps: float,
+    denominator: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped value loss, mean over response tokens: 0.5 * max((V - R)^2, (V_old + clip(V - V_old, ±eps) - R)^2).
 
@@ -178,7 +188,8 @@ def value_loss(
     clipped = old + (values - old).clamp(-clip_eps, clip_eps)
     err, err_clipped = (values - ret) ** 2, (clipped - ret) ** 2
     n = m.sum().clamp(min=1.0)
-    loss = 0.5 * (torch.maximum(err, err_clipped) * m).sum() / n
+    # `denominator`: the tokens of the whole minibatch these rows are a micro-batch of.
+    loss = 0.5 * (torch.maximum(err, err_clipped) * m).sum() / (n if denominator is None else max(denominator, 1.0))
     with torch.no_grad():
         stats = {"value_clip_frac": ((err_clipped > err).to(m.dtype) * m).sum() / n,
                  "explained_variance": explained_variance(old, ret, m)}
@@ -209,6 +220,8 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     return -(logp.exp() * logp).sum(dim=-1)
 
 
-def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
-    """Bradley-Terry: -mean log σ(r_chosen - r_rejected), the reward model's pairwise likelihood."""
-    return -torch.nn.functional.logsigmoid(chosen.float() - rejected.float()).mean()
+def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor, denominator: float | None = None) -> torch.Tensor:
+    """Bradley-Terry: -mean log σ(r_chosen - r_rejected), the reward model's pairwise likelihood
+    (with `denominator`: the sum over these pairs divided by the step's pair count)."""
+    terms = -torch.nn.functional.logsigmoid(chosen.float() - rejected.float())
+    return terms.mean() if denominator is None else terms.sum() / max(float(denominator), 1.0)

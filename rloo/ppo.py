@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from rloo import models
+from rloo import microbatch, models
 from rloo.batching import SeqBatch, completion_logprobs, join
 from rloo.collect import has_signal
 from rloo.estimators import gae, whiten
@@ -46,6 +46,15 @@ class PPOTrainer(Trainer):
     def networks(self) -> dict[str, int]:
         return {**super().networks(), "critic": models.count_parameters(self.critic)}
 
+    def _micro(self, batch: SeqBatch, rows: torch.Tensor) -> list[tuple[torch.Tensor, SeqBatch]]:
+        """A minibatch's rows in micro-batches under rloo.micro_batch_tokens: (rows, their batch) each;
+        one micro-batch is the minibatch itself, at its full width."""
+        mb = batch.select(rows)
+        parts = self.parts(mb)
+        if len(parts) == 1:
+            return [(rows, mb)]
+        return [(rows[part.rows.to(rows.device)], microbatch.sub_batch(mb, part.rows)) for part in parts]
+
     def values(self, batch: SeqBatch) -> torch.Tensor:
         """[B, T] the critic's value of the state before each completion token (aligned with log-probs)."""
         with autocast(self.mcfg["autocast"], self.device):
@@ -62,20 +71,23 @@ class PPOTrainer(Trainer):
 
         batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
         mask = batch.completion_mask
-        # Fixed minibatches for the step (their order changes by epoch): the log-probabilities and values
-        # before any update are computed on exactly the batches the updates see, so the first update's
-        # ratio is exactly 1 and its value clip inactive (other batch shapes round differently in bf16).
+        # Fixed minibatches for the step (their order changes by epoch), each in micro-batches under
+        # rloo.micro_batch_tokens: the log-probabilities and values before any update are computed on
+        # exactly the batches the updates see, so the first update's ratio is exactly 1 and its value
+        # clip inactive (other batch shapes round differently in bf16).
         g = step_generator(self.cfg["seed"], step, stream=31)  # resume-exact
-        parts = torch.randperm(len(mask), generator=g).to(self.device).chunk(p["minibatches"])
+        minibatches = torch.randperm(len(mask), generator=g).to(self.device).chunk(p["minibatches"])
+        micro = [self._micro(batch, rows) for rows in minibatches]
         ref_lp, old_lp, old_values = (torch.zeros_like(mask) for _ in range(3))
         with torch.no_grad():
-            for rows in parts:
-                mb = batch.select(rows)
-                with autocast(self.mcfg["autocast"], self.device):
-                    with self.reference_model() as reference:  # under LoRA: the policy, adapters off
-                        ref_lp[rows] = completion_logprobs(reference, mb, self.chunk_rows)
-                    old_lp[rows] = completion_logprobs(self.policy, mb, self.chunk_rows)
-                old_values[rows] = self.values(mb)
+            for parts in micro:
+                for rows, mb in parts:
+                    n = mb.completion_len
+                    with autocast(self.mcfg["autocast"], self.device):
+                        with self.reference_model() as reference:  # under LoRA: the policy, adapters off
+                            ref_lp[rows, :n] = completion_logprobs(reference, mb, self.chunk_rows)
+                        old_lp[rows, :n] = completion_logprobs(self.policy, mb, self.chunk_rows)
+                    old_values[rows, :n] = self.values(mb)
         t_ref = time.perf_counter()
 
         valid = torch.isfinite(scores)
@@ -91,28 +103,44 @@ class PPOTrainer(Trainer):
         grad_norm, entropy, n_updates = 0.0, math.nan, p["epochs"] * p["minibatches"]
         lr = self.scheduler.get_last_lr()[0]
         for epoch in range(p["epochs"]):
-            order = range(len(parts)) if epoch == 0 else torch.randperm(len(parts), generator=g).tolist()
-            for rows in (parts[j] for j in order):
-                mb, m = batch.select(rows), train_mask[rows]
-                lp, ent = self._policy_pass(mb, torch.arange(len(rows), device=self.device))
-                loss, st = policy_loss(lp, m, adv[rows], norm="token", old_token_logp=old_lp[rows],
-                                       clip_eps=r["clip_eps"])
-                loss.backward()
+            order = range(len(micro)) if epoch == 0 else torch.randperm(len(micro), generator=g).tolist()
+            for j in order:
+                # One minibatch: its loss is a token mean over all of its micro-batches' tokens.
+                tokens = float(train_mask[minibatches[j]].sum())
+                acc = {"clipped": 0.0, "kl": 0.0, "vclipped": 0.0, "loss": 0.0, "vloss": 0.0}
+                for rows, mb in micro[j]:
+                    m = train_mask[rows, : mb.completion_len]
+                    lp, ent = self._policy_pass(mb, torch.arange(len(rows), device=self.device))
+                    loss, st = policy_loss(lp, m, adv[rows, : mb.completion_len], norm="token",
+                                           old_token_logp=old_lp[rows, : mb.completion_len], clip_eps=r["clip_eps"],
+                                           denominator=None if len(micro[j]) == 1 else tokens)
+                    loss.backward()
+                    part = float(m.sum())
+                    acc["clipped"] += float(st["clip_frac"]) * part
+                    acc["kl"] += float(approx_kl(lp, old_lp[rows, : mb.completion_len], m)) * part
+                    acc["loss"] += float(loss.detach())
+                    if epoch == 0:  # the entropy of the policy that sampled (before this batch's updates)
+                        entropy = (0.0 if math.isnan(entropy) else entropy) + float(
+                            (ent * mb.completion_mask).sum() / mask.sum().clamp(min=1))
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), r["grad_clip"]))
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
-                vloss, vst = value_loss(self.values(mb), old_values[rows], returns[rows], m, p["value_clip"])
-                vloss.backward()
+                for rows, mb in micro[j]:
+                    n = mb.completion_len
+                    m = train_mask[rows, :n]
+                    vloss, vst = value_loss(self.values(mb), old_values[rows, :n], returns[rows, :n], m, p["value_clip"],
+                                            denominator=None if len(micro[j]) == 1 else tokens)
+                    vloss.backward()
+                    acc["vloss"] += float(vloss.detach())
+                    acc["vclipped"] += float(vst["value_clip_frac"]) * float(m.sum())
                 torch.nn.utils.clip_grad_norm_(self.critic.parameters(), r["grad_clip"])
                 self.critic_optimizer.step()
                 self.critic_optimizer.zero_grad(set_to_none=True)
-                for key, value in (("clip_frac", st["clip_frac"]), ("approx_kl", approx_kl(lp, old_lp[rows], m)),
-                                   ("value_loss", vloss), ("value_clip_frac", vst["value_clip_frac"]),
-                                   ("loss", loss)):
-                    stats[key] += float(value.detach()) / n_updates
-                if epoch == 0:  # the entropy of the policy that sampled (before this batch's updates)
-                    tokens = (ent * mb.completion_mask).sum()
-                    entropy = (0.0 if math.isnan(entropy) else entropy) + float(tokens / mask.sum().clamp(min=1))
+                per_token = max(tokens, 1.0)
+                for key, value in (("clip_frac", acc["clipped"] / per_token), ("approx_kl", acc["kl"] / per_token),
+                                   ("value_loss", acc["vloss"]), ("value_clip_frac", acc["vclipped"] / per_token),
+                                   ("loss", acc["loss"])):
+                    stats[key] += value / n_updates
         self.scheduler.step()
         self.rollout.sync_weights(self.policy)
         t_upd = time.perf_counter()

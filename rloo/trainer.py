@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rloo import alarms, distributed, grad_checkpointing, lora, models
+from rloo import alarms, distributed, grad_checkpointing, lora, microbatch, models
 from rloo.batching import SeqBatch, completion_logprobs, completion_logprobs_and_entropy, join, model_device
 from rloo.collect import REFILL_STREAM, Collected, gather, prompt_indices
 from rloo.errors import InputError
@@ -187,14 +187,51 @@ class Trainer:
         kl = sequence_kl(lp, lp_ref, batch.completion_mask, self.rcfg["kl_estimator"])
         return shaped_reward(scores, kl, self.rcfg["beta"]) if self.rcfg["kl_in"] == "reward" else scores
 
+    def _logprobs(self, model: torch.nn.Module, batch: SeqBatch, chunk_rows: int,
+                  entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Token log-probabilities of `batch`'s completions under `model` (and its entropies)."""
+        if entropy:
+            return completion_logprobs_and_entropy(model, batch, chunk_rows)
+        return completion_logprobs(model, batch, chunk_rows), None
+
     def _policy_pass(self, distinct: SeqBatch, inverse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Token log-probabilities under the policy (with gradient) and its entropy at each position, of
         every row: computed once per distinct row and indexed out (the gradient sums over the copies).
         Data-parallel, one forward call through DDP / FSDP (`chunk_rows=0`), the same count on every rank."""
         model, chunk_rows = (self.policy_train, 0) if distributed.enabled() else (self.policy, self.chunk_rows)
         with autocast(self.mcfg["autocast"], self.device), grad_checkpointing.active(self.policy):
-            lp, ent = completion_logprobs_and_entropy(model, distinct, 0 if self.checkpointed else chunk_rows)
+            lp, ent = self._logprobs(model, distinct, 0 if self.checkpointed else chunk_rows, entropy=True)
         return lp[inverse], ent[inverse]
+
+    def parts(self, batch: SeqBatch, budget: int | None = None) -> list[microbatch.Part]:
+        """`batch`'s rows in micro-batches under `rloo.micro_batch_tokens` (rows x (prompt block + their
+        longest completion)), as many on every rank."""
+        budget = self.rcfg["micro_batch_tokens"] if budget is None else budget
+        lengths = batch.prompt_len + batch.completion_mask.sum(1).long()
+        return microbatch.even(microbatch.pack(lengths, budget))
+
+    def _reference_logprobs(self, batch: SeqBatch, parts: list[microbatch.Part]) -> torch.Tensor:
+        """The frozen reference's token log-probabilities of `batch`, a micro-batch at a time."""
+        with torch.no_grad(), autocast(self.mcfg["autocast"], self.device), self.reference_model() as reference:
+            if len(parts) == 1:
+                return self._logprobs(reference, batch, self.chunk_rows)[0]
+            return microbatch.no_grad_map(
+                [p.rows for p in parts if p.weight],
+                lambda rows: self._logprobs(reference, microbatch.sub_batch(batch, rows), self.chunk_rows)[0],
+                len(batch.completion_mask), (batch.completion_len,), batch.completion_mask)
+
+    def _old_policy_pass(self, batch: SeqBatch, parts: list[microbatch.Part]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The policy's token log-probabilities and entropies before the update, a micro-batch at a time
+        without gradient, each through the very computation its gradient pass repeats (so a first
+        ratio-clipped update starts at ratio 1)."""
+        width, n = batch.completion_len, len(batch.completion_mask)
+        lp, ent = (batch.completion_mask.new_zeros((n, width)) for _ in range(2))
+        with torch.no_grad(), distributed.gathered(self.policy):
+            for part in (p for p in parts if p.weight):
+                sub = microbatch.sub_batch(batch, part.rows)
+                got_lp, got_ent = self._policy_pass(sub, torch.arange(len(part.rows), device=self.device))
+                lp[part.rows, : got_lp.shape[1]], ent[part.rows, : got_ent.shape[1]] = got_lp, got_ent
+        return lp, ent
 
     def step(self, step: int) -> dict:
         r = self.rcfg
@@ -212,14 +249,23 @@ class Trainer:
         # sum over its copies.
         first, inverse = batch.distinct_rows if self.dedup else (torch.arange(len(mask)), torch.arange(len(mask)))
         distinct = batch.select(first) if len(first) < len(inverse) else batch
-        with torch.no_grad(), autocast(self.mcfg["autocast"], self.device), self.reference_model() as reference:
-            ref_lp = completion_logprobs(reference, distinct, self.chunk_rows)[inverse]
+        # The distinct rows in micro-batches under rloo.micro_batch_tokens. One micro-batch: one pass with
+        # gradient whose log-probabilities also shape the reward. Several: the log-probabilities before
+        # the update come from a pass without gradient, then each micro-batch's gradient pass.
+        parts = self.parts(distinct)
+        one_pass = len(parts) == 1
+        ref_lp = self._reference_logprobs(distinct, parts)[inverse]
         t_ref = time.perf_counter()
         # The policy stays in eval mode (no dropout): before the first update it must give exactly the
         # reference's log-probabilities, so the measured KL starts at 0.
-        lp, token_ent = self._policy_pass(distinct, inverse)
-        rollout_metrics = logprob_gap(ro, lp, mask)  # rollout backend (issue 8): vLLM vs trainer log-probs
-        seq_kl = sequence_kl(lp.detach(), ref_lp, mask, r["kl_estimator"])
+        if one_pass:
+            lp, token_ent = self._policy_pass(distinct, inverse)
+            old_lp = lp.detach()
+        else:
+            old_d, ent_d = self._old_policy_pass(distinct, parts)
+            old_lp, token_ent = old_d[inverse], ent_d[inverse]
+        rollout_metrics = logprob_gap(ro, old_lp, mask)  # rollout backend (issue 8): vLLM vs trainer log-probs
+        seq_kl = sequence_kl(old_lp, ref_lp, mask, r["kl_estimator"])
         beta_in_reward = r["beta"] if r["kl_in"] == "reward" else 0.0
         shaped = shaped_reward(scores, seq_kl, beta_in_reward)
         adv = compute_advantages(
@@ -230,34 +276,56 @@ class Trainer:
             self.baseline = adv.state
         advantages = adv.advantages.reshape(-1)
 
-        old_lp = lp.detach() if r["updates_per_batch"] > 1 else None
+        clipped = r["updates_per_batch"] > 1
         # Data-parallel: DDP / FSDP average the ranks' gradients; this factor makes that average the
         # gradient of the loss over the whole step (its rows, or its tokens under token normalisation).
-        scale = distributed.loss_scale(float(mask.sum()) if r["loss_norm"] == "token" else len(mask)) \
-            if distributed.enabled() else None
+        local = float(mask.sum()) if r["loss_norm"] == "token" else float(len(mask))
+        scale = distributed.loss_scale(local) if distributed.enabled() else None
         stats_acc: dict[str, float] = {"clip_frac": 0.0}
         grad_norm = 0.0
         lr = self.scheduler.get_last_lr()[0]  # the rate this step's updates use
-        for update in range(r["updates_per_batch"]):
-            if update > 0:
-                lp, token_ent = self._policy_pass(distinct, inverse)
-            loss, stats = policy_loss(lp, mask, advantages, norm=r["loss_norm"], old_token_logp=old_lp,
-                                      clip_eps=r["clip_eps"])
+
+        def loss_on(rows_lp: torch.Tensor, sel: torch.Tensor | slice, width: int, denominator: float | None):
+            """The loss of the rows `sel` (of the step's rows) whose log-probabilities are `rows_lp`."""
+            m = mask[sel, :width]
+            loss, stats = policy_loss(rows_lp, m, advantages[sel], norm=r["loss_norm"],
+                                      old_token_logp=old_lp[sel, :width] if clipped else None,
+                                      clip_eps=r["clip_eps"], denominator=denominator)
             if r["kl_in"] == "loss":
-                loss = loss + kl_loss_term(lp, ref_lp, mask, r["beta"], r["kl_estimator"], r["loss_norm"])
-            if scale is not None:
-                loss = loss * scale
-            loss.backward()
+                loss = loss + kl_loss_term(rows_lp, ref_lp[sel, :width], m, r["beta"], r["kl_estimator"],
+                                           r["loss_norm"], denominator=denominator)
+            clipped_tokens = float(stats["clip_frac"]) * float(m.sum())
+            return (loss * scale if scale is not None else loss), clipped_tokens
+
+        def micro_loss(rows: torch.Tensor) -> torch.Tensor:
+            """A micro-batch of distinct rows: its gradient pass, read by every copy of its rows."""
+            sub = microbatch.sub_batch(distinct, rows)
+            sel, at = microbatch.copies(inverse, rows)
+            lp_rows, _ = self._policy_pass(sub, at)
+            loss, clipped_tokens = loss_on(lp_rows, sel, sub.completion_len, local)
+            stats_acc["clipped_tokens"] += clipped_tokens
+            return loss
+
+        for update in range(r["updates_per_batch"]):
+            stats_acc["clipped_tokens"] = 0.0
+            if one_pass:
+                if update > 0:  # (the entropy logged stays the sampling policy's, as with micro-batches)
+                    lp, _ = self._policy_pass(distinct, inverse)
+                loss, stats_acc["clipped_tokens"] = loss_on(lp, slice(None), mask.shape[1], None)
+                loss.backward()
+                loss_value = float(loss.detach())
+            else:
+                loss_value = microbatch.accumulate(self.policy_train, parts, micro_loss)
             grad_norm = float(distributed.clip_grad_norm_(self.policy.parameters(), r["grad_clip"]))
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-            stats_acc["clip_frac"] += float(stats["clip_frac"]) / r["updates_per_batch"]
+            stats_acc["clip_frac"] += stats_acc["clipped_tokens"] / max(float(mask.sum()), 1.0) / r["updates_per_batch"]
         self.scheduler.step()
         self.rollout.sync_weights(self.policy)  # rollout backend (issue 8): in-place push; no-op for hf
         entropy = float((token_ent * mask).sum() / mask.sum().clamp(min=1))
         t_upd = time.perf_counter()
 
-        lengths, finished, loss_value = ro.lengths.float(), ro.finished, float(loss.detach())
+        lengths, finished = ro.lengths.float(), ro.finished
         zero_adv_frac, degenerate, distinct_frac = adv.zero_adv_frac, adv.n_degenerate_groups, len(first) / len(inverse)
         if distributed.enabled():  # the whole step's figures, as one process computes them
             scores, shaped, seq_kl, advantages, lengths, finished = distributed.gather_rows(

@@ -151,3 +151,53 @@ def test_a_rank_with_too_few_rows_gets_zero_weight_parts(monkeypatch):
     assert [p.rows.tolist() for p in parts] == [[0], [1], [2], [0]]
     assert [p.weight for p in parts] == [1.0, 1.0, 1.0, 0.0]
     assert models  # (imported for the fixtures' models)
+
+
+def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    out = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return out
+
+
+def test_micro_batched_sft_step_has_the_one_pass_gradient(micro_run):
+    """SFT's loss, the mean over the batch's answer tokens, from micro-batches (HF's num_items_in_batch)."""
+    from rloo.stages import sft
+
+    cfg = micro_run["cfg"]
+    tok = models.load_tokenizer(micro_run["sft"])
+    model = models.load_causal_lm(micro_run["sft"], trainable=True)
+    examples, _ = sft.tokenize(_rows(micro_run)[:12], tok, cfg["prompt"], cfg["model"]["max_length"])
+    lengths = [len(e.ids) for e in examples]
+    assert len(set(lengths)) > 3  # examples of several lengths: micro-batches of unequal token counts
+    budget = 3 * max(lengths)
+    assert len(microbatch.pack(lengths, budget)) >= 3
+    whole = sft.step_loss(model, examples, tok.pad_token_id, 0, "none", torch.device("cpu"))
+    want = _grads(model)
+    split = sft.step_loss(model, examples, tok.pad_token_id, budget, "none", torch.device("cpu"))
+    got = _grads(model)
+    assert split == pytest.approx(whole, rel=1e-5)
+    _assert_same(want, got)
+
+
+def test_micro_batched_reward_step_has_the_one_pass_gradient(micro_run):
+    """Bradley-Terry over pairs kept whole in micro-batches: the sum over a part's pairs / the step's."""
+    from rloo.preferences import Pair
+    from rloo.prompting import PromptFormat
+    from rloo.stages import reward
+
+    cfg = micro_run["cfg"]
+    tok = models.load_tokenizer(micro_run["sft"])
+    model = models.load_reward_model(micro_run["sft"], trainable=True)
+    model.config.pad_token_id = tok.pad_token_id
+    fmt = PromptFormat(tok, cfg["prompt"])
+    rows = _rows(micro_run)[:10]
+    # Chosen: the gold solution; rejected: a truncated one (texts of several lengths).
+    pairs = [Pair(i, fmt.prompt(r["question"]), fmt.solution(r["answer"]), fmt.solution(r["answer"])[: 5 + 7 * i])
+             for i, r in enumerate(rows)]
+    whole_loss, _ = reward.step_loss(model, None, fmt, pairs, 0, cfg["model"])
+    want = _grads(model)
+    budget = 2 * 3 * len(fmt.scored_ids(pairs[-1].prompt + pairs[-1].chosen, cfg["model"]["max_length"]))
+    split_loss, _ = reward.step_loss(model, None, fmt, pairs, budget, cfg["model"])
+    got = _grads(model)
+    assert split_loss == pytest.approx(whole_loss, rel=1e-5)  # (wins: near-ties of an untrained head may flip)
+    _assert_same(want, got)

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rloo import distributed, grad_checkpointing, lora, models, tracking
+from rloo import distributed, grad_checkpointing, lora, microbatch, models, tracking
 from rloo.batching import model_device, sequence_scores
 from rloo.errors import InputError
 from rloo.io import read_jsonl
@@ -75,6 +75,28 @@ def pair_scores(model, fmt: PromptFormat, pairs: list[Pair], max_length: int,
     with autocast(autocast_mode, model_device(model)):
         s = sequence_scores(model, ids, fmt.tokenizer.pad_token_id, wrapped).float()
     return s[: len(pairs)], s[len(pairs) :]
+
+
+def step_loss(model, wrapped, fmt: PromptFormat, pairs: list[Pair], budget: int, mcfg: dict) -> tuple[float, float]:
+    """Backward of one step's Bradley-Terry loss (the mean over its pairs), the pairs packed by length
+    into micro-batches under `reward.micro_batch_tokens` (a pair, both its texts, is never split); each
+    micro-batch's loss is its pairs' sum over the step's pair count. Data-parallel: weighed by this
+    rank's share of the step's pairs. Returns (the loss, the pairs whose chosen text scored higher)."""
+    scale = distributed.loss_scale(len(pairs)) if distributed.enabled() else 1.0
+    # A pair costs two rows as long as its longer text.
+    lengths = [2 * max(len(fmt.scored_ids(p.prompt + p.chosen, mcfg["max_length"])),
+                       len(fmt.scored_ids(p.prompt + p.rejected, mcfg["max_length"]))) for p in pairs]
+    parts = microbatch.even(microbatch.pack(lengths, budget))
+    wins: list[float] = []  # per micro-batch, in order
+
+    def loss_of(rows: torch.Tensor) -> torch.Tensor:
+        c, r = pair_scores(model, fmt, [pairs[i] for i in rows.tolist()], mcfg["max_length"], mcfg["autocast"], wrapped)
+        loss = bradley_terry_loss(c, r, None if len(parts) == 1 else len(pairs))
+        wins.append(float((c > r).sum()))
+        return loss * scale if distributed.enabled() else loss
+
+    loss = microbatch.accumulate(wrapped if wrapped is not None else model, parts, loss_of)
+    return loss, sum(w for w, part in zip(wins, parts, strict=True) if part.weight)  # not a stand-in's
 
 
 def accuracy(model, fmt: PromptFormat, pairs: list[Pair], mcfg: dict) -> float:
@@ -144,19 +166,15 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
             lo, hi = distributed.shard(len(idx))
             idx = idx[lo:hi]
         with grad_checkpointing.active(model):  # the model stays in eval mode (no dropout)
-            c, r = pair_scores(model, fmt, [tr_pairs[i] for i in idx], mcfg["max_length"], mcfg["autocast"],
-                               train_model if distributed.enabled() else None)
-        loss = bradley_terry_loss(c, r)
-        if distributed.enabled():  # a mean over pairs: weigh it by this rank's share of the step's
-            loss = loss * distributed.loss_scale(len(idx))
-        loss.backward()
+            loss_value, wins = step_loss(model, train_model if distributed.enabled() else None, fmt,
+                                         [tr_pairs[i] for i in idx], rcfg["micro_batch_tokens"], mcfg)
         distributed.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         if step % 10 == 0 or step == rcfg["steps"] - 1:
             # The whole step's figures: the ranks' mean of the weighted losses is the step's mean loss.
-            value = distributed.mean_over_ranks({"loss": float(loss.detach())})["loss"]
-            wins, n = distributed.all_sum(float((c > r).sum()), len(idx))
+            value = distributed.mean_over_ranks({"loss": loss_value})["loss"]
+            wins, n = distributed.all_sum(wins, len(idx))
             loop.log({"step": step, "reward/loss": value, "reward/train_accuracy": wins / n}, step, loss=f"{value:.3f}")
     model.requires_grad_(False)
     metrics = {

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rloo import distributed, lora, models, tracking
+from rloo import distributed, lora, microbatch, models, tracking
 from rloo.batching import model_device
 from rloo.data.gsm8k import format_completion, format_prompt
 from rloo.errors import InputError
@@ -74,6 +74,28 @@ def collate(examples: list[Example], pad_id: int) -> tuple[torch.Tensor, torch.T
         mask[i, :n] = 1
         labels[i, e.n_prompt : n] = ids[i, e.n_prompt : n]
     return ids, mask, labels
+
+
+def step_loss(train_model: torch.nn.Module, batch: list[Example], pad_id: int, budget: int, autocast_mode: str,
+              device: torch.device) -> float:
+    """Backward of one step's loss (the mean over the batch's answer tokens), its examples packed by
+    length into micro-batches under `sft.micro_batch_tokens`; returns the loss. Each micro-batch's loss
+    is its answer tokens' summed NLL over the whole batch's count (HF's `num_items_in_batch`), so the
+    gradients add up to the batch's. Data-parallel: weighed by this rank's share of the step's tokens."""
+    # The answer tokens the loss averages over: every label position after the first token.
+    n_tokens = sum(len(e.ids) - max(e.n_prompt, 1) for e in batch)
+    scale = distributed.loss_scale(float(n_tokens)) if distributed.enabled() else 1.0
+    parts = microbatch.even(microbatch.pack([len(e.ids) for e in batch], budget))
+    one_pass = len(parts) == 1
+
+    def loss_of(rows: torch.Tensor) -> torch.Tensor:
+        ids, mask, labels = (t.to(device) for t in collate([batch[i] for i in rows.tolist()], pad_id))
+        extra = {} if one_pass else {"num_items_in_batch": torch.tensor(max(n_tokens, 1), device=device)}
+        with autocast(autocast_mode, device):
+            loss = train_model(input_ids=ids, attention_mask=mask, labels=labels, use_cache=False, **extra).loss
+        return loss * scale if distributed.enabled() else loss
+
+    return microbatch.accumulate(train_model, parts, loss_of)
 
 
 def init_model_folder(cfg: dict, train: list[dict], folder: Path) -> Path:
@@ -150,20 +172,16 @@ def run(cfg: dict, data_dir: str | Path, out_dir: str | Path, work_dir: str | Pa
         if distributed.enabled():  # this rank's contiguous share of the step's batch
             lo, hi = distributed.shard(len(idx))
             idx = idx[lo:hi]
-        ids, mask, labels = (t.to(device) for t in collate([examples[i] for i in idx], tokenizer.pad_token_id))
-        with autocast(mcfg["autocast"], device):
-            out = train_model(input_ids=ids, attention_mask=mask, labels=labels, use_cache=False)
-        loss = out.loss
-        if distributed.enabled():  # the loss is a mean over answer tokens: weigh it by this rank's share
-            loss = loss * distributed.loss_scale(float((labels[:, 1:] != -100).sum()))
-        loss.backward()
+        batch = [examples[i] for i in idx]
+        loss_value = step_loss(train_model, batch, tokenizer.pad_token_id, scfg["micro_batch_tokens"], mcfg["autocast"],
+                               device)
         grad_norm = distributed.clip_grad_norm_(model.parameters(), scfg["grad_clip"])
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        tokens += int(mask.sum())
+        tokens += sum(len(e.ids) for e in batch)
         if step % scfg["log_every"] == 0 or step == scfg["steps"] - 1:
-            value = distributed.mean_over_ranks({"loss": loss.item()})["loss"]  # the whole batch's loss
+            value = distributed.mean_over_ranks({"loss": loss_value})["loss"]  # the whole batch's loss
             loop.log({"step": step, "sft/loss": value, "sft/grad_norm": float(grad_norm),
                       "sft/lr": scheduler.get_last_lr()[0]}, step, loss=f"{value:.3f}")
     train_seconds = time.perf_counter() - t0

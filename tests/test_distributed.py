@@ -219,6 +219,22 @@ def test_two_processes_train_rloo_as_one(micro_run, micro_reward, single_rloo, t
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["rloo.json"]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_processes_in_micro_batches_train_rloo_as_one_in_one_pass(micro_run, micro_reward, single_rloo, tmp_path,
+                                                                      strategy):
+    """rloo.micro_batch_tokens small enough for 2-3 micro-batches per rank (their counts made equal, a
+    group's samples split among them, gradients synchronised on the last): the update of one process
+    that takes the step in one pass."""
+    _run(_rloo_cmd(micro_run, micro_reward, tmp_path, "rloo.loss_norm=token", f"distributed.strategy={strategy}",
+                   "rloo.micro_batch_tokens=160", nproc=2))
+    weights, steps = single_rloo["token"]
+    _close(_weights(tmp_path / "out"), weights, _weights(micro_run["sft"]), ATOL["rloo"])
+    for a, b in zip(_steps(tmp_path / "out"), steps, strict=True):
+        for key in ("train/grad_norm", "train/loss", "train/entropy"):
+            assert a[key] == pytest.approx(b[key], rel=RTOL_METRICS, abs=1e-6), (key, a["step"])
+
+
 def _sft_cmd(micro_run, tmp: Path, *sets: str, nproc: int | None = None) -> list[str]:
     # The same starting model for every run: the micro SFT run's embedded tiny model.
     if not (tmp / "work" / "init").exists():
@@ -314,6 +330,21 @@ def test_two_processes_train_the_reward_model_as_one(micro_run, single_reward, t
     runs = client.search_runs([client.get_run(parent).info.experiment_id])
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent]
     assert [(r.info.run_name, r.info.status) for r in children] == [("reward", "FINISHED")] and len(runs) == 2
+
+
+@pytest.mark.slow
+def test_two_processes_in_micro_batches_train_sft_and_the_reward_model_as_one(micro_run, single_sft, single_reward,
+                                                                              tmp_path):
+    """FSDP with sft.micro_batch_tokens and reward.micro_batch_tokens splitting each rank's share into
+    several micro-batches: the weights of one process that takes every step in one pass. The reward
+    budget of 1 token puts every pair alone: 4 micro-batches on one rank, 3 on the other, which runs
+    a weight-0 stand-in so that both make as many FSDP passes."""
+    _run(_sft_cmd(micro_run, tmp_path / "sft", "distributed.strategy=fsdp", "sft.micro_batch_tokens=300", nproc=2))
+    _close(_weights(tmp_path / "sft" / "out"), single_sft[0], _weights(tmp_path / "sft" / "work" / "init"), ATOL["sft"])
+    _run(_reward_cmd(micro_run, tmp_path / "reward", "distributed.strategy=fsdp", "reward.micro_batch_tokens=1",
+                     nproc=2))
+    start = models.load_reward_model(micro_run["sft"]).state_dict()
+    _close(_reward_weights(tmp_path / "reward" / "out"), single_reward[0], start, ATOL["reward"])
 
 
 @pytest.mark.slow

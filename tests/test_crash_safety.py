@@ -26,6 +26,8 @@ def _train_cmd(micro_run, tmp_path, out, work, steps=24):
         sys.executable, "-m", "rloo.cli", "train", "-c", str(ROOT / "config" / "micro.yaml"),
         "--set", "reward.source=model", "--reward-model", str(micro_run["base"] / "reward"),
         "--set", f"rloo.steps={steps}", "--set", "rloo.checkpoint_every=3", "--set", "tracking.enabled=false",
+        # Every step in 2-3 micro-batches (rloo/microbatch.py): a resume must repeat them exactly too.
+        "--set", "rloo.micro_batch_tokens=160",
         "--data", str(micro_run["data"]), "--policy", str(micro_run["sft"]),
         "--out", str(tmp_path / out), "--work", str(tmp_path / work),
     ]

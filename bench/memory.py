@@ -12,6 +12,17 @@ counts the tensors a setting holds rather than how fragmented the heap grew (wit
 many short-lived adapter temporaries made its peak RSS exceed full fine-tuning's, while holding less).
 
     python bench/memory.py --json docs/figures/memory.json
+
+`--rows`: peak memory against the step's size. A random model of Qwen2.5-0.5B's shape (hidden 896, the
+real vocabulary of 151,936, tied embeddings; 2 decoder layers instead of 24, which changes the model
+state, not the logits) takes one RLOO update (the reference pass, the policy's passes, the backward
+and the optimizer step) on 16, 64 and 256 sampled rows (k = 4; random prompt and completion tokens of
+fixed lengths; distinct tokens per row count and round), each in a fresh process, under bf16 autocast:
+`bounded` with rloo.micro_batch_tokens and model.logits_chunk_tokens set, `today` with both 0 (the
+whole step in one pass with full-vocabulary logits, the path before them). The peak is the process's
+peak RSS (model state included) with MALLOC_MMAP_THRESHOLD_ as above.
+
+    python bench/memory.py --rows 16 64 256 --json docs/figures/memory_rows.json
 """
 
 from __future__ import annotations
@@ -51,8 +62,121 @@ def _rloo(*args: str, env: dict) -> None:
         raise SystemExit(f"{' '.join(cmd)} exited {res.returncode}:\n{res.stderr[-3000:]}")
 
 
+QWEN05 = {"hidden_size": 896, "num_attention_heads": 14, "num_key_value_heads": 2, "intermediate_size": 4864,
+          "vocab_size": 151_936, "tie_word_embeddings": True}
+ROW_PATHS = {"bounded": None, "today": ["rloo.micro_batch_tokens=0", "model.logits_chunk_tokens=0"]}
+
+
+def _qwen_folder(folder: Path, layers: int) -> None:
+    """A random Qwen2 of Qwen2.5-0.5B's widths and `layers` layers, with the embedded tokenizer (the
+    update never decodes: its token ids need not be the tokenizer's)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from rloo import models
+
+    tok = models.train_tokenizer((f"question {i} answer {i * 7}" for i in range(200)), 320)
+    torch_ = __import__("torch")
+    torch_.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(num_hidden_layers=layers, max_position_embeddings=512, **QWEN05))
+    models.save_pretrained(model, tok, folder)
+
+
+def _one_update(folder: str, rows: int, prompt: int, completion: int, seed: int, sets: list[str]) -> dict:
+    """One RLOO update on `rows` random samples in this process; its peak RSS before and after."""
+    import torch
+
+    from rloo.collect import Collected
+    from rloo.config import load_config, parse_set
+    from rloo.rewards import VerifierReward
+    from rloo.rollout import Rollout
+    from rloo.runtime import peak_memory_mb, setup
+    from rloo.stages.train import Trainer
+
+    k = 4
+    cfg = load_config(MICRO, parse_set([
+        f"model.name_or_path={folder}", "model.autocast=bfloat16", "model.max_length=256", "tracking.enabled=false",
+        "reward.source=verifier", f"rloo.k={k}", f"rloo.prompts_per_step={rows // k}",
+        f"rloo.max_new_tokens={completion}", *sets]))
+    setup(2, seed)
+    train = [{"question": f"q{i}", "answer": "#### 1"} for i in range(rows // k)]
+    trainer = Trainer(cfg, folder, VerifierReward(), train)
+    g = torch.Generator().manual_seed(seed)
+    vocab = QWEN05["vocab_size"]
+    prompts = torch.randint(10, vocab, (rows // k, prompt), generator=g).repeat_interleave(k, 0)
+    done = torch.randint(1, completion + 1, (rows,), generator=g)  # completion lengths, EOS included
+    done[0] = completion  # one row as long as the budget of new tokens
+    cmask = torch.arange(completion)[None, :] < done[:, None]
+    comps = torch.randint(10, vocab, (rows, completion), generator=g) * cmask
+    ro = Rollout(prompt_ids=prompts, prompt_mask=torch.ones_like(prompts), completions=comps,
+                 completion_mask=cmask, finished=torch.ones(rows, dtype=torch.bool))
+    scores = torch.randint(0, 2, (rows,), generator=g).float()
+    got = Collected(idx=__import__("numpy").arange(rows // k), rollout=ro, scores=scores,
+                    timings={"generation_s": 0.0})
+    before = peak_memory_mb()
+    t0 = time.perf_counter()
+    m = trainer.update(0, got)
+    return {"rows": rows, "peak_mb": peak_memory_mb(), "peak_before_update_mb": before,
+            "update_s": time.perf_counter() - t0, "loss": m["train/loss"],
+            "micro_batch_tokens": cfg["rloo"]["micro_batch_tokens"],
+            "logits_chunk_tokens": cfg["model"]["logits_chunk_tokens"]}
+
+
+def rows_main(a) -> None:
+    env = {**os.environ, "MLFLOW_TRACKING_URI": "", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT),
+           "MALLOC_MMAP_THRESHOLD_": str(a.mmap_threshold)}
+    work = Path(tempfile.mkdtemp(prefix="rloo-memory-rows-"))
+    t0 = time.time()
+    figures: dict[str, dict[str, list[dict]]] = {p: {str(n): [] for n in a.rows} for p in ROW_PATHS}
+    try:
+        _qwen_folder(work / "model", a.layers)
+        for r in range(a.rounds):
+            for i, n in enumerate(a.rows if r % 2 == 0 else a.rows[::-1]):
+                for path in (ROW_PATHS if (r + i) % 2 == 0 else list(ROW_PATHS)[::-1]):
+                    sets = ROW_PATHS[path] or [f"rloo.micro_batch_tokens={a.budget}",
+                                                f"model.logits_chunk_tokens={a.logits_chunk}"]
+                    job = json.dumps([str(work / "model"), n, a.prompt_tokens, a.completion_tokens, 1000 * r + n, sets])
+                    res = subprocess.run([sys.executable, __file__, "--one", job], env=env, capture_output=True, text=True)
+                    if res.returncode:
+                        raise SystemExit(f"{path} at {n} rows exited {res.returncode}:\n{res.stderr[-3000:]}")
+                    got = json.loads(res.stdout.strip().splitlines()[-1])
+                    figures[path][str(n)].append(got)
+                    print(f"round {r} {path:8s} {n:4d} rows: peak {got['peak_mb']:8.0f} MiB (before the update "
+                          f"{got['peak_before_update_mb']:.0f}), update {got['update_s']:.1f} s", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    peak = {p: {n: round(float(np.mean([x["peak_mb"] for x in runs])), 1) for n, runs in by.items()}
+            for p, by in figures.items()}
+    lo, hi = str(min(a.rows)), str(max(a.rows))
+    result = {
+        "command": "python bench/memory.py " + " ".join(sys.argv[1:]),
+        "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores (CPU, peak RSS of the process)",
+        "model": {**QWEN05, "num_hidden_layers": a.layers, "random": True},
+        "work": {"k": 4, "prompt_tokens": a.prompt_tokens, "max_completion_tokens": a.completion_tokens,
+                 "autocast": "bfloat16", "bounded": {"rloo.micro_batch_tokens": a.budget,
+                                                     "model.logits_chunk_tokens": a.logits_chunk},
+                 "today": {"rloo.micro_batch_tokens": 0, "model.logits_chunk_tokens": 0}},
+        "bounded": peak["bounded"], "today": peak["today"],
+        "ratio_bounded": round(peak["bounded"][hi] / peak["bounded"][lo], 3),
+        "ratio_today": round(peak["today"][hi] / peak["today"][lo], 3),
+        "rounds": a.rounds, "malloc_mmap_threshold": a.mmap_threshold, "wall_seconds": round(time.time() - t0, 1),
+        "per_round": figures,
+    }
+    print(json.dumps({k: result[k] for k in ("bounded", "today", "ratio_bounded", "ratio_today")}, indent=1))
+    if a.json:
+        Path(a.json).write_text(json.dumps(result, indent=1) + "\n")
+
+
 def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--one":  # a child process of --rows: one measurement
+        print(json.dumps(_one_update(*json.loads(sys.argv[2]))))
+        return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, nargs="*", default=None,
+                    help="peak memory of one RLOO update at these row counts, bounded against today (see above)")
+    ap.add_argument("--budget", type=int, default=2048, help="--rows: rloo.micro_batch_tokens of the bounded path")
+    ap.add_argument("--logits-chunk", type=int, default=1024, help="--rows: model.logits_chunk_tokens of the bounded path")
+    ap.add_argument("--prompt-tokens", type=int, default=32)
+    ap.add_argument("--completion-tokens", type=int, default=48)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--heads", type=int, default=8)
@@ -67,6 +191,12 @@ def main() -> None:
                          "are mapped and unmapped on their own, so the peak RSS counts the tensors held, not heap fragments")
     ap.add_argument("--json", default=None, help="also write the figures here")
     a = ap.parse_args()
+    if a.rows:
+        a.rounds = a.rounds if "--rounds" in sys.argv else 1
+        a.layers = a.layers if "--layers" in sys.argv else 2
+        a.mmap_threshold = a.mmap_threshold or 65536
+        rows_main(a)
+        return
 
     env = {**os.environ, "MLFLOW_TRACKING_URI": "", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     if a.mmap_threshold:

@@ -234,9 +234,14 @@ class Trainer:
         return lp, ent
 
     def step(self, step: int) -> dict:
-        r = self.rcfg
         t0 = time.perf_counter()
-        got = self.collect(step)
+        return self.update(step, self.collect(step), t0)
+
+    def update(self, step: int, got: Collected, t0: float | None = None) -> dict:
+        """The update of step `step` on the scored groups `got` (what `collect(step)` returned): KL-shaped
+        rewards, advantages, and the optimizer step(s), micro-batched under rloo.micro_batch_tokens."""
+        r = self.rcfg
+        t0 = time.perf_counter() if t0 is None else t0
         ro, scores = got.rollout, got.scores
         greedy = self._greedy_baseline(got.idx) if r["estimator"] == "remax" else None
         t_score = time.perf_counter()

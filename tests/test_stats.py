@@ -73,13 +73,14 @@ TRUE_GAIN = 0.2 / 3
 
 
 def test_bootstrap_interval_covers_the_true_gain_95_percent_of_the_time():
+    # 800 experiments: the observed coverage has a standard error of 0.8 points around the true one
     rng = np.random.default_rng(2026)
     covered = 0
-    for i in range(400):
-        a, b = _experiment(rng, n=300, draws=4)
+    for i in range(800):
+        a, b = _experiment(rng, n=200, draws=4)
         lo, hi = paired_bootstrap(a, b, 1000, seed=i)
         covered += lo <= TRUE_GAIN <= hi
-    assert 0.93 <= covered / 400 <= 0.97, covered / 400
+    assert 0.93 <= covered / 800 <= 0.97, covered / 800
 
 
 def test_resampling_draws_as_well_widens_the_interval():

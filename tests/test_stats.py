@@ -125,3 +125,17 @@ def test_gain_of_per_problem_completions():
     lo, hi = g["sampled"]["ci95"]
     assert lo <= g["sampled"]["gain"] <= hi
     assert (g["n_problems"], g["draws"], g["bootstrap"]) == (4, 2, {"resamples": 2000, "seed": 0, "resampled": "problems"})
+
+
+def test_summary_line_and_mlflow_metrics_of_a_gain():
+    from rloo.report import gain_line
+    from rloo.tracking.stage import gain_metrics
+
+    g = {"sampled": {"gain": 0.066, "ci95": [0.041, 0.0912], "p_value": 0.0001},
+         "greedy": {"gain": 0.05, "ci95": [0.02, 0.08], "p_value": 0.0123}, "n_problems": 500, "draws": 4}
+    assert gain_line("rloo", g) == ("RLOO − SFT = +6.6 [+4.1, +9.1] points (p < 0.001) sampled (4 draws); "
+                                    "+5.0 [+2.0, +8.0] points (p = 0.012) greedy; 500 problems, 95 % paired bootstrap")
+    assert gain_metrics({"rloo": g}) == {
+        "gain/sampled": 0.066, "gain/sampled_ci95_lo": 0.041, "gain/sampled_ci95_hi": 0.0912, "gain/sampled_p_value": 0.0001,
+        "gain/greedy": 0.05, "gain/greedy_ci95_lo": 0.02, "gain/greedy_ci95_hi": 0.08, "gain/greedy_p_value": 0.0123}
+    assert "gain/grpo/sampled_ci95_lo" in gain_metrics({"rloo": g, "grpo": g})

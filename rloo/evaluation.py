@@ -100,7 +100,8 @@ def evaluate_policy(policy, tokenizer, rows: list[dict], spec: EvalSpec, referen
     """Verifier accuracy of `policy` on `rows` (greedy, and sampled as the mean of `spec.draws` draws;
     strict and flexible), mean sampled length, KL to `reference` and the `proxy` reward's mean over the
     sampled completions where given (else None). Also the completions by mode, for a pairwise judge:
-    `greedy`, and `sampled` = the first draw (an LLM judge is paid per comparison)."""
+    `greedy`, and `sampled` = the first draw (an LLM judge is paid per comparison); and `draws`, each
+    problem's list of every sampled draw (per-problem correctness: rloo.gains, rloo.solution_check)."""
     fmt = PromptFormat(tokenizer, spec.prompt)
     prompts = [fmt.prompt(r["question"]) for r in rows]
     golds = [r["answer"] for r in rows]
@@ -124,7 +125,8 @@ def evaluate_policy(policy, tokenizer, rows: list[dict], spec: EvalSpec, referen
         scores = torch.cat([proxy.score(prompts, d.texts, golds, d.finished) for d in draws])
         ok = torch.isfinite(scores)
         report["proxy_reward"] = float(scores[ok].mean()) if ok.any() else None
-    return report, {"greedy": greedy.texts, "sampled": draws[0].texts}
+    per_problem = [list(texts) for texts in zip(*(d.texts for d in draws), strict=True)]
+    return report, {"greedy": greedy.texts, "sampled": draws[0].texts, "draws": per_problem}
 
 
 def spec_for(cfg: dict, section: str, max_new_tokens: int, draws: int, stream: int) -> EvalSpec:

@@ -49,12 +49,41 @@ def evaluate_lines(result: dict) -> list[str]:
             lines.append(f"!! evaluate: {name} was trained with alarm/{alarm} firing (from step {step})")
         if name != "sft" and p["accuracy_sampled"] < sft["accuracy_sampled"]:
             lines.append(f"!! evaluate: {name} is less accurate than the SFT policy it started from")
+    for name, g in (result.get("gains") or {}).items():
+        lines.append(f"evaluate: {gain_line(name, g)}")
+    for name, p in result["policies"].items():
+        if check := p.get("solution_check"):
+            lines.append(f"evaluate: {name}: {solution_check_line(check)}")
     independent = result.get("judges", {}).get("win_rate", {}).get("independent_of_training_reward")
     for name, wr in result.get("win_rates", {}).items():
         if wr.get("value") is not None:
-            lines.append(f"evaluate: {name} vs sft win rate {wr['value']:.3f} ({wr['wins']:.0f} wins, {wr['losses']:.0f} losses, "
-                         f"{wr['ties']:.0f} ties; judge {'independent of' if independent else 'the same as'} the training reward)")
+            ci = f" [{wr['ci95'][0]:.3f}, {wr['ci95'][1]:.3f}]" if wr.get("ci95") else ""
+            lines.append(f"evaluate: {name} vs sft win rate {wr['value']:.3f}{ci} ({wr['wins']:.0f} wins, {wr['losses']:.0f} losses, "
+                         f"{wr['ties']:.0f} ties, a tie counting half; judge {'independent of' if independent else 'the same as'} "
+                         "the training reward)")
     return lines
+
+
+def gain_line(name: str, g: dict) -> str:
+    """`RLOO − SFT = +6.6 [+4.1, +9.0] points (p = 0.001) sampled; greedy ...`, for the terminal."""
+    def part(m: dict) -> str:
+        lo, hi = m["ci95"]
+        p = m["p_value"]
+        return (f"{100 * m['gain']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] points "
+                f"(p {'< 0.001' if p < 0.001 else f'= {p:.3f}'})")
+
+    return (f"{name.upper()} − SFT = {part(g['sampled'])} sampled ({g['draws']} draws); "
+            f"{part(g['greedy'])} greedy; {g['n_problems']} problems, 95 % paired bootstrap")
+
+
+def solution_check_line(check: dict) -> str:
+    """The solution checker's figures of one policy, or why it has none."""
+    if check.get("accuracy") is None:
+        return f"solution check n/a ({check.get('reason', 'nothing checked')})"
+    wrong_work = check.get("right_answer_wrong_work_share")
+    return (f"solution check (answer and every <<expr=value>>) {check['accuracy']:.3f} sampled"
+            + (f", right answer with wrong work {100 * wrong_work:.1f} %" if wrong_work is not None else "")
+            + f", annotated {100 * check['annotated_share']:.0f} %")
 
 
 def main(paths: list[str]) -> int:

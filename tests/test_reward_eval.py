@@ -87,6 +87,7 @@ def test_parse_verdict(reply, verdict):
 
 
 def test_results_file_matches_its_schema(micro_run, tmp_path):
+    from rloo import report
     from rloo.stages import evaluate, reward, train
 
     cfg = json.loads(json.dumps(micro_run["cfg"]))
@@ -113,6 +114,35 @@ def test_results_file_matches_its_schema(micro_run, tmp_path):
     assert result["judges"]["proxy_reward"]["independent_of_training_reward"] is False
     assert result["judges"]["accuracy"]["independent_of_training_reward"] is True
     assert result["judges"]["win_rate"] == {"graded_by": "verifier", "independent_of_training_reward": True}
+    assert result["judges"]["solution_check"]["independent_of_training_reward"] is True
+    # each trained policy against SFT on the same problems: gain, 95 % interval, p-value
+    g, rl, sft = result["gains"]["rloo"], result["policies"]["rloo"], result["policies"]["sft"]
+    assert g["sampled"]["gain"] == pytest.approx(rl["accuracy_sampled"] - sft["accuracy_sampled"])
+    assert g["greedy"]["gain"] == pytest.approx(rl["accuracy"] - sft["accuracy"])
+    for mode in ("sampled", "greedy"):
+        lo, hi = g[mode]["ci95"]
+        assert lo <= g[mode]["gain"] <= hi and 0 < g[mode]["p_value"] <= 1
+    assert (g["n_problems"], g["draws"]) == (result["examples"], cfg["evaluate"]["samples_per_prompt"])
+    assert g["bootstrap"]["seed"] == cfg["seed"] and g["bootstrap"]["resamples"] > 0
+    wr = result["win_rate"]
+    assert wr["ci95"][0] <= wr["value"] <= wr["ci95"][1]
+    # ...a deterministic function of the completions the stage wrote, every draw of every problem
+    from rloo.evaluation import read_completions
+    from rloo.gains import correctness, gain
+
+    recs = read_completions(tmp_path / "plots" / "completions.jsonl")
+    golds = [r["answer"] for r in recs]
+    per_problem = {name: correctness({"greedy": [r["completions"][name]["greedy"] for r in recs],
+                                      "draws": [r["completions"][name]["draws"] for r in recs]}, golds)
+                   for name in ("sft", "rloo")}
+    assert gain(per_problem["rloo"], per_problem["sft"], cfg["seed"]) == g
+    # the solution checker beside accuracy: figures, or n/a with a reason where nothing is annotated
+    for p in result["policies"].values():
+        check = p["solution_check"]
+        assert check["independent_of_training_reward"] is True
+        assert (check["accuracy"] is None) == (check["annotated_share"] == 0) == ("reason" in check)
+    lines = report.evaluate_lines(result)
+    assert any(x.startswith("evaluate: RLOO − SFT = ") and "points (p " in x for x in lines), lines
 
 
 def test_judge_independence_follows_the_training_reward():

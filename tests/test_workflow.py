@@ -67,6 +67,11 @@ def test_full_run_outputs(run):
         assert set(result["policies"]) == {"sft", estimator}
         assert result["examples"] == 16  # evaluate.examples of config/micro.yaml
         assert result["training"][estimator]["estimator"] == estimator
+        # the gain over SFT with its uncertainty, and the win rate's interval (rloo.gains)
+        gains = result["gains"][estimator]
+        for mode in ("sampled", "greedy"):
+            assert len(gains[mode]["ci95"]) == 2 and 0 < gains[mode]["p_value"] <= 1
+        assert len(result["win_rates"][estimator]["ci95"]) == 2
         for png in ("policies.png", "proxy_vs_judge.png"):
             assert (c / f"results/gsm8k_{estimator}" / png).stat().st_size > 1000
         assert (c / f"logs/rloo_{estimator}.log").is_file()
@@ -211,6 +216,9 @@ def test_compare_stage_on_real_results(run, tmp_path):
                         tmp_path / "comparison.json", tmp_path / "comparison.png")
     assert set(table["estimators"]) == {"rloo", "grpo"}
     assert table["checks"] == {"same_data": True, "same_examples": True, "same_sft_accuracy": True}
+    for e in ("rloo", "grpo"):  # each estimator's paired comparison with SFT, from its evaluation
+        gains = json.loads((c / f"results/gsm8k_{e}.json").read_text())["gains"][e]
+        assert table["estimators"][e]["gain_vs_sft"] == gains and "ci95" in gains["sampled"]
     assert (tmp_path / "comparison.png").stat().st_size > 1000
     accuracy = {e: json.loads((c / f"results/gsm8k_{e}.json").read_text())["policies"][e]["accuracy"]
                 for e in ("rloo", "grpo")}

@@ -2,7 +2,8 @@
 
 Reads the `rloo evaluate` results (`results/gsm8k_<estimator>.json`), one per estimator, each holding
 the SFT policy and one trained policy evaluated on the same held-out prompts. Writes one row per
-estimator (held-out accuracy, win rate against SFT and against RLOO by the evaluation's judge, KL,
+estimator (held-out accuracy, its gain over SFT with a 95 % interval and p-value, the solution
+checker's figures, win rate against SFT and against RLOO by the evaluation's judge, KL,
 length, seconds per step, samples to a validation accuracy every estimator reached, peak memory, the
 networks held and their parameters) and the SFT baseline, and checks that every result was computed
 on the same data.
@@ -20,7 +21,7 @@ from rloo.io import atomic_path, write_json_atomic
 
 # Per-policy metrics copied from the evaluation report, and training summary fields from metrics.json.
 POLICY_KEYS = ("accuracy", "accuracy_flexible", "accuracy_sampled", "accuracy_sampled_flexible", "kl",
-               "mean_length", "proxy_reward")
+               "mean_length", "proxy_reward", "solution_check")
 TRAINING_KEYS = ("steps", "steps_trained", "selected_step", "train_seconds", "samples_per_second",
                  "seconds_per_step", "peak_memory_mb", "samples_per_step", "networks", "final_reward_mean",
                  "final_kl", "reward_source", "alarms")
@@ -52,6 +53,8 @@ def compare(results: dict[str, dict]) -> dict[str, Any]:
             **{k: report.get(k) for k in POLICY_KEYS},
             "win_rate": wins.get("value"),
             "win_rate_detail": wins or None,
+            # the evaluation's own paired comparison with SFT: gain, 95 % interval, p-value (rloo.gains)
+            "gain_vs_sft": (res.get("gains") or {}).get(policy),
             "training": {k: training.get(k) for k in TRAINING_KEYS if k in training},
         }
     _samples_to_target(rows, results)
@@ -127,6 +130,7 @@ def judge_against_baseline(table: dict[str, Any], completion_files: dict[str, Pa
 def _judge_each(table: dict[str, Any], judge, completion_files: dict[str, Path], results: dict[str, dict],
                 base: list[dict], mode: str) -> None:
     from rloo.evaluation import read_completions
+    from rloo.gains import win_rate_ci95
     from rloo.judges import win_rate
 
     for name, f in completion_files.items():
@@ -139,6 +143,7 @@ def _judge_each(table: dict[str, Any], judge, completion_files: dict[str, Path],
         wr = win_rate(judge, [r["question"] for r in recs], [r["answer"] for r in recs],
                       [r["completions"][mine][mode] for r in recs], [r["completions"][theirs][mode] for r in base])
         detail = wr.as_dict()
+        detail["ci95"] = win_rate_ci95(detail)
         if isinstance(detail["value"], float) and math.isnan(detail["value"]):
             detail["value"] = None  # no valid verdict; NaN is not JSON
         table["estimators"][name][f"win_rate_vs_{BASELINE}"] = detail

@@ -1,8 +1,10 @@
 """`rloo evaluate`: the SFT policy and each trained policy on held-out prompts, judged independently.
 
 Per policy: verifier accuracy (greedy and sampled at T = 1, strict and flexible), the reward model's
-mean score (the proxy the policy was trained on), sequence KL to the reference, mean length. Then the
-win rate of each trained policy against SFT by a pairwise judge, in both presentation orders.
+mean score (the proxy the policy was trained on), sequence KL to the reference, mean length, and the
+solution checker's figures (rloo.solution_check). Then, for each trained policy against SFT: its gain
+with a 95 % interval and p-value (rloo.gains), and the win rate by a pairwise judge, in both
+presentation orders.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ import yaml
 from rloo import models
 from rloo.config import config_hash, stage_config
 from rloo.evaluation import evaluate_policy, spec_for, write_completions
+from rloo.gains import correctness, gain, win_rate_ci95
 from rloo.io import read_jsonl, sha256_file, write_json_atomic
 from rloo.judge_server import open_judge
 from rloo.judges import win_rate
 from rloo.rewards import RewardModelReward
 from rloo.runtime import setup
+from rloo.solution_check import summarize as check_solutions
 
 log = logging.getLogger("rloo.evaluate")
 
@@ -81,8 +85,16 @@ def _evaluate(cfg: dict, judge, data_dir, sft_dir, policies: dict[str, str], out
     mode = e["win_rate_decoding"]
     wins = {name: win_rate(judge, questions, golds, texts[name][mode], texts["sft"][mode]).as_dict()
             for name in policies}
+    for detail in wins.values():
+        detail["ci95"] = win_rate_ci95(detail)
     # An LLM judge that failed more often than allowed stops the stage here, before any output is written.
     calls = judge.check()
+    # Every policy on the same problems: each one's gain over SFT with its uncertainty, per problem
+    # paired; the resampling is seeded by the run's seed, so the result is a function of the inputs.
+    correct = {name: correctness(t, golds) for name, t in texts.items()}
+    gains = {name: gain(correct[name], correct["sft"], cfg["seed"]) for name in policies}
+    for name, t in texts.items():
+        reports[name]["solution_check"] = check_solutions(t["draws"], t["greedy"], golds)
     training = {name: _read_json(Path(folder) / "metrics.json") for name, folder in policies.items()}
     for name, metrics in training.items():
         if metrics:  # the checkpoint the stage wrote, and the alarms that fired while training it
@@ -95,6 +107,7 @@ def _evaluate(cfg: dict, judge, data_dir, sft_dir, policies: dict[str, str], out
         "policies": reports,
         "win_rate": wins[next(iter(policies))] if len(policies) == 1 else wins,
         "win_rates": wins,
+        "gains": gains,
         "judge": {**getattr(judge, "description", {"type": judge.name}), "decoding": mode, **calls},
         "judges": judge_independence(judge.name, sources, reward is not None),
         "examples": len(rows),
@@ -138,6 +151,8 @@ def judge_independence(pairwise: str, training_rewards: set[str], proxy: bool) -
         "win_rate": {"graded_by": pairwise, "independent_of_training_reward": independent(
             "verifier" if pairwise == "verifier" else "judge")},
     }
+    # The work the training reward never reads: independent whatever the policies were trained on.
+    out["solution_check"] = {"graded_by": "solution checker", "independent_of_training_reward": True}
     if proxy:
         out["proxy_reward"] = {"graded_by": "reward model", "independent_of_training_reward": independent("model")}
     return out

@@ -170,7 +170,8 @@ def _finish_stage_run(run: Run, cfg: dict, outputs: list[Path], log_file: Path |
 
 
 def _log_evaluation(run: Run, outputs: list[Path]) -> None:
-    """The evaluation's results as metrics: evaluate/<policy>/<metric>, evaluate/win_rate/<policy>/*."""
+    """The evaluation's results as metrics: evaluate/<policy>/<metric>, evaluate/win_rate/<policy>/*, and
+    each policy's gain over SFT with its interval (rloo.gains.gain_metrics: gain/sampled, ...)."""
     for out in outputs:
         if out.suffix == ".json" and out.is_file():
             try:
@@ -181,7 +182,21 @@ def _log_evaluation(run: Run, outputs: list[Path]) -> None:
             wins = flatten(result.get("win_rates") or {})
             metrics = {f"evaluate/{k.replace('.', '/')}": v for k, v in policies.items()}
             metrics |= {f"evaluate/win_rate/{k.replace('.', '/')}": v for k, v in wins.items()}
+            metrics |= gain_metrics(result.get("gains") or {})
             run.log_metrics(metrics, 0)
+
+
+def gain_metrics(gains: dict[str, dict]) -> dict[str, float]:
+    """MLflow metrics of the gains: gain/<mode>, gain/<mode>_ci95_lo, _ci95_hi, _p_value for one trained
+    policy; gain/<policy>/<mode>... when there are several."""
+    out = {}
+    for name, g in gains.items():
+        prefix = "gain/" if len(gains) == 1 else f"gain/{name}/"
+        for mode in ("sampled", "greedy"):
+            m = g[mode]
+            out |= {f"{prefix}{mode}": m["gain"], f"{prefix}{mode}_ci95_lo": m["ci95"][0],
+                    f"{prefix}{mode}_ci95_hi": m["ci95"][1], f"{prefix}{mode}_p_value": m["p_value"]}
+    return out
 
 
 def _log_curves(run: Run) -> None:

@@ -35,7 +35,8 @@ activations (an update: what one micro-batch keeps for its backward pass)
   bfloat16 / float16 weights: N x L x ((11h + 4i) x 2 + 16h) (RMSNorm upcasts to float32)
   eager attention: + N x L x a x T x 4 (the softmax probabilities; sdpa keeps none)
   gradient checkpointing: every layer keeps only its input (N x L x h x 4) + one layer's activations
-      recomputed in the backward pass
+      recomputed in the backward pass with its gradients (N x (h + i) x 4); the logits' peak (the
+      head's backward) comes before any layer is recomputed: they count for what they exceed it by
   outside the layers: N x 4h x 4 (embedding output, final RMSNorm)
 logits (an update)
   model.logits_chunk_tokens = c > 0: 4 x min(c, N) x V x 4 (one chunk's float32 logits, log-softmax and
@@ -124,9 +125,10 @@ class Shape:
 
 # ---- the terms -------------------------------------------------------------------------------------
 
-def activation_bytes(shape: Shape, tokens: int, dtype: str = "float32", autocast: str = "none",
-                     checkpointing: bool = False, eager: bool = False, seq_len: int = 0) -> int:
-    """What one micro-batch of `tokens` tokens keeps for its backward pass (module docstring)."""
+def _activation_parts(shape: Shape, tokens: int, dtype: str, autocast: str, checkpointing: bool, eager: bool,
+                      seq_len: int) -> tuple[int, int]:
+    """(bytes kept through the whole backward pass, bytes of the one layer recomputed in it: 0 without
+    gradient checkpointing)."""
     h, i, L = shape.hidden_size, shape.intermediate_size, shape.num_layers
     if DTYPE_BYTES[dtype] == 2:
         per_layer_token, weight_copies = (11 * h + 4 * i) * 2 + 16 * h, 0
@@ -137,9 +139,19 @@ def activation_bytes(shape: Shape, tokens: int, dtype: str = "float32", autocast
     if eager:
         per_layer_token += shape.num_heads * seq_len * 4
     one_layer = tokens * per_layer_token + weight_copies
-    layers = tokens * L * h * 4 + one_layer if checkpointing else L * one_layer
-    head_copy = 2 * shape.vocab_size * shape.hidden_size if autocast == "bfloat16" and DTYPE_BYTES[dtype] == 4 else 0
-    return layers + tokens * 4 * h * 4 + head_copy
+    outside = tokens * 4 * h * 4  # embedding output, final RMSNorm
+    if autocast == "bfloat16" and DTYPE_BYTES[dtype] == 4:
+        outside += 2 * shape.vocab_size * h  # autocast's bfloat16 copy of the head
+    if checkpointing:  # the layers' inputs; the recomputed layer with its input and MLP gradients
+        return tokens * L * h * 4 + outside, one_layer + tokens * (h + i) * 4
+    return L * one_layer + outside, 0
+
+
+def activation_bytes(shape: Shape, tokens: int, dtype: str = "float32", autocast: str = "none",
+                     checkpointing: bool = False, eager: bool = False, seq_len: int = 0) -> int:
+    """What one micro-batch of `tokens` tokens keeps for its backward pass (module docstring): under
+    gradient checkpointing, the layers' inputs and the one layer recomputed."""
+    return sum(_activation_parts(shape, tokens, dtype, autocast, checkpointing, eager, seq_len))
 
 
 def logits_bytes(shape: Shape, tokens: int, chunk_tokens: int) -> int:
@@ -147,6 +159,15 @@ def logits_bytes(shape: Shape, tokens: int, chunk_tokens: int) -> int:
     if chunk_tokens:
         return 4 * min(chunk_tokens, tokens) * shape.vocab_size * 4
     return 3 * tokens * shape.vocab_size * 4
+
+
+def update_bytes(shape: Shape, tokens: int, chunk_tokens: int, dtype: str = "float32", autocast: str = "none",
+                 checkpointing: bool = False, eager: bool = False, seq_len: int = 0) -> tuple[int, int]:
+    """(activations, logits) of one micro-batch's forward + backward; their sum is its peak. Under gradient
+    checkpointing the logits' peak (the head's backward) comes before any layer is recomputed, so the
+    logits count only for what they exceed the recomputed layer by."""
+    kept, recomputed = _activation_parts(shape, tokens, dtype, autocast, checkpointing, eager, seq_len)
+    return kept + recomputed, max(0, logits_bytes(shape, tokens, chunk_tokens) - recomputed)
 
 
 def micro_batch_tokens(budget: int, rows: int, row_tokens: int, unit_rows: int = 1) -> int:
@@ -167,7 +188,7 @@ class Phase:
     activations: float = 0.0
     logits: float = 0.0
     vllm: float = 0.0
-    keys: dict[str, str] = field(default_factory=dict)  # term -> the config key that lowers it
+    keys: dict[str, str] = field(default_factory=dict)  # term -> what lowers it ("lower <key>", "set <key>=...")
 
     @property
     def total(self) -> float:
@@ -211,6 +232,13 @@ def _trained(shape: Shape, cfg: dict, shards: int, params: int | None = None) ->
     return params * w * 4 / shards
 
 
+def _state_key(cfg: dict) -> str:
+    """What shrinks a training stage's model state: sharding it, else LoRA, else narrower weights."""
+    if cfg["distributed"]["strategy"] != "fsdp":
+        return "set distributed.strategy=fsdp or model.lora.enabled=true"
+    return "set model.lora.enabled=true" if not cfg["model"]["lora"]["enabled"] else "lower model.dtype"
+
+
 def _update(shape: Shape, cfg: dict, section: str, state: float, rows: int, unit_rows: int = 1,
             logits: bool = True) -> Phase:
     """An update phase: `state` + one micro-batch of the stage's gradient pass."""
@@ -220,11 +248,11 @@ def _update(shape: Shape, cfg: dict, section: str, state: float, rows: int, unit
     if shards > 1:  # FSDP: the root stays gathered after forward, two layers gathered at a time
         state += (shape.root_params() + 2 * shape.layer_params()) * w * (world - 1) / world
     tokens = micro_batch_tokens(cfg[section]["micro_batch_tokens"], rows, m["max_length"], unit_rows)
-    acts = activation_bytes(shape, tokens, m["dtype"], m["autocast"], m["gradient_checkpointing"],
-                            m["attn_implementation"] == "eager", m["max_length"])
-    lg = logits_bytes(shape, tokens, m["logits_chunk_tokens"]) if logits else 0
-    return Phase("update", state, acts, lg, keys={"activations": f"{section}.micro_batch_tokens",
-                                                  "logits": "model.logits_chunk_tokens"})
+    acts, lg = update_bytes(shape, tokens, m["logits_chunk_tokens"] if logits else 0, m["dtype"], m["autocast"],
+                            m["gradient_checkpointing"], m["attn_implementation"] == "eager", m["max_length"])
+    lg = lg if logits else 0
+    return Phase("update", state, acts, lg, keys={"activations": f"lower {section}.micro_batch_tokens",
+                                                  "logits": "lower model.logits_chunk_tokens", "state": _state_key(cfg)})
 
 
 def _sampling(shape: Shape, cfg: dict, state: float, rows: int, key: str, gathered: bool = True) -> Phase:
@@ -235,7 +263,9 @@ def _sampling(shape: Shape, cfg: dict, state: float, rows: int, key: str, gather
     if shards > 1 and gathered:
         state += shape.parameters() * w * (world - 1) / world
     kv = rows * m["max_length"] * shape.kv_bytes_per_token(w)
-    return Phase("sampling", state, kv, rows * shape.vocab_size * 4 * 2, keys={"activations": key, "logits": key})
+    return Phase("sampling", state, kv, rows * shape.vocab_size * 4 * 2,
+                 keys={"activations": f"lower {key}", "logits": f"lower {key}",
+                       "state": _state_key(cfg) if gathered else "lower model.dtype"})
 
 
 def plan(cfg: dict, shape: Shape, gpu_gb: float | None = None) -> list[StagePlan]:
@@ -276,7 +306,7 @@ def plan(cfg: dict, shape: Shape, gpu_gb: float | None = None) -> list[StagePlan
     sampling = _sampling(shape, cfg, state, decode_rows, key)
     for p in (update, sampling):
         p.vllm = vllm
-        p.keys["vllm"] = "rollout.gpu_memory_utilization"
+        p.keys["vllm"] = "lower rollout.gpu_memory_utilization"
     name = f"rloo ({o['estimator']})"
     plans.append(StagePlan(name, _strategy(cfg, True), [update, sampling]))
 
@@ -295,23 +325,26 @@ def usable_gb(gpu_gb: float) -> float:
 
 
 def problem(plans: list[StagePlan], gpu_gb: float) -> str | None:
-    """One line naming the first stage that does not fit and the config key to lower, or None."""
+    """One line naming the first stage that does not fit and the config key to lower, or None. The key
+    is that of the largest transient term (activations or KV cache, logits, vLLM) when lowering it alone
+    could make the stage fit, else the model state's."""
+    usable = usable_gb(gpu_gb)
     for sp in plans:
         p = sp.peak
-        if p.total / GB <= usable_gb(gpu_gb):
+        if p.total / GB <= usable:
             continue
         terms = {"activations": p.activations, "logits": p.logits, "vllm": p.vllm}
         term = max(terms, key=terms.get)
-        if p.state > max(terms.values()):
-            key = "distributed.strategy=fsdp or model.lora.enabled"
-            what = f"model state {p.state / GB:.1f} GB"
-        else:
-            key = p.keys.get(term, "")
-            if term == "activations" and p.name == "update" and "ckpt" not in sp.strategy:
-                key += " (or set model.gradient_checkpointing)"
-            what = f"{'KV cache' if p.name == 'sampling' and term == 'activations' else term} {terms[term] / GB:.1f} GB"
-        return (f"{sp.stage} needs {p.total / GB:.1f} GB per GPU ({p.name}: {what}), over the {usable_gb(gpu_gb):.1f} GB "
-                f"usable of {gpu_gb:g} GB: lower {key}")
+        if (p.total - terms[term]) / GB > usable:
+            term = "state"
+        key = p.keys[term]
+        if term == "activations" and p.name == "update" and "ckpt" not in sp.strategy:
+            key += " (or set model.gradient_checkpointing=true)"
+        label = {"state": "model state", "activations": "KV cache" if p.name == "sampling" else "activations",
+                 "logits": "logits", "vllm": "vLLM"}[term]
+        size = p.state if term == "state" else terms[term]
+        return (f"{sp.stage} needs {p.total / GB:.1f} GB per GPU ({p.name}: {label} {size / GB:.1f} GB), over the "
+                f"{usable:.1f} GB usable of {gpu_gb:g} GB: {key}")
     return None
 
 

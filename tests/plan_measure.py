@@ -1,5 +1,5 @@
 """Measure the memory one training micro-batch adds: a helper of tests/test_memory_plan.py, run in a fresh
-process (`python tests/plan_measure.py '<json spec>'`), printing one JSON line.
+process (`python tests/plan_measure.py '<json list of specs>'`), printing one JSON list of bytes.
 
 A random model of the given shape takes one forward + backward of `rows` x `tokens` tokens the way a
 training step's gradient pass does (log-softmax of the logits, the targets' log-probs, a mean as loss;
@@ -75,9 +75,8 @@ def _step(model: torch.nn.Module, rows: int, tokens: int, spec: dict) -> None:
     loss.backward()
 
 
-def main() -> None:
-    spec = json.loads(sys.argv[1])
-    torch.set_num_threads(spec.get("threads", 2))
+def measure(spec: dict) -> int:
+    """Bytes one micro-batch of `spec` adds over the model and its gradients."""
     model = _model(spec)
     _step(model, 1, 8, spec)  # the gradients now exist, as in every step after the first
     model.zero_grad(set_to_none=False)
@@ -92,8 +91,17 @@ def main() -> None:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # the peak RSS starts again from the current RSS
     _step(model, spec["rows"], spec["tokens"], spec)
-    peak = torch.cuda.max_memory_allocated() if cuda else _status("VmHWM")
-    print(json.dumps({"measured_bytes": peak - before}))
+    return (torch.cuda.max_memory_allocated() if cuda else _status("VmHWM")) - before
+
+
+def main() -> None:
+    specs = json.loads(sys.argv[1])
+    torch.set_num_threads(2)
+    out = []
+    for spec in specs:  # one after the other: each model freed (and unmapped) before the next
+        out.append(measure(spec))
+        gc.collect()
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

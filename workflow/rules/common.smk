@@ -138,4 +138,4 @@ if config["plan"]["gpu_memory_gb"]:
     from rloo.memory_plan import check as _memory_check
 
     if _problem := _memory_check(config):
-        raise WorkflowError(f"memory plan (plan.gpu_memory_gb={config['plan']['gpu_memory_gb']:g}): {_problem}")
+        raise ValueError(f"memory plan (plan.gpu_memory_gb={config['plan']['gpu_memory_gb']:g}): {_problem}")

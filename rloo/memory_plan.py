@@ -213,12 +213,13 @@ def _world(cfg: dict) -> tuple[int, int]:
     return world, world if d["strategy"] == "fsdp" else 1
 
 
-def _strategy(cfg: dict, data_parallel: bool) -> str:
+def _strategy(cfg: dict) -> str:
+    """A training stage's layout and memory options, for the table."""
     world, _ = _world(cfg)
-    parts = [f"{cfg['distributed']['strategy']} x{world}" if data_parallel and world > 1 else "1 GPU"]
-    if data_parallel and cfg["model"]["lora"]["enabled"]:
+    parts = [f"{cfg['distributed']['strategy']} x{world}" if world > 1 else "1 GPU"]
+    if cfg["model"]["lora"]["enabled"]:
         parts.append("LoRA")
-    if data_parallel and cfg["model"]["gradient_checkpointing"]:
+    if cfg["model"]["gradient_checkpointing"]:
         parts.append("ckpt")
     return ", ".join(parts)
 
@@ -248,9 +249,9 @@ def _update(shape: Shape, cfg: dict, section: str, state: float, rows: int, unit
     if shards > 1:  # FSDP: the root stays gathered after forward, two layers gathered at a time
         state += (shape.root_params() + 2 * shape.layer_params()) * w * (world - 1) / world
     tokens = micro_batch_tokens(cfg[section]["micro_batch_tokens"], rows, m["max_length"], unit_rows)
-    acts, lg = update_bytes(shape, tokens, m["logits_chunk_tokens"] if logits else 0, m["dtype"], m["autocast"],
+    acts, lg = update_bytes(shape, tokens, m["logits_chunk_tokens"], m["dtype"], m["autocast"],
                             m["gradient_checkpointing"], m["attn_implementation"] == "eager", m["max_length"])
-    lg = lg if logits else 0
+    lg = lg if logits else 0  # the reward model's one-output score head: no vocabulary
     return Phase("update", state, acts, lg, keys={"activations": f"lower {section}.micro_batch_tokens",
                                                   "logits": "lower model.logits_chunk_tokens", "state": _state_key(cfg)})
 
@@ -279,15 +280,16 @@ def plan(cfg: dict, shape: Shape, gpu_gb: float | None = None) -> list[StagePlan
 
     s = cfg["sft"]
     trained = _trained(shape, cfg, shards)
-    plans.append(StagePlan("sft", _strategy(cfg, True), [
+    plans.append(StagePlan("sft", _strategy(cfg), [
         _update(shape, cfg, "sft", trained, per_rank(s["batch_size"])),
         _sampling(shape, cfg, trained, s["eval_batch_size"], "sft.eval_batch_size")]))
 
     r = cfg["reward"]
+    # rloo/stages/reward.py samples 128 // k prompts x k completions a call, split over the ranks
     sample_rows = per_rank(max(1, 128 // r["samples_per_prompt"]) * r["samples_per_prompt"])
     rm_trained = _trained(shape, cfg, shards, shape.reward_model_parameters())
-    plans.append(StagePlan("reward", _strategy(cfg, True), [
-        _sampling(shape, cfg, P * w, sample_rows, "reward.samples_per_prompt", gathered=False),
+    plans.append(StagePlan("reward", _strategy(cfg), [
+        _sampling(shape, cfg, P * w, sample_rows, "model.max_length", gathered=False),
         _update(shape, cfg, "reward", rm_trained, 2 * per_rank(r["batch_size"]), unit_rows=2, logits=False)]))
 
     o = cfg["rloo"]
@@ -308,7 +310,7 @@ def plan(cfg: dict, shape: Shape, gpu_gb: float | None = None) -> list[StagePlan
         p.vllm = vllm
         p.keys["vllm"] = "lower rollout.gpu_memory_utilization"
     name = f"rloo ({o['estimator']})"
-    plans.append(StagePlan(name, _strategy(cfg, True), [update, sampling]))
+    plans.append(StagePlan(name, _strategy(cfg), [update, sampling]))
 
     e = cfg["evaluate"]
     copies = P * w * 2 + shape.reward_model_parameters() * w  # the SFT reference, one policy, the reward model

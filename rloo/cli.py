@@ -158,6 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the served judge's output (default: <paths.logs>/comparison.judge.log)")
 
     sub.add_parser("validate-config", parents=[common], help="validate a config and print it resolved")
+    p = sub.add_parser("plan", parents=[common], help="predict each GPU stage's peak memory per device; exit 2 "
+                                                      "if one does not fit")
+    p.add_argument("--gpu-memory-gb", type=float, default=None, metavar="N",
+                   help="memory of one GPU in GB (default: plan.gpu_memory_gb; null there: print the plan only)")
     sub.add_parser("dvc", add_help=False, help="DVC: dvc.yaml from the Snakemake DAG, commit, pull (rloo dvc -h)")
     p = sub.add_parser("summary", help="print what a finished stage reports (an rloo metrics.json or a results JSON)")
     p.add_argument("files", nargs="+")
@@ -218,6 +222,8 @@ def _run_stage(args: argparse.Namespace, cfg: dict) -> int:
     if args.stage == "validate-config":
         print(json.dumps(cfg, indent=2))
         return 0
+    if args.stage == "plan":  # imported by name: no stage counts it as its code
+        return _plan(cfg, args.gpu_memory_gb)
     if _launched_world() > 1 and args.stage not in DATA_PARALLEL:
         raise UserError(f"{_launched_world()} processes were launched; rloo {args.stage} runs in one "
                         f"(only {' and '.join(DATA_PARALLEL)} train data-parallel)")
@@ -228,6 +234,22 @@ def _run_stage(args: argparse.Namespace, cfg: dict) -> int:
     tracked = args.stage not in DATA_PARALLEL or _distributed().is_main()
     with tracking.stage_run(cfg, **tracking.cli_context(args, cfg)) if tracked else contextlib.nullcontext():
         _dispatch(stage, args, cfg, pipeline.cli_outputs(args, cfg))
+    return 0
+
+
+def _plan(cfg: dict, gpu_gb: float | None) -> int:
+    """`rloo plan`: the table of rloo.memory_plan; exit 2 with one line when a stage does not fit."""
+    memory_plan = importlib.import_module("rloo.memory_plan")  # by name, as the stages (rloo.provenance)
+    gpu_gb = gpu_gb or cfg["plan"]["gpu_memory_gb"]
+    shape, source = memory_plan.model_shape(cfg)
+    plans = memory_plan.plan(cfg, shape, gpu_gb)
+    print(f"policy {shape.parameters() / 1e9:.2f}B parameters (shape from {source}); GB per GPU"
+          + (f", {memory_plan.usable_gb(gpu_gb):.1f} usable of {gpu_gb:g} (margin: 1 GB + 10 %)" if gpu_gb else
+             " (no GPU size: plan.gpu_memory_gb or --gpu-memory-gb; vLLM's share left out)"))
+    print(memory_plan.table(plans, gpu_gb))
+    if gpu_gb and (problem := memory_plan.problem(plans, gpu_gb)):
+        print(f"rloo plan: {problem}", file=sys.stderr)
+        return 2
     return 0
 
 

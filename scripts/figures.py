@@ -210,15 +210,30 @@ def dynamic_sampling_table() -> str:
 
 
 def memory_budget_table() -> str:
-    """Model state per GPU of the RLOO stage, computed by bench/memory_budget.py (not measured)."""
+    """Each GPU stage's peak per device, computed by the memory plan (bench/memory_budget.py, not measured):
+    per setup and policy, the largest stage and, where one does not fit, what the plan says to lower."""
     data = _load("memory_budget.json")
     sizes = list(data["policies"])
-    rows = ["| setup (computed) | reward | " + " | ".join(f"{s} policy: GB per GPU (left of {data['gpu_gb']})" for s in sizes)
-            + " |", "| --- | --- |" + " --- |" * len(sizes)]
+    rows = ["| setup (computed) | " + " | ".join(f"{s} policy: largest stage, GB per GPU" for s in sizes) + " |",
+            "| --- |" + " --- |" * len(sizes)]
     for r in data["rows"]:
-        cells = [f"{c['total']:.1f} ({c['left']:+.1f})" + ("" if c["left"] > 0 else " **does not fit**")
-                 for c in (r["per_gpu_gb"][s] for s in sizes)]
-        rows.append(f"| {r['setup']} | {'reward model' if r['reward_model'] else 'verifier'} | " + " | ".join(cells) + " |")
+        cells = []
+        for s in sizes:
+            p = r["per_policy"][s]
+            stage, v = max(p["stages"].items(), key=lambda kv: kv[1]["total"])
+            bad = [f"{n} {x['total']:.0f}" for n, x in p["stages"].items() if not x["fits"]]
+            cells.append(f"{v['total']:.1f} ({stage}, {v['phase']})" if not bad else
+                         f"**does not fit**: {', '.join(bad)}; {p['problem'].split(': ', 1)[-1].rsplit(': ', 1)[-1]}")
+        rows.append(f"| {r['setup']} | " + " | ".join(cells) + " |")
+    base = data["rows"][0]
+    rows += ["", f"Each stage's terms under {', '.join(base['configs'])} (GB per GPU; fits within {data['usable_gb']:.0f} "
+             f"of {data['gpu_gb']}):", "",
+             "| policy | stage | phase | model state | activations / KV cache | logits | vLLM | total |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for s in sizes:
+        for stage, v in base["per_policy"][s]["stages"].items():
+            rows.append(f"| {s} | {stage} | {v['phase']} | {v['state']:.1f} | {v['activations']:.1f} | {v['logits']:.1f} | "
+                        f"{v['vllm']:.1f} | {v['total']:.1f}" + ("" if v["fits"] else " **no**") + " |")
     return "\n".join(rows)
 
 

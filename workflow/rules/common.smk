@@ -130,3 +130,12 @@ def no_such_estimator(wildcards):
         f"{RESULTS}/gsm8k_{wildcards.name}.json: no estimator named '{wildcards.name}'; "
         f"the targets are {RESULTS}/gsm8k_<estimator>.json with <estimator> one of {', '.join(ESTIMATORS)}"
     )
+
+
+# The memory plan (rloo/memory_plan.py, `rloo plan`), where the config names its GPUs' memory
+# (plan.gpu_memory_gb): a config whose stage would not fit one GPU is refused before any job is queued.
+if config["plan"]["gpu_memory_gb"]:
+    from rloo.memory_plan import check as _memory_check
+
+    if _problem := _memory_check(config):
+        raise ValueError(f"memory plan (plan.gpu_memory_gb={config['plan']['gpu_memory_gb']:g}): {_problem}")

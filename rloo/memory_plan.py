@@ -1,0 +1,426 @@
+"""Peak GPU memory per device of each GPU stage, predicted from the config before any job runs (`rloo plan`).
+
+Notation: P parameters of the policy, w bytes per weight (model.dtype: 4 for float32, 2 for bfloat16 /
+float16), W ranks (distributed.nproc_per_node x nodes; 1 under strategy none), S = W under fsdp else 1
+(how many ways the trained state is sharded), L layers, h hidden size, i intermediate size, a attention
+heads, g key/value heads, d = h / a, V vocabulary, N tokens of one micro-batch, T = model.max_length.
+
+Each stage runs in phases (an update, sampling, ...); its peak is that of its largest phase:
+
+    peak = model state + activations + logits + vLLM
+
+model state (for the whole stage; weights also gathered during the phase under FSDP)
+  trained     P x w x 4 / S: weight, gradient and AdamW's exp_avg and exp_avg_sq, which torch keeps in
+              the parameter's dtype (this code has no separate float32 master copy: float32 weights,
+              as in config/gpu.yaml, are the master weights)
+  LoRA        P x w / S for the frozen base + A x w x 4 / S for the A adapter parameters
+  frozen      P x w, a whole copy on every rank (the code does not shard them): the RLOO reference
+              (none under LoRA: the policy with its adapters off), the reward model in the rloo stage
+              when reward.source is model, the SFT policy the reward stage samples pairs from, and the
+              evaluate stage's SFT reference, reward model and one evaluated policy at a time
+  PPO critic  a second trained network (P x w x 4), never sharded (PPO is refused data-parallel)
+  FSDP        during an update the root (embeddings, final norm, head) stays gathered after forward
+              and two decoder layers are gathered at a time: (root + 2 layers) x w x (W-1)/W; while
+              sampling or evaluating the whole policy is gathered: P x w x (W-1)/W
+activations (an update: what one micro-batch keeps for its backward pass)
+  N = min(the rank's whole step, max(<stage>.micro_batch_tokens, one row)); a row is model.max_length
+  tokens (a reward pair is two rows: pairs stay whole); 0 = the whole step in one pass
+  float32 (no autocast): N x L x (11h + 4i) x 4 bytes: the layer input, RMSNorm's normalised input
+      and output twice, q after rotary, k and v repeated to every head (a padded batch makes sdpa take
+      transformers' repeated k/v), the attention output and o_proj's input; the MLP's gate, SiLU(gate),
+      up and their product
+  bfloat16 autocast on float32 weights: N x L x (36h + 8i) bytes (residual stream and RMSNorm in
+      float32, each linear's input cast to bfloat16 on its own, the rest in bfloat16) + 2 bytes per
+      weight of every linear layer (autocast's bfloat16 copies, kept for the backward pass)
+  bfloat16 / float16 weights: N x L x ((11h + 4i) x 2 + 16h) (RMSNorm upcasts to float32)
+  eager attention: + N x L x a x T x 4 (the softmax probabilities; sdpa keeps none)
+  gradient checkpointing: every layer keeps only its input (N x L x h x 4) + one layer's activations
+      recomputed in the backward pass with its gradients (N x (h + i) x 4); the logits' peak (the
+      head's backward) comes before any layer is recomputed: they count for what they exceed it by
+  outside the layers: N x 4h x 4 (embedding output, final RMSNorm)
+logits (an update)
+  model.logits_chunk_tokens = c > 0: 4 x min(c, N) x V x 4 (one chunk's float32 logits, log-softmax and
+      their gradients, the chunk recomputed in the backward pass)
+  c = 0: 3 x N x V x 4 (the whole micro-batch's logits, log-softmax and gradient in float32)
+sampling (a phase of decoding with the HF path: sft's and rloo's evaluations, rloo's rollouts with
+  rollout.backend hf, the reward stage's pair sampling, the evaluate stage)
+  KV cache: rows x T x L x 2 x g x d x w (allocated once for the longest row, in the weights' dtype)
+  logits of the last position: rows x V x 4 x 2
+vLLM: rollout.gpu_memory_utilization x GPU memory in the rloo stage with rollout.backend vllm (the
+  engine reserves its share of the whole GPU, whatever it uses)
+
+A stage fits when its peak is at most the GPU's memory less MARGIN_GB and MARGIN_SHARE of it: the CUDA
+context (about 0.5 GB), NCCL's buffers and the caching allocator's fragmentation. Validated on a CPU
+against measured peaks of one forward + backward (tests/test_memory_plan.py, docs/scaling.md); not
+counted: no-grad passes (reference, old log-probs, reward scoring: one layer's temporaries at a time,
+less than the update's at the same tokens), the judge, which the evaluate job serves on its own GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rloo.errors import UserError
+
+GB = 1e9
+MARGIN_GB = 1.0       # the CUDA context and NCCL's buffers
+MARGIN_SHARE = 0.10   # the caching allocator's fragmentation
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A Llama-family decoder's dimensions (model.shape, or the model's config.json)."""
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool = False
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """(in, out) of each linear projection of one decoder layer."""
+        h, i, kv = self.hidden_size, self.intermediate_size, self.num_kv_heads * self.head_dim
+        return {"q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h),
+                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+
+    def layer_linear_params(self) -> int:
+        return sum(a * b for a, b in self.linear_shapes().values())
+
+    def layer_params(self) -> int:
+        return self.layer_linear_params() + 2 * self.hidden_size  # + the two RMSNorm weights
+
+    def root_params(self) -> int:
+        """Embeddings, final norm and head: what FSDP's root module holds."""
+        embed = self.vocab_size * self.hidden_size
+        return embed * (1 if self.tie_word_embeddings else 2) + self.hidden_size
+
+    def parameters(self) -> int:
+        return self.num_layers * self.layer_params() + self.root_params()
+
+    def reward_model_parameters(self) -> int:
+        """The sequence-classification model: the backbone and a one-output score head, no lm_head."""
+        untied_head = 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+        return self.parameters() - untied_head + self.hidden_size
+
+    def lora_parameters(self, r: int, targets: str | list[str]) -> int:
+        modules = LORA_MODULES if targets == "all-linear" else [t for t in targets if t in LORA_MODULES]
+        shapes = self.linear_shapes()
+        return self.num_layers * sum(r * (shapes[m][0] + shapes[m][1]) for m in modules)
+
+    def kv_bytes_per_token(self, weight_bytes: int) -> int:
+        return self.num_layers * 2 * self.num_kv_heads * self.head_dim * weight_bytes
+
+
+# ---- the terms -------------------------------------------------------------------------------------
+
+def _activation_parts(shape: Shape, tokens: int, dtype: str, autocast: str, checkpointing: bool, eager: bool,
+                      seq_len: int) -> tuple[int, int]:
+    """(bytes kept through the whole backward pass, bytes of the one layer recomputed in it: 0 without
+    gradient checkpointing)."""
+    h, i, L = shape.hidden_size, shape.intermediate_size, shape.num_layers
+    if DTYPE_BYTES[dtype] == 2:
+        per_layer_token, weight_copies = (11 * h + 4 * i) * 2 + 16 * h, 0
+    elif autocast == "bfloat16":
+        per_layer_token, weight_copies = 36 * h + 8 * i, 2 * shape.layer_linear_params()
+    else:
+        per_layer_token, weight_copies = (11 * h + 4 * i) * 4, 0
+    if eager:
+        per_layer_token += shape.num_heads * seq_len * 4
+    one_layer = tokens * per_layer_token + weight_copies
+    outside = tokens * 4 * h * 4  # embedding output, final RMSNorm
+    if autocast == "bfloat16" and DTYPE_BYTES[dtype] == 4:
+        outside += 2 * shape.vocab_size * h  # autocast's bfloat16 copy of the head
+    if checkpointing:  # the layers' inputs; the recomputed layer with its input and MLP gradients
+        return tokens * L * h * 4 + outside, one_layer + tokens * (h + i) * 4
+    return L * one_layer + outside, 0
+
+
+def activation_bytes(shape: Shape, tokens: int, dtype: str = "float32", autocast: str = "none",
+                     checkpointing: bool = False, eager: bool = False, seq_len: int = 0) -> int:
+    """What one micro-batch of `tokens` tokens keeps for its backward pass (module docstring): under
+    gradient checkpointing, the layers' inputs and the one layer recomputed."""
+    return sum(_activation_parts(shape, tokens, dtype, autocast, checkpointing, eager, seq_len))
+
+
+def logits_bytes(shape: Shape, tokens: int, chunk_tokens: int) -> int:
+    """The float32 logits temporaries of one micro-batch's log-probs (module docstring)."""
+    if chunk_tokens:
+        return 4 * min(chunk_tokens, tokens) * shape.vocab_size * 4
+    return 3 * tokens * shape.vocab_size * 4
+
+
+def update_bytes(shape: Shape, tokens: int, chunk_tokens: int, dtype: str = "float32", autocast: str = "none",
+                 checkpointing: bool = False, eager: bool = False, seq_len: int = 0) -> tuple[int, int]:
+    """(activations, logits) of one micro-batch's forward + backward; their sum is its peak. Under gradient
+    checkpointing the logits' peak (the head's backward) comes before any layer is recomputed, so the
+    logits count only for what they exceed the recomputed layer by."""
+    kept, recomputed = _activation_parts(shape, tokens, dtype, autocast, checkpointing, eager, seq_len)
+    return kept + recomputed, max(0, logits_bytes(shape, tokens, chunk_tokens) - recomputed)
+
+
+def micro_batch_tokens(budget: int, rows: int, row_tokens: int, unit_rows: int = 1) -> int:
+    """Tokens of the largest micro-batch: the budget, at least one unit (a row, or a pair), at most the
+    rank's whole step; budget 0 = the whole step."""
+    whole = rows * row_tokens
+    return whole if budget == 0 else min(whole, max(budget, unit_rows * row_tokens))
+
+
+# ---- the stages ------------------------------------------------------------------------------------
+
+@dataclass
+class Phase:
+    """One phase of a stage: the bytes each term holds at its peak, and the key that lowers each."""
+
+    name: str
+    state: float
+    activations: float = 0.0
+    logits: float = 0.0
+    vllm: float = 0.0
+    keys: dict[str, str] = field(default_factory=dict)  # term -> what lowers it ("lower <key>", "set <key>=...")
+
+    @property
+    def total(self) -> float:
+        return self.state + self.activations + self.logits + self.vllm
+
+
+@dataclass
+class StagePlan:
+    stage: str
+    strategy: str
+    phases: list[Phase]
+
+    @property
+    def peak(self) -> Phase:
+        return max(self.phases, key=lambda p: p.total)
+
+
+def _world(cfg: dict) -> tuple[int, int]:
+    """(ranks, shards of the trained state) of the data-parallel stages."""
+    d = cfg["distributed"]
+    world = d["nproc_per_node"] * d["nodes"] if d["strategy"] != "none" else 1
+    return world, world if d["strategy"] == "fsdp" else 1
+
+
+def _strategy(cfg: dict) -> str:
+    """A training stage's layout and memory options, for the table."""
+    world, _ = _world(cfg)
+    parts = [f"{cfg['distributed']['strategy']} x{world}" if world > 1 else "1 GPU"]
+    if cfg["model"]["lora"]["enabled"]:
+        parts.append("LoRA")
+    if cfg["model"]["gradient_checkpointing"]:
+        parts.append("ckpt")
+    return ", ".join(parts)
+
+
+def _trained(shape: Shape, cfg: dict, shards: int, params: int | None = None) -> float:
+    """Weights, gradients and AdamW moments of a trained network (LoRA: a frozen base, trained adapters)."""
+    m, w = cfg["model"], DTYPE_BYTES[cfg["model"]["dtype"]]
+    params = shape.parameters() if params is None else params
+    if m["lora"]["enabled"]:
+        return (params * w + shape.lora_parameters(m["lora"]["r"], m["lora"]["target_modules"]) * w * 4) / shards
+    return params * w * 4 / shards
+
+
+def _state_key(cfg: dict) -> str:
+    """What shrinks a training stage's model state: sharding it, else LoRA, else narrower weights."""
+    if cfg["distributed"]["strategy"] != "fsdp":
+        return "set distributed.strategy=fsdp or model.lora.enabled=true"
+    return "set model.lora.enabled=true" if not cfg["model"]["lora"]["enabled"] else "lower model.dtype"
+
+
+def _update(shape: Shape, cfg: dict, section: str, state: float, rows: int, unit_rows: int = 1,
+            logits: bool = True) -> Phase:
+    """An update phase: `state` + one micro-batch of the stage's gradient pass."""
+    m = cfg["model"]
+    world, shards = _world(cfg)
+    w = DTYPE_BYTES[m["dtype"]]
+    if shards > 1:  # FSDP: the root stays gathered after forward, two layers gathered at a time
+        state += (shape.root_params() + 2 * shape.layer_params()) * w * (world - 1) / world
+    tokens = micro_batch_tokens(cfg[section]["micro_batch_tokens"], rows, m["max_length"], unit_rows)
+    acts, lg = update_bytes(shape, tokens, m["logits_chunk_tokens"], m["dtype"], m["autocast"],
+                            m["gradient_checkpointing"], m["attn_implementation"] == "eager", m["max_length"])
+    lg = lg if logits else 0  # the reward model's one-output score head: no vocabulary
+    return Phase("update", state, acts, lg, keys={"activations": f"lower {section}.micro_batch_tokens",
+                                                  "logits": "lower model.logits_chunk_tokens", "state": _state_key(cfg)})
+
+
+def _sampling(shape: Shape, cfg: dict, state: float, rows: int, key: str, gathered: bool = True) -> Phase:
+    """A decoding phase: `state` (+ the whole policy gathered under FSDP) + the KV cache of `rows` rows."""
+    m = cfg["model"]
+    world, shards = _world(cfg)
+    w = DTYPE_BYTES[m["dtype"]]
+    if shards > 1 and gathered:
+        state += shape.parameters() * w * (world - 1) / world
+    kv = rows * m["max_length"] * shape.kv_bytes_per_token(w)
+    return Phase("sampling", state, kv, rows * shape.vocab_size * 4 * 2,
+                 keys={"activations": f"lower {key}", "logits": f"lower {key}",
+                       "state": _state_key(cfg) if gathered else "lower model.dtype"})
+
+
+def plan(cfg: dict, shape: Shape, gpu_gb: float | None = None) -> list[StagePlan]:
+    """The predicted phases of each GPU stage under `cfg` (terms: module docstring). `gpu_gb` sizes
+    vLLM's share; without it the share is left out."""
+    m, w = cfg["model"], DTYPE_BYTES[cfg["model"]["dtype"]]
+    world, shards = _world(cfg)
+    P = shape.parameters()
+    per_rank = lambda n: math.ceil(n / world)  # noqa: E731  (a rank's contiguous share of a step)
+    plans = []
+
+    s = cfg["sft"]
+    trained = _trained(shape, cfg, shards)
+    plans.append(StagePlan("sft", _strategy(cfg), [
+        _update(shape, cfg, "sft", trained, per_rank(s["batch_size"])),
+        _sampling(shape, cfg, trained, s["eval_batch_size"], "sft.eval_batch_size")]))
+
+    r = cfg["reward"]
+    # rloo/stages/reward.py samples 128 // k prompts x k completions a call, split over the ranks
+    sample_rows = per_rank(max(1, 128 // r["samples_per_prompt"]) * r["samples_per_prompt"])
+    rm_trained = _trained(shape, cfg, shards, shape.reward_model_parameters())
+    plans.append(StagePlan("reward", _strategy(cfg), [
+        _sampling(shape, cfg, P * w, sample_rows, "model.max_length", gathered=False),
+        _update(shape, cfg, "reward", rm_trained, 2 * per_rank(r["batch_size"]), unit_rows=2, logits=False)]))
+
+    o = cfg["rloo"]
+    ppo = o["estimator"] == "ppo"
+    frozen = (0 if m["lora"]["enabled"] else P * w) + (shape.reward_model_parameters() * w
+                                                       if r["source"] == "model" else 0)
+    state = trained + frozen + (shape.parameters() * w * 4 if ppo else 0)  # PPO's critic trains whole
+    vllm = 0.0
+    if cfg["rollout"]["backend"] == "vllm" and gpu_gb:
+        vllm = cfg["rollout"]["gpu_memory_utilization"] * gpu_gb * GB
+    rows = per_rank(o["prompts_per_step"]) * o["k"]
+    update = _update(shape, cfg, "rloo", state, rows // o["ppo"]["minibatches"] if ppo else rows)
+    decode_rows = max(rows if cfg["rollout"]["backend"] == "hf" else 0,
+                      o["eval_batch_size"] if o["eval_every"] else 0)
+    key = "rloo.eval_batch_size" if decode_rows != rows or cfg["rollout"]["backend"] != "hf" else "rloo.prompts_per_step"
+    sampling = _sampling(shape, cfg, state, decode_rows, key)
+    for p in (update, sampling):
+        p.vllm = vllm
+        p.keys["vllm"] = "lower rollout.gpu_memory_utilization"
+    name = f"rloo ({o['estimator']})"
+    plans.append(StagePlan(name, _strategy(cfg), [update, sampling]))
+
+    e = cfg["evaluate"]
+    copies = P * w * 2 + shape.reward_model_parameters() * w  # the SFT reference, one policy, the reward model
+    plans.append(StagePlan("evaluate", "1 GPU", [_sampling(shape, cfg, copies, e["batch_size"], "evaluate.batch_size",
+                                                           gathered=False)]))
+    return plans
+
+
+# ---- verdicts --------------------------------------------------------------------------------------
+
+def usable_gb(gpu_gb: float) -> float:
+    """What a stage may use of a GPU of `gpu_gb`: less the margin (module docstring)."""
+    return gpu_gb * (1 - MARGIN_SHARE) - MARGIN_GB
+
+
+def problem(plans: list[StagePlan], gpu_gb: float) -> str | None:
+    """One line naming the first stage that does not fit and the config key to lower, or None. The key
+    is that of the largest transient term (activations or KV cache, logits, vLLM) when lowering it alone
+    could make the stage fit, else the model state's."""
+    usable = usable_gb(gpu_gb)
+    for sp in plans:
+        p = sp.peak
+        if p.total / GB <= usable:
+            continue
+        terms = {"activations": p.activations, "logits": p.logits, "vllm": p.vllm}
+        term = max(terms, key=terms.get)
+        if (p.total - terms[term]) / GB > usable:
+            term = "state"
+        key = p.keys[term]
+        if term == "activations" and p.name == "update" and "ckpt" not in sp.strategy:
+            key += " (or set model.gradient_checkpointing=true)"
+        label = {"state": "model state", "activations": "KV cache" if p.name == "sampling" else "activations",
+                 "logits": "logits", "vllm": "vLLM"}[term]
+        size = p.state if term == "state" else terms[term]
+        return (f"{sp.stage} needs {p.total / GB:.1f} GB per GPU ({p.name}: {label} {size / GB:.1f} GB), over the "
+                f"{usable:.1f} GB usable of {gpu_gb:g} GB: {key}")
+    return None
+
+
+def table(plans: list[StagePlan], gpu_gb: float | None) -> str:
+    """The plan as a fixed-width table, one row per stage (its peak phase), in GB."""
+    head = ("stage", "strategy", "phase", "model state", "activations", "logits", "vLLM", "total", "fits?")
+    rows = [head]
+    for sp in plans:
+        p = sp.peak
+        fits = "-" if not gpu_gb else "yes" if p.total / GB <= usable_gb(gpu_gb) else "NO"
+        rows.append((sp.stage, sp.strategy, p.name, *(f"{x / GB:.1f}" for x in (p.state, p.activations, p.logits,
+                                                                                p.vllm, p.total)), fits))
+    widths = [max(len(r[c]) for r in rows) for c in range(len(head))]
+    lines = ["  ".join(v.ljust(widths[c]) if c < 3 else v.rjust(widths[c]) for c, v in enumerate(r)) for r in rows]
+    return "\n".join(lines)
+
+
+# ---- the shape -------------------------------------------------------------------------------------
+
+def shape_from_config_json(d: dict) -> Shape | None:
+    """A Shape from a transformers config.json's keys, or None when they are not all there."""
+    d = d.get("text_config", d)
+    try:
+        return Shape(hidden_size=d["hidden_size"], num_layers=d["num_hidden_layers"],
+                     num_heads=d["num_attention_heads"],
+                     num_kv_heads=d.get("num_key_value_heads") or d["num_attention_heads"],
+                     intermediate_size=d["intermediate_size"], vocab_size=d["vocab_size"],
+                     tie_word_embeddings=bool(d.get("tie_word_embeddings", True)))
+    except KeyError:
+        return None
+
+
+def _config_json(name: str) -> dict | None:
+    """The model's config.json: a local folder's, or the Hugging Face cache's (never the network)."""
+    local = Path(name) / "config.json"
+    if local.is_file():
+        return json.loads(local.read_text())
+    if os.path.exists(name):
+        return None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    try:
+        found = try_to_load_from_cache(name, "config.json")
+    except Exception:  # an id the hub library refuses: no cached config either
+        return None
+    return json.loads(Path(found).read_text()) if isinstance(found, str) else None
+
+
+def model_shape(cfg: dict) -> tuple[Shape, str]:
+    """(the policy's shape, where it was read): config.json, else model.shape; the embedded tiny model's
+    from model.tiny. An error naming model.shape when none is there."""
+    m = cfg["model"]
+    if m["name_or_path"] is None:
+        t = m["tiny"]
+        return Shape(t["hidden_size"], t["num_layers"], t["num_heads"], t["num_heads"], t["intermediate_size"],
+                     t["vocab_size"], True), "model.tiny"
+    if (d := _config_json(m["name_or_path"])) and (shape := shape_from_config_json(d)):
+        return shape, f"{m['name_or_path']} config.json"
+    if m["shape"]:
+        s = m["shape"]
+        return Shape(s["hidden_size"], s["num_layers"], s["num_heads"], s["num_kv_heads"], s["intermediate_size"],
+                     s["vocab_size"], s.get("tie_word_embeddings", False)), "model.shape"
+    raise UserError(f"model {m['name_or_path']}: no config.json in a local folder or the Hugging Face cache; "
+                    "set model.shape (hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size, "
+                    "vocab_size, tie_word_embeddings) to plan without it")
+
+
+def check(cfg: dict, gpu_gb: float | None = None) -> str | None:
+    """The one-line problem of `cfg` on GPUs of `gpu_gb` (default plan.gpu_memory_gb), or None: what the
+    Snakefile raises at parse time."""
+    gpu_gb = gpu_gb or cfg["plan"]["gpu_memory_gb"]
+    if not gpu_gb:
+        return None
+    shape, _ = model_shape(cfg)
+    return problem(plan(cfg, shape, gpu_gb), gpu_gb)

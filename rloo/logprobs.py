@@ -131,11 +131,14 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     model is sharded in place and is its own."""
     while True:
         if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            model = model.module
-        elif hasattr(model, "get_base_model") and callable(model.get_base_model):
-            model = model.get_base_model()
+            inner = model.module
+        elif callable(getattr(model, "get_base_model", None)):
+            inner = model.get_base_model()
         else:
             return model
+        if inner is model:
+            return model
+        model = inner
 
 
 def linear_head(model: torch.nn.Module) -> torch.nn.Linear | None:
@@ -196,6 +199,8 @@ def logprob_head(model: torch.nn.Module, chunk_tokens: int, entropy: bool = Fals
             log.debug("logits_chunk_tokens: %s has no plain linear head; full logits", type(unwrap(model)).__name__)
         yield None
         return
+    if "forward" in vars(head):  # the restore below would also undo the outer block's stand-in
+        raise RuntimeError("logprob_head blocks over the same model do not nest")
     standin = LogprobHead(head, chunk_tokens, entropy)
     # An instance attribute shadows the class's forward: the module tree, the parameters' names and the
     # hooks stay as DDP and FSDP registered them.

@@ -217,6 +217,8 @@ def test_the_head_is_handed_back(qwen2):
     forward = qwen2.lm_head.forward
     with pytest.raises(RuntimeError, match="boom"), logprob_head(qwen2, 8):
         raise RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="do not nest"), logprob_head(qwen2, 8), logprob_head(qwen2, 8):
+        pass
     completion_logprobs(qwen2, batch, 2, logits_chunk_tokens=8)
     assert "forward" not in vars(qwen2.lm_head) and qwen2.lm_head.forward == forward
     with torch.no_grad():

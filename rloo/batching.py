@@ -253,15 +253,16 @@ class _PromptHead:
         cache = kv_cache(out)
         self.cache = cache if hasattr(cache, "batch_select_indices") and hasattr(cache, "layers") else None
 
-    def _tail(self, rows: torch.Tensor, n: int, **kwargs):
-        """The forward call over completion tokens 0..n-2 of `rows`, attending to their prompts' cache."""
+    def _tail(self, rows: torch.Tensor, n: int) -> dict:
+        """Keyword arguments of the forward call over completion tokens 0..n-2 of `rows`, attending to
+        their prompts' cache."""
         b, p = self.batch, self.batch.prompt_len
         cache = copy.copy(self.cache)  # the rows' own view of the prompt cache; the shared one stays intact
         cache.layers = [copy.copy(layer) for layer in self.cache.layers]
         cache.batch_select_indices(self.inverse[rows])
         return dict(input_ids=b.input_ids[rows, p : p + n - 1], attention_mask=b.attention_mask[rows, : p + n - 1],
                     position_ids=b.position_ids[rows, p : p + n - 1], use_cache=True,
-                    **{cache_kwarg(self.model): cache}, **kwargs)
+                    **{cache_kwarg(self.model): cache})
 
     def logits(self, rows: torch.Tensor, n: int) -> torch.Tensor:
         """Logits predicting the first `n` completion tokens of `rows`: [len(rows), n, V]."""

@@ -55,13 +55,13 @@ class _ChunkedHeadLogprobs(torch.autograd.Function):
         with torch.autocast(hidden.device.type, enabled=False):
             h, w, b = _cast(hidden, weight, bias, dtype)
             for s in range(0, n, chunk):
-                logits = _chunk_logits(h[s : s + chunk], w, b)
-                lse[s : s + chunk] = torch.logsumexp(logits, dim=-1)
-                logp[s : s + chunk] = logits.gather(1, targets[s : s + chunk, None]).squeeze(1) - lse[s : s + chunk]
-                if entropy:
-                    # the formula of losses.token_entropy, on this chunk's log-softmax
-                    lp_all = logits.sub_(lse[s : s + chunk, None])
-                    ent[s : s + chunk] = -(lp_all.exp() * lp_all).sum(-1)
+                rows = slice(s, s + chunk)
+                logits = _chunk_logits(h[rows], w, b)
+                lse[rows] = torch.logsumexp(logits, dim=-1)
+                logp[rows] = logits.gather(1, targets[rows, None]).squeeze(1) - lse[rows]
+                if entropy:  # losses.token_entropy's formula, on this chunk's log-softmax
+                    lp_all = logits.sub_(lse[rows, None])
+                    ent[rows] = -(lp_all.exp() * lp_all).sum(-1)
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
         ctx.chunk, ctx.dtype = chunk, dtype
         if ent is None:
@@ -89,7 +89,9 @@ class _ChunkedHeadLogprobs(torch.autograd.Function):
                 grad_logits = grad_logits.to(ctx.dtype)
                 if need_h:
                     grad_h[rows] = grad_logits @ w
-                if need_w:
+                if need_w and ctx.dtype == torch.float32:
+                    grad_w.addmm_(grad_logits.T, h[rows])  # no V x H temporary per chunk
+                elif need_w:  # summed in float32: finer than one bf16 product over all rows
                     grad_w += (grad_logits.T @ h[rows]).float()
         return (grad_h, grad_w.to(weight.dtype) if need_w else None, grad_b.to(bias.dtype) if need_b else None,
                 None, None, None, None)

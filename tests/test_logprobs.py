@@ -10,8 +10,9 @@ checkpointing, and under DDP and FSDP on 2 processes gives one process's gradien
 
 Broken on purpose (each test run once with the break): the backward's softmax term dropped (only the
 one-hot term left) fails the value-and-gradient tests; the head left patched after the call (no
-restore) fails `test_the_head_is_handed_back`; the recomputed logits in float32 under autocast (not the
-autocast dtype) fail the bf16 comparisons.
+restore) fails `test_the_head_is_handed_back`; the head's matmul in float32 under autocast (not the
+autocast dtype) fails the bf16 comparisons; the head weight read when the block starts, not inside the
+forward call, fails the 2-process test (FSDP's sharded parameter, not the gathered one).
 """
 
 import json

@@ -14,6 +14,7 @@ from functools import cached_property
 import torch
 import torch.nn.functional as F
 
+from rloo.logprobs import LogprobHead, Request, logprob_head
 from rloo.losses import token_entropy
 
 
@@ -145,20 +146,23 @@ def completion_logits(model: torch.nn.Module, batch: SeqBatch, share_prompts: bo
     return head.logits(torch.arange(batch.input_ids.shape[0], device=batch.input_ids.device), batch.completion_len)
 
 
-def completion_logprobs(model: torch.nn.Module, batch: SeqBatch, chunk_rows: int = 16) -> torch.Tensor:
-    """[B, T] log-probabilities of the completion tokens (padding positions hold garbage; mask them)."""
-    return _completion_pass(model, batch, chunk_rows, entropy=False)[0]
+def completion_logprobs(
+    model: torch.nn.Module, batch: SeqBatch, chunk_rows: int = 16, logits_chunk_tokens: int = 0
+) -> torch.Tensor:
+    """[B, T] log-probabilities of the completion tokens (padding positions hold garbage, or 0 with
+    `logits_chunk_tokens`; mask them)."""
+    return _completion_pass(model, batch, chunk_rows, entropy=False, logits_chunk_tokens=logits_chunk_tokens)[0]
 
 
 def completion_logprobs_and_entropy(
-    model: torch.nn.Module, batch: SeqBatch, chunk_rows: int = 16
+    model: torch.nn.Module, batch: SeqBatch, chunk_rows: int = 16, logits_chunk_tokens: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`completion_logprobs` and the entropy of the next-token distribution at each position (no gradient)."""
-    return _completion_pass(model, batch, chunk_rows, entropy=True)
+    return _completion_pass(model, batch, chunk_rows, entropy=True, logits_chunk_tokens=logits_chunk_tokens)
 
 
 def _completion_pass(
-    model: torch.nn.Module, batch: SeqBatch, chunk_rows: int, entropy: bool
+    model: torch.nn.Module, batch: SeqBatch, chunk_rows: int, entropy: bool, logits_chunk_tokens: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities (and entropies) of the completions, in chunks of rows of similar length.
 
@@ -168,53 +172,119 @@ def _completion_pass(
     the same values as one padded pass, at about the cost of the tokens actually sampled.
     `chunk_rows=0`: that one padded pass, a single forward call (under DDP or FSDP every process then
     runs the same number of them, whatever its rows).
+
+    `logits_chunk_tokens` > 0: the head gives the log-probabilities of the completion tokens only
+    (`rloo.logprobs`), that many tokens at a time, inside each forward call; no [rows, T, V] logits.
+    Positions outside the completion mask then hold 0. Models whose head is more than a linear map
+    take the full-logits way whatever the setting.
     """
+    with logprob_head(model, logits_chunk_tokens, entropy) as standin:
+        return _rows_pass(model, batch, chunk_rows, entropy, _Head(standin))
+
+
+def _rows_pass(
+    model: torch.nn.Module, batch: SeqBatch, chunk_rows: int, entropy: bool, head: _Head
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     targets = batch.input_ids[:, batch.prompt_len :]
     width = targets.shape[1]
-    head = _PromptHead(model, batch) if chunk_rows else None
-    if head is None or head.cache is None:  # one plain pass (a cache type without row selection, or asked)
-        logits = _plain_logits(model, batch)
-        return token_logprobs(logits, targets), _entropy(logits) if entropy else None
+    prompts = _PromptHead(model, batch, head) if chunk_rows else None
+    if prompts is None or prompts.cache is None:  # one plain pass (a cache type without row selection, or asked)
+        return head.plain(model, batch, entropy)
     lengths = batch.completion_mask.sum(1).long().clamp(min=1)
     order = torch.argsort(lengths, descending=True, stable=True)
     logps, ents = [], []
     for rows in order.split(chunk_rows):
         n = int(lengths[rows[0]])
-        logits = head.logits(rows, n)
-        logps.append(F.pad(token_logprobs(logits, targets[rows, :n]), (0, width - n)))
+        logp, ent = prompts.logprobs(rows, n, entropy)
+        logps.append(F.pad(logp, (0, width - n)))
         if entropy:
-            ents.append(F.pad(_entropy(logits), (0, width - n)))
+            ents.append(F.pad(ent, (0, width - n)))
     back = torch.argsort(order)
     return torch.cat(logps)[back], torch.cat(ents)[back] if entropy else None
 
 
-class _PromptHead:
-    """One forward pass over the distinct prompts of a batch; `logits(rows, n)` continues it for `rows`."""
+class _Head:
+    """How a forward call's output becomes log-probabilities (and entropies) of chosen targets: from its
+    full logits, or (`standin` set) from what the chunked head (`rloo.logprobs`) computed inside the call."""
 
-    def __init__(self, model: torch.nn.Module, batch: SeqBatch) -> None:
-        self.model, self.batch = model, batch
+    def __init__(self, standin: LogprobHead | None) -> None:
+        self.standin = standin
+
+    def call(self, model: torch.nn.Module, request: Request, entropy: bool, **kwargs):
+        """model(**kwargs) and its [B, L] log-probabilities of `request` (entropies [B, L] or None)."""
+        if self.standin is not None:
+            self.standin.request = request
+        out = model(**kwargs)
+        if self.standin is not None:
+            return out, out.logits, self.standin.entropy if entropy else None
+        logits = request.pick(out.logits)
+        return out, token_logprobs(logits, request.targets), _entropy(logits) if entropy else None
+
+    def plain(self, model: torch.nn.Module, batch: SeqBatch, entropy: bool):
+        """One padded pass over the whole batch."""
+        p = batch.prompt_len
+        request = Request(batch.input_ids[:, p:], batch.completion_mask.bool(), lambda h: h[:, p - 1 : -1])
+        _, logp, ent = self.call(model, request, entropy, input_ids=batch.input_ids,
+                                 attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+                                 use_cache=False)
+        return logp, ent
+
+
+class _PromptHead:
+    """One forward pass over the distinct prompts of a batch; `logits(rows, n)` / `logprobs(rows, n)`
+    continue it for `rows`."""
+
+    def __init__(self, model: torch.nn.Module, batch: SeqBatch, head: _Head | None = None) -> None:
+        self.model, self.batch, self.head = model, batch, head or _Head(None)
         p = batch.prompt_len
         first, self.inverse = batch.prompt_groups
-        out = model(input_ids=batch.input_ids[first, :p], attention_mask=batch.attention_mask[first, :p],
-                    position_ids=batch.position_ids[first, :p], use_cache=True, logits_to_keep=1)
-        self.last_logits = out.logits[:, -1:]
+        kwargs = {"input_ids": batch.input_ids[first, :p], "attention_mask": batch.attention_mask[first, :p],
+                  "position_ids": batch.position_ids[first, :p], "use_cache": True, "logits_to_keep": 1}
+        if self.head.standin is None:
+            out = model(**kwargs)
+            self.last_logits = out.logits[:, -1:]
+        else:
+            # every row's first completion token, predicted from its prompt's last position
+            inverse = self.inverse
+            first_token = Request(batch.input_ids[:, p : p + 1], batch.completion_mask[:, :1].bool(),
+                                  lambda h: h[inverse, -1:])
+            out, self.first_logp, self.first_ent = self.head.call(model, first_token, self.head.standin.want_entropy,
+                                                                  **kwargs)
         cache = kv_cache(out)
         self.cache = cache if hasattr(cache, "batch_select_indices") and hasattr(cache, "layers") else None
 
-    def logits(self, rows: torch.Tensor, n: int) -> torch.Tensor:
-        """Logits predicting the first `n` completion tokens of `rows`: [len(rows), n, V]."""
+    def _tail(self, rows: torch.Tensor, n: int) -> dict:
+        """Keyword arguments of the forward call over completion tokens 0..n-2 of `rows`, attending to
+        their prompts' cache."""
         b, p = self.batch, self.batch.prompt_len
-        groups = self.inverse[rows]
-        first_logits = self.last_logits[groups]
-        if n == 1:  # one completion token: the prompt pass predicted it
-            return first_logits
         cache = copy.copy(self.cache)  # the rows' own view of the prompt cache; the shared one stays intact
         cache.layers = [copy.copy(layer) for layer in self.cache.layers]
-        cache.batch_select_indices(groups)
-        tail = self.model(input_ids=b.input_ids[rows, p : p + n - 1], attention_mask=b.attention_mask[rows, : p + n - 1],
-                          position_ids=b.position_ids[rows, p : p + n - 1], use_cache=True,
-                          **{cache_kwarg(self.model): cache})
+        cache.batch_select_indices(self.inverse[rows])
+        return dict(input_ids=b.input_ids[rows, p : p + n - 1], attention_mask=b.attention_mask[rows, : p + n - 1],
+                    position_ids=b.position_ids[rows, p : p + n - 1], use_cache=True,
+                    **{cache_kwarg(self.model): cache})
+
+    def logits(self, rows: torch.Tensor, n: int) -> torch.Tensor:
+        """Logits predicting the first `n` completion tokens of `rows`: [len(rows), n, V]."""
+        first_logits = self.last_logits[self.inverse[rows]]
+        if n == 1:  # one completion token: the prompt pass predicted it
+            return first_logits
+        tail = self.model(**self._tail(rows, n))
         return torch.cat([first_logits, tail.logits], dim=1)
+
+    def logprobs(self, rows: torch.Tensor, n: int, entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probabilities [len(rows), n] of the first `n` completion tokens of `rows` (and entropies)."""
+        b, p = self.batch, self.batch.prompt_len
+        if self.head.standin is None:
+            logits = self.logits(rows, n)
+            return token_logprobs(logits, b.input_ids[rows, p : p + n]), _entropy(logits) if entropy else None
+        first_logp = self.first_logp[rows]
+        first_ent = self.first_ent[rows] if entropy else None
+        if n == 1:
+            return first_logp, first_ent
+        request = Request(b.input_ids[rows, p + 1 : p + n], b.completion_mask[rows, 1:n].bool())
+        _, logp, ent = self.head.call(self.model, request, entropy, **self._tail(rows, n))
+        return torch.cat([first_logp, logp], 1), torch.cat([first_ent, ent], 1) if entropy else None
 
 
 def _plain_logits(model: torch.nn.Module, batch: SeqBatch) -> torch.Tensor:

@@ -40,6 +40,7 @@ class EvalSpec:
     seed: int
     stream: int
     autocast: str = "none"
+    logits_chunk_tokens: int = 0  # the KL pass's log-probabilities: the head applied this many tokens at a time
 
 
 @dataclass
@@ -76,7 +77,9 @@ def decode(policy, tokenizer, ids: list[list[int]], spec: EvalSpec, greedy: bool
             kl = None
             if not greedy and reference is not None:
                 batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
-                kl = sequence_kl(completion_logprobs(policy, batch), completion_logprobs(reference, batch),
+                chunk = spec.logits_chunk_tokens
+                kl = sequence_kl(completion_logprobs(policy, batch, logits_chunk_tokens=chunk),
+                                 completion_logprobs(reference, batch, logits_chunk_tokens=chunk),
                                  batch.completion_mask).tolist()
         texts, lengths, finished = ro.texts(tokenizer), ro.lengths.tolist(), ro.finished.tolist()
         for j, d in enumerate(out):
@@ -135,7 +138,8 @@ def spec_for(cfg: dict, section: str, max_new_tokens: int, draws: int, stream: i
     row draws, so it must be a key the stage reruns on."""
     batch = cfg[section]["batch_size" if section == "evaluate" else "eval_batch_size"]
     return EvalSpec(prompt=cfg["prompt"], max_new_tokens=max_new_tokens, draws=draws,
-                    batch_size=batch, seed=cfg["seed"], stream=stream, autocast=cfg["model"]["autocast"])
+                    batch_size=batch, seed=cfg["seed"], stream=stream, autocast=cfg["model"]["autocast"],
+                    logits_chunk_tokens=cfg["model"]["logits_chunk_tokens"])
 
 
 def write_completions(path: Path, rows: list[dict], texts: dict[str, dict[str, list[str]]]) -> None:

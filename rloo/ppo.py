@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from rloo import microbatch, models
-from rloo.batching import SeqBatch, completion_logprobs, join
+from rloo.batching import SeqBatch, join
 from rloo.collect import has_signal
 from rloo.estimators import gae, whiten
 from rloo.losses import approx_kl, explained_variance, policy_loss, token_kl, token_rewards, value_loss
@@ -85,8 +85,8 @@ class PPOTrainer(Trainer):
                     n = mb.completion_len
                     with autocast(self.mcfg["autocast"], self.device):
                         with self.reference_model() as reference:  # under LoRA: the policy, adapters off
-                            ref_lp[rows, :n] = completion_logprobs(reference, mb, self.chunk_rows)
-                        old_lp[rows, :n] = completion_logprobs(self.policy, mb, self.chunk_rows)
+                            ref_lp[rows, :n] = self._logprobs(reference, mb, self.chunk_rows)[0]
+                        old_lp[rows, :n] = self._logprobs(self.policy, mb, self.chunk_rows)[0]
                     old_values[rows, :n] = self.values(mb)
         t_ref = time.perf_counter()
 

@@ -181,18 +181,19 @@ class Trainer:
             scores, _ = self._score(idx, ro, 1)
             batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
             with torch.no_grad(), autocast(self.mcfg["autocast"], self.device):
-                lp = completion_logprobs(self.policy, batch)
+                lp = self._logprobs(self.policy, batch, self.chunk_rows)[0]
                 with self.reference_model() as reference:
-                    lp_ref = completion_logprobs(reference, batch)
+                    lp_ref = self._logprobs(reference, batch, self.chunk_rows)[0]
         kl = sequence_kl(lp, lp_ref, batch.completion_mask, self.rcfg["kl_estimator"])
         return shaped_reward(scores, kl, self.rcfg["beta"]) if self.rcfg["kl_in"] == "reward" else scores
 
     def _logprobs(self, model: torch.nn.Module, batch: SeqBatch, chunk_rows: int,
                   entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Token log-probabilities of `batch`'s completions under `model` (and its entropies)."""
+        chunk = self.mcfg["logits_chunk_tokens"]  # the head's tokens per chunk: no [rows, T, V] logits
         if entropy:
-            return completion_logprobs_and_entropy(model, batch, chunk_rows)
-        return completion_logprobs(model, batch, chunk_rows), None
+            return completion_logprobs_and_entropy(model, batch, chunk_rows, logits_chunk_tokens=chunk)
+        return completion_logprobs(model, batch, chunk_rows, logits_chunk_tokens=chunk), None
 
     def _policy_pass(self, distinct: SeqBatch, inverse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Token log-probabilities under the policy (with gradient) and its entropy at each position, of

@@ -159,8 +159,10 @@ def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def test_micro_batched_sft_step_has_the_one_pass_gradient(micro_run):
-    """SFT's loss, the mean over the batch's answer tokens, from micro-batches (HF's num_items_in_batch)."""
+@pytest.mark.parametrize("logits_chunk", [0, 64])
+def test_micro_batched_sft_step_has_the_one_pass_gradient(micro_run, logits_chunk):
+    """SFT's loss, the mean over the batch's answer tokens, from micro-batches (HF's num_items_in_batch;
+    or the chunked head's log-probabilities), equals HF's one-pass loss and its gradient."""
     from rloo.stages import sft
 
     cfg = micro_run["cfg"]
@@ -171,9 +173,9 @@ def test_micro_batched_sft_step_has_the_one_pass_gradient(micro_run):
     assert len(set(lengths)) > 3  # examples of several lengths: micro-batches of unequal token counts
     budget = 3 * max(lengths)
     assert len(microbatch.pack(lengths, budget)) >= 3
-    whole = sft.step_loss(model, examples, tok.pad_token_id, 0, "none", torch.device("cpu"))
+    whole = sft.step_loss(model, examples, tok.pad_token_id, 0, "none", torch.device("cpu"))  # HF's labels= loss
     want = _grads(model)
-    split = sft.step_loss(model, examples, tok.pad_token_id, budget, "none", torch.device("cpu"))
+    split = sft.step_loss(model, examples, tok.pad_token_id, budget, "none", torch.device("cpu"), logits_chunk)
     got = _grads(model)
     assert split == pytest.approx(whole, rel=1e-5)
     _assert_same(want, got)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from rloo import distributed, lora, microbatch, models, tracking
 from rloo.batching import model_device
@@ -16,6 +17,7 @@ from rloo.data.gsm8k import format_completion, format_prompt
 from rloo.errors import InputError
 from rloo.evaluation import evaluate_policy, spec_for
 from rloo.io import atomic_dir, read_jsonl
+from rloo.logprobs import causal_logprobs
 from rloo.loop import TrainingLoop, write_model_output
 from rloo.prompting import PromptFormat, align_eos
 from rloo.runtime import autocast, run_fingerprint, setup
@@ -77,11 +79,13 @@ def collate(examples: list[Example], pad_id: int) -> tuple[torch.Tensor, torch.T
 
 
 def step_loss(train_model: torch.nn.Module, batch: list[Example], pad_id: int, budget: int, autocast_mode: str,
-              device: torch.device) -> float:
+              device: torch.device, logits_chunk_tokens: int = 0) -> float:
     """Backward of one step's loss (the mean over the batch's answer tokens), its examples packed by
     length into micro-batches under `sft.micro_batch_tokens`; returns the loss. Each micro-batch's loss
     is its answer tokens' summed NLL over the whole batch's count (HF's `num_items_in_batch`), so the
-    gradients add up to the batch's. Data-parallel: weighed by this rank's share of the step's tokens."""
+    gradients add up to the batch's. Data-parallel: weighed by this rank's share of the step's tokens.
+    `logits_chunk_tokens` > 0: the log-probabilities through the head in chunks (rloo.logprobs), never
+    the [rows, T, vocabulary] logits HF's loss upcasts to float32."""
     # The answer tokens the loss averages over: every label position after the first token.
     n_tokens = sum(len(e.ids) - max(e.n_prompt, 1) for e in batch)
     scale = distributed.loss_scale(float(n_tokens)) if distributed.enabled() else 1.0
@@ -90,9 +94,15 @@ def step_loss(train_model: torch.nn.Module, batch: list[Example], pad_id: int, b
 
     def loss_of(rows: torch.Tensor) -> torch.Tensor:
         ids, mask, labels = (t.to(device) for t in collate([batch[i] for i in rows.tolist()], pad_id))
-        extra = {} if one_pass else {"num_items_in_batch": torch.tensor(max(n_tokens, 1), device=device)}
         with autocast(autocast_mode, device):
-            loss = train_model(input_ids=ids, attention_mask=mask, labels=labels, use_cache=False, **extra).loss
+            if logits_chunk_tokens:
+                targets = F.pad(labels[:, 1:], (0, 1), value=-100)  # position t predicts token t + 1
+                answer = targets != -100
+                logp = causal_logprobs(train_model, ids, mask, None, targets, answer, logits_chunk_tokens)
+                loss = -(logp * answer).sum() / max(n_tokens, 1)
+            else:
+                extra = {} if one_pass else {"num_items_in_batch": torch.tensor(max(n_tokens, 1), device=device)}
+                loss = train_model(input_ids=ids, attention_mask=mask, labels=labels, use_cache=False, **extra).loss
         return loss * scale if distributed.enabled() else loss
 
     return microbatch.accumulate(train_model, parts, loss_of)
@@ -174,7 +184,7 @@ def run(cfg: dict, data_dir: str | Path, out_dir: str | Path, work_dir: str | Pa
             idx = idx[lo:hi]
         batch = [examples[i] for i in idx]
         loss_value = step_loss(train_model, batch, tokenizer.pad_token_id, scfg["micro_batch_tokens"], mcfg["autocast"],
-                               device)
+                               device, mcfg["logits_chunk_tokens"])
         grad_norm = distributed.clip_grad_norm_(model.parameters(), scfg["grad_clip"])
         optimizer.step()
         scheduler.step()

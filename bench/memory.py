@@ -81,8 +81,11 @@ def _qwen_folder(folder: Path, layers: int) -> None:
     models.save_pretrained(model, tok, folder)
 
 
-def _one_update(folder: str, rows: int, prompt: int, completion: int, seed: int, sets: list[str]) -> dict:
-    """One RLOO update on `rows` random samples in this process; its peak RSS before and after."""
+def _one_update(folder: str, rows: int, prompt: int, completion: int, seed: int, sets: list[str],
+                configs: list[str] | None = None) -> dict:
+    """One RLOO update on `rows` random samples in this process; its peak memory before and after (peak
+    RSS on a CPU, CUDA's max allocated on a GPU). `configs`: the config files (default: the micro one,
+    its max_length raised for the rows); with them, the plan's prediction of the update comes along."""
     import torch
 
     from rloo.collect import Collected
@@ -93,8 +96,9 @@ def _one_update(folder: str, rows: int, prompt: int, completion: int, seed: int,
     from rloo.stages.train import Trainer
 
     k = 4
-    cfg = load_config(MICRO, parse_set([
-        f"model.name_or_path={folder}", "model.autocast=bfloat16", "model.max_length=256", "tracking.enabled=false",
+    base = [] if configs else ["model.autocast=bfloat16", "model.max_length=256"]
+    cfg = load_config(configs or MICRO, parse_set([
+        *base, f"model.name_or_path={folder}", "tracking.enabled=false", "rollout.backend=hf",
         "reward.source=verifier", f"rloo.k={k}", f"rloo.prompts_per_step={rows // k}",
         f"rloo.max_new_tokens={completion}", *sets]))
     setup(2, seed)
@@ -112,13 +116,23 @@ def _one_update(folder: str, rows: int, prompt: int, completion: int, seed: int,
     scores = torch.randint(0, 2, (rows,), generator=g).float()
     got = Collected(idx=__import__("numpy").arange(rows // k), rollout=ro, scores=scores,
                     timings={"generation_s": 0.0})
-    before = peak_memory_mb()
+    got.rollout = got.rollout.to(trainer.device)
+    got.scores = got.scores.to(trainer.device)
+    before = peak_memory_mb(trainer.device)
     t0 = time.perf_counter()
     m = trainer.update(0, got)
-    return {"rows": rows, "peak_mb": peak_memory_mb(), "peak_before_update_mb": before,
-            "update_s": time.perf_counter() - t0, "loss": m["train/loss"],
-            "micro_batch_tokens": cfg["rloo"]["micro_batch_tokens"],
-            "logits_chunk_tokens": cfg["model"]["logits_chunk_tokens"]}
+    out = {"rows": rows, "peak_mb": peak_memory_mb(trainer.device), "peak_before_update_mb": before,
+           "update_s": time.perf_counter() - t0, "loss": m["train/loss"], "device": str(trainer.device),
+           "micro_batch_tokens": cfg["rloo"]["micro_batch_tokens"],
+           "logits_chunk_tokens": cfg["model"]["logits_chunk_tokens"]}
+    if configs:  # what `rloo plan` predicts for this update (the model's shape read from its folder)
+        from rloo import memory_plan
+
+        shape, _ = memory_plan.model_shape(cfg)
+        rloo_plan = next(p for p in memory_plan.plan(cfg, shape) if p.stage.startswith("rloo"))
+        update = next(p for p in rloo_plan.phases if p.name == "update")
+        out["planned_update_mb"] = update.total / 2**20
+    return out
 
 
 def rows_main(a) -> None:
@@ -166,9 +180,30 @@ def rows_main(a) -> None:
         Path(a.json).write_text(json.dumps(result, indent=1) + "\n")
 
 
+def gpu_check(config: str, layers: int, rows: int, prompt: int, completion: int) -> None:
+    """scripts/gpu_check.sh: one RLOO update of a Qwen2.5-0.5B-shaped random model at `config`'s budgets,
+    the peak measured beside the plan's (a CPU dry run: small sizes, peak RSS, which counts everything)."""
+    work = Path(tempfile.mkdtemp(prefix="rloo-gpu-check-"))
+    try:
+        _qwen_folder(work / "model", layers)
+        device = "cuda" if __import__("torch").cuda.is_available() else "cpu"
+        got = _one_update(str(work / "model"), rows, prompt, completion, 0,
+                          [f"model.device={device}", "prompt.chat_template=false"], [config])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"  one RLOO update, {rows} rows x ({prompt} + up to {completion}) tokens, {layers} layers, {config} "
+          f"budgets (rloo.micro_batch_tokens {got['micro_batch_tokens']}, model.logits_chunk_tokens "
+          f"{got['logits_chunk_tokens']}) on {got['device']}: measured peak {got['peak_mb'] / 1024:.2f} GB, "
+          f"planned {got['planned_update_mb'] / 1024:.2f} GB ({got['update_s']:.1f} s)")
+
+
 def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "--one":  # a child process of --rows: one measurement
         print(json.dumps(_one_update(*json.loads(sys.argv[2]))))
+        return
+    if len(sys.argv) >= 3 and sys.argv[1] == "--gpu-check":  # CONFIG [LAYERS ROWS PROMPT COMPLETION]
+        sizes = [int(x) for x in sys.argv[3:]] or [24, 256, 256, 512]
+        gpu_check(sys.argv[2], *sizes)
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, nargs="*", default=None,

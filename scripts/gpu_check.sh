@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Does every stage run on the GPU? The micro chain stage by stage with model.device=cuda (float32, then
-# RLOO under bf16 autocast, LoRA with gradient checkpointing, FSDP in a process group of one), then the
+# RLOO under bf16 autocast, LoRA with gradient checkpointing, FSDP in a process group of one), one RLOO
+# update of a Qwen2.5-0.5B-shaped model at config/gpu.yaml's batch (its peak beside the plan's), then the
 # model, training and LoRA tests, which put their models on the GPU when
 # torch sees one, then (with vLLM installed) the GPU configuration's chain on a tiny hub-style model:
 # vLLM rollouts and the served judge. Needs a CUDA build of torch; tracking off, so MLflow is not needed.
@@ -51,6 +52,16 @@ assert moved > 1e-4, f"{sys.argv[2]}: the RLOO update did not change the weights
 print(f"  {sys.argv[2]}: weights moved (max change {moved:.2e})")
 PY
 done
+# Sized for the cluster: one RLOO update of a random Qwen2.5-0.5B-shaped model (24 layers, vocabulary
+# 151,936) at config/gpu.yaml's batch (64 prompts x k = 4, up to 512 new tokens) and its micro-batch and
+# logits-chunk budgets; CUDA's measured peak beside `rloo plan`'s prediction of that update (no vLLM).
+# On the CPU (DEVICE=cpu) a small version: 1 layer, 8 rows (peak RSS, which counts the whole process).
+echo "+ bench/memory.py --gpu-check config/gpu.yaml"
+if [ "$DEVICE" = cuda ]; then
+  $PY bench/memory.py --gpu-check config/gpu.yaml 24 256 256 512 2>&1 | grep -v "INFO" | tail -3
+else
+  $PY bench/memory.py --gpu-check config/gpu.yaml 1 8 32 32 2>&1 | grep -v "INFO" | tail -3
+fi
 stage evaluate --data "$W/data" --sft "$W/sft" --policy rloo="$W/rl" --reward-model "$W/rm" \
   --out "$W/eval.json" --plots "$W/plots"
 grep -q '"accuracy_sampled"' "$W/eval.json"

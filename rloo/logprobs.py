@@ -91,8 +91,8 @@ class _ChunkedHeadLogprobs(torch.autograd.Function):
                     grad_h[rows] = grad_logits @ w
                 if need_w and ctx.dtype == torch.float32:
                     grad_w.addmm_(grad_logits.T, h[rows])  # no V x H temporary per chunk
-                elif need_w:  # summed in float32: finer than one bf16 product over all rows
-                    grad_w += (grad_logits.T @ h[rows]).float()
+                elif need_w:  # summed in float32 (finer than one bf16 product over all rows); the in-place
+                    grad_w += grad_logits.T @ h[rows]  # add promotes element by element: no float32 [V, h] copy
         return (grad_h, grad_w.to(weight.dtype) if need_w else None, grad_b.to(bias.dtype) if need_b else None,
                 None, None, None, None)
 

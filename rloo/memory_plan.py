@@ -39,8 +39,11 @@ activations (an update: what one micro-batch keeps for its backward pass)
       head's backward) comes before any layer is recomputed: they count for what they exceed it by
   outside the layers: N x 4h x 4 (embedding output, final RMSNorm)
 logits (an update)
-  model.logits_chunk_tokens = c > 0: 4 x min(c, N) x V x 4 (one chunk's float32 logits, log-softmax and
-      their gradients, the chunk recomputed in the backward pass)
+  model.logits_chunk_tokens = c > 0 (rloo.logprobs): min(c, N) x V x 4 (one chunk's float32 logits at a
+      time, recomputed in the backward pass) + the head's weight gradient built there chunk by chunk:
+      a float32 [V, h] accumulator and each chunk's [V, h] product, 10 x V x h bytes under bf16 autocast
+      on float32 weights (their bf16 copies too), 7 x V x h in float32, 6 x V x h on bf16 weights (fitted
+      to CPU measurements of rloo.logprobs at two hidden sizes and two chunk sizes)
   c = 0: 3 x N x V x 4 (the whole micro-batch's logits, log-softmax and gradient in float32)
 sampling (a phase of decoding with the HF path: sft's and rloo's evaluations, rloo's rollouts with
   rollout.backend hf, the reward stage's pair sampling, the evaluate stage)
@@ -154,10 +157,11 @@ def activation_bytes(shape: Shape, tokens: int, dtype: str = "float32", autocast
     return sum(_activation_parts(shape, tokens, dtype, autocast, checkpointing, eager, seq_len))
 
 
-def logits_bytes(shape: Shape, tokens: int, chunk_tokens: int) -> int:
-    """The float32 logits temporaries of one micro-batch's log-probs (module docstring)."""
+def logits_bytes(shape: Shape, tokens: int, chunk_tokens: int, dtype: str = "float32", autocast: str = "none") -> int:
+    """The logits temporaries of one micro-batch's log-probs (module docstring)."""
     if chunk_tokens:
-        return 4 * min(chunk_tokens, tokens) * shape.vocab_size * 4
+        per_vh = 6 if DTYPE_BYTES[dtype] == 2 else 10 if autocast == "bfloat16" else 7  # bytes per V x h
+        return 4 * min(chunk_tokens, tokens) * shape.vocab_size + per_vh * shape.vocab_size * shape.hidden_size
     return 3 * tokens * shape.vocab_size * 4
 
 
@@ -167,7 +171,7 @@ def update_bytes(shape: Shape, tokens: int, chunk_tokens: int, dtype: str = "flo
     checkpointing the logits' peak (the head's backward) comes before any layer is recomputed, so the
     logits count only for what they exceed the recomputed layer by."""
     kept, recomputed = _activation_parts(shape, tokens, dtype, autocast, checkpointing, eager, seq_len)
-    return kept + recomputed, max(0, logits_bytes(shape, tokens, chunk_tokens) - recomputed)
+    return kept + recomputed, max(0, logits_bytes(shape, tokens, chunk_tokens, dtype, autocast) - recomputed)
 
 
 def micro_batch_tokens(budget: int, rows: int, row_tokens: int, unit_rows: int = 1) -> int:

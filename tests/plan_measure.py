@@ -2,8 +2,8 @@
 process (`python tests/plan_measure.py '<json list of specs>'`), printing one JSON list of bytes.
 
 A random model of the given shape takes one forward + backward of `rows` x `tokens` tokens the way a
-training step's gradient pass does (log-softmax of the logits, the targets' log-probs, a mean as loss;
-with `chunk` > 0 the head runs chunk by chunk, each chunk recomputed in the backward pass). Its gradients
+training step's gradient pass does (the targets' log-probs through rloo.logprobs, a mean as loss; with
+`chunk` > 0 the head runs chunk by chunk, each chunk recomputed in the backward pass). Its gradients
 exist beforehand (a small warm-up step, zeroed, not freed), so what is measured is the micro-batch's own
 memory: activations and logits. On the CPU: the rise of the peak RSS (VmHWM, reset through
 /proc/self/clear_refs) over the RSS before the pass; the parent sets glibc's MALLOC_MMAP_THRESHOLD_ so
@@ -19,7 +19,6 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 
 def _status(key: str) -> int:
@@ -47,21 +46,14 @@ def _model(spec: dict) -> torch.nn.Module:
 
 
 def _logprobs(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, chunk: int) -> torch.Tensor:
-    """Targets' log-probs [rows, T-1]: the full logits, or the head over `chunk` tokens at a time."""
-    targets = ids[:, 1:]
-    if not chunk:
-        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
-        return torch.log_softmax(logits.float(), dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state[:, :-1]
-    flat, tflat = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
-    head = model.lm_head
+    """Targets' log-probs [rows, T] (the last position's masked): rloo.logprobs, the training stages' own
+    path (`chunk` 0: the full logits; else the head over `chunk` tokens at a time, recomputed in backward)."""
+    from rloo.logprobs import causal_logprobs
 
-    def part(h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        return torch.log_softmax(F.linear(h, head.weight).float(), dim=-1).gather(-1, t.unsqueeze(-1)).squeeze(-1)
-
-    out = [checkpoint(part, flat[i:i + chunk], tflat[i:i + chunk], use_reentrant=False)
-           for i in range(0, flat.shape[0], chunk)]
-    return torch.cat(out).view_as(targets)
+    targets = F.pad(ids[:, 1:], (0, 1))  # position t predicts token t + 1
+    target_mask = torch.ones_like(ids, dtype=torch.bool)
+    target_mask[:, -1] = False
+    return causal_logprobs(model, ids, mask, None, targets, target_mask, chunk)
 
 
 def _step(model: torch.nn.Module, rows: int, tokens: int, spec: dict) -> None:

@@ -254,8 +254,36 @@ def memory_table() -> str:
     return "\n".join(rows)
 
 
+def memory_rows_table() -> str:
+    """One RLOO update's measured peak at 16, 64 and 256 rows: bounded (micro-batches, chunked head) and today."""
+    data = _load("memory_rows.json")
+    n = list(data["bounded"])
+    rows = ["| path | " + " | ".join(f"{r} rows" for r in n) + f" | peak({n[-1]}) / peak({n[0]}) |",
+            "| --- | " + " | ".join("---" for _ in n) + " | --- |"]
+    for path, ratio in (("bounded", data["ratio_bounded"]), ("today", data["ratio_today"])):
+        per = data["per_round"][path]
+        cells = [f"{data[path][r]:.0f} MiB (+{_mean([x['peak_mb'] - x['peak_before_update_mb'] for x in per[r]]):.0f})"
+                 for r in n]
+        rows.append(f"| {path} | " + " | ".join(cells) + f" | {ratio:.2f}× |")
+    m, w = data["model"], data["work"]
+    b = w["bounded"]
+    rows += ["", f"Random Qwen2 of Qwen2.5-0.5B's widths (hidden {m['hidden_size']}, vocabulary {m['vocab_size']:,}, tied), "
+             f"{m['num_hidden_layers']} layers; one RLOO update (reference pass, policy passes, backward, AdamW step) on "
+             f"k = {w['k']} samples of {w['prompt_tokens']} prompt + up to {w['max_completion_tokens']} completion tokens, "
+             f"{w['autocast']} autocast; bounded: rloo.micro_batch_tokens {b['rloo.micro_batch_tokens']}, "
+             f"model.logits_chunk_tokens {b['model.logits_chunk_tokens']}; today: both 0. Peak RSS of a fresh process "
+             f"(in brackets: its rise during the update), mean of {data['rounds']} round(s); {data['machine']}, "
+             f"glibc MALLOC_MMAP_THRESHOLD_={data['malloc_mmap_threshold']}."]
+    return "\n".join(rows)
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
 TABLES = {
     "memory": memory_table,
+    "memory-rows": memory_rows_table,
     "memory-budget": memory_budget_table,
     "comparison": comparison_table,
     "dynamic-sampling": dynamic_sampling_table,

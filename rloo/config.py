@@ -205,10 +205,10 @@ def _sweep_checks(cfg: dict) -> list[str]:
                                 if node is not None else f"key '{where}': unknown config key '{key}'")
                 continue
             for i, value in enumerate(values):
-                point = {k: v for k, v in cfg.items() if k != "sweeps"}
+                point = copy.deepcopy({k: v for k, v in cfg.items() if k != "sweeps"})
                 _put(point, key, value)
                 try:
-                    resolved = validate(copy.deepcopy(point), where)
+                    resolved = validate(point, where)
                 except ConfigError as e:
                     detail = str(e).split("invalid configuration:", 1)[-1].strip()
                     problems.append(f"key '{where}': value {value!r}: {detail}")

@@ -188,7 +188,7 @@ def v_work(stage):
 
 def v_label(wildcards):
     """`--variant LABEL`: the job's MLflow run is named <stage>[LABEL] (rloo[seed=1])."""
-    return "--variant " + shlex.quote(variant(wildcards).label)
+    return f"--variant {shlex.quote(variant(wildcards).label)}"
 
 
 def v_policy(wildcards):

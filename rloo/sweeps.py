@@ -58,10 +58,11 @@ def table(name: str, points: dict[str, dict[str, Any]], results: dict[str, dict]
     rows = []
     for pid, values in points.items():
         r = results[pid]
+        name = values.get("rloo.estimator", policy)  # a grid may set the estimator: the point's policy
         try:
-            trained, sft = r["policies"][policy], r["policies"]["sft"]
-            training = r["training"][policy]
-            gain = r["gains"][policy]
+            trained, sft = r["policies"][name], r["policies"]["sft"]
+            training = r["training"][name]
+            gain = r["gains"][name]
         except KeyError as e:
             raise InputError(f"sweep {name}, point {pid}: no {e} in its results") from None
         rows.append({

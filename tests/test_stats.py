@@ -5,8 +5,8 @@ from math import comb
 import numpy as np
 import pytest
 
-from rloo.gains import correctness, gain, win_rate_ci95
 from rloo import stats
+from rloo.gains import correctness, gain, win_rate_ci95
 from rloo.stats import mcnemar_exact, paired_bootstrap, sign_flip_test, wilson_interval
 
 

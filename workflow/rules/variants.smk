@@ -17,9 +17,9 @@ use rule prepare as prepare_seed with:
         out=lambda wildcards, output: os.path.dirname(output.manifest),
         variant=v_label,
     log:
-        f"{LOGS}/seeds/seed{{seed}}/prepare.log",
+        f"{LOGS}/{SEED_FOLDER}/prepare.log",
     benchmark:
-        f"{LOGS}/benchmarks/seeds/seed{{seed}}/prepare.tsv"
+        f"{LOGS}/benchmarks/{SEED_FOLDER}/prepare.tsv"
 
 
 use rule sft as sft_seed with:
@@ -37,9 +37,9 @@ use rule sft as sft_seed with:
         work=v_work("sft"),
         variant=v_label,
     log:
-        f"{LOGS}/seeds/seed{{seed}}/sft.log",
+        f"{LOGS}/{SEED_FOLDER}/sft.log",
     benchmark:
-        f"{LOGS}/benchmarks/seeds/seed{{seed}}/sft.tsv"
+        f"{LOGS}/benchmarks/{SEED_FOLDER}/sft.tsv"
 
 
 use rule reward as reward_seed with:
@@ -57,9 +57,9 @@ use rule reward as reward_seed with:
         work=v_work("reward"),
         variant=v_label,
     log:
-        f"{LOGS}/seeds/seed{{seed}}/reward.log",
+        f"{LOGS}/{SEED_FOLDER}/reward.log",
     benchmark:
-        f"{LOGS}/benchmarks/seeds/seed{{seed}}/reward.tsv"
+        f"{LOGS}/benchmarks/{SEED_FOLDER}/reward.tsv"
 
 
 use rule rloo as rloo_seed with:
@@ -79,9 +79,9 @@ use rule rloo as rloo_seed with:
         reward_model=v_reward_model_arg,
         variant=v_label,
     log:
-        f"{LOGS}/seeds/seed{{seed}}/rloo_{ESTIMATOR}.log",
+        f"{LOGS}/{SEED_FOLDER}/rloo_{ESTIMATOR}.log",
     benchmark:
-        f"{LOGS}/benchmarks/seeds/seed{{seed}}/rloo_{ESTIMATOR}.tsv"
+        f"{LOGS}/benchmarks/{SEED_FOLDER}/rloo_{ESTIMATOR}.tsv"
 
 
 use rule evaluate as evaluate_seed with:
@@ -102,10 +102,10 @@ use rule evaluate as evaluate_seed with:
         policy=v_policy,
         variant=v_label,
     log:
-        stage=f"{LOGS}/seeds/seed{{seed}}/evaluate_{ESTIMATOR}.log",
-        judge=f"{LOGS}/seeds/seed{{seed}}/evaluate_{ESTIMATOR}.judge.log",
+        stage=f"{LOGS}/{SEED_FOLDER}/evaluate_{ESTIMATOR}.log",
+        judge=f"{LOGS}/{SEED_FOLDER}/evaluate_{ESTIMATOR}.judge.log",
     benchmark:
-        f"{LOGS}/benchmarks/seeds/seed{{seed}}/evaluate_{ESTIMATOR}.tsv"
+        f"{LOGS}/benchmarks/{SEED_FOLDER}/evaluate_{ESTIMATOR}.tsv"
 
 use rule prepare as prepare_sweep with:
     input:
@@ -118,9 +118,9 @@ use rule prepare as prepare_sweep with:
         out=lambda wildcards, output: os.path.dirname(output.manifest),
         variant=v_label,
     log:
-        f"{LOGS}/sweeps/{{sweep}}/{{point}}/prepare.log",
+        f"{LOGS}/{SWEEP_FOLDER}/prepare.log",
     benchmark:
-        f"{LOGS}/benchmarks/sweeps/{{sweep}}/{{point}}/prepare.tsv"
+        f"{LOGS}/benchmarks/{SWEEP_FOLDER}/prepare.tsv"
 
 
 use rule sft as sft_sweep with:
@@ -138,9 +138,9 @@ use rule sft as sft_sweep with:
         work=v_work("sft"),
         variant=v_label,
     log:
-        f"{LOGS}/sweeps/{{sweep}}/{{point}}/sft.log",
+        f"{LOGS}/{SWEEP_FOLDER}/sft.log",
     benchmark:
-        f"{LOGS}/benchmarks/sweeps/{{sweep}}/{{point}}/sft.tsv"
+        f"{LOGS}/benchmarks/{SWEEP_FOLDER}/sft.tsv"
 
 
 use rule reward as reward_sweep with:
@@ -158,9 +158,9 @@ use rule reward as reward_sweep with:
         work=v_work("reward"),
         variant=v_label,
     log:
-        f"{LOGS}/sweeps/{{sweep}}/{{point}}/reward.log",
+        f"{LOGS}/{SWEEP_FOLDER}/reward.log",
     benchmark:
-        f"{LOGS}/benchmarks/sweeps/{{sweep}}/{{point}}/reward.tsv"
+        f"{LOGS}/benchmarks/{SWEEP_FOLDER}/reward.tsv"
 
 
 use rule rloo as rloo_sweep with:
@@ -180,9 +180,9 @@ use rule rloo as rloo_sweep with:
         reward_model=v_reward_model_arg,
         variant=v_label,
     log:
-        f"{LOGS}/sweeps/{{sweep}}/{{point}}/rloo_{ESTIMATOR}.log",
+        f"{LOGS}/{SWEEP_FOLDER}/rloo_{ESTIMATOR}.log",
     benchmark:
-        f"{LOGS}/benchmarks/sweeps/{{sweep}}/{{point}}/rloo_{ESTIMATOR}.tsv"
+        f"{LOGS}/benchmarks/{SWEEP_FOLDER}/rloo_{ESTIMATOR}.tsv"
 
 
 use rule evaluate as evaluate_sweep with:
@@ -203,7 +203,7 @@ use rule evaluate as evaluate_sweep with:
         policy=v_policy,
         variant=v_label,
     log:
-        stage=f"{LOGS}/sweeps/{{sweep}}/{{point}}/evaluate_{ESTIMATOR}.log",
-        judge=f"{LOGS}/sweeps/{{sweep}}/{{point}}/evaluate_{ESTIMATOR}.judge.log",
+        stage=f"{LOGS}/{SWEEP_FOLDER}/evaluate_{ESTIMATOR}.log",
+        judge=f"{LOGS}/{SWEEP_FOLDER}/evaluate_{ESTIMATOR}.judge.log",
     benchmark:
-        f"{LOGS}/benchmarks/sweeps/{{sweep}}/{{point}}/evaluate_{ESTIMATOR}.tsv"
+        f"{LOGS}/benchmarks/{SWEEP_FOLDER}/evaluate_{ESTIMATOR}.tsv"

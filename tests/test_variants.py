@@ -203,8 +203,15 @@ def _rewrite(path: Path, i: int) -> dict:
 @pytest.mark.slow
 def test_seeds_target_runs_each_seed_and_aggregates_its_files(wf):
     t0 = time.monotonic()
-    snakemake(wf, SEEDS, "--cores", "1", *CONFIGFILES, "--config", "seeds={values: [0, 1]}", timeout=900)
-    print(f"seeds target, 2 seeds: {time.monotonic() - t0:.1f} s")
+    # tracked (the other workflow tests run untracked): one MLflow child run per seed and stage
+    snakemake(wf, SEEDS, "--cores", "1", *CONFIGFILES, "--config", "seeds={values: [0, 1]}",
+              "tracking={enabled: true}", timeout=900)
+    print(f"seeds target, 2 seeds, tracked: {time.monotonic() - t0:.1f} s")
+    pipeline_run = json.loads((wf / "results/runs/pipeline.json").read_text())["run_id"]
+    runs = {p.stem: json.loads(p.read_text()) for p in (wf / "results/runs").glob("*.json") if p.stem != "config"}
+    assert set(runs) == {"pipeline", "prepare", "sft", "reward", "rloo[seed=0]", "rloo[seed=1]",
+                         "evaluate[seed=0]", "evaluate[seed=1]", "seeds"}
+    assert {r["parent_run_id"] for name, r in runs.items() if name != "pipeline"} == {pipeline_run}
     for s in (0, 1):
         assert (wf / f"results/models/seeds/seed{s}/rloo_rloo/metrics.json").is_file()
         assert (wf / f"results/work/seeds/seed{s}/rloo_rloo/job.stamp").is_file()

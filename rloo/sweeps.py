@@ -58,11 +58,11 @@ def table(name: str, points: dict[str, dict[str, Any]], results: dict[str, dict]
     rows = []
     for pid, values in points.items():
         r = results[pid]
-        name = values.get("rloo.estimator", policy)  # a grid may set the estimator: the point's policy
+        trained_as = values.get("rloo.estimator", policy)  # a grid may set the estimator: the point's policy
         try:
-            trained, sft = r["policies"][name], r["policies"]["sft"]
-            training = r["training"][name]
-            gain = r["gains"][name]
+            trained, sft = r["policies"][trained_as], r["policies"]["sft"]
+            training = r["training"][trained_as]
+            gain = r["gains"][trained_as]
         except KeyError as e:
             raise InputError(f"sweep {name}, point {pid}: no {e} in its results") from None
         rows.append({

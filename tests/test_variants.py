@@ -127,6 +127,7 @@ def test_sweep_best_is_chosen_by_validation_not_test():
     tab = table("s", points, results, "rloo")
     # validation: pb (0.6) is best; test (sampled): pc (0.49) would be
     assert tab["best"]["point"] == "pb" and tab["best"]["val_accuracy_sampled"] == 0.6
+    assert tab["sweep"] == "s" and tab["keys"] == ["rloo.beta"]
     assert [r["test"]["rloo_sampled"] for r in tab["rows"]] == [0.47, 0.48, 0.49]
 
 
@@ -259,6 +260,7 @@ def test_sweep_target_runs_each_point_and_picks_the_best_by_validation(wf):
         (wf / f"results/sweeps/beta/{pid}/gsm8k_rloo.json").write_text(json.dumps(results[pid]))
     snakemake(wf, sweep, "--cores", "1", *files)
     out = json.loads((wf / sweep).read_text())
+    assert out["sweep"] == "beta" and out["keys"] == ["rloo.beta"]
     val = {p: r["training"]["rloo"]["selected_val_accuracy_sampled"] for p, r in results.items()}
     assert out["best"]["point"] == max(val, key=val.get) == list(points)[1]
     assert [r["test"]["rloo_sampled"] for r in out["rows"]] == [0.9, 0.8]

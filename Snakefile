@@ -1,7 +1,8 @@
 # rloo pipeline: prepare → sft → reward → rloo → evaluate (+ the toy experiment and the comparison).
 # Laptop:  snakemake --cores all                        (the embedded default on CPU)
 # Cluster: snakemake --profile slurm results/gsm8k_rloo.json
-# Targets: results/gsm8k_{estimator}.json, results/comparison.json, results/toy_variance.json
+# Targets: results/gsm8k_{estimator}.json, results/comparison.json, results/toy_variance.json,
+#          results/seeds/gsm8k_<rloo.estimator>.json (seeds.values), results/sweeps/<name>.json (sweeps.<name>)
 from snakemake.utils import min_version
 
 min_version("9.0")
@@ -21,6 +22,9 @@ include: "workflow/rules/rloo.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/toy.smk"
 include: "workflow/rules/comparison.smk"
+include: "workflow/rules/variants.smk"
+include: "workflow/rules/seeds.smk"
+include: "workflow/rules/sweeps.smk"
 include: "workflow/rules/tracking.smk"
 
 

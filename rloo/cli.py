@@ -98,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--config-json", default=None, help="overrides as one JSON object (used by Snakemake)"
     )
     common.add_argument("--debug", action="store_true", help="show the traceback of an input error")
+    common.add_argument("--variant", default=None, metavar="LABEL",
+                        help="the job is a seed or a sweep point of the chain: its MLflow run is named "
+                             "<stage>[LABEL] (e.g. rloo[seed=1]); set by the Snakemake rules")
 
     parser = argparse.ArgumentParser(prog="rloo", description=__doc__)
     sub = parser.add_subparsers(dest="stage", required=True)
@@ -156,6 +159,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", default=None, help="default: paths.results/comparison.png")
     p.add_argument("--judge-log", default=None,
                    help="the served judge's output (default: <paths.logs>/comparison.judge.log)")
+
+    p = sub.add_parser("seeds", parents=[common], help="aggregate the per-seed results of the `seeds` target")
+    p.add_argument("--result", action="append", default=[], required=True, metavar="SEED=FILE",
+                   help="one seed's evaluation result (repeatable)")
+    p.add_argument("--out", default=None, help="default: paths.results/seeds/gsm8k_<rloo.estimator>.json")
+    p.add_argument("--plot", default=None, help="default: paths.results/seeds/gsm8k_<rloo.estimator>.png")
+
+    p = sub.add_parser("sweep", parents=[common], help="table the points of a sweep (sweeps.<name>), best by validation")
+    p.add_argument("--name", required=True, help="the sweep (a key of `sweeps`)")
+    p.add_argument("--result", action="append", default=[], required=True, metavar="POINT=FILE",
+                   help="one point's evaluation result, by its point id (repeatable)")
+    p.add_argument("--out", default=None, help="default: paths.results/sweeps/<name>.json")
+    p.add_argument("--plot", default=None, help="default: paths.results/sweeps/<name>.png")
 
     sub.add_parser("validate-config", parents=[common], help="validate a config and print it resolved")
     p = sub.add_parser("plan", parents=[common], help="predict each GPU stage's peak memory per device; exit 2 "
@@ -280,6 +296,11 @@ def _dispatch(stage, args: argparse.Namespace, cfg: dict, out: dict[str, str]) -
         timings = {name: f"{pipeline.work_dir('rloo', cfg, name)}/timings.json" for name in results}
         timings.update(dict(t.split("=", 1) for t in args.timings))
         stage.run(results, out["result"], out["plot"], timings, cfg, args.judge_log)
+    elif args.stage == "seeds":
+        stage.run(dict(r.split("=", 1) for r in args.result), cfg["rloo"]["estimator"], out["result"], out["plot"])
+    elif args.stage == "sweep":
+        stage.run(cfg, args.name, dict(r.split("=", 1) for r in args.result), cfg["rloo"]["estimator"],
+                  out["result"], out["plot"])
 
 
 if __name__ == "__main__":

@@ -93,23 +93,32 @@ def _coerce(node: dict, schema: dict) -> None:
         value = node[key]
         if isinstance(value, dict):
             _coerce(value, sub)
-            continue
-        if not isinstance(value, str):
-            continue
-        types = sub.get("type", [])
-        types = [types] if isinstance(types, str) else types
-        text = value.strip()
-        if "integer" in types and _INT.fullmatch(text):
-            node[key] = int(text)
-        elif "number" in types:
-            try:
-                number = float(text)
-            except ValueError:
-                continue
-            if math.isfinite(number):
-                node[key] = int(text) if _INT.fullmatch(text) else number
-        elif "boolean" in types and text.lower() in ("true", "false"):
-            node[key] = text.lower() == "true"
+        elif isinstance(value, list) and isinstance(sub.get("items"), dict):
+            # `--config 'seeds={values: [0, 1]}'` passes the list's items as strings too
+            node[key] = [_coerced(v, sub["items"]) for v in value]
+        else:
+            node[key] = _coerced(value, sub)
+
+
+def _coerced(value: Any, sub: dict) -> Any:
+    """`value`, as the number or boolean it spells where the schema `sub` wants one (see `_coerce`)."""
+    if not isinstance(value, str):
+        return value
+    types = sub.get("type", [])
+    types = [types] if isinstance(types, str) else types
+    text = value.strip()
+    if "integer" in types and _INT.fullmatch(text):
+        return int(text)
+    if "number" in types:
+        try:
+            number = float(text)
+        except ValueError:
+            return value
+        if math.isfinite(number):
+            return int(text) if _INT.fullmatch(text) else number
+    elif "boolean" in types and text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    return value
 
 
 def _leaves(node: Any, path: str = ""):
@@ -170,7 +179,44 @@ def _cross_checks(cfg: dict) -> list[str]:
     if r["select"] == "best" and not r["eval_every"]:
         problems.append("key 'rloo.select': 'best' picks a checkpoint by validation accuracy and needs "
                         "rloo.eval_every > 0 (or set rloo.select: last)")
-    return problems + _serve_checks(cfg)
+    return problems + _serve_checks(cfg) + _sweep_checks(cfg)
+
+
+# Keys a sweep may not set: they say where outputs go, or declare the seeds and sweeps themselves.
+UNSWEEPABLE = ("paths", "seeds", "sweeps")
+
+
+def _sweep_checks(cfg: dict) -> list[str]:
+    """Each `sweeps.<name>.<key>` must name a config key, and each of its values must make a valid config
+    (the schema and the cross-checks, on the config with that value set): else an error naming it, before
+    anything runs. Values that spell numbers are coerced as the config's own are (`_coerce`)."""
+    problems = []
+    props = load_schema()["properties"]
+    for name, axes in (cfg.get("sweeps") or {}).items():
+        for key, values in axes.items():
+            where = f"sweeps.{name}.{key}"
+            node: dict = {"properties": props}
+            for part in key.split("."):
+                node = (node.get("properties") or {}).get(part)
+                if node is None:
+                    break
+            if node is None or key.split(".")[0] in UNSWEEPABLE:
+                problems.append(f"key '{where}': '{key}' is not a config key a sweep can set"
+                                if node is not None else f"key '{where}': unknown config key '{key}'")
+                continue
+            for i, value in enumerate(values):
+                point = copy.deepcopy({k: v for k, v in cfg.items() if k != "sweeps"})
+                _put(point, key, value)
+                try:
+                    resolved = validate(point, where)
+                except ConfigError as e:
+                    detail = str(e).split("invalid configuration:", 1)[-1].strip()
+                    problems.append(f"key '{where}': value {value!r}: {detail}")
+                    continue
+                values[i] = select(resolved, [key])  # coerced as the config's own values are
+                for part in key.split("."):
+                    values[i] = values[i][part]
+    return problems
 
 
 def _serve_checks(cfg: dict) -> list[str]:
@@ -333,6 +379,14 @@ def stage_config(cfg: dict, stage: str, overrides: dict[str, Any] | None = None)
     for key, value in (overrides or {}).items():
         _put(part, key, value)
     return part
+
+
+def with_overrides(cfg: dict, overrides: dict[str, Any]) -> dict:
+    """A copy of `cfg` with {dotted key: value} `overrides` set: a seed's or a sweep point's config."""
+    out = copy.deepcopy(cfg)
+    for key, value in overrides.items():
+        _put(out, key, value)
+    return out
 
 
 def select(cfg: dict, keys: Iterable[str]) -> dict:

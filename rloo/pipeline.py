@@ -6,11 +6,16 @@
 
 Output templates use the config's folders (`{data}`, `{models}`, `{results}`: `paths.*`) and, for
 the stages run once per advantage estimator, `{estimator}` (a Snakemake wildcard in the rules).
+
+Variants (`Variant`): the chain again on a config with some keys changed, a seed of the `seeds` target
+or a point of a sweep, its outputs in folders of its own (`SEED_FOLDER`, `SWEEP_FOLDER` below each of
+`paths.*`, and below the work folder), so that each variant's jobs run, and resume, on their own. A
+variant runs only the stages it changes (`Variant.varied`); the others are the main chain's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,39 +55,112 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
     # It judges every estimator's completions against RLOO's with the evaluation's judge.
     Stage("comparison", "compare", {"result": "{results}/comparison.json", "plot": "{results}/comparison.png"},
           keys=("seed", "evaluate.judge", "evaluate.llm_judge", "evaluate.win_rate_decoding")),
+    # The `seeds` target: the chain per seed of `seeds.values` (the config's estimator), aggregated. It
+    # reads only the per-seed results files its rule hands it, so no config key reruns it by itself.
+    Stage("seeds", "seeds", {"result": "{results}/seeds/gsm8k_{estimator}.json",
+                             "plot": "{results}/seeds/gsm8k_{estimator}.png"}, per_estimator=True),
+    # A sweep of `sweeps.<name>`: one chain per point of its grid, tabled; `best` by validation accuracy.
+    Stage("sweep", "sweep", {"result": "{results}/sweeps/{sweep}.json", "plot": "{results}/sweeps/{sweep}.png"}),
 )}
 BY_VERB: dict[str, Stage] = {s.verb: s for s in STAGES.values()}
 
+# The chain a variant runs again, in order, and what each of its stages reads of the others' outputs
+# (`upstream`): a variant that changes a stage changes every stage downstream of it.
+CHAIN = ("prepare", "sft", "reward", "rloo", "evaluate")
+# A variant's folder below each of paths.data, paths.models, paths.results and the work folder.
+SEED_FOLDER = "seeds/seed{seed}"
+SWEEP_FOLDER = "sweeps/{sweep}/{point}"
+# seeds.scope: the stages whose seed a seed of the `seeds` target sets (evaluate follows RLOO's seed).
+SEED_SCOPES = {"rloo": ("rloo", "evaluate"), "all": CHAIN}
 
-def folders(cfg: dict) -> dict[str, str]:
+
+@dataclass(frozen=True)
+class Variant:
+    """The chain on the config with `overrides` ({dotted key: value}) set, for the stages `varied`;
+    the other stages are the main chain's jobs (shared). `folder`: its outputs' folder below each of
+    the config's folders; `label`: its MLflow run names' suffix (`rloo[seed=1]`)."""
+
+    folder: str
+    label: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+    varied: frozenset[str] = frozenset()
+
+
+def upstream(stage: str, cfg: dict) -> tuple[str, ...]:
+    """The chain stages whose outputs `stage` reads (rloo reads the reward model only where it uses it)."""
+    reads_reward = cfg["reward"]["source"] == "model" or (
+        cfg["rloo"]["estimator"] == "ppo" and cfg["rloo"]["ppo"]["critic_init"] == "reward_model")
+    return {"prepare": (), "sft": ("prepare",), "reward": ("prepare", "sft"),
+            "rloo": ("prepare", "sft", *(("reward",) if reads_reward else ())),
+            "evaluate": ("prepare", "sft", "reward", "rloo")}[stage]
+
+
+def downstream_closure(stages: set[str], cfg: dict) -> frozenset[str]:
+    """`stages` and every chain stage that reads, directly or not, the output of one of them."""
+    out = set(stages)
+    for stage in CHAIN:  # in order: a stage's upstream is settled before it
+        if any(u in out for u in upstream(stage, cfg)):
+            out.add(stage)
+    return frozenset(out)
+
+
+def seed_variant(cfg: dict, seed: int | str) -> Variant:
+    """Seed `seed` of the `seeds` target: the seed of the stages of `seeds.scope`, and of every stage
+    downstream of them. (A non-numeric seed stays a string: the DVC compiler's template job.)"""
+    value = int(seed) if str(seed).lstrip("-").isdigit() else seed
+    varied = downstream_closure(set(SEED_SCOPES[cfg["seeds"]["scope"]]), cfg)
+    return Variant(SEED_FOLDER.format(seed=seed), f"seed={seed}", {"seed": value}, varied)
+
+
+def folders(cfg: dict, variant: Variant | None = None) -> dict[str, str]:
     p = cfg["paths"]
-    return {"data": p["data"], "models": p["models"], "results": p["results"]}
+    base = {"data": p["data"], "models": p["models"], "results": p["results"]}
+    return {k: f"{v}/{variant.folder}" for k, v in base.items()} if variant else base
 
 
-def outputs(stage: str, cfg: dict, estimator: str | None = None) -> dict[str, str]:
-    """The output paths of `stage` under `cfg` (`estimator`: the config's rloo.estimator by default)."""
+def _owner(stage: str, variant: Variant | None) -> Variant | None:
+    """The variant whose folders hold `stage`'s outputs: `variant` where it varies the stage, else the main chain."""
+    return variant if variant is not None and stage in variant.varied else None
+
+
+def outputs(stage: str, cfg: dict, estimator: str | None = None, variant: Variant | None = None,
+            sweep: str | None = None) -> dict[str, str]:
+    """The output paths of `stage` under `cfg` (`estimator`: the config's rloo.estimator by default;
+    `variant`: a seed's or sweep point's, where it varies the stage; `sweep`: the sweep stage's name)."""
     est = estimator or cfg["rloo"]["estimator"]
-    return {k: v.format(**folders(cfg), estimator=est) for k, v in STAGES[stage].outputs.items()}
+    f = folders(cfg, _owner(stage, variant))
+    return {k: v.format(**f, estimator=est, sweep=sweep or "{sweep}") for k, v in STAGES[stage].outputs.items()}
 
 
-def rule_outputs(stage: str, cfg: dict) -> dict[str, str]:
-    """The output paths for the Snakemake rule: config folders filled in, `{estimator}` left a wildcard."""
-    return {k: v.format(**folders(cfg), estimator="{estimator}") for k, v in STAGES[stage].outputs.items()}
+def rule_outputs(stage: str, cfg: dict, folder: str | None = None) -> dict[str, str]:
+    """The output paths for the Snakemake rule: config folders filled in, `{estimator}` (and `{sweep}`)
+    left a wildcard; `folder`: a variant folder template (SEED_FOLDER: `{seed}` a wildcard too)."""
+    f = folders(cfg, Variant(folder, "") if folder else None)
+    return {k: v.format(**f, estimator="{estimator}", sweep="{sweep}") for k, v in STAGES[stage].outputs.items()}
 
 
-def work_dir(stage: str, cfg: dict, estimator: str | None = None) -> str:
-    """Where a resumable stage keeps its checkpoints: outside its outputs, so a rerun resumes."""
+def work_dir(stage: str, cfg: dict, estimator: str | None = None, variant: Variant | None = None) -> str:
+    """Where a resumable stage keeps its checkpoints: outside its outputs, so a rerun resumes; a
+    variant's below its own folder, so each seed or point resumes on its own."""
     name = STAGES[stage].name
     if STAGES[stage].per_estimator:
         name = f"{name}_{estimator or cfg['rloo']['estimator']}"
-    return f"{cfg['paths']['results']}/work/{name}"
+    owner = _owner(stage, variant)
+    return f"{cfg['paths']['results']}/work/" + (f"{owner.folder}/" if owner else "") + name
 
 
-def run_name(stage: str, estimator: str | None = None, policy: str | None = None) -> str:
+def run_name(stage: str, estimator: str | None = None, policy: str | None = None, variant: str | None = None) -> str:
     """The MLflow run of a job: the stage, plus the estimator (the policy, for evaluate) unless it is
-    the default `rloo`, so that the default pipeline's runs read prepare, sft, reward, rloo, evaluate."""
+    the default `rloo`, so that the default pipeline's runs read prepare, sft, reward, rloo, evaluate;
+    a variant's job adds its label: `rloo[seed=1]`, `sft[sweep=lr,sft.lr=0.001]`."""
     suffix = policy if stage == "evaluate" else estimator if STAGES[stage].per_estimator else None
-    return stage if suffix in (None, "rloo") else f"{stage}_{suffix}"
+    name = stage if suffix in (None, "rloo") else f"{stage}_{suffix}"
+    return f"{name}[{variant}]" if variant else name
+
+
+def base_stage(run: str) -> str:
+    """The stage of an MLflow run name (`rloo_grpo[seed=1]` -> `rloo`)."""
+    return run.split("[", 1)[0].split("_", 1)[0]
 
 
 def stage_keys(cfg: dict, stage: str, estimator: str | None = None) -> tuple[list[str], list[str]]:
@@ -97,6 +175,16 @@ def stage_keys(cfg: dict, stage: str, estimator: str | None = None) -> tuple[lis
     elif stage == "rloo" and cfg["reward"]["source"] == "judge":
         keys += ["evaluate.judge", "evaluate.llm_judge"]  # RLOO is scored by the evaluation judge
     return keys, excluded
+
+
+def reads_key(cfg: dict, stage: str, key: str) -> bool:
+    """Whether `stage` reads the dotted config `key` (or a key below it): a change of it reruns the stage."""
+    keys, excluded = stage_keys(cfg, stage)
+
+    def under(a: str, b: str) -> bool:
+        return a == b or a.startswith(b + ".")
+
+    return any(under(key, k) or under(k, key) for k in keys) and not any(under(key, e) for e in excluded)
 
 
 def evaluated_policies(args: Any, cfg: dict) -> dict[str, str]:
@@ -119,7 +207,7 @@ def cli_outputs(args: Any, cfg: dict) -> dict[str, str]:
         names = list(evaluated_policies(args, cfg))
         result = out or outputs("evaluate", cfg, names[0] if len(names) == 1 else None)["result"]
         return {"result": result, "plots": getattr(args, "plots", None) or str(Path(result).with_suffix(""))}
-    declared = outputs(stage.name, cfg)
+    declared = outputs(stage.name, cfg, sweep=getattr(args, "name", None))
     if "model" in declared:
         return {"model": out or declared["model"]}
     return {"result": out or declared["result"], "plot": getattr(args, "plot", None) or declared["plot"]}
@@ -128,7 +216,8 @@ def cli_outputs(args: Any, cfg: dict) -> dict[str, str]:
 def cli_run_name(args: Any, cfg: dict) -> str:
     """The MLflow run of `rloo <verb>`: see `run_name`."""
     stage = BY_VERB[args.stage]
+    variant = getattr(args, "variant", None)
     if stage.name == "evaluate":
         names = list(evaluated_policies(args, cfg))
-        return run_name("evaluate", policy=names[0] if len(names) == 1 else None)
-    return run_name(stage.name, cfg["rloo"]["estimator"])
+        return run_name("evaluate", policy=names[0] if len(names) == 1 else None, variant=variant)
+    return run_name(stage.name, cfg["rloo"]["estimator"], variant=variant)

@@ -5,6 +5,7 @@ from math import comb
 import numpy as np
 import pytest
 
+from rloo import stats
 from rloo.gains import correctness, gain, win_rate_ci95
 from rloo.stats import mcnemar_exact, paired_bootstrap, sign_flip_test, wilson_interval
 
@@ -139,3 +140,20 @@ def test_summary_line_and_mlflow_metrics_of_a_gain():
         "gain/sampled": 0.066, "gain/sampled_ci95_lo": 0.041, "gain/sampled_ci95_hi": 0.0912, "gain/sampled_p_value": 0.0001,
         "gain/greedy": 0.05, "gain/greedy_ci95_lo": 0.02, "gain/greedy_ci95_hi": 0.08, "gain/greedy_p_value": 0.0123}
     assert "gain/grpo/sampled_ci95_lo" in gain_metrics({"rloo": g, "grpo": g})
+
+
+def test_t_quantile_matches_tables():
+    # Student's t, two-sided 95 %: the values every table prints
+    for df, q in ((1, 12.7062), (2, 4.3027), (4, 2.7764), (10, 2.2281), (30, 2.0423)):
+        assert abs(stats.t_quantile(0.975, df) - q) < 5e-4, df
+    assert abs(stats.t_quantile(0.025, 3) + stats.t_quantile(0.975, 3)) < 1e-9  # symmetric
+    assert abs(stats.t_cdf(0.0, 5) - 0.5) < 1e-12
+
+
+def test_t_interval_of_a_mean_across_seeds():
+    values = [0.02, 0.05, 0.08]
+    lo, hi = stats.t_interval(values)
+    mean, sd = 0.05, 0.03  # sample sd (ddof 1)
+    half = 4.302653 * sd / 3**0.5
+    assert abs(lo - (mean - half)) < 1e-6 and abs(hi - (mean + half)) < 1e-6
+    assert stats.t_interval([0.1]) is None  # one seed: no spread to estimate

@@ -106,6 +106,9 @@ def test_nothing_to_do_after_full_run(run):
         ("name: renamed", {}),
         ("threads: 2", {}),
         ("paths: {logs: other_logs}", {}),
+        # the seeds and sweeps targets' own keys: no stage of the main chain reads them
+        ("seeds: {values: [5, 6], scope: all}", {}),
+        ("sweeps: {beta: {rloo.beta: [0.0, 0.1]}}", {}),
     ],
 )
 def test_changed_parameter_plans_exactly_the_affected_stages(run, change, expected):

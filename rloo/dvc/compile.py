@@ -104,8 +104,13 @@ def build_pipeline(dag: Dag) -> dict:
             if job.cfg is not None:
                 overridden |= _diff_leaves(json.loads(job.cfg), config)
         if rule not in dag.templates:
-            (job,) = jobs
-            stages[rule] = _stage_body(job, config, overridden)
+            if len(jobs) == 1 and not jobs[0].wildcards:
+                stages[rule] = _stage_body(jobs[0], config, overridden)
+            else:
+                # A sweep's rules (dvcyaml.per_job): each job a stage of its own, `sweep-<name>`,
+                # `rloo_sweep-<name>-<point>` (each point sets its own keys, each sweep has its own grid).
+                for job in sorted(jobs, key=lambda j: j.stage):
+                    stages[job.stage] = _stage_body(job, config, overridden)
             continue
         template = _stage_body(dag.templates[rule], config, overridden)
         values = sorted(next(iter(j.wildcards.values())) for j in jobs)

@@ -24,7 +24,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from rloo.dvc.dvcyaml import DvcError, covers, log, stage_name
+from rloo.dvc.dvcyaml import DvcError, covers, log, per_job, stage_name
 
 # The Snakemake minor version this module is tested with (pyproject.toml: snakemake>=9.27,<9.28).
 TESTED = "9.27"
@@ -135,10 +135,16 @@ def _job(job, needrun: bool) -> Job:
     )
 
 
+def foreach(job: Job) -> bool:
+    """Whether `job`'s rule is a foreach stage: one wildcard, whose value is all that tells its jobs apart."""
+    return bool(job.wildcards) and not per_job(job.wildcards)
+
+
 def _stage_target(workflow, name: str) -> str | None:
     """An output file of DVC stage `name` (`rule` or `rule@value`), or None (with a message) when the
     workflow no longer has the rule or the rule does not accept the value."""
-    rule_name, _, value = name.partition("@")
+    # `rule@value` (a foreach stage's item) or `rule-value-value` (a stage per job: dvcyaml.stage_name)
+    rule_name, _, value = name.partition("@") if "@" in name else name.partition("-")
     problem = f"no rule {rule_name} in the workflow any more"
     try:
         rule = call("Workflow", workflow, "get_rule", rule_name)
@@ -146,7 +152,10 @@ def _stage_target(workflow, name: str) -> str | None:
         if product is None:
             return None
         problem = f"does not match rule {rule_name}"
-        wildcards = {next(iter(attr("Rule", rule, "wildcard_names"))): value} if value else {}
+        # the values in the order the wildcards appear in the output path (see dvcyaml.stage_name)
+        names = sorted(attr("Rule", rule, "wildcard_names"), key=lambda n: str(product).find("{" + n))
+        values = value.split("-", len(names) - 1) if value else []
+        wildcards = dict(zip(names, values, strict=True)) if value else {}
         target = call("IOFile", product, "apply_wildcards", wildcards) if wildcards else str(product)
         problem = f"rule {rule_name} does not accept {value!r}"
         accepted = call("Rule", rule, "get_wildcards", target) is not None
@@ -223,7 +232,7 @@ def snakemake_dag(root: Path, configfiles: list[str], stages: list[str] = (), ta
         dag = attr("Workflow", workflow, "dag")
         jobs = [_job(j, bool(call("DAG", dag, "needrun", j))) for j in attr("DAG", dag, "jobs")
                 if _rule_name(j) != "all" and attr("Job", j, "output")]
-        templates = {rule: _template(workflow, dag, rule) for rule in sorted({j.rule for j in jobs if j.wildcards})}
+        templates = {rule: _template(workflow, dag, rule) for rule in sorted({j.rule for j in jobs if foreach(j)})}
         config = json.loads(json.dumps(attr("Workflow", workflow, "config")))
     return Dag(jobs=toposort(jobs), templates=templates, config=config)
 

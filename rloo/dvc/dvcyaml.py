@@ -37,9 +37,22 @@ def stage_name(rule: str, wildcards: dict[str, str]) -> str:
     """The DVC stage of a Snakemake job: the rule, `rule@value` for a rule with a wildcard."""
     if not wildcards:
         return rule
-    if len(wildcards) > 1:
-        raise DvcError(f"rule {rule}: more than one wildcard ({', '.join(wildcards)}) is not supported")
+    if per_job(wildcards):
+        # its own stage, not a foreach's: DVC reads `@` as foreach's, and takes no `/` in a name. The
+        # values in the order of the rule's output path (none holds a `-`, nor does a rule name).
+        return f"{rule}-{'-'.join(wildcards.values())}"
     return f"{rule}@{next(iter(wildcards.values()))}"
+
+
+# A sweep's jobs differ in more than the wildcard's value (each sweep has its own grid, each point its
+# own keys), so the rules of a `sweep` wildcard, and of several, get a DVC stage per job instead of a
+# foreach stage: `sweep-<name>`, `rloo_sweep-<name>-<point>`.
+PER_JOB_WILDCARDS = frozenset({"sweep"})
+
+
+def per_job(wildcards: dict[str, str]) -> bool:
+    """Whether a job of these wildcards is a DVC stage of its own rather than an item of a foreach stage."""
+    return len(wildcards) > 1 or bool(PER_JOB_WILDCARDS & set(wildcards))
 
 
 def covers(out: str, path: str) -> bool:

@@ -70,7 +70,10 @@ def _redirected_log() -> Path | None:
 
 
 def _stage_base(stage: str) -> str:
-    return "rloo" if stage.startswith("rloo") else stage
+    """The declared stage of a run name: `rloo_grpo` -> rloo, `evaluate[seed=1]` -> evaluate."""
+    from rloo.pipeline import base_stage
+
+    return base_stage(stage)
 
 
 def _start_stage_run(cfg: dict, stage: str, keys: list[str] | None, outputs: list[Path]) -> Run:
@@ -107,9 +110,10 @@ def _start_stage_run(cfg: dict, stage: str, keys: list[str] | None, outputs: lis
     # Lineage: the latest run of each stage declared before this one (the runs that made its inputs, from
     # the run-id files). It lives here, not in the outputs, which must not change with tracking on or off.
     order = [s for s in STAGES if s != "toy"]
-    earlier = order[: order.index(stage.split("_")[0])] if stage.split("_")[0] in order else []
+    base = _stage_base(stage)
+    earlier = order[: order.index(base)] if base in order else []
     tags.update({f"rloo.upstream.{name}": rec["run_id"] for name, rec in recorded_runs(runs_dir(cfg)).items()
-                 if rec.get("run_id") and name.split("_")[0] in earlier})
+                 if rec.get("run_id") and _stage_base(name) in earlier})
     run_id = open_run(client, experiment_id, stage, "stage", parent, tags)
     experiment = store.experiment_name(cfg)
     with contextlib.suppress(Exception):

@@ -30,6 +30,9 @@ rule evaluate:
         cfg=lambda wildcards: stage_config("evaluate"),
         data=data_dir,
         plots=lambda wildcards, output: os.path.dirname(output.policies),
+        # the trained policy's name in the results: its estimator
+        policy=lambda wildcards: wildcards.estimator,
+        variant=NO_VARIANT,
     conda:
         RLOO_ENV
     log:
@@ -46,8 +49,8 @@ rule evaluate:
         runtime=60,
         cpus_per_task=cpus,
     shell:
-        "rloo evaluate --config-json {params.cfg:q} --set threads={threads} "
-        "--data {params.data} --sft {input.sft} --policy {wildcards.estimator}={input.policy} "
+        "rloo evaluate --config-json {params.cfg:q} {params.variant} --set threads={threads} "
+        "--data {params.data} --sft {input.sft} --policy {params.policy}={input.policy} "
         "--reward-model {input.reward_model} --out {output.result} --plots {params.plots} "
         "--judge-log {log.judge} 2> {log.stage} && "
         "rloo summary {output.result}"

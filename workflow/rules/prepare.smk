@@ -10,6 +10,7 @@ rule prepare:
     params:
         cfg=lambda wildcards: stage_config("prepare"),
         out=lambda wildcards, output: os.path.dirname(output.manifest),
+        variant=NO_VARIANT,
     conda:
         RLOO_ENV
     log:
@@ -21,5 +22,5 @@ rule prepare:
         mem_mb=4000,
         runtime=30,
     shell:
-        "rloo prepare --config-json {params.cfg:q} --out {params.out} > {log} 2>&1 && "
+        "rloo prepare --config-json {params.cfg:q} {params.variant} --out {params.out} > {log} 2>&1 && "
         "rloo summary {output.manifest}"

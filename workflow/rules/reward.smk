@@ -12,6 +12,7 @@ rule reward:
         data=data_dir,
         guard=WORKDIR_GUARD,
         work=work_dir("reward", config),
+        variant=NO_VARIANT,
     conda:
         RLOO_ENV
     log:
@@ -26,5 +27,5 @@ rule reward:
         cpus_per_task=cpus,
     shell:
         "python {params.guard} {params.work} {params.cfg:q} {input} > {log} 2>&1 && "
-        "rloo reward --config-json {params.cfg:q} --set threads={threads} "
+        "rloo reward --config-json {params.cfg:q} {params.variant} --set threads={threads} "
         "--data {params.data} --policy {input.policy} --out {output.model} --work {params.work} 2>> {log}"

@@ -13,6 +13,7 @@ rule rloo:
         guard=WORKDIR_GUARD,
         work=lambda wildcards: work_dir("rloo", config, wildcards.estimator),
         reward_model=reward_model_arg,
+        variant=NO_VARIANT,
     conda:
         RLOO_ENV
     log:
@@ -27,7 +28,7 @@ rule rloo:
         cpus_per_task=cpus,
     shell:
         "python {params.guard} {params.work} {params.cfg:q} {input} > {log} 2>&1 && "
-        "rloo train --config-json {params.cfg:q} --set threads={threads} "
+        "rloo train --config-json {params.cfg:q} {params.variant} --set threads={threads} "
         "--data {params.data} --policy {input.policy} {params.reward_model} "
         "--out {output.model} --work {params.work} 2>> {log} && "
         "rloo summary {output.model}/metrics.json"

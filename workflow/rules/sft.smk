@@ -12,6 +12,7 @@ rule sft:
         data=data_dir,
         guard=WORKDIR_GUARD,
         work=work_dir("sft", config),
+        variant=NO_VARIANT,
     conda:
         RLOO_ENV
     log:
@@ -26,5 +27,5 @@ rule sft:
         cpus_per_task=cpus,
     shell:
         "python {params.guard} {params.work} {params.cfg:q} {input} > {log} 2>&1 && "
-        "rloo sft --config-json {params.cfg:q} --set threads={threads} "
+        "rloo sft --config-json {params.cfg:q} {params.variant} --set threads={threads} "
         "--data {params.data} --out {output.model} --work {params.work} 2>> {log}"

@@ -1,0 +1,25 @@
+# The seeds target: every seed of `seeds.values` through the chain (workflow/rules/variants.smk; which
+# stages run per seed: `seeds.scope`), then their results side by side with a t-interval across seeds.
+rule seeds:
+    input:
+        code=code("seeds"),
+        results=list(SEED_RESULTS.values()),
+    output:
+        result=outputs("seeds", config)["result"],
+        plot=report(outputs("seeds", config)["plot"], caption="../report/seeds.rst", category="Seeds"),
+    params:
+        cfg=lambda wildcards: stage_config("seeds"),
+        results=" ".join(f"--result {s}={f}" for s, f in SEED_RESULTS.items()),
+    conda:
+        RLOO_ENV
+    log:
+        f"{LOGS}/seeds.log",
+    benchmark:
+        f"{LOGS}/benchmarks/seeds.tsv"
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    shell:
+        "rloo seeds --config-json {params.cfg:q} {params.results} --out {output.result} --plot {output.plot} "
+        "> {log} 2>&1"

@@ -1,0 +1,26 @@
+# A sweep's target, results/sweeps/<name>.json: every point of the grid `sweeps.<name>` through the
+# stages it changes (workflow/rules/variants.smk), then one table, the best point by validation accuracy.
+rule sweep:
+    input:
+        code=code("sweep"),
+        results=lambda wildcards: list(sweep_results(wildcards.sweep).values()),
+    output:
+        result=OUT["sweep"]["result"],
+        plot=report(OUT["sweep"]["plot"], caption="../report/sweep.rst", category="Sweeps",
+                    subcategory="{sweep}", labels={"sweep": "{sweep}"}),
+    params:
+        cfg=lambda wildcards: stage_config("sweep"),
+        results=lambda wildcards: " ".join(f"--result {p}={f}" for p, f in sweep_results(wildcards.sweep).items()),
+    conda:
+        RLOO_ENV
+    log:
+        f"{LOGS}/sweep_{{sweep}}.log",
+    benchmark:
+        f"{LOGS}/benchmarks/sweep_{{sweep}}.tsv"
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    shell:
+        "rloo sweep --config-json {params.cfg:q} --name {wildcards.sweep} {params.results} "
+        "--out {output.result} --plot {output.plot} > {log} 2>&1"

@@ -35,7 +35,7 @@ def _pp(x: float) -> str:
 
 def pipeline_table() -> str:
     """The default chain, one row per seed: held-out accuracy of SFT and RLOO, win rate, wall time."""
-    rows = ["| run | SFT sampled / greedy | RLOO sampled / greedy | gain sampled / greedy | win rate (verifier judge) | "
+    rows = ["| run | SFT sampled / greedy | RLOO sampled / greedy | gain sampled / greedy (95 % CI, p) | win rate (verifier judge) | "
             "RLOO steps (selected) | reward-model proxy SFT → RLOO | wall time |",
             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for f in sorted(FIGURES.glob("pipeline_seed*.json")):
@@ -47,10 +47,20 @@ def pipeline_table() -> str:
         proxy = (f"{sft['proxy_reward']:.2f} → {rl['proxy_reward']:.2f}" if rl.get("proxy_reward") is not None else "n/a")
         rows.append(
             f"| [{f.stem}](docs/figures/{f.name}) | {sft['accuracy_sampled']:.3f} / {sft['accuracy']:.3f} | "
-            f"{rl['accuracy_sampled']:.3f} / {rl['accuracy']:.3f} | {_pp(rl['accuracy_sampled'] - sft['accuracy_sampled'])} / "
-            f"{_pp(rl['accuracy'] - sft['accuracy'])} | {wr['value']:.3f} ({wr['wins']:.0f} W, {wr['losses']:.0f} L, {wr['ties']:.0f} T) | "
+            f"{rl['accuracy_sampled']:.3f} / {rl['accuracy']:.3f} | {_gain(res, 'sampled', rl['accuracy_sampled'] - sft['accuracy_sampled'])} / "
+            f"{_gain(res, 'greedy', rl['accuracy'] - sft['accuracy'])} | {wr['value']:.3f} ({wr['wins']:.0f} W, {wr['losses']:.0f} L, {wr['ties']:.0f} T) | "
             f"{train['steps_trained']} ({train['selected_step']}) | {proxy} | {run['wall_seconds'] / 60:.1f} min |")
     return "\n".join(rows)
+
+
+def _gain(res: dict, mode: str, plain: float) -> str:
+    """A gain in points with its paired 95 % interval and p-value where the results carry them (rloo.gains;
+    runs recorded before them show the gain alone)."""
+    g = res.get("gains", {}).get("rloo", {}).get(mode)
+    if g is None:
+        return _pp(plain)
+    lo, hi = g["ci95"]
+    return f"{_pp(g['gain'])} [{_pp(lo)}, {_pp(hi)}] (p = {g['p_value']:.2g})"
 
 
 def stage_times_table() -> str:

@@ -308,9 +308,11 @@ class Trainer:
             sub = microbatch.sub_batch(distinct, rows)
             sel, at = microbatch.copies(inverse, rows)
             lp_rows, _ = self._policy_pass(sub, at)
-            loss, clipped_tokens = loss_on(lp_rows, sel, sub.completion_len, local)
-            stats_acc["clipped_tokens"] += clipped_tokens
+            loss, stats_acc["part_clipped"] = loss_on(lp_rows, sel, sub.completion_len, local)
             return loss
+
+        def count(rows: torch.Tensor, loss: torch.Tensor) -> None:  # a live part's (not a stand-in's)
+            stats_acc["clipped_tokens"] += stats_acc["part_clipped"]
 
         for update in range(r["updates_per_batch"]):
             stats_acc["clipped_tokens"] = 0.0
@@ -321,7 +323,7 @@ class Trainer:
                 loss.backward()
                 loss_value = float(loss.detach())
             else:
-                loss_value = microbatch.accumulate(self.policy_train, parts, micro_loss)
+                loss_value = microbatch.accumulate(self.policy_train, parts, micro_loss, after=count)
             grad_norm = float(distributed.clip_grad_norm_(self.policy.parameters(), r["grad_clip"]))
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)

@@ -60,7 +60,8 @@ def _gain(res: dict, mode: str, plain: float) -> str:
     if g is None:
         return _pp(plain)
     lo, hi = g["ci95"]
-    return f"{_pp(g['gain'])} [{_pp(lo)}, {_pp(hi)}] (p = {g['p_value']:.2g})"
+    p = "p < 0.001" if g["p_value"] < 0.001 else f"p = {g['p_value']:.2g}"
+    return f"{_pp(g['gain'])} [{_pp(lo)}, {_pp(hi)}] ({p})"
 
 
 def stage_times_table() -> str:

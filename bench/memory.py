@@ -70,13 +70,13 @@ ROW_PATHS = {"bounded": None, "today": ["rloo.micro_batch_tokens=0", "model.logi
 def _qwen_folder(folder: Path, layers: int) -> None:
     """A random Qwen2 of Qwen2.5-0.5B's widths and `layers` layers, with the embedded tokenizer (the
     update never decodes: its token ids need not be the tokenizer's)."""
+    import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from rloo import models
 
     tok = models.train_tokenizer((f"question {i} answer {i * 7}" for i in range(200)), 320)
-    torch_ = __import__("torch")
-    torch_.manual_seed(0)
+    torch.manual_seed(0)
     model = Qwen2ForCausalLM(Qwen2Config(num_hidden_layers=layers, max_position_embeddings=512, **QWEN05))
     models.save_pretrained(model, tok, folder)
 
@@ -114,7 +114,7 @@ def _one_update(folder: str, rows: int, prompt: int, completion: int, seed: int,
     ro = Rollout(prompt_ids=prompts, prompt_mask=torch.ones_like(prompts), completions=comps,
                  completion_mask=cmask, finished=torch.ones(rows, dtype=torch.bool))
     scores = torch.randint(0, 2, (rows,), generator=g).float()
-    got = Collected(idx=__import__("numpy").arange(rows // k), rollout=ro, scores=scores,
+    got = Collected(idx=np.arange(rows // k), rollout=ro, scores=scores,
                     timings={"generation_s": 0.0})
     got.rollout = got.rollout.to(trainer.device)
     got.scores = got.scores.to(trainer.device)
@@ -186,7 +186,9 @@ def gpu_check(config: str, layers: int, rows: int, prompt: int, completion: int)
     work = Path(tempfile.mkdtemp(prefix="rloo-gpu-check-"))
     try:
         _qwen_folder(work / "model", layers)
-        device = "cuda" if __import__("torch").cuda.is_available() else "cpu"
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
         got = _one_update(str(work / "model"), rows, prompt, completion, 0,
                           [f"model.device={device}", "prompt.chat_template=false"], [config])
     finally:

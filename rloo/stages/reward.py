@@ -65,16 +65,23 @@ def sample_pairs(cfg: dict, policy_dir: Path, train: list[dict]) -> tuple[list[P
     return pairs, {"samples": n_samples, "sample_accuracy": n_correct / max(1, n_samples)}
 
 
-def pair_scores(model, fmt: PromptFormat, pairs: list[Pair], max_length: int,
+def pair_ids(fmt: PromptFormat, pairs: list[Pair], max_length: int) -> list[tuple[list[int], list[int]]]:
+    """Each pair's (chosen, rejected) token ids, encoded as the RLOO stage's reward encodes its samples
+    (`PromptFormat.scored_ids`)."""
+    return [(fmt.scored_ids(p.prompt + p.chosen, max_length), fmt.scored_ids(p.prompt + p.rejected, max_length))
+            for p in pairs]
+
+
+def pair_scores(model, fmt: PromptFormat, pairs: list[Pair] | list[tuple[list[int], list[int]]], max_length: int,
                 autocast_mode: str, wrapped=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(chosen, rejected) scores [N] in one forward pass over both halves, each text encoded as the RLOO
-    stage's reward encodes its samples (`PromptFormat.scored_ids`). `wrapped`: the DDP / FSDP module the
-    gradient pass runs through (data-parallel training; `batching.sequence_scores`)."""
-    texts = [p.prompt + p.chosen for p in pairs] + [p.prompt + p.rejected for p in pairs]
-    ids = [fmt.scored_ids(t, max_length) for t in texts]
+    """(chosen, rejected) scores [N] in one forward pass over both halves (`pairs`: Pairs, or their
+    `pair_ids`). `wrapped`: the DDP / FSDP module the gradient pass runs through (data-parallel
+    training; `batching.sequence_scores`)."""
+    encoded = pairs if pairs and not isinstance(pairs[0], Pair) else pair_ids(fmt, pairs, max_length)
+    ids = [c for c, _ in encoded] + [r for _, r in encoded]
     with autocast(autocast_mode, model_device(model)):
         s = sequence_scores(model, ids, fmt.tokenizer.pad_token_id, wrapped).float()
-    return s[: len(pairs)], s[len(pairs) :]
+    return s[: len(encoded)], s[len(encoded) :]
 
 
 def step_loss(model, wrapped, fmt: PromptFormat, pairs: list[Pair], budget: int, mcfg: dict) -> tuple[float, float]:
@@ -83,14 +90,13 @@ def step_loss(model, wrapped, fmt: PromptFormat, pairs: list[Pair], budget: int,
     micro-batch's loss is its pairs' sum over the step's pair count. Data-parallel: weighed by this
     rank's share of the step's pairs. Returns (the loss, the pairs whose chosen text scored higher)."""
     scale = distributed.loss_scale(len(pairs)) if distributed.enabled() else 1.0
-    # A pair costs two rows as long as its longer text.
-    lengths = [2 * max(len(fmt.scored_ids(p.prompt + p.chosen, mcfg["max_length"])),
-                       len(fmt.scored_ids(p.prompt + p.rejected, mcfg["max_length"]))) for p in pairs]
+    encoded = pair_ids(fmt, pairs, mcfg["max_length"])  # once a step: the lengths and the passes read them
+    lengths = [2 * max(len(c), len(r)) for c, r in encoded]  # a pair costs two rows as long as its longer text
     parts = microbatch.even(microbatch.pack(lengths, budget))
     wins: list[float] = []  # per micro-batch, in order
 
     def loss_of(rows: torch.Tensor) -> torch.Tensor:
-        c, r = pair_scores(model, fmt, [pairs[i] for i in rows.tolist()], mcfg["max_length"], mcfg["autocast"], wrapped)
+        c, r = pair_scores(model, fmt, [encoded[i] for i in rows.tolist()], mcfg["max_length"], mcfg["autocast"], wrapped)
         loss = bradley_terry_loss(c, r, None if len(parts) == 1 else len(pairs))
         wins.append(float((c > r).sum()))
         return loss * scale if distributed.enabled() else loss

@@ -1,47 +1,114 @@
-"""The article's failure modes as running checks over the per-step metrics.
+"""The seed's failure modes as running checks over the per-step metrics.
 
-Each check returns True while its condition holds; the trainer logs the flags as `alarm/*` metrics
-and warns the first time each one fires.
+Each check is a test over a window of steps, never a single batch: a level beyond the noise of the
+window's mean, and the trend the seed names (a zero-signal share that is not falling, a KL that climbs
+while the reward does not, a length that climbs while the reward does not). Their thresholds
+(`rloo.alarms`) were chosen from measured healthy and failing runs: docs/failure-modes.md, bench/alarms.py.
+The trainer logs the flags as `alarm/*` metrics and warns the first time each one fires.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
 
 import numpy as np
 
-
-def _slope(values: list[float]) -> float:
-    if len(values) < 2:
-        return 0.0
-    x = np.arange(len(values), dtype=float)
-    return float(np.polyfit(x, np.asarray(values, dtype=float), 1)[0])
+from rloo.config import load_schema
 
 
-def zero_signal(zero_adv_frac: float, threshold: float = 0.5) -> bool:
-    """More than half of the groups carry no learning signal (all k rewards equal)."""
-    return zero_adv_frac > threshold
+@dataclass(frozen=True)
+class AlarmConfig:
+    """`rloo.alarms`; the schema (rloo/schemas/config.schema.yaml) documents each key and holds the
+    defaults, the calibrated thresholds."""
+
+    window: int  # steps every windowed check reads; none fires before this many steps
+    z: float  # one-sided margin, in standard errors, that a level or a change must clear
+    zero_signal_share: float  # the seed's "above 50 %" of groups without signal
+    kl_rise: float  # nats: KL's rise from the window's first half to its second that counts as a climb
+    length_rise: float  # relative rise of the mean response length across the window
+    hacking_z: float  # reward_hacking: the accuracy drop, in standard errors of a difference
+
+    @classmethod
+    def from_config(cls, cfg: dict | None = None) -> AlarmConfig:
+        """`cfg` (a validated config's `rloo.alarms`, or part of one) over the schema's defaults."""
+        schema = load_schema()["properties"]["rloo"]["properties"]["alarms"]["properties"]
+        values = {f.name: schema[f.name]["default"] for f in fields(cls)}
+        return cls(**{**values, **{k: v for k, v in (cfg or {}).items() if k in values}})
 
 
-def kl_without_reward(kl: list[float], reward: list[float], window: int = 20) -> bool:
-    """KL to the reference climbs over the last `window` steps while the reward does not."""
-    if len(kl) < window:
+DEFAULTS = AlarmConfig.from_config()
+
+
+def _mean_se(values: np.ndarray) -> tuple[float, float]:
+    """Mean and its standard error (0 for a single value or a constant run; NaN for none)."""
+    n = len(values)
+    if n == 0:
+        return math.nan, math.nan
+    sd = float(values.std(ddof=1)) if n > 1 else 0.0
+    return float(values.mean()), sd / math.sqrt(n)
+
+
+def _change(before: np.ndarray, after: np.ndarray) -> tuple[float, float]:
+    """Difference of two blocks' means and its standard error (Welch)."""
+    (a, sa), (b, sb) = _mean_se(before), _mean_se(after)
+    return b - a, math.hypot(sa, sb)
+
+
+def _finite(values: np.ndarray) -> np.ndarray:
+    return values[np.isfinite(values)]  # a step whose rewards were all missing has a NaN mean
+
+
+def _tail(values: Sequence[float], n: int) -> np.ndarray | None:
+    return np.asarray(values[-n:], dtype=float) if len(values) >= n else None
+
+
+def zero_signal(shares: Sequence[float], cfg: AlarmConfig = DEFAULTS) -> bool:
+    """Most groups carry no signal: the window's mean share of groups with k equal rewards exceeds
+    `zero_signal_share` by `z` standard errors, and the share is not falling from the window's first half
+    to its second by `z` standard errors (the seed's healthy run falls early, as the policy finds prompts
+    it can sometimes solve)."""
+    s = _tail(shares, cfg.window)
+    if s is None:
         return False
-    k, r = kl[-window:], reward[-window:]
-    kl_rise = _slope(k) * window
-    return kl_rise > max(0.5, 0.5 * abs(float(np.mean(k)))) and _slope(r) <= 0.0
+    mean, se = _mean_se(s)
+    half = len(s) // 2
+    change, change_se = _change(s[:half], s[half:]) if half else (0.0, 0.0)
+    return mean - cfg.z * se > cfg.zero_signal_share and change >= -cfg.z * change_se
 
 
-def length_climb(lengths: list[float], window: int = 20, chunks: int = 4) -> bool:
-    """Mean response length rises monotonically across `chunks` consecutive blocks of the window."""
-    if len(lengths) < window:
+def kl_without_reward(kl: Sequence[float], reward: Sequence[float], cfg: AlarmConfig = DEFAULTS) -> bool:
+    """KL to the reference climbs while the reward does not: from the window's first half to its second,
+    the mean KL rose by more than `kl_rise` nats and the mean reward did not rise by `z` standard errors
+    (healthy: KL grows in step with the reward, sublinearly)."""
+    k, r = _tail(kl, cfg.window), _tail(reward, cfg.window)
+    if k is None or r is None or cfg.window < 4:
         return False
-    means = [float(np.mean(c)) for c in np.array_split(np.asarray(lengths[-window:]), chunks)]
-    return all(b > a * 1.02 for a, b in itertools.pairwise(means))
+    half = cfg.window // 2
+    gain, se = _change(_finite(r[:half]), _finite(r[half:]))
+    return float(k[half:].mean() - k[:half].mean()) > cfg.kl_rise and gain <= cfg.z * se
 
 
-def reward_hacking(accuracy: list[float], proxy: list[float], n: int, z: float = 2.0) -> bool:
+def length_climb(lengths: Sequence[float], reward: Sequence[float], cfg: AlarmConfig = DEFAULTS,
+                 blocks: int = 4) -> bool:
+    """The mean response length climbs while the reward does not: it rises across `blocks` consecutive
+    blocks of the window, the last block is longer than the first by `length_rise` of it and by `z`
+    standard errors, and the reward's last block is not above its first by `z` standard errors."""
+    lens, rew = _tail(lengths, cfg.window), _tail(reward, cfg.window)
+    if lens is None or rew is None or cfg.window < 2 * blocks:
+        return False
+    parts = np.array_split(lens, blocks)
+    means = [float(p.mean()) for p in parts]
+    rise, se = _change(parts[0], parts[-1])
+    r_parts = np.array_split(rew, blocks)
+    gain, r_se = _change(_finite(r_parts[0]), _finite(r_parts[-1]))
+    return (all(b > a for a, b in itertools.pairwise(means)) and rise > cfg.length_rise * means[0]
+            and rise > cfg.z * se and gain <= cfg.z * r_se)
+
+
+def reward_hacking(accuracy: list[float], proxy: list[float], n: int, z: float = DEFAULTS.hacking_z) -> bool:
     """The proxy reward rose while held-out accuracy fell beyond noise.
 
     Compared with the evaluation of best accuracy before it, the latest one is less accurate by more
@@ -57,6 +124,31 @@ def reward_hacking(accuracy: list[float], proxy: list[float], n: int, z: float =
 
 
 ALARMS = ("zero_signal", "kl_without_reward", "length_climb", "reward_hacking")
+STEP_ALARMS = ALARMS[:3]  # read from the per-step metrics; reward_hacking from the validation evaluations
+
+
+def step_flags(history: Sequence[dict], cfg: AlarmConfig = DEFAULTS) -> dict[str, bool]:
+    """The per-step alarms after the last record of `history` (the steps so far, oldest first)."""
+    def series(key: str) -> list[float]:
+        return [h[key] for h in history[-cfg.window:]]
+
+    reward = series("train/reward_mean")
+    return {
+        "zero_signal": zero_signal(series("train/zero_adv_frac"), cfg),
+        "kl_without_reward": kl_without_reward(series("train/kl"), reward, cfg),
+        "length_climb": length_climb(series("train/response_length"), reward, cfg),
+    }
+
+
+def replay(history: Sequence[dict], cfg: AlarmConfig = DEFAULTS) -> dict[str, list[int]]:
+    """Every step (counted from 1) at which each per-step alarm holds, recomputed from a recorded
+    trajectory (a stage's steps.jsonl) as the trainer computes it while training."""
+    out: dict[str, list[int]] = {name: [] for name in STEP_ALARMS}
+    for i in range(len(history)):
+        for name, on in step_flags(history[: i + 1], cfg).items():
+            if on:
+                out[name].append(history[i]["step"] + 1)
+    return out
 
 
 def first_alarms(history: list[dict]) -> dict[str, int | None]:

@@ -116,7 +116,7 @@ def gather(
     when none had signal yet), so each round costs at most what round 0 did. After `max_rounds` extra
     rounds (or when the prompts run out) the step trains on the groups with signal found, fewer than B;
     when not one group had signal it trains on round 0's B groups, as without dynamic sampling (their
-    advantages are zero: `train/zero_adv_frac` 1 and the zero_signal alarm say so).
+    advantages are zero: `train/zero_adv_frac` is 1, and the zero_signal alarm fires if that persists).
     """
     timings = {"generation_s": 0.0, "scoring_s": 0.0}
 

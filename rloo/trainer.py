@@ -88,6 +88,7 @@ class Trainer:
         self.history: list[dict] = []
         self.evals: list[dict] = []  # validation evaluations, {"step": updates done, "eval/...": ...}
         self._warned: set[str] = set()  # alarms already announced in the log
+        self.alarm_cfg = alarms.AlarmConfig.from_config(r["alarms"])
         # rollout backend (issue 8): `rollout.backend` hf | vllm; a vLLM engine is built once, here.
         self.rollout = make_rollout(cfg, policy_dir, self.policy)
         # Rows per chunk of the forward passes over the samples (batching._completion_pass), and whether
@@ -385,19 +386,12 @@ class Trainer:
         return metrics
 
     def _alarms(self, m: dict) -> dict:
-        past = [*self.history, m]
-        flags = {
-            "alarm/zero_signal": alarms.zero_signal(m["train/zero_adv_frac"]),
-            "alarm/kl_without_reward": alarms.kl_without_reward(
-                [h["train/kl"] for h in past], [h["train/reward_mean"] for h in past]
-            ),
-            "alarm/length_climb": alarms.length_climb([h["train/response_length"] for h in past]),
-        }
+        flags = alarms.step_flags([*self.history, m], self.alarm_cfg)
         for name, on in flags.items():
             if on and name not in self._warned:
-                log.warning("%s fired at step %d (docs/failure-modes.md)", name, m["step"])
+                log.warning("alarm/%s fired at step %d (docs/failure-modes.md)", name, m["step"] + 1)
                 self._warned.add(name)
-        return {k: int(v) for k, v in flags.items()}
+        return {f"alarm/{k}": int(v) for k, v in flags.items()}
 
     # -- evaluation during training: selection and the reward-hacking check ---------------------------
     def evaluate(self, rows: list[dict], n: int, draws: int) -> dict:

@@ -34,11 +34,11 @@ def _pp(x: float) -> str:
 
 
 def pipeline_table() -> str:
-    """The default chain, one row per seed: held-out accuracy of SFT and RLOO, win rate, wall time."""
+    """The default chain (the quick start, seed 0): held-out accuracy of SFT and RLOO, win rate, wall time."""
     rows = ["| run | SFT sampled / greedy | RLOO sampled / greedy | gain sampled / greedy (95 % CI, p) | win rate (verifier judge) | "
             "RLOO steps (selected) | reward-model proxy SFT → RLOO | wall time |",
             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for f in sorted(FIGURES.glob("pipeline_seed*.json")):
+    for f in [FIGURES / "pipeline_seed0.json"]:  # the quick start; other seeds: the seeds target's table
         run = json.loads(f.read_text())
         res = run["results"]
         sft, rl = res["policies"]["sft"], res["policies"]["rloo"]
@@ -84,12 +84,17 @@ def reward_model_chain_table() -> str:
     train = res["training"]["rloo"]
     evals = train["evals"]
     curve = ", ".join(f"{e['step']}: {e['eval/accuracy_sampled']:.3f} / {e['eval/proxy_reward']:+.2f}" for e in evals)
-    alarms = ", ".join(f"{k} at step {v}" for k, v in (rl.get("alarms") or {}).items()) or "none"
+    # The alarms as today's thresholds fire on the same steps (bench/alarms.py replays the run's trajectory,
+    # tests/data/trajectories/reward_model.jsonl); before it was recorded, the ones the run itself reported.
+    replayed = _load("alarms.json")["table"]["first_fired"].get("reward_model")
+    fired = replayed if replayed is not None else (rl.get("alarms") or {})
+    alarms = ", ".join(f"{k} at step {v}" for k, v in fired.items() if v is not None) or "none"
+    alarms_label = "alarms (today's thresholds, bench/alarms.py)" if replayed is not None else "alarms"
     stop = train.get("stopped_early")
     return "\n".join([
         "| | |", "| --- | --- |",
         f"| validation sampled accuracy / training reward, by step | {curve} |",
-        f"| alarms | {alarms} |",
+        f"| {alarms_label} | {alarms} |",
         f"| stopped early | {'after ' + str(stop['step']) + ' steps (' + stop['alarm'] + ')' if stop else 'no'} |",
         f"| policy written | step {train['selected_step']} of {train['steps_trained']} (select: {train['select']}) |",
         f"| held-out test, SFT → written policy | sampled {sft['accuracy_sampled']:.3f} → {rl['accuracy_sampled']:.3f}, "
@@ -316,7 +321,52 @@ def seeds_table() -> str:
     return "\n".join(rows)
 
 
+def alarms_table() -> str:
+    """The alarms' calibration (bench/alarms.py, docs/figures/alarms.json): each recorded run replayed
+    with the default thresholds, the first step each alarm fires at; then the false positives."""
+    run = _load("alarms.json")
+    names = ["zero_signal", "kl_without_reward", "length_climb", "reward_hacking"]
+    t = run["table"]
+    rows = ["| run | kind | " + " | ".join(f"`{a}`" for a in names) + " |", "| --- | --- |" + " --- |" * len(names)]
+    order = sorted(run["runs"], key=lambda n: (run["runs"][n]["kind"] != "healthy", n))
+    for name in order:
+        r = run["runs"][name]
+        cells = []
+        for a in names:
+            step = t["first_fired"][name][a]
+            cell = "silent" if step is None else f"step {step}"
+            cells.append(f"**{cell}**" if r.get("expect") == a else cell)
+        kind = r["kind"] + (f" ({r['expect']})" if r.get("expect") else "")
+        rows.append(f"| {name} ({r['steps']} steps) | {kind} | " + " | ".join(cells) + " |")
+    fp = [f"{t[a]['false_positive_runs']} of {t[a]['healthy_runs']} runs ({t[a]['false_positive_steps']} of "
+          f"{t[a]['healthy_steps']} steps)" for a in names]
+    rows.append("| false positives on the healthy runs | | " + " | ".join(fp) + " |")
+    d = run["defaults"]
+    rows += ["", f"`{run['command']}`, commit {run['commit'][:7]}: window {d['window']} steps, z {d['z']}, "
+             f"zero-signal share {d['zero_signal_share']}, KL rise {d['kl_rise']} nats, length rise "
+             f"{d['length_rise']:.0%}, reward-hacking z {d['hacking_z']}. Bold: the alarm the failing run must fire. "
+             "Each run's command is in tests/data/trajectories/index.json."]
+    return "\n".join(rows)
+
+
+def alarms_grid_table() -> str:
+    """What other windows and margins would have cost (false positives) and caught (first firing step)."""
+    run = _load("alarms.json")
+    failing = sorted({n for r in run["grid"] for n in r["caught"]})
+    rows = ["| window | z | false-positive runs: zero_signal / kl_without_reward / length_climb | "
+            + " | ".join(f"{n}: first firing" for n in failing) + " |",
+            "| --- | --- | --- |" + " --- |" * len(failing)]
+    for r in run["grid"]:
+        fp = r["false_positive_runs"]
+        caught = [("step " + str(r["caught"][n])) if r["caught"][n] is not None else "silent" for n in failing]
+        rows.append(f"| {r['window']} | {r['z']} | {fp['zero_signal']} / {fp['kl_without_reward']} / "
+                    f"{fp['length_climb']} | " + " | ".join(caught) + " |")
+    return "\n".join(rows)
+
+
 TABLES = {
+    "alarms": alarms_table,
+    "alarms-grid": alarms_grid_table,
     "seeds": seeds_table,
     "memory": memory_table,
     "memory-rows": memory_rows_table,

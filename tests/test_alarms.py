@@ -1,31 +1,121 @@
-"""Each alarm fires on a trajectory that shows its failure mode and stays silent on a healthy one."""
+"""Each alarm fires on a trajectory that shows its failure mode and stays silent on healthy ones: the
+recorded runs of tests/data/trajectories (bench/alarms.py replays the same files) and constructed cases."""
+
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from rloo import alarms
+from rloo.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNS = ROOT / "tests" / "data" / "trajectories"
+INDEX = json.loads((RUNS / "index.json").read_text())
+CFG = alarms.AlarmConfig.from_config(load_config(ROOT / "config" / "config.yaml")["rloo"]["alarms"])
 
 
-def test_zero_signal():
-    assert alarms.zero_signal(0.75) and not alarms.zero_signal(0.25) and not alarms.zero_signal(0.5)
+def _history(name: str) -> list[dict]:
+    return [json.loads(line) for line in (RUNS / f"{name}.jsonl").read_text().splitlines()]
 
 
-def test_kl_without_reward():
-    steps = np.arange(30)
-    climbing_kl = list(0.1 + 0.1 * steps)
-    flat_reward = [0.5 + 0.01 * ((-1) ** s) for s in steps]
-    rising_reward = list(0.3 + 0.02 * steps)
-    assert alarms.kl_without_reward(climbing_kl, flat_reward)
-    assert not alarms.kl_without_reward(climbing_kl, rising_reward)  # KL bought reward: healthy
-    assert not alarms.kl_without_reward(list(0.2 + 0.001 * steps), flat_reward)  # KL barely moves
-    assert not alarms.kl_without_reward(climbing_kl[:10], flat_reward[:10])  # too early to tell
+def _hacking_steps(run: dict) -> list[int]:
+    evals = run["evals"]
+    return [e["step"] for i, e in enumerate(evals) if alarms.reward_hacking(
+        [x["eval/accuracy_sampled"] for x in evals[: i + 1]], [x["eval/proxy_reward"] for x in evals[: i + 1]],
+        run["eval_answers"], CFG.hacking_z)]
+
+
+def test_the_default_config_uses_the_calibrated_thresholds():
+    assert alarms.DEFAULTS == CFG  # config/config.yaml overrides none of the schema's thresholds
+    assert alarms.AlarmConfig.from_config({"window": 7}).window == 7
+
+
+@pytest.mark.parametrize("name", sorted(n for n, r in INDEX.items() if r["kind"] == "healthy"))
+def test_silent_on_recorded_healthy_runs(name):
+    fired = alarms.replay(_history(name), CFG)
+    assert fired == {a: [] for a in alarms.STEP_ALARMS}
+    assert _hacking_steps(INDEX[name]) == []
+
+
+@pytest.mark.parametrize("name", sorted(n for n, r in INDEX.items() if r["kind"] == "failing"))
+def test_fires_on_recorded_failing_runs(name):
+    run, history = INDEX[name], _history(name)
+    steps = _hacking_steps(run) if run["expect"] == "reward_hacking" else alarms.replay(history, CFG)[run["expect"]]
+    assert steps, f"{run['expect']} silent on {name}"
+    assert steps[0] <= len(history)
+
+
+def _steps(n: int, **series) -> list[dict]:
+    rng = np.random.default_rng(0)
+    out = []
+    for i in range(n):
+        rec = {"step": i, "train/reward_mean": 0.6 + rng.normal(0, 0.1), "train/kl": 0.3 + rng.normal(0, 0.2),
+               "train/zero_adv_frac": float(np.clip(0.45 + rng.normal(0, 0.12), 0, 1)),
+               "train/response_length": 45 + rng.normal(0, 3)}
+        for key, f in series.items():
+            rec[f"train/{key}"] = f(i, rng)
+        out.append(rec)
+    return out
+
+
+def test_constructed_healthy_run_is_silent():
+    assert alarms.replay(_steps(400), CFG) == {a: [] for a in alarms.STEP_ALARMS}
+
+
+def test_zero_signal_tests_the_window_not_one_batch():
+    cfg = CFG
+    # one batch with no signal at all, among healthy ones: silent
+    shares = [0.45] * 49 + [1.0]
+    assert not alarms.zero_signal(shares, cfg)
+    # a window steadily above half by more than its noise: fires
+    rng = np.random.default_rng(1)
+    stuck = list(np.clip(0.7 + rng.normal(0, 0.12, 50), 0, 1))
+    assert alarms.zero_signal(stuck, cfg)
+    # the same level while falling (the policy is finding signal, the seed's healthy start): silent
+    falling = list(np.clip(np.linspace(0.9, 0.55, 50) + rng.normal(0, 0.05, 50), 0, 1))
+    assert not alarms.zero_signal(falling, cfg)
+    # just above half, within noise: silent
+    assert not alarms.zero_signal(list(np.clip(0.52 + rng.normal(0, 0.12, 50), 0, 1)), cfg)
+    assert not alarms.zero_signal(stuck[:49], cfg)  # fewer steps than the window
+
+
+def test_kl_without_reward_is_a_trend_against_the_reward():
+    steps = np.arange(50)
+    climbing_kl = list(0.1 + 0.05 * steps)
+    rng = np.random.default_rng(2)
+    flat_reward = list(0.5 + rng.normal(0, 0.1, 50))
+    rising_reward = list(0.3 + 0.01 * steps + rng.normal(0, 0.1, 50))
+    assert alarms.kl_without_reward(climbing_kl, flat_reward, CFG)
+    assert not alarms.kl_without_reward(climbing_kl, rising_reward, CFG)  # KL bought reward: healthy
+    assert not alarms.kl_without_reward(list(0.2 + 0.005 * steps), flat_reward, CFG)  # KL drifts 0.25 nats
+    assert not alarms.kl_without_reward(climbing_kl[:49], flat_reward[:49], CFG)  # too early to tell
+    # a missing reward (NaN step) is left out, not propagated
+    holed = list(flat_reward)
+    holed[3] = float("nan")
+    assert alarms.kl_without_reward(climbing_kl, holed, CFG)
 
 
 def test_length_climb():
     rng = np.random.default_rng(0)
-    assert alarms.length_climb(list(30 + 2.0 * np.arange(20) + rng.normal(0, 0.3, 20)))
-    assert not alarms.length_climb(list(30 + rng.normal(0, 2.0, 20)))
-    assert not alarms.length_climb(list(30 - 1.0 * np.arange(20)))
+    flat = list(0.6 + rng.normal(0, 0.1, 50))
+    climbing = list(30 + 0.8 * np.arange(50) + rng.normal(0, 2.0, 50))
+    assert alarms.length_climb(climbing, flat, CFG)
+    assert not alarms.length_climb(list(30 + rng.normal(0, 2.0, 50)), flat, CFG)
+    assert not alarms.length_climb(list(60 - 0.5 * np.arange(50)), flat, CFG)
+    # longer answers that buy reward (longer reasoning that solves more): not the failure mode
+    assert not alarms.length_climb(climbing, list(0.3 + 0.01 * np.arange(50) + rng.normal(0, 0.05, 50)), CFG)
+
+
+def test_replay_matches_what_the_trainer_logs():
+    """replay() is the trainer's computation: the flags it recomputes from a history are the ones a step
+    would log with that history behind it."""
+    history = _steps(120, kl=lambda i, rng: 0.1 + 0.03 * i)
+    fired = alarms.replay(history, CFG)
+    assert fired["kl_without_reward"] and fired["kl_without_reward"][0] == CFG.window
+    for s in fired["kl_without_reward"]:
+        assert alarms.step_flags(history[:s], CFG)["kl_without_reward"]
 
 
 @pytest.mark.parametrize(

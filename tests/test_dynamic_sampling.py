@@ -141,7 +141,9 @@ def test_kept_prompts_and_tokens_depend_only_on_seed_and_step(micro_run):
 def test_rounds_are_bounded_and_no_signal_trains_on_the_first_batch(micro_run):
     k, b, rounds = 4, 4, 2
     flat = ScriptedReward(pays=lambda p: False)  # 0 everywhere: no group has signal
-    trainer = train.Trainer(_cfg(micro_run, dynamic_sampling_max_rounds=rounds), micro_run["sft"], flat, _rows(micro_run))
+    # a window of one step, so that this step's share decides zero_signal (the default reads 50 steps)
+    trainer = train.Trainer(_cfg(micro_run, dynamic_sampling_max_rounds=rounds, alarms={"window": 1}),
+                            micro_run["sft"], flat, _rows(micro_run))
     plain = train.Trainer(_cfg(micro_run, dynamic_sampling=False), micro_run["sft"], flat, _rows(micro_run))
     flat.calls = 0
     got = trainer.collect(0)

@@ -104,7 +104,7 @@ def run(
         # schedule depends on the step count, so there it is part of the fingerprint. Evaluation, selection
         # and stopping rules change what is written, not the training trajectory.
         bookkeeping = ("rloo.checkpoint_every", "rloo.keep_checkpoints", "rloo.eval_every", "rloo.eval_examples",
-                       "rloo.eval_draws", "rloo.eval_batch_size", "rloo.select", "rloo.stop_on")
+                       "rloo.eval_draws", "rloo.eval_batch_size", "rloo.select", "rloo.stop_on", "rloo.alarms")
         if r["estimator"] != "ppo":
             bookkeeping += ("rloo.ppo",)  # PPO's settings do not touch the other estimators' runs
         if cfg["rloo"]["lr_schedule"] == "constant":
@@ -132,7 +132,7 @@ def run(
             trainer.evals.append(e)
             e["alarm/reward_hacking"] = int(alarms.reward_hacking(
                 [x["eval/accuracy_sampled"] for x in trainer.evals], [x["eval/proxy_reward"] for x in trainer.evals],
-                min(r["eval_examples"], len(val)) * r["eval_draws"]))
+                min(r["eval_examples"], len(val)) * r["eval_draws"], trainer.alarm_cfg.hacking_z))
             select.offer(e, trainer.policy)
             log.info("eval after %d steps: %s", done, {k: round(v, 4) for k, v in e.items() if k != "step"})
             return e

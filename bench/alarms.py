@@ -1,0 +1,142 @@
+"""The alarms' calibration: every recorded trajectory replayed through rloo/alarms.py.
+
+Healthy runs (the default chain's seeds, the comparison overlay's estimators) must stay silent; failing
+runs (the learned-reward-model chain, k = 2, a learning rate ten times the default without the KL
+term) must fire the alarm their failure names. The trajectories are the stages' own steps.jsonl,
+trimmed to the metrics the alarms read, under tests/data/trajectories/ (index.json says what each run
+was and the command that made it); tests/test_alarms.py replays the same files.
+
+    python bench/alarms.py record seed0 results/models/rloo_rloo --kind healthy --command "..."
+    python bench/alarms.py --json docs/figures/alarms.json     # the grid of windows and margins, the defaults' table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rloo import alarms  # noqa: E402
+
+TRAJECTORIES = ROOT / "tests" / "data" / "trajectories"
+KEYS = ("step", "train/reward_mean", "train/kl", "train/zero_adv_frac", "train/response_length")
+EVAL_KEYS = ("step", "eval/accuracy_sampled", "eval/proxy_reward")
+
+
+def load(folder: Path = TRAJECTORIES) -> dict[str, dict]:
+    """Every recorded run: its index entry plus `history` (the steps, oldest first)."""
+    index = json.loads((folder / "index.json").read_text())
+    for name, run in index.items():
+        run["history"] = [json.loads(line) for line in (folder / f"{name}.jsonl").read_text().splitlines()]
+    return index
+
+
+def fired(run: dict, cfg: alarms.AlarmConfig) -> dict[str, list[int]]:
+    """The steps (from 1) at which each alarm holds over the run; reward_hacking at its evaluations."""
+    out = alarms.replay(run["history"], cfg)
+    evals = run.get("evals") or []
+    out["reward_hacking"] = [
+        e["step"] for i, e in enumerate(evals)
+        if alarms.reward_hacking([x["eval/accuracy_sampled"] for x in evals[: i + 1]],
+                                 [x["eval/proxy_reward"] for x in evals[: i + 1]], run["eval_answers"], cfg.hacking_z)]
+    return out
+
+
+def table(runs: dict[str, dict], cfg: alarms.AlarmConfig) -> dict:
+    """Per alarm: the healthy runs it fired on (false positives) and each failing run's first firing step."""
+    per_run = {name: fired(run, cfg) for name, run in runs.items()}
+    out = {"first_fired": {n: {a: (steps[0] if steps else None) for a, steps in f.items()} for n, f in per_run.items()}}
+    for alarm in alarms.ALARMS:
+        healthy = {n: per_run[n][alarm] for n, r in runs.items() if r["kind"] == "healthy"}
+        failing = {n: (per_run[n][alarm][0] if per_run[n][alarm] else None)
+                   for n, r in runs.items() if r["kind"] == "failing"}
+        out[alarm] = {
+            "false_positive_runs": sum(bool(v) for v in healthy.values()),
+            "healthy_runs": len(healthy),
+            "false_positive_steps": sum(len(v) for v in healthy.values()),
+            "healthy_steps": sum(len(runs[n]["history"]) for n in healthy),
+            "first_firing_step": failing,
+            "expected_by": sorted(n for n, r in runs.items() if r.get("expect") == alarm),
+        }
+    return out
+
+
+def grid(runs: dict[str, dict], windows: list[int], zs: list[float]) -> list[dict]:
+    """The same table over a grid of windows and margins: what each choice would cost and catch."""
+    rows = []
+    for w in windows:
+        for z in zs:
+            cfg = replace(alarms.DEFAULTS, window=w, z=z)
+            t = table(runs, cfg)
+            rows.append({"window": w, "z": z,
+                         "false_positive_runs": {a: t[a]["false_positive_runs"] for a in alarms.STEP_ALARMS},
+                         "caught": {n: t[r["expect"]]["first_firing_step"][n]
+                                    for n, r in runs.items() if r.get("expect")}})
+    return rows
+
+
+def record(name: str, stage_dir: Path, kind: str, expect: str | None, command: str, eval_answers: int) -> None:
+    """Trim a stage's steps.jsonl (and its metrics.json's evaluations) into the trajectories folder."""
+    steps = [json.loads(line) for line in (stage_dir / "steps.jsonl").read_text().splitlines()]
+    TRAJECTORIES.mkdir(parents=True, exist_ok=True)
+    (TRAJECTORIES / f"{name}.jsonl").write_text(
+        "".join(json.dumps({k: s[k] for k in KEYS}) + "\n" for s in steps))
+    metrics = json.loads((stage_dir / "metrics.json").read_text())
+    index_path = TRAJECTORIES / "index.json"
+    index = json.loads(index_path.read_text()) if index_path.exists() else {}
+    index[name] = {"kind": kind, "expect": expect, "command": command, "steps": len(steps),
+                   "evals": [{k: e[k] for k in EVAL_KEYS} for e in metrics.get("evals", [])],
+                   "eval_answers": eval_answers,
+                   "alarms_when_recorded": metrics.get("alarms")}
+    index_path.write_text(json.dumps(dict(sorted(index.items())), indent=1) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd")
+    rec = sub.add_parser("record", help="trim a stage's steps.jsonl into tests/data/trajectories")
+    rec.add_argument("name")
+    rec.add_argument("stage_dir", type=Path)
+    rec.add_argument("--kind", choices=["healthy", "failing"], required=True)
+    rec.add_argument("--expect", choices=alarms.ALARMS, help="the alarm a failing run must fire")
+    rec.add_argument("--command", required=True, help="what made the run (recorded beside it)")
+    rec.add_argument("--eval-answers", type=int, default=500, help="graded answers per validation evaluation")
+    ap.add_argument("--windows", default="20,30,40,50,60")
+    ap.add_argument("--z", default="2.0,2.5,3.0")
+    ap.add_argument("--json", type=Path, help="write the figures here")
+    args = ap.parse_args()
+    if args.cmd == "record":
+        record(args.name, args.stage_dir, args.kind, args.expect, args.command, args.eval_answers)
+        return
+    runs = load()
+    cfg = alarms.DEFAULTS
+    rows = grid(runs, [int(w) for w in args.windows.split(",")], [float(z) for z in args.z.split(",")])
+    print("window   z   false-positive runs (zero_signal, kl_without_reward, length_climb)   first firing step of each failing run")
+    for r in rows:
+        fp = r["false_positive_runs"]
+        print(f"{r['window']:6d} {r['z']:4.1f}   {fp['zero_signal']:2d} {fp['kl_without_reward']:2d} {fp['length_climb']:2d}"
+              f"   {r['caught']}")
+    chosen = table(runs, cfg)
+    print(f"\nthe defaults {asdict(cfg)}:")
+    for alarm, t in chosen.items():
+        if alarm == "first_fired":
+            continue
+        print(f"  {alarm:18s} false positives {t['false_positive_runs']}/{t['healthy_runs']} healthy runs "
+              f"({t['false_positive_steps']} of {t['healthy_steps']} steps); failing runs' first firing step "
+              f"{t['first_firing_step']}")
+    if args.json:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+        runs_out = {n: {k: v for k, v in r.items() if k not in ("history", "evals")} for n, r in runs.items()}
+        args.json.write_text(json.dumps({"command": "python bench/alarms.py --json " + str(args.json), "commit": commit,
+                                         "defaults": asdict(cfg), "runs": runs_out, "table": chosen, "grid": rows},
+                                        indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

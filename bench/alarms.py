@@ -81,13 +81,17 @@ def grid(runs: dict[str, dict], windows: list[int], zs: list[float]) -> list[dic
     return rows
 
 
-def record(name: str, stage_dir: Path, kind: str, expect: str | None, command: str, eval_answers: int) -> None:
-    """Trim a stage's steps.jsonl (and its metrics.json's evaluations) into the trajectories folder."""
-    steps = [json.loads(line) for line in (stage_dir / "steps.jsonl").read_text().splitlines()]
+def record(name: str, source: Path, kind: str, expect: str | None, command: str, eval_answers: int) -> None:
+    """Trim a stage's steps.jsonl (and its metrics.json's evaluations) into the trajectories folder; or,
+    from a results JSON (a run recorded without its steps), its RLOO stage's evaluations alone."""
+    if source.is_dir():
+        steps = [json.loads(line) for line in (source / "steps.jsonl").read_text().splitlines()]
+        metrics = json.loads((source / "metrics.json").read_text())
+    else:
+        steps, metrics = [], json.loads(source.read_text())["results"]["training"]["rloo"]
     TRAJECTORIES.mkdir(parents=True, exist_ok=True)
     (TRAJECTORIES / f"{name}.jsonl").write_text(
         "".join(json.dumps({k: s[k] for k in KEYS}) + "\n" for s in steps))
-    metrics = json.loads((stage_dir / "metrics.json").read_text())
     index_path = TRAJECTORIES / "index.json"
     index = json.loads(index_path.read_text()) if index_path.exists() else {}
     index[name] = {"kind": kind, "expect": expect, "command": command, "steps": len(steps),
@@ -102,7 +106,7 @@ def main() -> None:
     sub = ap.add_subparsers(dest="cmd")
     rec = sub.add_parser("record", help="trim a stage's steps.jsonl into tests/data/trajectories")
     rec.add_argument("name")
-    rec.add_argument("stage_dir", type=Path)
+    rec.add_argument("source", type=Path, help="a stage's output folder, or a recorded run's JSON (evaluations only)")
     rec.add_argument("--kind", choices=["healthy", "failing"], required=True)
     rec.add_argument("--expect", choices=alarms.ALARMS, help="the alarm a failing run must fire")
     rec.add_argument("--command", required=True, help="what made the run (recorded beside it)")
@@ -112,7 +116,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="write the figures here")
     args = ap.parse_args()
     if args.cmd == "record":
-        record(args.name, args.stage_dir, args.kind, args.expect, args.command, args.eval_answers)
+        record(args.name, args.source, args.kind, args.expect, args.command, args.eval_answers)
         return
     runs = load()
     cfg = alarms.DEFAULTS
@@ -132,7 +136,8 @@ def main() -> None:
               f"{t['first_firing_step']}")
     if args.json:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-        runs_out = {n: {k: v for k, v in r.items() if k not in ("history", "evals")} for n, r in runs.items()}
+        runs_out = {n: {**{k: v for k, v in r.items() if k not in ("history", "evals")}, "evaluations": len(r["evals"])}
+                    for n, r in runs.items()}
         args.json.write_text(json.dumps({"command": "python bench/alarms.py --json " + str(args.json), "commit": commit,
                                          "defaults": asdict(cfg), "runs": runs_out, "table": chosen, "grid": rows},
                                         indent=1) + "\n")

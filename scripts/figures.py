@@ -335,9 +335,14 @@ def alarms_table() -> str:
         for a in names:
             step = t["first_fired"][name][a]
             cell = "silent" if step is None else f"step {step}"
+            if a == "reward_hacking" and not r["evaluations"]:
+                cell = "n/a (no evaluations)"
+            elif a != "reward_hacking" and not r["steps"]:
+                cell = "n/a (steps not recorded)"
             cells.append(f"**{cell}**" if r.get("expect") == a else cell)
         kind = r["kind"] + (f" ({r['expect']})" if r.get("expect") else "")
-        rows.append(f"| {name} ({r['steps']} steps) | {kind} | " + " | ".join(cells) + " |")
+        rows.append(f"| {name} ({r['steps'] or 'its evaluations'}{' steps' if r['steps'] else ''}) | {kind} | "
+                    + " | ".join(cells) + " |")
     fp = [f"{t[a]['false_positive_runs']} of {t[a]['healthy_runs']} runs ({t[a]['false_positive_steps']} of "
           f"{t[a]['healthy_steps']} steps)" for a in names]
     rows.append("| false positives on the healthy runs | | " + " | ".join(fp) + " |")

@@ -44,7 +44,7 @@ def test_fires_on_recorded_failing_runs(name):
     run, history = INDEX[name], _history(name)
     steps = _hacking_steps(run) if run["expect"] == "reward_hacking" else alarms.replay(history, CFG)[run["expect"]]
     assert steps, f"{run['expect']} silent on {name}"
-    assert steps[0] <= len(history)
+    assert steps[0] <= max(len(history), run["evals"][-1]["step"] if run["evals"] else 0)
 
 
 def _steps(n: int, **series) -> list[dict]:

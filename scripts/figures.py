@@ -401,9 +401,10 @@ def collect(run_dir: Path, out: Path, command: str, result: str | None = None) -
     if len(results) != 1:
         raise SystemExit(f"{run_dir}: expected one results/gsm8k_*.json, found {[str(p) for p in results]}")
     stage_seconds = {}
-    for tsv in sorted((run_dir / "logs" / "benchmarks").glob("*.tsv")):
+    bench_dir = run_dir / "logs" / "benchmarks"
+    for tsv in sorted(bench_dir.rglob("*.tsv")):  # seeds and sweeps: per-variant folders (seeds/seed1/rloo_rloo)
         header, values = tsv.read_text().splitlines()[:2]
-        stage_seconds[tsv.stem] = float(dict(zip(header.split("\t"), values.split("\t"), strict=False))["s"])
+        stage_seconds[str(tsv.relative_to(bench_dir).with_suffix(""))] = float(dict(zip(header.split("\t"), values.split("\t"), strict=False))["s"])
     wall = run_dir / "wall_seconds"
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=run_dir, capture_output=True, text=True).stdout.strip()
     record = {

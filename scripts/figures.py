@@ -316,8 +316,9 @@ def seeds_table() -> str:
     agg = {m: t["aggregate"][f"gain_{m}"] for m in ("sampled", "greedy")}
     mean = [f"{_pp(a['mean'])} [{_pp(a['ci95'][0])}, {_pp(a['ci95'][1])}] (sd {100 * a['sd']:.1f})" for a in agg.values()]
     rows.append(f"| mean of {agg['sampled']['n']} (t 95 % CI) | | | {mean[0]} | {mean[1]} |")
-    rows += ["", f"`{run['command']}` after the default chain, commit {run['commit'][:7]}; {run['wall_seconds'] / 60:.0f} min; "
-             "RLOO's seed varies, prepare, SFT and the reward model are shared (scope rloo)."]
+    took = run.get("wall_note") or f"{run['wall_seconds'] / 60:.0f} min."
+    rows += ["", f"`{run['command'].split('#')[0].strip()}`, commit {run['commit'][:7]}: RLOO's seed varies; prepare, SFT "
+             f"and the reward model are shared (scope rloo). {took}"]
     return "\n".join(rows)
 
 

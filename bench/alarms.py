@@ -39,7 +39,7 @@ def load(folder: Path = TRAJECTORIES) -> dict[str, dict]:
 
 def fired(run: dict, cfg: alarms.AlarmConfig) -> dict[str, list[int]]:
     """The steps (from 1) at which each alarm holds over the run; reward_hacking at its evaluations."""
-    out = alarms.replay(run["history"], cfg)
+    out = alarms.replay(run["history"], cfg, run.get("not_applicable", []))
     evals = run.get("evals") or []
     out["reward_hacking"] = [
         e["step"] for i, e in enumerate(evals)
@@ -48,12 +48,20 @@ def fired(run: dict, cfg: alarms.AlarmConfig) -> dict[str, list[int]]:
     return out
 
 
+def _checked(run: dict, alarm: str) -> bool:
+    """Whether the run can show the alarm: its evaluations (reward_hacking) or its steps recorded, and
+    the alarm applies to its estimator."""
+    if alarm == "reward_hacking":
+        return bool(run["evals"])
+    return bool(run["history"]) and alarm not in run.get("not_applicable", [])
+
+
 def table(runs: dict[str, dict], cfg: alarms.AlarmConfig) -> dict:
     """Per alarm: the healthy runs it fired on (false positives) and each failing run's first firing step."""
     per_run = {name: fired(run, cfg) for name, run in runs.items()}
     out = {"first_fired": {n: {a: (steps[0] if steps else None) for a, steps in f.items()} for n, f in per_run.items()}}
     for alarm in alarms.ALARMS:
-        healthy = {n: per_run[n][alarm] for n, r in runs.items() if r["kind"] == "healthy"}
+        healthy = {n: per_run[n][alarm] for n, r in runs.items() if r["kind"] == "healthy" and _checked(r, alarm)}
         failing = {n: (per_run[n][alarm][0] if per_run[n][alarm] else None)
                    for n, r in runs.items() if r["kind"] == "failing"}
         out[alarm] = {
@@ -81,7 +89,8 @@ def grid(runs: dict[str, dict], windows: list[int], zs: list[float]) -> list[dic
     return rows
 
 
-def record(name: str, source: Path, kind: str, expect: str | None, command: str, eval_answers: int) -> None:
+def record(name: str, source: Path, kind: str, expect: str | None, command: str, eval_answers: int,
+           not_applicable: list[str]) -> None:
     """Trim a stage's steps.jsonl (and its metrics.json's evaluations) into the trajectories folder; or,
     from a results JSON (a run recorded without its steps), its RLOO stage's evaluations alone."""
     if source.is_dir():
@@ -96,7 +105,7 @@ def record(name: str, source: Path, kind: str, expect: str | None, command: str,
     index = json.loads(index_path.read_text()) if index_path.exists() else {}
     index[name] = {"kind": kind, "expect": expect, "command": command, "steps": len(steps),
                    "evals": [{k: e[k] for k in EVAL_KEYS} for e in metrics.get("evals", [])],
-                   "eval_answers": eval_answers,
+                   "eval_answers": eval_answers, "not_applicable": not_applicable,
                    "alarms_when_recorded": metrics.get("alarms")}
     index_path.write_text(json.dumps(dict(sorted(index.items())), indent=1) + "\n")
 
@@ -110,13 +119,15 @@ def main() -> None:
     rec.add_argument("--kind", choices=["healthy", "failing"], required=True)
     rec.add_argument("--expect", choices=alarms.ALARMS, help="the alarm a failing run must fire")
     rec.add_argument("--command", required=True, help="what made the run (recorded beside it)")
+    rec.add_argument("--not-applicable", action="append", default=[], choices=alarms.STEP_ALARMS,
+                     help="an alarm the run's estimator does not check (PPO: zero_signal)")
     rec.add_argument("--eval-answers", type=int, default=500, help="graded answers per validation evaluation")
     ap.add_argument("--windows", default="20,30,40,50,60")
     ap.add_argument("--z", default="2.0,2.5,3.0")
     ap.add_argument("--json", type=Path, help="write the figures here")
     args = ap.parse_args()
     if args.cmd == "record":
-        record(args.name, args.source, args.kind, args.expect, args.command, args.eval_answers)
+        record(args.name, args.source, args.kind, args.expect, args.command, args.eval_answers, args.not_applicable)
         return
     runs = load()
     cfg = alarms.DEFAULTS

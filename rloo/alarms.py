@@ -127,25 +127,26 @@ ALARMS = ("zero_signal", "kl_without_reward", "length_climb", "reward_hacking")
 STEP_ALARMS = ALARMS[:3]  # read from the per-step metrics; reward_hacking from the validation evaluations
 
 
-def step_flags(history: Sequence[dict], cfg: AlarmConfig = DEFAULTS) -> dict[str, bool]:
-    """The per-step alarms after the last record of `history` (the steps so far, oldest first)."""
+def step_flags(history: Sequence[dict], cfg: AlarmConfig = DEFAULTS, skip: Sequence[str] = ()) -> dict[str, bool]:
+    """The per-step alarms after the last record of `history` (the steps so far, oldest first); those in
+    `skip` (not applicable to the estimator) stay False."""
     def series(key: str) -> list[float]:
         return [h[key] for h in history[-cfg.window:]]
 
     reward = series("train/reward_mean")
     return {
-        "zero_signal": zero_signal(series("train/zero_adv_frac"), cfg),
-        "kl_without_reward": kl_without_reward(series("train/kl"), reward, cfg),
-        "length_climb": length_climb(series("train/response_length"), reward, cfg),
+        "zero_signal": "zero_signal" not in skip and zero_signal(series("train/zero_adv_frac"), cfg),
+        "kl_without_reward": "kl_without_reward" not in skip and kl_without_reward(series("train/kl"), reward, cfg),
+        "length_climb": "length_climb" not in skip and length_climb(series("train/response_length"), reward, cfg),
     }
 
 
-def replay(history: Sequence[dict], cfg: AlarmConfig = DEFAULTS) -> dict[str, list[int]]:
+def replay(history: Sequence[dict], cfg: AlarmConfig = DEFAULTS, skip: Sequence[str] = ()) -> dict[str, list[int]]:
     """Every step (counted from 1) at which each per-step alarm holds, recomputed from a recorded
     trajectory (a stage's steps.jsonl) as the trainer computes it while training."""
     out: dict[str, list[int]] = {name: [] for name in STEP_ALARMS}
     for i in range(len(history)):
-        for name, on in step_flags(history[: i + 1], cfg).items():
+        for name, on in step_flags(history[: i + 1], cfg, skip).items():
             if on:
                 out[name].append(history[i]["step"] + 1)
     return out

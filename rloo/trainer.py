@@ -96,6 +96,9 @@ class Trainer:
         self.chunk_rows = 16
         self.dedup = True
 
+    # Alarms whose premise this estimator does not share (PPO: its critic, not the group, is the baseline).
+    alarms_not_applicable: tuple[str, ...] = ()
+
     def companions(self) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]:
         """Trained networks besides the policy, checkpointed with it (none here; PPO's critic)."""
         return {}
@@ -386,7 +389,7 @@ class Trainer:
         return metrics
 
     def _alarms(self, m: dict) -> dict:
-        flags = alarms.step_flags([*self.history, m], self.alarm_cfg)
+        flags = alarms.step_flags([*self.history, m], self.alarm_cfg, self.alarms_not_applicable)
         for name, on in flags.items():
             if on and name not in self._warned:
                 log.warning("alarm/%s fired at step %d (docs/failure-modes.md)", name, m["step"] + 1)

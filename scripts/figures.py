@@ -336,7 +336,9 @@ def alarms_table() -> str:
         for a in names:
             step = t["first_fired"][name][a]
             cell = "silent" if step is None else f"step {step}"
-            if a == "reward_hacking" and not r["evaluations"]:
+            if a in r.get("not_applicable", []):
+                cell = "not checked (the critic is PPO's baseline)"
+            elif a == "reward_hacking" and not r["evaluations"]:
                 cell = "n/a (no evaluations)"
             elif a != "reward_hacking" and not r["steps"]:
                 cell = "n/a (steps not recorded)"

@@ -34,7 +34,7 @@ def test_the_default_config_uses_the_calibrated_thresholds():
 
 @pytest.mark.parametrize("name", sorted(n for n, r in INDEX.items() if r["kind"] == "healthy"))
 def test_silent_on_recorded_healthy_runs(name):
-    fired = alarms.replay(_history(name), CFG)
+    fired = alarms.replay(_history(name), CFG, INDEX[name].get("not_applicable", []))
     assert fired == {a: [] for a in alarms.STEP_ALARMS}
     assert _hacking_steps(INDEX[name]) == []
 
@@ -136,3 +136,16 @@ def test_replay_matches_what_the_trainer_logs():
 )
 def test_reward_hacking(accuracy, proxy, n, fires):
     assert alarms.reward_hacking(accuracy, proxy, n) is fires
+
+
+def test_zero_signal_is_not_ppos_alarm():
+    """PPO's baseline is its critic: a group of equal rewards still has R - V advantages, and the share of
+    such groups rises as its policy sharpens (the comparison run, above half from step 50). Its trainer
+    does not check zero_signal; every group-baselined estimator does."""
+    from rloo.ppo import PPOTrainer
+    from rloo.trainer import Trainer
+
+    history = _history("comparison_ppo")
+    assert alarms.replay(history, CFG)["zero_signal"]
+    assert alarms.replay(history, CFG, PPOTrainer.alarms_not_applicable)["zero_signal"] == []
+    assert PPOTrainer.alarms_not_applicable == ("zero_signal",) and Trainer.alarms_not_applicable == ()

@@ -68,7 +68,9 @@ def table(runs: dict[str, dict], cfg: alarms.AlarmConfig) -> dict:
             "false_positive_runs": sum(bool(v) for v in healthy.values()),
             "healthy_runs": len(healthy),
             "false_positive_steps": sum(len(v) for v in healthy.values()),
-            "healthy_steps": sum(len(runs[n]["history"]) for n in healthy),
+            # the checks made: one per step, or (reward_hacking) one per evaluation after the first
+            "healthy_steps": sum(len(runs[n]["evals"]) - 1 if alarm == "reward_hacking" else len(runs[n]["history"])
+                                 for n in healthy),
             "first_firing_step": failing,
             "expected_by": sorted(n for n, r in runs.items() if r.get("expect") == alarm),
         }

@@ -347,7 +347,7 @@ def alarms_table() -> str:
         rows.append(f"| {name} ({r['steps'] or 'its evaluations'}{' steps' if r['steps'] else ''}) | {kind} | "
                     + " | ".join(cells) + " |")
     fp = [f"{t[a]['false_positive_runs']} of {t[a]['healthy_runs']} runs ({t[a]['false_positive_steps']} of "
-          f"{t[a]['healthy_steps']} steps)" for a in names]
+          f"{t[a]['healthy_steps']} {'evaluations' if a == 'reward_hacking' else 'steps'})" for a in names]
     rows.append("| false positives on the healthy runs | | " + " | ".join(fp) + " |")
     d = run["defaults"]
     rows += ["", f"`{run['command']}`, commit {run['commit'][:7]}: window {d['window']} steps, z {d['z']}, "

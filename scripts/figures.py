@@ -89,7 +89,9 @@ def reward_model_chain_table() -> str:
     replayed = _load("alarms.json")["table"]["first_fired"].get("reward_model")
     fired = replayed if replayed is not None else (rl.get("alarms") or {})
     alarms = ", ".join(f"{k} at step {v}" for k, v in fired.items() if v is not None) or "none"
-    alarms_label = "alarms (today's thresholds, bench/alarms.py)" if replayed is not None else "alarms"
+    steps = _load("alarms.json")["runs"].get("reward_model", {}).get("steps")
+    alarms_label = ("alarms" if replayed is None else "alarms (today's thresholds, bench/alarms.py" +
+                    ("; its evaluations only: the steps were not recorded)" if not steps else ")"))
     stop = train.get("stopped_early")
     return "\n".join([
         "| | |", "| --- | --- |",

@@ -39,7 +39,7 @@ def test_silent_on_recorded_healthy_runs(name):
     assert _hacking_steps(INDEX[name]) == []
 
 
-@pytest.mark.parametrize("name", sorted(n for n, r in INDEX.items() if r["kind"] == "failing"))
+@pytest.mark.parametrize("name", sorted(n for n, r in INDEX.items() if r["kind"] == "failing" and r["expect"]))
 def test_fires_on_recorded_failing_runs(name):
     run, history = INDEX[name], _history(name)
     steps = _hacking_steps(run) if run["expect"] == "reward_hacking" else alarms.replay(history, CFG)[run["expect"]]

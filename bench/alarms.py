@@ -40,11 +40,7 @@ def load(folder: Path = TRAJECTORIES) -> dict[str, dict]:
 def fired(run: dict, cfg: alarms.AlarmConfig) -> dict[str, list[int]]:
     """The steps (from 1) at which each alarm holds over the run; reward_hacking at its evaluations."""
     out = alarms.replay(run["history"], cfg, run.get("not_applicable", []))
-    evals = run.get("evals") or []
-    out["reward_hacking"] = [
-        e["step"] for i, e in enumerate(evals)
-        if alarms.reward_hacking([x["eval/accuracy_sampled"] for x in evals[: i + 1]],
-                                 [x["eval/proxy_reward"] for x in evals[: i + 1]], run["eval_answers"], cfg.hacking_z)]
+    out["reward_hacking"] = alarms.hacking_steps(run.get("evals") or [], run["eval_answers"], cfg.hacking_z)
     return out
 
 

@@ -61,6 +61,12 @@ def _finite(values: np.ndarray) -> np.ndarray:
     return values[np.isfinite(values)]  # a step whose rewards were all missing has a NaN mean
 
 
+def _not_rising(before: np.ndarray, after: np.ndarray, z: float) -> bool:
+    """The reward did not rise from one block to the next by `z` standard errors (NaN steps left out)."""
+    gain, se = _change(_finite(before), _finite(after))
+    return gain <= z * se
+
+
 def _tail(values: Sequence[float], n: int) -> np.ndarray | None:
     return np.asarray(values[-n:], dtype=float) if len(values) >= n else None
 
@@ -87,8 +93,7 @@ def kl_without_reward(kl: Sequence[float], reward: Sequence[float], cfg: AlarmCo
     if k is None or r is None or cfg.window < 4:
         return False
     half = cfg.window // 2
-    gain, se = _change(_finite(r[:half]), _finite(r[half:]))
-    return float(k[half:].mean() - k[:half].mean()) > cfg.kl_rise and gain <= cfg.z * se
+    return float(k[half:].mean() - k[:half].mean()) > cfg.kl_rise and _not_rising(r[:half], r[half:], cfg.z)
 
 
 def length_climb(lengths: Sequence[float], reward: Sequence[float], cfg: AlarmConfig = DEFAULTS,
@@ -103,9 +108,8 @@ def length_climb(lengths: Sequence[float], reward: Sequence[float], cfg: AlarmCo
     means = [float(p.mean()) for p in parts]
     rise, se = _change(parts[0], parts[-1])
     r_parts = np.array_split(rew, blocks)
-    gain, r_se = _change(_finite(r_parts[0]), _finite(r_parts[-1]))
     return (all(b > a for a, b in itertools.pairwise(means)) and rise > cfg.length_rise * means[0]
-            and rise > cfg.z * se and gain <= cfg.z * r_se)
+            and rise > cfg.z * se and _not_rising(r_parts[0], r_parts[-1], cfg.z))
 
 
 def reward_hacking(accuracy: list[float], proxy: list[float], n: int, z: float = DEFAULTS.hacking_z) -> bool:
@@ -121,6 +125,14 @@ def reward_hacking(accuracy: list[float], proxy: list[float], n: int, z: float =
     a, b = accuracy[best], accuracy[-1]
     se = math.sqrt((a * (1 - a) + b * (1 - b)) / n)
     return a - b > z * max(se, 1e-12) and proxy[-1] > proxy[best]
+
+
+def hacking_steps(evals: Sequence[dict], n: int, z: float = DEFAULTS.hacking_z) -> list[int]:
+    """The evaluations (their steps) at which reward_hacking holds, recomputed from a run's recorded
+    evaluations ({"step", "eval/accuracy_sampled", "eval/proxy_reward"}) as the stage computes it."""
+    acc = [e["eval/accuracy_sampled"] for e in evals]
+    proxy = [e["eval/proxy_reward"] for e in evals]
+    return [e["step"] for i, e in enumerate(evals) if reward_hacking(acc[: i + 1], proxy[: i + 1], n, z)]
 
 
 ALARMS = ("zero_signal", "kl_without_reward", "length_climb", "reward_hacking")

@@ -21,10 +21,7 @@ def _history(name: str) -> list[dict]:
 
 
 def _hacking_steps(run: dict) -> list[int]:
-    evals = run["evals"]
-    return [e["step"] for i, e in enumerate(evals) if alarms.reward_hacking(
-        [x["eval/accuracy_sampled"] for x in evals[: i + 1]], [x["eval/proxy_reward"] for x in evals[: i + 1]],
-        run["eval_answers"], CFG.hacking_z)]
+    return alarms.hacking_steps(run["evals"], run["eval_answers"], CFG.hacking_z)
 
 
 def test_the_default_config_uses_the_calibrated_thresholds():

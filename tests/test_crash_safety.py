@@ -62,6 +62,7 @@ def uninterrupted(uninterrupted_run):
     return uninterrupted_run[0]
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_exits_nonzero_and_the_rerun_resumes(micro_run, tmp_path, uninterrupted):
     proc = subprocess.Popen(_train_cmd(micro_run, tmp_path, "out", "work"), stderr=subprocess.PIPE, text=True)
     _wait_for_checkpoint(tmp_path / "work", proc)
@@ -79,6 +80,7 @@ def test_sigterm_checkpoints_exits_nonzero_and_the_rerun_resumes(micro_run, tmp_
     assert all(torch.equal(uninterrupted[k], b[k]) for k in b)
 
 
+@pytest.mark.slow
 def test_kill_9_at_a_random_point_then_rerun_gives_the_same_weights(micro_run, tmp_path, uninterrupted_run):
     uninterrupted, duration = uninterrupted_run
     t0 = time.monotonic()
@@ -153,6 +155,7 @@ def _reward_cmd(micro_run, tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_reward_stage_killed_then_rerun_gives_the_same_model(micro_run, tmp_path_factory):
     """The reward stage resumes like sft and rloo: kill -9 after a checkpoint, rerun, same weights."""
     whole, cut = tmp_path_factory.mktemp("reward_whole"), tmp_path_factory.mktemp("reward_cut")

@@ -130,6 +130,7 @@ def _cmdlines_holding(secret: str) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_the_judge_key_reaches_the_judge_and_no_file_or_command_line(micro_run, tmp_path, judge_url):
     """Tracking on (a real MLflow store in tmp_path): every file the stage writes is searched."""
     env = {**os.environ, "RLOO_TEST_JUDGE_KEY": SECRET, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
@@ -154,6 +155,7 @@ def test_the_judge_key_reaches_the_judge_and_no_file_or_command_line(micro_run, 
 # -- a judge that does not answer --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_an_unreachable_judge_fails_the_stage_in_one_line(micro_run, tmp_path):
     pytest.importorskip("openai")
     closed = f"http://127.0.0.1:{_free_port()}/v1"
@@ -269,6 +271,7 @@ def test_skipped_records_are_counted_and_shown(tmp_path):
     assert "!! prepare: skipped 2 bad records" in summary.stderr and "not UTF-8" in summary.stderr
 
 
+@pytest.mark.slow
 def test_sft_stops_when_the_context_would_drop_the_data(micro_run, tmp_path):
     res = _rloo("sft", "-c", MICRO, "--set", "model.max_length=40", "--set", "tracking.enabled=false",
                 "--data", str(micro_run["data"]), "--out", str(tmp_path / "sft"), "--work", str(tmp_path / "work"),
@@ -280,6 +283,7 @@ def test_sft_stops_when_the_context_would_drop_the_data(micro_run, tmp_path):
 # -- Ctrl-C ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_ctrl_c_checkpoints_exits_130_and_ends_the_mlflow_run(micro_run, micro_reward, tmp_path):
     import mlflow
 
@@ -318,6 +322,7 @@ def test_ctrl_c_checkpoints_exits_130_and_ends_the_mlflow_run(micro_run, micro_r
 # -- the terminal under Snakemake ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_stage_logging_to_a_file_reports_progress_in_the_terminal(micro_run, tmp_path):
     """A Snakemake job's stderr is its log file and its stdout the terminal: the terminal gets plain
     progress lines (not the bar's redraws), the log keeps the bar."""

@@ -149,6 +149,7 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
 
 
+@pytest.mark.slow
 def test_evaluate_judges_with_the_served_model_and_stops_it(micro_run, tmp_path):
     argv, judge_log = _evaluate(micro_run, tmp_path)
     res = subprocess.run(argv, capture_output=True, text=True, env=_env(), timeout=300)
@@ -172,6 +173,7 @@ def test_evaluate_judges_with_the_served_model_and_stops_it(micro_run, tmp_path)
     assert group_members(pids_in_log(tmp_path / "comparison.judge.log")["server"]) == []
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_evaluate_stage_stops_the_served_judge(micro_run, tmp_path):
     seen = tmp_path / "seen"
     argv, judge_log = _evaluate(micro_run, tmp_path, "--delay", "2", "--seen", str(seen))
@@ -191,6 +193,7 @@ def test_sigterm_to_the_evaluate_stage_stops_the_served_judge(micro_run, tmp_pat
     assert not (tmp_path / "gsm8k_rloo.json").exists()
 
 
+@pytest.mark.slow
 def test_a_judge_that_cannot_start_fails_the_stage_with_one_line(micro_run, tmp_path):
     argv, judge_log = _evaluate(micro_run, tmp_path, "--no-such-flag")
     res = subprocess.run(argv, capture_output=True, text=True, env=_env(), timeout=300)

@@ -73,6 +73,7 @@ def _compare(measured: dict[str, int]) -> None:
     assert not bad, "\n".join(lines)
 
 
+@pytest.mark.slow
 def test_prediction_within_20_percent_of_the_measured_cpu_peak():
     """One forward + backward of a micro-batch, peak RSS over the RSS before it (tests/plan_measure.py)."""
     measured = _measure("cpu")
@@ -164,6 +165,7 @@ def test_a_hub_model_without_config_json_or_shape_names_model_shape():
     assert model_shape(_cfg())[0] == QWEN_05B or model_shape(_cfg())[1].endswith("config.json")
 
 
+@pytest.mark.slow
 def test_snakefile_refuses_to_plan_a_config_that_does_not_fit(tmp_path):
     copy = make_copy(tmp_path / "workflow")
     ok = snakemake(copy, "-n", "--quiet", "rules", "--configfile", "config/gpu.yaml", check=False)

@@ -86,6 +86,7 @@ def _sbatch_flags(resources: str) -> set[str]:
     return set((get_submit_command(job, params) + set_gres_string(job)).split())
 
 
+@pytest.mark.slow
 def test_the_cluster_dry_run_shows_the_multi_node_request_and_its_srun_line(tmp_path):
     copy = make_copy(tmp_path / "wf")
     jobs = _dry_run_jobs(copy, "distributed: {strategy: fsdp, nproc_per_node: 8, nodes: 2}\n")
@@ -103,6 +104,7 @@ def test_the_cluster_dry_run_shows_the_multi_node_request_and_its_srun_line(tmp_
     assert all(p in jobs["rloo"] for p in ("nodes=4", "gres=gpu:1", "tasks=4", "tasks_per_gpu=1", "mpi=srun --nodes=4"))
 
 
+@pytest.mark.slow
 def test_strategy_none_asks_slurm_for_what_it_did_before(tmp_path):
     jobs = _dry_run_jobs(make_copy(tmp_path / "wf"), "distributed: {strategy: none, nproc_per_node: 8}\n")
     for rule in ("sft", "reward", "rloo", "evaluate"):

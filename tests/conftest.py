@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -98,6 +99,27 @@ def micro_reward(micro_run, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def micro_workflow(tmp_path_factory) -> dict:
+    """One real Snakemake run of the micro pipeline, untracked (the default target: results/gsm8k_rloo.json
+    and the toy experiment, plus results/gsm8k_grpo.json, a second estimator sharing prepare/sft/reward),
+    in an isolated working copy (tests/workflow_helpers.py), built once per test run. Tests that run
+    more of the workflow take their own copy (`copy_tree`): Snakemake's records come along, so the copy
+    has nothing left to do (tests/test_workflow.py checks it)."""
+    from workflow_helpers import CONFIGFILES, make_copy, snakemake
+
+    def build(folder: Path) -> None:
+        copy = make_copy(folder / "wf")
+        t0 = time.monotonic()
+        res = snakemake(copy, "all", "results/gsm8k_grpo.json", "--cores", "1", *CONFIGFILES, timeout=1200)
+        (folder / "snakemake.out").write_text(res.stdout + res.stderr)
+        (folder / "seconds").write_text(f"{time.monotonic() - t0:.1f}")
+
+    folder = shared_folder(tmp_path_factory, "workflow", build)
+    return {"copy": folder / "wf", "output": (folder / "snakemake.out").read_text(),
+            "seconds": float((folder / "seconds").read_text())}
+
+
 # -- tiers and workers ----------------------------------------------------------------------------------
 # An unmarked test whose own time (its call, not the shared fixtures it sets up) passes this many seconds
 # fails and names itself: the fast tier (`scripts/test.sh --fast`, `-m "not slow"`) stays fast because a
@@ -117,12 +139,14 @@ def _group(item: pytest.Item) -> str:
     return "slurm" if stem in SLURM_FILES else stem
 
 
-@pytest.hookimpl(tryfirst=True)
+def pytest_itemcollected(item):
+    # One xdist group per file (module fixtures are built once), the Slurm files in one group. Set
+    # here, while collecting: xdist reads the marks in its own pytest_collection_modifyitems.
+    if not item.get_closest_marker("xdist_group"):
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
+
+
 def pytest_collection_modifyitems(config, items):
-    # One xdist group per file (module fixtures are built once), the Slurm files in one group.
-    for item in items:
-        if not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group(_group(item)))
     order = {g: i for i, g in enumerate(("slurm", *HEAVY_FIRST))}
     items.sort(key=lambda it: order.get(_group(it), len(order)))  # stable: file order kept within
 

@@ -8,6 +8,7 @@ the script then exits 1.
     python tests/mutation_check.py            # every mutation
     python tests/mutation_check.py --list     # what they are
     python tests/mutation_check.py --only no-optimizer-step
+    python tests/mutation_check.py --fast     # against the fast tier only (-m "not slow")
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ MUTATIONS = {
         "the leave-one-out baseline is replaced by the group mean (itself included)",
     ),
     "no-optimizer-step": (
-        "rloo/stages/train.py",
+        "rloo/trainer.py",
         "            self.optimizer.step()\n",
         "            pass  # mutation: no optimizer step\n",
         "the RLOO stage skips its optimizer step",
@@ -52,8 +53,8 @@ MUTATIONS = {
     ),
     "optimizer-state-not-restored": (
         "rloo/checkpoint.py",
-        '    optimizer.load_state_dict(opt["optimizer"])\n',
-        "    pass  # mutation: optimizer state not restored\n",
+        '        distributed.load_optim_state(module, opt, opt_state["optimizer"])\n',
+        "        pass  # mutation: optimizer state not restored\n",
         "resuming restores the weights but not Adam's state",
     ),
 }
@@ -67,14 +68,15 @@ def mutate(copy: Path, name: str) -> None:
     (copy / path).write_text(text.replace(old, new))
 
 
-def run(name: str, workdir: Path) -> tuple[bool, str, float]:
+def run(name: str, workdir: Path, fast: bool = False) -> tuple[bool, str, float]:
     copy = workdir / name
     shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(
         ".git", ".venv*", "results", "data", "logs", ".snakemake", "mlflow.db", "__pycache__", "node_modules"))
     mutate(copy, name)
     env = {**os.environ, "PYTHONPATH": str(copy), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     t0 = time.monotonic()
-    res = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *GUARDS],
+    tier = ["-m", "not slow"] if fast else []
+    res = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tier, *GUARDS],
                          cwd=copy, env=env, capture_output=True, text=True)
     failed = [line for line in res.stdout.splitlines() if line.startswith("FAILED")]
     return res.returncode != 0, (failed[0] if failed else res.stdout.strip().splitlines()[-1]), time.monotonic() - t0
@@ -84,6 +86,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", action="append", choices=list(MUTATIONS))
     ap.add_argument("--list", action="store_true")
+    ap.add_argument("--fast", action="store_true", help="run the guards' fast tier only")
     a = ap.parse_args()
     if a.list:
         for name, (path, *_, what) in MUTATIONS.items():
@@ -92,7 +95,7 @@ def main() -> int:
     holes = []
     with tempfile.TemporaryDirectory(prefix="rloo-mutants-") as tmp:
         for name in a.only or MUTATIONS:
-            caught, detail, seconds = run(name, Path(tmp))
+            caught, detail, seconds = run(name, Path(tmp), a.fast)
             print(f"{name:30} {'caught' if caught else 'NOT CAUGHT'} ({seconds:.0f} s): {detail}", flush=True)
             if not caught:
                 holes.append(name)

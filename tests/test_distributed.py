@@ -122,6 +122,13 @@ def _rloo_cmd(micro_run, reward_dir, tmp: Path, *sets: str, steps: int = 3, npro
     return cmd + (["--nproc", str(nproc)] if nproc else [])
 
 
+def _run_here(cmd: list[str]) -> None:
+    """A one-process reference run: the same command line through `rloo.cli.main` in this process
+    (no interpreter start-up to pay; the command is the same, so are its outputs)."""
+    assert cmd[:3] == [sys.executable, "-m", "rloo.cli"] and "--nproc" not in cmd, cmd
+    assert cli.main(cmd[3:]) == 0, f"rloo {cmd[3]} failed (its log is in the captured stderr)"
+
+
 def _run(cmd: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})})
     assert done.returncode == 0, done.stderr[-4000:]
@@ -158,7 +165,7 @@ def single_rloo(micro_run, micro_reward, tmp_path_factory):
     runs = {}
     for norm in ("sequence", "token"):
         tmp = tmp_path_factory.mktemp(f"single_{norm}")
-        _run(_rloo_cmd(micro_run, micro_reward, tmp, f"rloo.loss_norm={norm}"))
+        _run_here(_rloo_cmd(micro_run, micro_reward, tmp, f"rloo.loss_norm={norm}"))
         runs[norm] = (_weights(tmp / "out"), _steps(tmp / "out"))
     sft = _weights(micro_run["sft"])
     # The steps must have moved the weights, else equal weights would test nothing.
@@ -250,7 +257,7 @@ def _sft_cmd(micro_run, tmp: Path, *sets: str, nproc: int | None = None) -> list
 @pytest.fixture(scope="module")
 def single_sft(micro_run, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("single_sft")
-    _run(_sft_cmd(micro_run, tmp))
+    _run_here(_sft_cmd(micro_run, tmp))
     return _weights(tmp / "out"), json.loads((tmp / "out" / "history.json").read_text())
 
 
@@ -288,7 +295,7 @@ def _reward_weights(folder: Path) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def single_reward(micro_run, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("single_reward")
-    _run(_reward_cmd(micro_run, tmp))
+    _run_here(_reward_cmd(micro_run, tmp))
     return (_reward_weights(tmp / "out"), json.loads((tmp / "out" / "history.json").read_text()),
             json.loads((tmp / "out" / "metrics.json").read_text()))
 
@@ -435,7 +442,7 @@ GC = "model.gradient_checkpointing=true"
 def single_lora(micro_run, micro_reward, tmp_path_factory):
     """One process's 3 RLOO steps with LoRA: the merged weights."""
     tmp = tmp_path_factory.mktemp("single_lora")
-    _run(_rloo_cmd(micro_run, micro_reward, tmp, LORA))
+    _run_here(_rloo_cmd(micro_run, micro_reward, tmp, LORA))
     return _weights(tmp / "out")
 
 
@@ -458,7 +465,7 @@ def test_two_processes_train_lora_and_checkpointed_rloo_as_one(micro_run, micro_
 @pytest.mark.slow
 def test_two_fsdp_processes_train_sft_with_lora_and_checkpointing_as_one(micro_run, tmp_path_factory):
     single, double = tmp_path_factory.mktemp("sft_lora_1"), tmp_path_factory.mktemp("sft_lora_2")
-    _run(_sft_cmd(micro_run, single, LORA, GC))
+    _run_here(_sft_cmd(micro_run, single, LORA, GC))
     _run(_sft_cmd(micro_run, double, LORA, GC, "distributed.strategy=fsdp", nproc=2))
     _close(_weights(double / "out"), _weights(single / "out"), _weights(single / "work" / "init"), ATOL["sft"])
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from workflow_helpers import CONFIGFILES, ROOT, env_for, make_copy, planned, snakemake
+from conftest import copy_tree
+from workflow_helpers import CONFIGFILES, ROOT, env_for, job_counts, make_copy, planned, snakemake
 
 from rloo import cli, pipeline, tracking
 from rloo.config import ConfigError, load_config, stage_config
@@ -188,6 +189,13 @@ def test_a_sweep_over_an_unknown_key_fails_before_anything_runs(wf):
 # --- Snakemake: real micro runs ---------------------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def ran(micro_workflow, tmp_path_factory) -> Path:
+    """A copy of the session's micro run (tests/conftest.py): the main chain's prepare, sft and reward
+    are done, as on a user's machine that ran the default target before asking for seeds or a sweep."""
+    return copy_tree(micro_workflow["copy"], tmp_path_factory.mktemp("variants-ran") / "wf")
+
+
 def _rewrite(path: Path, i: int) -> dict:
     """Give a per-seed (per-point) results file distinct figures, keeping everything else."""
     result = json.loads(path.read_text())
@@ -202,16 +210,18 @@ def _rewrite(path: Path, i: int) -> dict:
 
 
 @pytest.mark.slow
-def test_seeds_target_runs_each_seed_and_aggregates_its_files(wf):
+def test_seeds_target_runs_each_seed_and_aggregates_its_files(ran):
+    wf = ran
     t0 = time.monotonic()
     # tracked (the other workflow tests run untracked): one MLflow child run per seed and stage
-    snakemake(wf, SEEDS, "--cores", "1", *CONFIGFILES, "--config", "seeds={values: [0, 1]}",
-              "tracking={enabled: true}", timeout=900)
+    res = snakemake(wf, SEEDS, "--cores", "1", *CONFIGFILES, "--config", "seeds={values: [0, 1]}",
+                    "tracking={enabled: true}", timeout=900)
+    # scope rloo: the main chain's prepare, sft and reward (already run) are reused, not run again
+    assert job_counts(res.stdout + res.stderr) == {"rloo_seed": 2, "evaluate_seed": 2, "seeds": 1}
     print(f"seeds target, 2 seeds, tracked: {time.monotonic() - t0:.1f} s")
     pipeline_run = json.loads((wf / "results/runs/pipeline.json").read_text())["run_id"]
     runs = {p.stem: json.loads(p.read_text()) for p in (wf / "results/runs").glob("*.json") if p.stem != "config"}
-    assert set(runs) == {"pipeline", "prepare", "sft", "reward", "rloo[seed=0]", "rloo[seed=1]",
-                         "evaluate[seed=0]", "evaluate[seed=1]", "seeds"}
+    assert set(runs) == {"pipeline", "rloo[seed=0]", "rloo[seed=1]", "evaluate[seed=0]", "evaluate[seed=1]", "seeds"}
     assert {r["parent_run_id"] for name, r in runs.items() if name != "pipeline"} == {pipeline_run}
     for s in (0, 1):
         assert (wf / f"results/models/seeds/seed{s}/rloo_rloo/metrics.json").is_file()
@@ -237,16 +247,17 @@ def test_seeds_target_runs_each_seed_and_aggregates_its_files(wf):
 
 
 @pytest.mark.slow
-def test_sweep_target_runs_each_point_and_picks_the_best_by_validation(wf):
+def test_sweep_target_runs_each_point_and_picks_the_best_by_validation(ran):
+    wf = ran
     sweep = "results/sweeps/beta.json"
     (wf / "config" / "sweep.yaml").write_text("sweeps: {beta: {rloo.beta: [0.0, 0.1]}}\n")
     files = [*CONFIGFILES, "config/sweep.yaml"]
-    shared = (wf / "results/models/sft").is_dir()  # the seeds run's (scope rloo: the main chain's)
+    assert (wf / "results/models/sft").is_dir()  # the main chain's, run before
     t0 = time.monotonic()
     res = snakemake(wf, sweep, "--cores", "1", *files, timeout=900)
     print(f"sweep target, 2 points: {time.monotonic() - t0:.1f} s")
-    if shared:  # a grid over rloo.* reuses prepare, sft and reward, although the seeds run set `seeds`
-        assert "rule sft:" not in res.stdout + res.stderr and "rule prepare:" not in res.stdout + res.stderr
+    # a grid over rloo.* reuses prepare, sft and reward (and a seeds run before it changes nothing of them)
+    assert job_counts(res.stdout + res.stderr) == {"rloo_sweep": 2, "evaluate_sweep": 2, "sweep": 1}
     cfg = load_config([*MICRO, wf / "config" / "sweep.yaml"])
     points = grid(cfg, "beta")
     for pid in points:

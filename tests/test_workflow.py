@@ -1,8 +1,8 @@
 """The Snakemake workflow, run for real on the micro config in an isolated working copy.
 
-One full run (module fixture: the default target, i.e. results/gsm8k_rloo.json and the toy
-experiment, plus results/gsm8k_grpo.json, a second estimator sharing prepare/sft/reward) is reused by
-every check: nothing left to do afterwards; which jobs a changed parameter or an edited source file
+One full run (the session's `micro_workflow`, tests/conftest.py: the default target, i.e.
+results/gsm8k_rloo.json and the toy experiment, plus results/gsm8k_grpo.json, a second estimator
+sharing prepare/sft/reward; this file works on its own copy) is reused by every check: nothing left to do afterwards; which jobs a changed parameter or an edited source file
 plans (dry runs); lint; the HTML report; and, last, SIGTERM -> retry -> resume of a longer rloo
 job. See tests/workflow_helpers.py for how outputs are isolated.
 """
@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import copy_tree
 from workflow_helpers import (
     CONFIGFILES,
     PIPELINE,
@@ -41,13 +42,11 @@ GRPO = "results/gsm8k_grpo.json"
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> dict:
-    copy = make_copy(tmp_path_factory.mktemp("workflow"))
-    t0 = time.monotonic()
-    res = snakemake(copy, "all", GRPO, "--cores", "1", *CONFIGFILES, timeout=1200)
-    seconds = time.monotonic() - t0
-    print(f"full micro pipeline (default target + {GRPO}): {seconds:.1f} s")
-    return {"copy": copy, "output": res.stdout + res.stderr, "seconds": seconds}
+def run(micro_workflow, tmp_path_factory) -> dict:
+    """This file's own copy of the session's full micro run (tests/conftest.py `micro_workflow`)."""
+    copy = copy_tree(micro_workflow["copy"], tmp_path_factory.mktemp("workflow") / "wf")
+    print(f"full micro pipeline (default target + {GRPO}): {micro_workflow['seconds']:.1f} s")
+    return {"copy": copy, "output": micro_workflow["output"], "seconds": micro_workflow["seconds"]}
 
 
 def test_full_run_shares_prepare_sft_reward(run):

@@ -1,7 +1,10 @@
 """Training checkpoints: weights (safetensors), optimizer and scheduler state, step and extra state.
 
 A checkpoint is a folder `step_{N:08d}` written atomically; `latest` finds the newest complete one,
-so a run killed at any moment resumes from the last finished save.
+so a run killed at any moment resumes from the last finished save. checkpoint.json, written last,
+records the SHA-256 of every other file: `load` refuses a checkpoint whose files changed since (a
+flipped byte, a file replaced by another that still parses) or whose weights are not finite, and
+`TrainingLoop.resume` then falls back to the newest one that passes.
 
 Data-parallel (rloo/distributed.py), every rank takes part in gathering the whole state (a collective
 under FSDP), rank 0 alone writes it, and on resume every rank reads the same folder (a file system all
@@ -10,6 +13,7 @@ ranks see) and takes its shard of it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -27,6 +31,11 @@ _DONE = "checkpoint.json"
 
 class CheckpointError(UserError, RuntimeError):
     """A checkpoint that cannot be used; the message names the folder and the problem."""
+
+
+class DamagedCheckpoint(CheckpointError):
+    """A checkpoint whose files are missing, unreadable, changed since they were saved, or not finite:
+    an older one may still be good (unlike one written by a run with other settings)."""
 
 
 def save(
@@ -54,11 +63,44 @@ def save(
                                tmp / "optimizer.pt")
                 else:
                     torch.save({"optimizer": opt_state}, tmp / f"{name}_optimizer.pt")
-            (tmp / _DONE).write_text(json.dumps({"step": step, "fingerprint": fingerprint, "extra": extra or {}}))
+            (tmp / _DONE).write_text(json.dumps({"step": step, "fingerprint": fingerprint, "extra": extra or {},
+                                                 "sha256": digests(tmp)}))
         for old in sorted(p for p in Path(root).glob("step_*") if p != final)[:-keep] if keep else []:
             shutil.rmtree(old, ignore_errors=True)
     distributed.barrier()
     return final
+
+
+def digests(folder: Path) -> dict[str, str]:
+    """{file name: SHA-256} of the files in a checkpoint folder, checkpoint.json aside."""
+    return {p.name: _sha256(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name != _DONE}
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def verify(folder: Path, meta: dict) -> None:
+    """Raise CheckpointError if a file recorded at save is missing or its content changed since.
+    (Checkpoints written before the digests were recorded have none to check.)"""
+    for name, want in (meta.get("sha256") or {}).items():
+        path = folder / name
+        if not path.is_file():
+            raise DamagedCheckpoint(f"{folder}: incomplete checkpoint, missing {name}")
+        if _sha256(path) != want:
+            raise DamagedCheckpoint(f"{folder}: {name} changed since it was saved (SHA-256 differs from checkpoint.json)")
+
+
+def nonfinite(tensors: dict[str, torch.Tensor]) -> str | None:
+    """The name of the first floating-point tensor holding a NaN or an infinity, or None."""
+    for name, t in tensors.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            return name
+    return None
 
 
 def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -116,11 +158,16 @@ def _restore(folder: Path, model: torch.nn.Module, state: dict[str, torch.Tensor
 
 def latest(root: str | Path) -> Path | None:
     """The newest complete checkpoint folder, or None."""
+    done = complete(root)
+    return done[-1] if done else None
+
+
+def complete(root: str | Path) -> list[Path]:
+    """The complete checkpoint folders under `root` (checkpoint.json written), oldest first."""
     root = Path(root)
     if not root.is_dir():
-        return None
-    done = sorted(p for p in root.glob("step_*") if (p / _DONE).is_file())
-    return done[-1] if done else None
+        return []
+    return sorted(p for p in root.glob("step_*") if (p / _DONE).is_file())
 
 
 def load(
@@ -141,7 +188,8 @@ def load(
     try:
         meta = json.loads((folder / _DONE).read_text())
     except Exception as e:
-        raise CheckpointError(f"{folder}: corrupt checkpoint ({type(e).__name__}: {e})") from None
+        raise DamagedCheckpoint(f"{folder}: corrupt checkpoint ({type(e).__name__}: {e})") from None
+    verify(folder, meta)
     if fingerprint and meta.get("fingerprint") and meta["fingerprint"] != fingerprint:
         raise CheckpointError(
             f"{folder}: written by a run with other settings or data (fingerprint {meta['fingerprint']} != "
@@ -156,9 +204,12 @@ def load(
                             torch.load(folder / ("optimizer.pt" if name == "model" else f"{name}_optimizer.pt"),
                                        weights_only=True, map_location="cpu"))
     except FileNotFoundError as e:
-        raise CheckpointError(f"{folder}: incomplete checkpoint, missing {Path(e.filename).name}") from None
+        raise DamagedCheckpoint(f"{folder}: incomplete checkpoint, missing {Path(e.filename).name}") from None
     except Exception as e:
-        raise CheckpointError(f"{folder}: corrupt checkpoint ({type(e).__name__}: {e})") from None
+        raise DamagedCheckpoint(f"{folder}: corrupt checkpoint ({type(e).__name__}: {e})") from None
+    for name, (state, _) in loaded.items():
+        if bad := nonfinite(state):
+            raise DamagedCheckpoint(f"{folder}: {name}.safetensors holds non-finite values ({bad})")
     for name, (module, opt) in parts.items():
         state, opt_state = loaded[name]
         _restore(folder, module, state)

@@ -4,10 +4,17 @@
                         checkpoint_every=100)
     extra = loop.resume()                 # {} on a fresh start; else the trainer's saved state
     for step in loop:                     # from loop.start; SIGTERM/SIGINT end it after a checkpoint
-        metrics = train_one_step(step)
+        loss, grad_norm = backward(step)
+        if loop.finite(step, loss=loss, grad_norm=grad_norm):   # else: skipped, or NonFiniteError
+            optimizer.step()
         loop.log(metrics, step)           # kept in loop.history, sent to MLflow, shown on the bar
     # loop.finish(): called by a trainer that stops early (an alarm), so no checkpoint follows
     loop.record_timings(train_seconds=...)   # wall-clock figures: MLflow and <work>/timings.json
+
+A diverged run stops (`finite`): a non-finite loss, KL, advantage or gradient norm raises
+NonFiniteError before the optimizer applies it (or skips the step, up to `max_nonfinite_steps`), and
+the weights are checked before every checkpoint and before the output is written, so a run that
+diverged leaves its last good checkpoint and no output.
 
 A checkpoint holds the weights, the optimizer and scheduler state, `loop.history` and whatever
 `state()` returns (the trainer's own state: evaluations, a moving baseline). The batches of step N
@@ -18,6 +25,7 @@ an uninterrupted one would have done.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,10 +33,15 @@ from typing import Any
 import torch
 
 from rloo import checkpoint, distributed, lora, models, tracking
+from rloo.errors import UserError
 from rloo.io import atomic_dir, write_json_atomic
 from rloo.runtime import Preempted, Progress, StopFlag, peak_memory_mb
 
 log = logging.getLogger("rloo")
+
+
+class NonFiniteError(UserError, RuntimeError):
+    """A training run diverged: a loss, KL, advantage, gradient norm or weight is NaN or infinite."""
 
 
 class TrainingLoop:
@@ -45,6 +58,7 @@ class TrainingLoop:
         keep: int = 2,
         state: Callable[[], dict] = dict,
         companions: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]] | None = None,
+        max_nonfinite_steps: int = 0,
     ) -> None:
         self.name, self.steps, self.ckpt_dir = name, steps, Path(ckpt_dir)
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
@@ -54,20 +68,73 @@ class TrainingLoop:
         self.history: list[dict] = []
         self.bar: Progress | None = None
         self._finished = False
+        self.max_nonfinite_steps, self.skipped_steps = max_nonfinite_steps, 0
 
     def resume(self, replay: Callable[[dict], list[dict]] = lambda extra: []) -> dict:
         """Load the newest complete checkpoint, if any: weights, optimizer, scheduler and history in
         place; return the trainer's saved state. The stage's MLflow run gets the earlier steps' metrics
         again (plus `replay(extra)`: records logged outside the history), so one run holds them all."""
-        last = checkpoint.latest(self.ckpt_dir)
-        if last is None:
+        found = checkpoint.complete(self.ckpt_dir)
+        if not found:
             return {}
-        self.start, extra = checkpoint.load(last, self.model, self.optimizer, self.scheduler, self.fingerprint,
-                                            self.companions)
+        damaged = []
+        for last in reversed(found):  # newest first; a damaged one is passed over, never deleted
+            try:
+                self.start, extra = checkpoint.load(last, self.model, self.optimizer, self.scheduler,
+                                                    self.fingerprint, self.companions)
+                break
+            except checkpoint.DamagedCheckpoint as e:
+                log.warning("%s: skipped, trying the one before it", e)
+                damaged.append(last.name)
+        else:
+            raise checkpoint.CheckpointError(
+                f"{self.ckpt_dir}: no usable checkpoint (damaged: {', '.join(damaged)}; the warnings above say "
+                f"why); delete {self.ckpt_dir} to start this stage afresh")
         self.history = extra.pop("history", [])
         log.info("resumed from %s (step %d)", last, self.start)
         tracking.replay_history([*self.history, *replay(extra)], self.start)
         return extra
+
+    def finite(self, step: int, **quantities: float) -> bool:
+        """Whether step `step` may be applied: its `quantities` (loss, KL, advantages, gradient norm) are
+        all finite. A non-finite step is skipped (False: the caller drops its gradient), counted in
+        `skipped_steps`, while there have been at most `max_nonfinite_steps`; past them, NonFiniteError.
+        Data-parallel, every rank takes the same decision."""
+        bad = next(((k, v) for k, v in quantities.items() if not math.isfinite(float(v))), None)
+        if not distributed.any_rank(bad is not None):
+            return True
+        name, value = bad or ("a quantity on another rank", math.nan)
+        self.skipped_steps += 1
+        if self.skipped_steps <= self.max_nonfinite_steps:
+            log.warning("%s: step %d skipped, %s is %s (%d of %s.max_nonfinite_steps=%d)", self.name, step, name,
+                        value, self.skipped_steps, self.name, self.max_nonfinite_steps)
+            tracking.log_metrics({f"{self.name}/skipped_nonfinite_steps": self.skipped_steps}, step)
+            return False
+        self.diverged(step, name, value)
+        return False  # not reached
+
+    def check_weights(self, step: int, what: str) -> None:
+        """Stop before `what` (a checkpoint, the output) is written from weights that are not finite."""
+        named = [("model", self.model), *((n, m) for n, (m, _) in self.companions.items())]
+        bad = next((f"{part}:{name}" for part, module in named for name, p in module.named_parameters()
+                    if not _finite(p)), None)
+        if distributed.any_rank(bad is not None):  # FSDP: each rank checks its shards
+            self.diverged(step, f"weight {bad or 'on another rank'}", "not finite", before=what)
+
+    def diverged(self, step: int, name: str, value: object, before: str = "the optimizer step") -> None:
+        """Record the divergence (MLflow, <work>/diverged.json) and raise NonFiniteError."""
+        last = checkpoint.latest(self.ckpt_dir)
+        record = {"stage": self.name, "step": step, "quantity": name, "value": str(value),
+                  "skipped_steps": self.skipped_steps, "last_good_checkpoint": str(last) if last else None}
+        tracking.log_metrics({f"{self.name}/diverged_at_step": step}, step)
+        tracking.set_tags({"rloo.diverged": f"step {step}: {name} = {value}"})
+        if distributed.is_main():
+            write_json_atomic(self.ckpt_dir.parent / "diverged.json", record)
+        kept = f"the last good checkpoint, {last}, is kept" if last else "no checkpoint had been written"
+        raise NonFiniteError(
+            f"{self.name}: step {step}: {name} is {value} before {before}: the run diverged; no output written, "
+            f"{kept} (lower the learning rate or the gradient clip, or allow skips with "
+            f"{self.name}.max_nonfinite_steps)")
 
     def log(self, metrics: dict, step: int, **postfix: str) -> None:
         """Keep `metrics` in the history (saved with each checkpoint) and send them to MLflow."""
@@ -105,11 +172,18 @@ class TrainingLoop:
                 # Data-parallel, a signal may reach the ranks at different steps: all stop at the same one.
                 stop.requested = distributed.any_rank(stop.requested)
                 if stop.requested or (done % self.checkpoint_every == 0 and done < self.steps):
+                    self.check_weights(step, "a checkpoint")
                     checkpoint.save(self.ckpt_dir, done, self.model, self.optimizer, self.scheduler,
                                     {"history": self.history, **self.state()}, keep=self.keep,
                                     fingerprint=self.fingerprint, companions=self.companions)
                     if stop.requested:
                         raise Preempted(done, stop.exit_code)
+
+
+def _finite(p: torch.Tensor) -> bool:
+    t = p.detach()
+    t = t.to_local() if hasattr(t, "to_local") else t  # an FSDP shard (DTensor): this rank's part
+    return bool(torch.isfinite(t).all())
 
 
 def write_model_output(out_dir: Path, adapted: lora.Adapted | None, model: torch.nn.Module, tokenizer,

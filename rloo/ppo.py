@@ -127,7 +127,9 @@ class PPOTrainer(Trainer):
                         entropy = (0.0 if math.isnan(entropy) else entropy) + float(
                             (ent * mb.completion_mask).sum() / mask.sum().clamp(min=1))
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), r["grad_clip"]))
-                self.optimizer.step()
+                if self.guard(step, loss=acc["loss"], grad_norm=grad_norm, kl=acc["kl"],
+                              advantages=float(adv.abs().max())):
+                    self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
                 for rows, mb in micro[j]:
                     n = mb.completion_len

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +25,7 @@ from rloo.collect import REFILL_STREAM, Collected, gather, prompt_indices
 from rloo.errors import InputError
 from rloo.estimators import MovingBaseline, compute_advantages
 from rloo.evaluation import evaluate_policy, spec_for
+from rloo.loop import NonFiniteError
 from rloo.losses import kl_loss_term, policy_loss, sequence_kl, shaped_reward
 from rloo.prompting import PromptFormat
 from rloo.rewards import RewardSource
@@ -35,6 +36,14 @@ from rloo.schedules import lr_multiplier
 log = logging.getLogger("rloo.train")
 
 
+def _stop_if_not_finite(step: int, **quantities: float) -> bool:
+    """The guard of a Trainer used outside a TrainingLoop: stop at the first non-finite quantity."""
+    for name, value in quantities.items():
+        if not math.isfinite(value):
+            raise NonFiniteError(f"rloo: step {step}: {name} is {value} before the optimizer step: the run diverged")
+    return True
+
+
 class Trainer:
     """Holds the policy, the frozen reference, the optimizer and the reward; `step()` is one RLOO step,
     on the scored groups of `collect(step)`."""
@@ -42,6 +51,9 @@ class Trainer:
     def __init__(self, cfg: dict, policy_dir: str | Path, reward: RewardSource, train: list[dict]) -> None:
         self.cfg, self.rcfg, self.mcfg = cfg, cfg["rloo"], cfg["model"]
         r = self.rcfg
+        # Asked before every optimizer step with the step's loss, KL, advantages and gradient norm; the
+        # RLOO stage hands in its TrainingLoop's (which may skip a step); alone, any non-finite one stops.
+        self.guard: Callable[..., bool] = _stop_if_not_finite
         if r["estimator"] in ("rloo", "grpo", "grpo_std") and r["k"] < 2:
             raise InputError(f"rloo.k={r['k']}: the {r['estimator']} estimator needs k >= 2 samples per prompt")
         if r["dynamic_sampling"] and r["k"] < 2:
@@ -329,7 +341,9 @@ class Trainer:
             else:
                 loss_value = microbatch.accumulate(self.policy_train, parts, micro_loss, after=count)
             grad_norm = float(distributed.clip_grad_norm_(self.policy.parameters(), r["grad_clip"]))
-            self.optimizer.step()
+            if self.guard(step, loss=loss_value, grad_norm=grad_norm, kl=float(seq_kl.mean()),
+                          advantages=float(advantages.abs().max())):
+                self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             stats_acc["clip_frac"] += stats_acc["clipped_tokens"] / max(float(mask.sum()), 1.0) / r["updates_per_batch"]
         self.scheduler.step()

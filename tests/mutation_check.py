@@ -47,8 +47,9 @@ MUTATIONS = {
     ),
     "no-checkpoint-on-resume": (
         "rloo/checkpoint.py",
-        '    """The newest complete checkpoint folder, or None."""\n',
-        '    """The newest complete checkpoint folder, or None."""\n    return None  # mutation\n',
+        '    """The complete checkpoint folders under `root` (checkpoint.json written), oldest first."""\n',
+        '    """The complete checkpoint folders under `root` (checkpoint.json written), oldest first."""\n'
+        "    return []  # mutation\n",
         "a resumed run finds no checkpoint (starts afresh)",
     ),
     "optimizer-state-not-restored": (

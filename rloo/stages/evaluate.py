@@ -15,10 +15,12 @@ from pathlib import Path
 
 import jsonschema
 import numpy as np
+import torch
 import yaml
 
 from rloo import models
 from rloo.config import config_hash, stage_config
+from rloo.errors import InputError
 from rloo.evaluation import evaluate_policy, spec_for, write_completions
 from rloo.gains import correctness, gain, win_rate_ci95
 from rloo.io import read_jsonl, sha256_file, write_json_atomic
@@ -61,6 +63,19 @@ def run(cfg: dict, data_dir: str | Path, sft_dir: str | Path, policies: dict[str
         return _evaluate(cfg, judge, data_dir, sft_dir, policies, out_json, reward_model_dir, plot_dir)
 
 
+def nonfinite_weights(folder: Path) -> str | None:
+    """The first tensor of a model folder's safetensors files holding a NaN or an infinity, or None."""
+    from safetensors import safe_open
+
+    for path in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - a safe_open handle is not a dict
+                t = f.get_tensor(name)
+                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                    return f"{name} ({path.name})"
+    return None
+
+
 def judge_log_path(cfg: dict, out_json: str | Path) -> Path:
     """<paths.logs>/evaluate_<result name>.judge.log: beside the stage's own log."""
     return Path(cfg["paths"]["logs"]) / f"evaluate_{Path(out_json).stem.removeprefix('gsm8k_')}.judge.log"
@@ -70,6 +85,10 @@ def _evaluate(cfg: dict, judge, data_dir, sft_dir, policies: dict[str, str], out
               plot_dir) -> dict:
     m, e = cfg["model"], cfg["evaluate"]
     data_dir = Path(data_dir)
+    # A diverged model (NaN or infinite weights) is refused before anything is sampled.
+    for folder in [sft_dir, *policies.values(), *([reward_model_dir] if reward_model_dir else [])]:
+        if bad := nonfinite_weights(Path(folder)):
+            raise InputError(f"{folder}: weight {bad} is not finite (a diverged run?): not evaluated")
     rows = [r for _, r in read_jsonl(data_dir / "test.jsonl")][: e["examples"]]
     tok = models.load_tokenizer(sft_dir, m["trust_remote_code"])
     reference = models.load_causal_lm(sft_dir, **models.load_options(m))

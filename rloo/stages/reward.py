@@ -162,7 +162,7 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
         cfg, ["seed", "model", "prompt", "reward"], data_dir, policy_dir,
         ignore=("reward.checkpoint_every", *STAGES["reward"].excluded)))
     loop = TrainingLoop("reward", rcfg["steps"], work_dir / "checkpoints", model, opt, None, fingerprint,
-                        rcfg["checkpoint_every"])
+                        rcfg["checkpoint_every"], max_nonfinite_steps=rcfg["max_nonfinite_steps"])
     loop.resume()
     t_train = time.perf_counter()
     for step in loop:
@@ -174,8 +174,9 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
         with grad_checkpointing.active(model):  # the model stays in eval mode (no dropout)
             loss_value, wins = step_loss(model, train_model if distributed.enabled() else None, fmt,
                                          [tr_pairs[i] for i in idx], rcfg["micro_batch_tokens"], mcfg)
-        distributed.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        grad_norm = float(distributed.clip_grad_norm_(model.parameters(), 1.0))
+        if loop.finite(step, loss=loss_value, grad_norm=grad_norm):
+            opt.step()
         opt.zero_grad(set_to_none=True)
         if step % 10 == 0 or step == rcfg["steps"] - 1:
             # The whole step's figures: the ranks' mean of the weighted losses is the step's mean loss.
@@ -198,6 +199,7 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
     }
     timings = loop.record_timings(pair_seconds=t_pairs, train_seconds=time.perf_counter() - t_train)
     tracking.log_metrics({f"reward/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
+    loop.check_weights(rcfg["steps"], "the output")
     write_model_output(out_dir, adapted, model, tok, {"metrics.json": metrics, "history.json": loop.history})
     log.info("reward model: %s", {**metrics, **timings})
     return {**metrics, **timings}

@@ -171,7 +171,7 @@ def run(cfg: dict, data_dir: str | Path, out_dir: str | Path, work_dir: str | Pa
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(scfg["warmup_steps"], scfg["steps"], "cosine", floor=0.1))
     fingerprint = distributed.fingerprint(run_fingerprint(cfg, ["seed", "model", "prompt", "sft"], data_dir))
     loop = TrainingLoop("sft", scfg["steps"], work_dir / "checkpoints", model, optimizer, scheduler, fingerprint,
-                        scfg["checkpoint_every"])
+                        scfg["checkpoint_every"], max_nonfinite_steps=scfg["max_nonfinite_steps"])
     loop.resume()
 
     t0 = time.perf_counter()
@@ -186,7 +186,8 @@ def run(cfg: dict, data_dir: str | Path, out_dir: str | Path, work_dir: str | Pa
         loss_value = step_loss(train_model, batch, tokenizer.pad_token_id, scfg["micro_batch_tokens"], mcfg["autocast"],
                                device, mcfg["logits_chunk_tokens"])
         grad_norm = distributed.clip_grad_norm_(model.parameters(), scfg["grad_clip"])
-        optimizer.step()
+        if loop.finite(step, loss=loss_value, grad_norm=float(grad_norm)):
+            optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         tokens += sum(len(e.ids) for e in batch)
@@ -216,6 +217,7 @@ def run(cfg: dict, data_dir: str | Path, out_dir: str | Path, work_dir: str | Pa
     # Tokens of this process's steps (a resumed run counts from its checkpoint).
     timings = loop.record_timings(train_seconds=train_seconds, tokens_per_second=tokens / max(train_seconds, 1e-9))
     tracking.log_metrics({f"sft/eval_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}, scfg["steps"])
+    loop.check_weights(scfg["steps"], "the output")
     write_model_output(out_dir, adapted, model, tokenizer, {"metrics.json": metrics, "history.json": loop.history})
     log.info("sft done: %s", {**{k: metrics[k] for k in ("accuracy", "accuracy_sampled")}, **timings})
     return {**metrics, **timings}

@@ -114,7 +114,8 @@ def run(
         loop = TrainingLoop("rloo", r["steps"], ckpt_dir, trainer.policy, trainer.optimizer, trainer.scheduler,
                             fingerprint, r["checkpoint_every"], keep=r["keep_checkpoints"],
                             state=lambda: {"evals": trainer.evals, "baseline": asdict(trainer.baseline)},
-                            companions=trainer.companions())
+                            companions=trainer.companions(), max_nonfinite_steps=r["max_nonfinite_steps"])
+        trainer.guard = loop.finite  # the trainer asks before every optimizer step
         # The step-0 evaluation is the only record logged outside the history.
         extra = loop.resume(replay=lambda extra: [e for e in extra.get("evals", []) if e["step"] == 0])
         trainer.history = loop.history  # one list: the loop saves it, the alarms read it
@@ -187,6 +188,7 @@ def run(
             samples_per_second=_samples([x for x in h if x["step"] >= loop.start], r) / max(seconds, 1e-9),
             seconds_per_step=seconds / max(trained - loop.start, 1))
         tracking.log_metrics({"rloo/selected_step": chosen["step"]}, trained)
+        loop.check_weights(trained, "the output")
         whole = lora.whole(trainer.adapted, trainer.policy)  # LoRA: merged; FSDP: gathered on rank 0
         if distributed.is_main():
             with atomic_dir(out_dir) as tmp:

@@ -31,7 +31,7 @@ from rloo.tracking.pipeline import PIPELINE_RUN_NAME, end_pipeline, start_pipeli
 from rloo.tracking.provenance import DVC_IGNORED, dvc_md5, git_info, host_tags
 from rloo.tracking.records import ENV_RUNS_DIR, recorded_runs, runs_dir
 from rloo.tracking.redact import REDACTED, is_secret_key, redact, redact_text, redact_value
-from rloo.tracking.stage import active_run_id, cli_context, log_metrics, replay_history, stage_run
+from rloo.tracking.stage import active_run_id, cli_context, log_metrics, replay_history, set_tags, stage_run
 from rloo.tracking.store import (
     DEFAULT_EXPERIMENT,
     DEFAULT_URI,
@@ -81,6 +81,7 @@ __all__ = [
     "redact_value",
     "replay_history",
     "runs_dir",
+    "set_tags",
     "stage_run",
     "start_pipeline",
     "tracking_uri",

@@ -46,6 +46,12 @@ def log_metrics(metrics: dict[str, Any], step: int | None = None) -> None:
     _active.log_metrics(metrics, step)
 
 
+def set_tags(tags: dict[str, str]) -> None:
+    """Tag the active stage run (no-op without a run)."""
+    if _active is not None:
+        _active.set_tags(tags)
+
+
 def replay_history(records: list[dict], resumed_from: int) -> None:
     """A resumed stage's run gets the metrics of the steps before its checkpoint (kept in the checkpoint),
     so that one run holds the whole history; tagged with the step it resumed from."""

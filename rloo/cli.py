@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import importlib
 import json
 import os
+import re
+import shutil
 import stat
 import sys
 import traceback
@@ -22,7 +25,7 @@ from rloo.config import (
     parse_set,
     resolved_base,
 )
-from rloo.errors import UserError
+from rloo.errors import MissingInputError, UserError
 
 DEFAULT_CONFIG = "config/config.yaml"
 # The stages that train data-parallel under torchrun or srun (rloo/distributed.py, imported by name for
@@ -222,9 +225,29 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"rloo {args.stage}: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:
+        # A full disk (or quota) while writing: one line naming the file and the space left; the
+        # atomic writes (rloo.io) leave no partial output behind for a rerun to take as done.
+        if not (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)) and "No space left" not in str(e):
+            raise
+        if args.debug or _stderr_is_a_file():
+            traceback.print_exc()
+        where = Path(getattr(e, "filename", None) or pipeline.cli_outputs(args, cfg).get("model")
+                     or next(iter(pipeline.cli_outputs(args, cfg).values()), "."))
+        print(f"rloo {args.stage}: error: no space left on the device writing {where} "
+              f"({_free(where)} free there); nothing was written: free some space and rerun", file=sys.stderr)
+        return 2
     finally:
         if args.stage in DATA_PARALLEL:
             _distributed().shutdown()
+
+
+def _free(path: Path) -> str:
+    """The free space on the file system of `path` (its nearest existing parent), for a person."""
+    for p in (path, *path.resolve().parents):
+        if p.exists():
+            return f"{shutil.disk_usage(p).free / 2**20:.0f} MiB"
+    return "unknown"
 
 
 def _stderr_is_a_file() -> bool:
@@ -269,12 +292,37 @@ def _plan(cfg: dict, gpu_gb: float | None) -> int:
     return 0
 
 
+def _inputs_exist(args: argparse.Namespace, cfg: dict, data: str, sft: str) -> None:
+    """Every local folder the stage reads exists, or one line names it, where it came from and the
+    stage that writes it (rather than transformers reading a missing folder as a hub id)."""
+    needs: list[tuple[str, str, str]] = []  # (path, where it came from, the stage that writes it)
+    if args.stage in ("sft", "reward", "train", "evaluate"):
+        needs.append((data, "--data" if getattr(args, "data", None) else "paths.data", "prepare"))
+    if args.stage in ("reward", "train"):
+        needs.append((args.policy or sft, "--policy" if args.policy else "the SFT output", "sft"))
+    if args.stage == "train" and (args.reward_model or cfg["reward"]["source"] == "model"):
+        needs.append((args.reward_model or pipeline.outputs("reward", cfg)["model"],
+                      "--reward-model" if args.reward_model else "reward.source=model", "reward"))
+    if args.stage == "evaluate":
+        needs.append((args.sft or sft, "--sft" if args.sft else "the SFT output", "sft"))
+        needs += [(folder, f"the {name} policy", "rloo") for name, folder in pipeline.evaluated_policies(args, cfg).items()]
+        if args.reward_model:
+            needs.append((args.reward_model, "--reward-model", "reward"))
+    for path, source, writer in needs:
+        # A hub id given on the command line (namespace/name) is transformers' to resolve.
+        hub_id = source.startswith("--") and writer != "prepare" and re.fullmatch(r"[\w.-]+/[\w.-]+", str(path))
+        if not Path(path).exists() and not hub_id:
+            raise MissingInputError(f"{path} ({source}) does not exist: the {writer} stage writes it "
+                                    f"(rloo {pipeline.STAGES[writer].verb}, or snakemake runs it)")
+
+
 def _dispatch(stage, args: argparse.Namespace, cfg: dict, out: dict[str, str]) -> None:
     """Call the stage's `run` with the job's inputs (options, else the declared upstream outputs)."""
     data = args.data if getattr(args, "data", None) else pipeline.folders(cfg)["data"]
     sft = pipeline.outputs("sft", cfg)["model"]
     work = getattr(args, "work", None) or (pipeline.work_dir(pipeline.BY_VERB[args.stage].name, cfg)
                                            if pipeline.BY_VERB[args.stage].work else None)
+    _inputs_exist(args, cfg, data, sft)
     if args.stage == "prepare":
         stage.run(cfg, out["data"])
     elif args.stage == "sft":

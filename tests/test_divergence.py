@@ -137,3 +137,37 @@ def test_skipped_non_finite_steps_are_counted_then_stop(tmp_path):
         model.weight[0, 0] = math.nan
     with pytest.raises(NonFiniteError, match=r"weight model:weight"):
         loop.check_weights(3, "a checkpoint")
+
+
+def test_a_missing_model_folder_names_the_stage_that_writes_it(micro_run, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no results/models/reward here: the micro config's reward source
+    code = cli.main(["train", "-c", MICRO, "--set", "tracking.enabled=false", "--set", "reward.source=model",
+                     "--data", str(micro_run["data"]), "--policy", str(micro_run["sft"])])
+    err = capsys.readouterr().err
+    assert code == 2, err[-3000:]
+    assert err.strip().splitlines()[-1] == ("rloo train: error: results/models/reward (reward.source=model) does not "
+                                            "exist: the reward stage writes it (rloo reward, or snakemake runs it)")
+    assert "Traceback" not in err and "Repo id" not in err
+
+
+@pytest.mark.parametrize("failure", ["oserror", "safetensors"])
+def test_a_full_disk_is_one_line_and_leaves_no_partial_output(micro_run, tmp_path, capsys, monkeypatch, failure):
+    import errno
+
+    def full_disk(model, tokenizer, folder):
+        (Path(folder) / "model.safetensors").write_bytes(b"\0" * 1000)  # a partial file, then the disk is full
+        if failure == "oserror":
+            raise OSError(errno.ENOSPC, "No space left on device", str(Path(folder) / "model.safetensors"))
+        raise RuntimeError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "
+                           '"No space left on device" })')  # how safetensors reports it
+
+    monkeypatch.setattr(models, "save_pretrained", full_disk)
+    out = tmp_path / "out"
+    code = cli.main(["sft", "-c", MICRO, "--set", "tracking.enabled=false", "--data", str(micro_run["data"]),
+                     "--out", str(out), "--work", str(tmp_path / "work")])
+    err = capsys.readouterr().err
+    assert code == 2, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("rloo sft: error: no space left on the device writing ") and " MiB free there" in last
+    assert "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]  # no output, no temporary sibling of it

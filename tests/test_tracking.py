@@ -71,6 +71,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+_SERVERS: dict[str, subprocess.Popen] = {}  # url: the server process (a test may kill it)
+
+
 @contextlib.contextmanager
 def _mlflow_server(cwd: Path, backend: str, *extra: str, verb: str = "server"):
     """`mlflow server|ui` on 127.0.0.1 with one worker; yields its URL once /health answers."""
@@ -91,8 +94,10 @@ def _mlflow_server(cwd: Path, backend: str, *extra: str, verb: str = "server"):
                     break
             assert time.time() < deadline, f"mlflow {verb} did not answer: {Path(logf.name).read_text()[-3000:]}"
             time.sleep(0.5)
+        _SERVERS[url] = proc
         yield url
     finally:
+        _SERVERS.pop(url, None)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -537,3 +542,45 @@ def test_mlflow_ui_lists_pipeline_and_stage_runs(snakemake_pipeline, tmp_path):
     for png in (runs_png, rloo_png):
         assert png.is_file() and png.stat().st_size > 10_000, png
     print(f"MLflow UI screenshots: {runs_png}, {rloo_png}")
+
+
+@pytest.mark.slow
+def test_a_tracking_server_killed_mid_stage_costs_seconds_not_minutes(micro_run, micro_reward, tmp_path):
+    """The server dies while `rloo train` runs: one warning, the stage stops waiting on it, finishes in
+    a small factor of its untracked time, and its outputs and local metrics are complete."""
+    steps = 30
+
+    def cmd(tag: str) -> list[str]:
+        return [str(BIN / "rloo"), "train", "-c", str(MICRO), "--set", f"rloo.steps={steps}",
+                "--set", "rloo.checkpoint_every=2", "--set", "rloo.eval_every=0", "--set", "reward.source=model",
+                "--reward-model", str(micro_reward), "--data", str(micro_run["data"]), "--policy", str(micro_run["sft"]),
+                "--out", str(tmp_path / tag / "out"), "--work", str(tmp_path / tag / "work")]
+
+    t0 = time.monotonic()
+    res = subprocess.run([*cmd("untracked"), "--set", "tracking.enabled=false"], env=_env(), capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    untracked = time.monotonic() - t0
+
+    server_dir = tmp_path / "server"
+    server_dir.mkdir()
+    with _mlflow_server(server_dir, f"sqlite:///{server_dir / 'server.db'}",
+                        "--artifacts-destination", str(server_dir / "artifacts")) as url:
+        t0 = time.monotonic()
+        proc = subprocess.Popen(cmd("tracked"), env=_env(MLFLOW_TRACKING_URI=url), stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 300
+        while not list((tmp_path / "tracked" / "work" / "checkpoints").glob("step_*/checkpoint.json")):
+            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint before the kill"
+            time.sleep(0.05)
+        os.killpg(_SERVERS[url].pid, signal.SIGKILL)  # mid-stage: the server is gone
+        _, err = proc.communicate(timeout=600)
+        tracked = time.monotonic() - t0
+    assert proc.returncode == 0, err[-3000:]
+    print(f"untracked {untracked:.1f} s; tracked, server killed mid-stage {tracked:.1f} s")
+    assert tracked < 2 * untracked + 30, (tracked, untracked, err[-3000:])
+    assert err.count("MLflow: could not") == 1, err[-3000:]  # one warning, not one a step
+    assert "metric values (the tracking store did not come back)" in err
+    for tag in ("untracked", "tracked"):
+        lines = (tmp_path / tag / "out" / "steps.jsonl").read_text().splitlines()
+        assert [json.loads(x)["step"] for x in lines] == list(range(steps)), tag
+    assert (tmp_path / "tracked" / "out" / "model.safetensors").is_file()

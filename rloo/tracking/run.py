@@ -1,8 +1,12 @@
 """An MLflow run this process opened, behind calls that never fail the stage.
 
-Every call goes through `_safe`: an MLflow error is a warning (the first three of a run) and the stage
-goes on untracked. Everything logged is redacted first; the run keeps a copy of its metric history
-for the curves drawn at the end.
+Every call goes through `_safe`, and a tracker that fails cannot stall the stage: after the first
+failed call (one warning) the run stops calling the server. Its metrics are kept and sent again once,
+when the stage ends (`end`); if the server is still away then, the run's record says the metrics are
+missing there, and the stage's own files (steps.jsonl, history.json) hold them all. Over HTTP each
+call is bounded (store.mlflow_client: a few retries, a short timeout) so that even the first failure
+costs seconds, not MLflow's default minutes. Everything logged is redacted first; the run keeps a
+copy of its metric history for the curves drawn at the end.
 """
 
 from __future__ import annotations
@@ -35,14 +39,19 @@ class Run:
         self.record_path = record_path
         self.history: dict[str, list[tuple[int, float]]] = defaultdict(list)
         self.failures = 0
+        self.offline = False  # set by the first failed call: nothing more is sent until `end`
+        self.pending: list = []  # metrics not sent while offline, sent again by `end`
 
     def _safe(self, what: str, fn, *args, **kwargs):
+        if self.offline:
+            return None
         try:
             return fn(*args, **kwargs)
         except Exception as e:
             self.failures += 1
-            if self.failures <= 3:
-                log.warning("MLflow: could not %s for run %s: %s", what, self.run_id, e)
+            self.offline = True
+            log.warning("MLflow: could not %s for run %s (%s); the stage stops waiting on the tracking store: its "
+                        "metrics stay in the stage's own files and are sent again when it ends", what, self.run_id, e)
             return None
 
     def log_metrics(self, metrics: dict, step: int | None) -> None:
@@ -68,7 +77,11 @@ class Run:
                 batch.append(Metric(str(key), v, ts, step))
                 self.history[str(key)].append((step, v))
         for i in range(0, len(batch), 1000):  # MLflow's limit per log_batch
-            self._safe("log metrics", self.client.log_batch, self.run_id, metrics=batch[i : i + 1000])
+            if not self.offline:
+                self._safe("log metrics", self.client.log_batch, self.run_id, metrics=batch[i : i + 1000])
+            if self.offline:  # this call failed, or an earlier one: keep the rest for `end`
+                self.pending.extend(batch[i:])
+                return
 
     def log_params(self, params: dict[str, str]) -> None:
         from mlflow.entities import Param
@@ -111,6 +124,19 @@ class Run:
             write_record(self.record_path, self.record)
 
     def end(self, status: str) -> None:
+        if self.offline:  # one more try for what was kept back: the store may be back
+            try:
+                for i in range(0, len(self.pending), 1000):
+                    self.client.log_batch(self.run_id, metrics=self.pending[i : i + 1000])
+                self.offline = False
+            except Exception as e:
+                log.debug("MLflow: the kept metrics of run %s were not sent: %s", self.run_id, e)
+            if self.offline:
+                log.warning("MLflow: run %s is missing %d metric values (the tracking store did not come back); "
+                            "the stage's own files hold them", self.run_id, len(self.pending))
+                self.write_record(status=status, metrics_missing=len(self.pending))
+                return
+            self.pending = []
         self.write_record(status=status)
         self._safe("end the run", self.client.set_terminated, self.run_id, status)
 

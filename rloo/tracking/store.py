@@ -91,6 +91,13 @@ def mlflow_client(uri: str) -> Any:
     """An MlflowClient on `uri` (mlflow is imported only here, when a run is actually opened)."""
     from mlflow import MlflowClient
 
+    # Bounded calls to a tracking server: MLflow's defaults (7 retries, exponential back-off, 120 s
+    # timeout) make one call to a server that went away wait about 4 minutes, at every step. A run
+    # that fails once stops calling (tracking/run.py), so the stage loses seconds. The environment wins.
+    if uri.startswith(("http://", "https://")):
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
     # The SQLite store announces table creation and migrations on every first use: keep it quiet.
     for name in ("mlflow.store.db.utils", "alembic.runtime.migration", "mlflow.store.db"):
         logging.getLogger(name).setLevel(logging.WARNING)

@@ -228,10 +228,14 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         # A full disk (or quota) while writing: one line naming the file and the space left; the
         # atomic writes (rloo.io) leave no partial output behind for a rerun to take as done.
-        if not (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)) and "No space left" not in str(e):
+        full = (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)) or "No space left" in str(e)
+        if not full and not (isinstance(e, OSError) and e.filename):
             raise
         if args.debug or _stderr_is_a_file():
             traceback.print_exc()
+        if not full:  # another OSError on a named file (permissions, a read-only file system, ...)
+            print(f"rloo {args.stage}: error: {e.filename}: {e.strerror or e}", file=sys.stderr)
+            return 2
         where = Path(getattr(e, "filename", None) or pipeline.cli_outputs(args, cfg).get("model")
                      or next(iter(pipeline.cli_outputs(args, cfg).values()), "."))
         print(f"rloo {args.stage}: error: no space left on the device writing {where} "

@@ -85,11 +85,11 @@ class TrainingLoop:
                 break
             except checkpoint.DamagedCheckpoint as e:
                 log.warning("%s: skipped, trying the one before it", e)
-                damaged.append(last.name)
+                damaged.append(str(e))
         else:
             raise checkpoint.CheckpointError(
-                f"{self.ckpt_dir}: no usable checkpoint (damaged: {', '.join(damaged)}; the warnings above say "
-                f"why); delete {self.ckpt_dir} to start this stage afresh")
+                f"no usable checkpoint in {self.ckpt_dir}, newest first: {'; '.join(damaged)}; delete "
+                f"{self.ckpt_dir} to start this stage afresh")
         self.history = extra.pop("history", [])
         log.info("resumed from %s (step %d)", last, self.start)
         tracking.replay_history([*self.history, *replay(extra)], self.start)

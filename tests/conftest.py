@@ -7,6 +7,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import resource
 import shutil
 import tempfile
 import time
@@ -121,10 +122,12 @@ def micro_workflow(tmp_path_factory) -> dict:
 
 
 # -- tiers and workers ----------------------------------------------------------------------------------
-# An unmarked test whose own time (its call, not the shared fixtures it sets up) passes this many seconds
-# fails and names itself: the fast tier (`scripts/test.sh --fast`, `-m "not slow"`) stays fast because a
+# An unmarked test whose own time (its call, not the shared fixtures it sets up; CPU time, its waited-for
+# subprocesses included, so that a loaded machine does not stretch it) passes this many seconds fails
+# and names itself: the fast tier (`scripts/test.sh --fast`, `-m "not slow"`) stays fast because a
 # slow test cannot join it unnoticed. RLOO_UNMARKED_LIMIT_S changes the limit (0: off).
 UNMARKED_LIMIT_S = float(os.environ.get("RLOO_UNMARKED_LIMIT_S", "10"))
+WALL_FACTOR = 3  # ... or whose wall time passes 3 times that (it waits rather than works)
 
 # Files run in this order, heaviest first, so that two workers finish together (the rest follow in
 # collection order); keep it roughly in step with `.ci/run`'s --durations list.
@@ -151,13 +154,29 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda it: order.get(_group(it), len(order)))  # stable: file order kept within
 
 
+def _cpu_seconds() -> float:
+    """CPU time of this process and of its children waited for: unlike wall time, not stretched when
+    the other worker (or anything else) shares the cores."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    t0 = _cpu_seconds()
+    yield
+    item.cpu_seconds = _cpu_seconds() - t0
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    if (UNMARKED_LIMIT_S > 0 and report.when == "call" and report.passed
-            and item.get_closest_marker("slow") is None and report.duration > UNMARKED_LIMIT_S):
+    cpu = getattr(item, "cpu_seconds", 0.0)
+    # CPU time for work; wall time, with room for a loaded machine, for waiting (a server, a queue).
+    if (UNMARKED_LIMIT_S > 0 and report.when == "call" and report.passed and item.get_closest_marker("slow") is None
+            and (cpu > UNMARKED_LIMIT_S or report.duration > WALL_FACTOR * UNMARKED_LIMIT_S)):
         report.outcome = "failed"
-        report.longrepr = (f"{item.nodeid} took {report.duration:.1f} s of its own, over the fast tier's "
-                           f"{UNMARKED_LIMIT_S:g} s: mark it @pytest.mark.slow or make it faster "
-                           "(tests/conftest.py, docs/testing.md)")
+        report.longrepr = (f"{item.nodeid} took {cpu:.1f} CPU-seconds of its own (wall {report.duration:.1f} s), "
+                           f"over the fast tier's {UNMARKED_LIMIT_S:g} s: mark it @pytest.mark.slow or make it "
+                           "faster (tests/conftest.py, docs/testing.md)")

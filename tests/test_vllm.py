@@ -113,6 +113,7 @@ def _same_rollout(a, b) -> None:
 
 
 # -- rollouts ------------------------------------------------------------------------------------------
+@pytest.mark.slow
 @needs_vllm
 def test_greedy_matches_hf_token_for_token(engine, policy_dir, prompts, special):
     model = models.load_causal_lm(policy_dir)
@@ -122,6 +123,7 @@ def test_greedy_matches_hf_token_for_token(engine, policy_dir, prompts, special)
     assert len({tuple(r.tolist()) for r in hf.completions}) > 1, "degenerate fixture: all completions equal"
 
 
+@pytest.mark.slow
 @needs_vllm
 def test_eos_handling_matches_hf(engine, policy_dir, prompts, special):
     """With a frequent token as EOS, completions stop at its first occurrence in both backends."""
@@ -140,6 +142,7 @@ def test_eos_handling_matches_hf(engine, policy_dir, prompts, special):
         assert eos not in row[: n - 1].tolist()
 
 
+@pytest.mark.slow
 @needs_vllm
 def test_sampling_is_seeded_and_logprobs_match_the_trainer(engine, policy_dir, prompts, special):
     model = models.load_causal_lm(policy_dir)
@@ -160,6 +163,7 @@ def test_sampling_is_seeded_and_logprobs_match_the_trainer(engine, policy_dir, p
     assert gap < 1e-4, gap  # float32 on both sides: the engine samples from the trainer's policy
 
 
+@pytest.mark.slow
 @needs_vllm
 def test_sync_weights_makes_vllm_follow_the_new_weights(engine, policy_dir, prompts, special):
     model = models.load_causal_lm(policy_dir)
@@ -179,6 +183,7 @@ def test_sync_weights_makes_vllm_follow_the_new_weights(engine, policy_dir, prom
     _same_rollout(before, engine.generate(prompts, **kw))
 
 
+@pytest.mark.slow
 @needs_vllm
 def test_sync_weights_across_processes(policy_dir, prompts, special, monkeypatch):
     """With vLLM's multiprocessing on, the engine core is another process: weights go as safetensors bytes."""
@@ -213,6 +218,7 @@ def _vllm_cfg(micro_run, **rloo) -> dict:
     return cfg
 
 
+@pytest.mark.slow
 @needs_vllm
 def test_trainer_step_syncs_the_engine_and_logs_the_gap(micro_run, policy_dir, special, monkeypatch):
     from rloo.stages import train
@@ -241,6 +247,7 @@ def test_trainer_step_syncs_the_engine_and_logs_the_gap(micro_run, policy_dir, s
         gc.collect()
 
 
+@pytest.mark.slow
 @needs_vllm
 def test_resumed_run_syncs_the_checkpoint_into_the_engine(micro_run, policy_dir, tmp_path, monkeypatch):
     """`run` builds the engine from the SFT folder, then resumes a checkpoint: the engine must follow it."""
@@ -293,6 +300,7 @@ def judge_server(micro_run, tmp_path_factory):
     assert group_members(server.pid) == []  # vLLM's API server and its engine core, all stopped
 
 
+@pytest.mark.slow
 @needs_vllm
 def test_served_vllm_judge_is_stopped_after_an_error_in_the_block(micro_run, tmp_path):
     (tmp_path / "chat.jinja").write_text(CHAT_TEMPLATE)
@@ -337,6 +345,7 @@ def _started_pid(text: str) -> int:
     return int(re.search(r"judge server for .* started \(pid (\d+)", text).group(1))
 
 
+@pytest.mark.slow
 @needs_vllm
 def test_vllm_judge_that_cannot_start_fails_evaluate_with_one_line(micro_run, tmp_path):
     missing = tmp_path / "no-such-model"
@@ -351,6 +360,7 @@ def test_vllm_judge_that_cannot_start_fails_evaluate_with_one_line(micro_run, tm
     assert not (tmp_path / "gsm8k_rloo.json").exists()
 
 
+@pytest.mark.slow
 @needs_vllm
 def test_sigterm_to_evaluate_stops_vllm_serve(micro_run, qwen_judge, tmp_path):
     err = tmp_path / "stage.err"
@@ -378,6 +388,7 @@ QA = [
 ]
 
 
+@pytest.mark.slow
 @needs_vllm
 def test_llm_judge_against_vllm_serve(judge_server, monkeypatch, caplog):
     monkeypatch.setenv("RLOO_TEST_JUDGE_KEY", SECRET)
@@ -401,6 +412,7 @@ def test_llm_judge_against_vllm_serve(judge_server, monkeypatch, caplog):
     assert SECRET not in judge_server["log"].read_text()
 
 
+@pytest.mark.slow
 @needs_vllm
 def test_llm_judge_failures_are_invalid_never_losses(judge_server, monkeypatch, caplog):
     qs, golds, cand, base = ([x[i] for x in QA] for i in range(4))

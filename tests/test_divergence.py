@@ -177,3 +177,27 @@ def test_a_full_disk_is_one_line_and_leaves_no_partial_output(micro_run, tmp_pat
         assert last.startswith("rloo sft: error: no space left on the device writing ") and " MiB free there" in last
     assert "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]  # no output, no temporary sibling of it
+
+
+@pytest.mark.slow
+def test_a_diverged_run_is_recorded_in_mlflow(micro_run, micro_reward, tmp_path):
+    """Tracked (a real SQLite store, the stage in its own process, as Snakemake runs it): the stage's
+    run ends FAILED with the tag rloo.diverged and the metric rloo/diverged_at_step."""
+    import os
+    import subprocess
+    import sys
+
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    argv = _train(micro_run, micro_reward, tmp_path, "rloo.lr=1.0e6", "rloo.grad_clip=1.0e9", steps=10)
+    argv[argv.index("tracking.enabled=false")] = "tracking.enabled=true"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "RLOO_MLFLOW"))}
+    res = subprocess.run([sys.executable, "-m", "rloo.cli", *argv], env={**env, "MLFLOW_TRACKING_URI": uri},
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 2 and "the run diverged" in res.stderr, res.stderr[-3000:]
+    client = MlflowClient(uri)
+    [run] = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    step = json.loads((tmp_path / "work" / "diverged.json").read_text())["step"]
+    assert run.info.status == "FAILED" and run.data.tags["rloo.diverged"].startswith(f"step {step}: ")
+    assert [m.value for m in client.get_metric_history(run.info.run_id, "rloo/diverged_at_step")] == [step]

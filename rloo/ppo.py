@@ -102,6 +102,7 @@ class PPOTrainer(Trainer):
         train_mask = mask * valid[:, None].to(mask.dtype)
         if p["whiten_advantages"]:
             adv = whiten(adv, train_mask)
+        adv_abs_max = float(adv.abs().max())  # for the finiteness guard of every minibatch update
 
         stats = {"clip_frac": 0.0, "approx_kl": 0.0, "value_loss": 0.0, "value_clip_frac": 0.0, "loss": 0.0}
         grad_norm, entropy, n_updates = 0.0, math.nan, p["epochs"] * p["minibatches"]
@@ -128,7 +129,7 @@ class PPOTrainer(Trainer):
                             (ent * mb.completion_mask).sum() / mask.sum().clamp(min=1))
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), r["grad_clip"]))
                 if self.guard(step, loss=acc["loss"], grad_norm=grad_norm, kl=acc["kl"],
-                              advantages=float(adv.abs().max())):
+                              advantages=adv_abs_max):
                     self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
                 for rows, mb in micro[j]:

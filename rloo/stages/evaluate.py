@@ -15,10 +15,10 @@ from pathlib import Path
 
 import jsonschema
 import numpy as np
-import torch
 import yaml
+from safetensors.torch import load_file
 
-from rloo import models
+from rloo import checkpoint, models
 from rloo.config import config_hash, stage_config
 from rloo.errors import InputError
 from rloo.evaluation import evaluate_policy, spec_for, write_completions
@@ -65,14 +65,9 @@ def run(cfg: dict, data_dir: str | Path, sft_dir: str | Path, policies: dict[str
 
 def nonfinite_weights(folder: Path) -> str | None:
     """The first tensor of a model folder's safetensors files holding a NaN or an infinity, or None."""
-    from safetensors import safe_open
-
     for path in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 - a safe_open handle is not a dict
-                t = f.get_tensor(name)
-                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                    return f"{name} ({path.name})"
+        if bad := checkpoint.nonfinite(load_file(str(path))):
+            return f"{bad} ({path.name})"
     return None
 
 

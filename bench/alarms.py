@@ -1,4 +1,4 @@
-"""The alarms' calibration: every recorded trajectory replayed through rloo/alarms.py.
+"""The alarms' calibration: every recorded trajectory replayed through rloo/train/alarms.py.
 
 Healthy runs (the default chain's seeds, the comparison overlay's estimators) must stay silent; failing
 runs (the learned-reward-model chain, k = 2, a learning rate ten times the default without the KL
@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rloo import alarms  # noqa: E402
+from rloo.train import alarms  # noqa: E402
 
 TRAJECTORIES = ROOT / "tests" / "data" / "trajectories"
 KEYS = ("step", "train/reward_mean", "train/kl", "train/zero_adv_frac", "train/response_length")

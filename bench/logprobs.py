@@ -1,5 +1,5 @@
 """The policy's log-probability pass of an RLOO update, full logits against the chunked head
-(`model.logits_chunk_tokens`, rloo/logprobs.py), in one process, alternating rounds.
+(`model.logits_chunk_tokens`, rloo/model/head.py), in one process, alternating rounds.
 
 An update-shaped batch on the embedded default model's shape (config/config.yaml `model.tiny`, random
 weights, eager attention): 16 prompts x 4 samples, left-padded prompts of ~60 tokens, completions of
@@ -31,7 +31,7 @@ def tiny_model(vocab: int, hidden: int, layers: int, heads: int, intermediate: i
 
 
 def update_batch(vocab: int, prompts: int = 16, k: int = 4, prompt_len: int = 60, completion_len: int = 100):
-    from rloo.batching import join
+    from rloo.model.logprobs import join
 
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (prompts, prompt_len), generator=g)
@@ -44,7 +44,7 @@ def update_batch(vocab: int, prompts: int = 16, k: int = 4, prompt_len: int = 60
 
 
 def one_pass(model: torch.nn.Module, batch, chunk_rows: int, chunk_tokens: int) -> float:
-    from rloo.batching import completion_logprobs_and_entropy
+    from rloo.model.logprobs import completion_logprobs_and_entropy
 
     t = time.perf_counter()
     with torch.autocast("cpu", torch.bfloat16):

@@ -73,7 +73,7 @@ def _qwen_folder(folder: Path, layers: int) -> None:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from rloo import models
+    from rloo.model import models
 
     tok = models.train_tokenizer((f"question {i} answer {i * 7}" for i in range(200)), 320)
     torch.manual_seed(0)
@@ -88,10 +88,10 @@ def _one_update(folder: str, rows: int, prompt: int, completion: int, seed: int,
     its max_length raised for the rows); with them, the plan's prediction of the update comes along."""
     import torch
 
-    from rloo.collect import Collected
     from rloo.config import load_config, parse_set
-    from rloo.rewards import VerifierReward
+    from rloo.reward.rewards import VerifierReward
     from rloo.rollout import Rollout
+    from rloo.rollout.collect import Collected
     from rloo.runtime import peak_memory_mb, setup
     from rloo.stages.train import Trainer
 

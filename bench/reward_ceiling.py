@@ -26,11 +26,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rloo import models  # noqa: E402
 from rloo.config import load_config  # noqa: E402
+from rloo.data.prompting import PromptFormat  # noqa: E402
 from rloo.io import read_jsonl  # noqa: E402
-from rloo.preferences import Pair, split_by_prompt  # noqa: E402
-from rloo.prompting import PromptFormat  # noqa: E402
+from rloo.model import models  # noqa: E402
+from rloo.reward.preferences import Pair, split_by_prompt  # noqa: E402
 from rloo.runtime import setup  # noqa: E402
 from rloo.stages.reward import pairwise_accuracy, sample_pairs  # noqa: E402
 

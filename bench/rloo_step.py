@@ -2,7 +2,7 @@
 
 new: the lean decode loop (rloo.rollout.decode); the forward passes once per distinct sample (a
      completion drawn twice for a prompt is passed once), in chunks of rows of similar completion
-     length (rloo.batching._completion_pass);
+     length (rloo.model.logprobs._completion_pass);
 old: the KV-cached loop over HF's forward pass and one padded forward pass over all rows.
 
 Both train the same SFT policy with the same config (default: config/config.yaml, the pipeline's
@@ -28,7 +28,7 @@ PHASES = ("time/generation_s", "time/scoring_s", "time/reference_s", "time/updat
 
 
 def run_variant(cfg: dict, policy: str, train: list[dict], variant: str, first_step: int, steps: int) -> dict:
-    from rloo.rewards import build_reward
+    from rloo.reward.rewards import build_reward
     from rloo.rollout import HFRollout
     from rloo.stages.train import Trainer
 

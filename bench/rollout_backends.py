@@ -27,11 +27,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rloo import models  # noqa: E402
 from rloo.config import load_config  # noqa: E402
 from rloo.data import synthetic  # noqa: E402
 from rloo.data.gsm8k import format_completion, format_prompt  # noqa: E402
-from rloo.prompting import PromptFormat  # noqa: E402
+from rloo.data.prompting import PromptFormat  # noqa: E402
+from rloo.model import models  # noqa: E402
 from rloo.rollout.hf import generate as hf_generate  # noqa: E402
 
 

@@ -43,7 +43,7 @@ def _attn(a: argparse.Namespace) -> str | None:
 def run_ours(a: argparse.Namespace) -> dict:
     from rloo.config import load_config
     from rloo.io import read_jsonl
-    from rloo.rewards import VerifierReward
+    from rloo.reward.rewards import VerifierReward
     from rloo.runtime import setup
     from rloo.stages.train import Trainer
 
@@ -78,7 +78,7 @@ def run_trl(a: argparse.Namespace) -> dict:
     from trl import RLOOConfig, RLOOTrainer
 
     from rloo.io import read_jsonl
-    from rloo.verifier import is_correct
+    from rloo.reward.verifier import is_correct
 
     torch.set_num_threads(a.threads)
     tok = AutoTokenizer.from_pretrained(a.policy)

@@ -28,8 +28,8 @@ from rloo.config import (
 from rloo.errors import MissingInputError, UserError
 
 DEFAULT_CONFIG = "config/config.yaml"
-# The stages that train data-parallel under torchrun or srun (rloo/distributed.py, imported by name for
-# them only: `rloo.provenance` then does not count it as the code of the stages that run in one process).
+# The stages that train data-parallel under torchrun or srun (rloo/model/distributed.py, imported by name for
+# them only: `rloo.code_inputs` then does not count it as the code of the stages that run in one process).
 DATA_PARALLEL = tuple(s.verb for s in pipeline.STAGES.values() if s.data_parallel)
 
 
@@ -39,11 +39,11 @@ def _launched_world() -> int:
 
 
 def _distributed():
-    return importlib.import_module("rloo.distributed")
+    return importlib.import_module("rloo.model.distributed")
 
 
 def _launch():
-    return importlib.import_module("rloo.launch")  # by name, as rloo.distributed (see DATA_PARALLEL)
+    return importlib.import_module("rloo.launch")  # by name, as rloo.model.distributed (see DATA_PARALLEL)
 
 
 def _config(args: argparse.Namespace) -> dict:
@@ -192,11 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["dvc"]:
-        # Imported by name, like the stages: rloo.provenance does not count it as a stage's code.
+        # Imported by name, like the stages: rloo.code_inputs does not count it as a stage's code.
         return importlib.import_module("rloo.dvc").main(argv[1:])
     args = parser.parse_args(argv)
     if args.stage == "summary":  # imported by name: no stage counts it as its code
-        return importlib.import_module("rloo.report").main(args.files)
+        return importlib.import_module("rloo.eval.report").main(args.files)
     try:
         cfg = _config(args)
     except ConfigError as e:
@@ -270,9 +270,9 @@ def _run_stage(args: argparse.Namespace, cfg: dict) -> int:
     if _launched_world() > 1 and args.stage not in DATA_PARALLEL:
         raise UserError(f"{_launched_world()} processes were launched; rloo {args.stage} runs in one "
                         f"(only {' and '.join(DATA_PARALLEL)} train data-parallel)")
-    # Stages are imported by name: `rloo.provenance` then counts only the one that runs as its code.
+    # Stages are imported by name: `rloo.code_inputs` then counts only the one that runs as its code.
     stage = importlib.import_module(f"rloo.stages.{args.stage}")
-    # One MLflow run per stage (a child of the pipeline's run under Snakemake): rloo/tracking.py. Data-
+    # One MLflow run per stage (a child of the pipeline's run under Snakemake): rloo/tracking/. Data-
     # parallel, rank 0's: the other ranks log nothing (tracking.log_metrics has no run to log to).
     tracked = args.stage not in DATA_PARALLEL or _distributed().is_main()
     with tracking.stage_run(cfg, **tracking.cli_context(args, cfg)) if tracked else contextlib.nullcontext():
@@ -282,7 +282,7 @@ def _run_stage(args: argparse.Namespace, cfg: dict) -> int:
 
 def _plan(cfg: dict, gpu_gb: float | None) -> int:
     """`rloo plan`: the table of rloo.memory_plan; exit 2 with one line when a stage does not fit."""
-    memory_plan = importlib.import_module("rloo.memory_plan")  # by name, as the stages (rloo.provenance)
+    memory_plan = importlib.import_module("rloo.memory_plan")  # by name, as the stages (rloo.code_inputs)
     gpu_gb = gpu_gb or cfg["plan"]["gpu_memory_gb"]
     shape, source = memory_plan.model_shape(cfg)
     plans = memory_plan.plan(cfg, shape, gpu_gb)
@@ -332,8 +332,7 @@ def _dispatch(stage, args: argparse.Namespace, cfg: dict, out: dict[str, str]) -
     elif args.stage == "sft":
         stage.run(cfg, data, out["model"], work)
     elif args.stage == "train":
-        reads = cfg["reward"]["source"] == "model" or (
-            cfg["rloo"]["estimator"] == "ppo" and cfg["rloo"]["ppo"]["critic_init"] == "reward_model")
+        reads = pipeline.reads_reward_model(cfg)
         reward_model = args.reward_model or (pipeline.outputs("reward", cfg)["model"] if reads else None)
         stage.run(cfg, data, args.policy or sft, out["model"], work, reward_model)
     elif args.stage == "reward":

@@ -8,7 +8,7 @@
 - elsewhere: `torchrun --standalone --nproc-per-node N` (one machine only).
 
 Each srun task maps Slurm's variables to torchrun's (`adopt_slurm_env`: RANK from SLURM_PROCID and so
-on, the rendezvous at the step's first host), so rloo/distributed.py sees one kind of launcher.
+on, the rendezvous at the step's first host), so rloo/model/distributed.py sees one kind of launcher.
 Torch-free: the workflow's rules build their resources and the srun line with it.
 """
 

@@ -39,11 +39,11 @@ activations (an update: what one micro-batch keeps for its backward pass)
       head's backward) comes before any layer is recomputed: they count for what they exceed it by
   outside the layers: N x 4h x 4 (embedding output, final RMSNorm)
 logits (an update)
-  model.logits_chunk_tokens = c > 0 (rloo.logprobs): min(c, N) x V x 4 (one chunk's float32 logits at a
+  model.logits_chunk_tokens = c > 0 (rloo.model.head): min(c, N) x V x 4 (one chunk's float32 logits at a
       time, recomputed in the backward pass) + the head's weight gradient built there chunk by chunk:
       a float32 [V, h] accumulator and each chunk's [V, h] product, 10 x V x h bytes under bf16 autocast
       on float32 weights (their bf16 copies too), 7 x V x h in float32, 6 x V x h on bf16 weights (fitted
-      to CPU measurements of rloo.logprobs at two hidden sizes and two chunk sizes)
+      to CPU measurements of rloo.model.head at two hidden sizes and two chunk sizes)
   c = 0: 3 x N x V x 4 (the whole micro-batch's logits, log-softmax and gradient in float32)
 sampling (a phase of decoding with the HF path: sft's and rloo's evaluations, rloo's rollouts with
   rollout.backend hf, the reward stage's pair sampling, the evaluate stage)

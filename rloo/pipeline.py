@@ -15,9 +15,14 @@ variant runs only the stages it changes (`Variant.varied`); the others are the m
 
 from __future__ import annotations
 
+import hashlib
+import itertools
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from rloo.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -29,7 +34,7 @@ class Stage:
     excluded: tuple[str, ...] = ()  # keys below those that it does not read
     per_estimator: bool = False  # one job per advantage estimator
     work: bool = False  # keeps checkpoints under {results}/work/<name> (resumable)
-    data_parallel: bool = False  # trains on several processes under `distributed` (rloo/distributed.py)
+    data_parallel: bool = False  # trains on several processes under `distributed` (rloo/model/distributed.py)
 
 
 STAGES: dict[str, Stage] = {s.name: s for s in (
@@ -86,10 +91,17 @@ class Variant:
     varied: frozenset[str] = frozenset()
 
 
+def reads_reward_model(cfg: dict, estimator: str | None = None) -> bool:
+    """Whether the RLOO stage of `estimator` (default: the config's) reads the reward model: as its
+    training reward, or as the start of PPO's critic."""
+    estimator = estimator or cfg["rloo"]["estimator"]
+    return cfg["reward"]["source"] == "model" or (
+        estimator == "ppo" and cfg["rloo"]["ppo"]["critic_init"] == "reward_model")
+
+
 def upstream(stage: str, cfg: dict) -> tuple[str, ...]:
     """The chain stages whose outputs `stage` reads (rloo reads the reward model only where it uses it)."""
-    reads_reward = cfg["reward"]["source"] == "model" or (
-        cfg["rloo"]["estimator"] == "ppo" and cfg["rloo"]["ppo"]["critic_init"] == "reward_model")
+    reads_reward = reads_reward_model(cfg)
     return {"prepare": (), "sft": ("prepare",), "reward": ("prepare", "sft"),
             "rloo": ("prepare", "sft", *(("reward",) if reads_reward else ())),
             "evaluate": ("prepare", "sft", "reward", "rloo")}[stage]
@@ -110,6 +122,47 @@ def seed_variant(cfg: dict, seed: int | str) -> Variant:
     value = int(seed) if str(seed).lstrip("-").isdigit() else seed
     varied = downstream_closure(set(SEED_SCOPES[cfg["seeds"]["scope"]]), cfg)
     return Variant(SEED_FOLDER.format(seed=seed), f"seed={seed}", {"seed": value}, varied)
+
+
+# Sweeps (`sweeps.<name>: {key.path: [values], ...}`): the grid's points, each a variant of the chain
+# that reruns only the stages reading a key it sets.
+
+def point_id(values: dict[str, Any]) -> str:
+    """A short stable id of a point (its folder, and its DVC stage's name: DVC takes no `.`, `=` or `/`
+    there); the JSON maps each id to its values and its readable label."""
+    blob = json.dumps(values, sort_keys=True, separators=(",", ":"))
+    return "p" + hashlib.sha256(blob.encode()).hexdigest()[:8]
+
+
+def point_label(values: dict[str, Any]) -> str:
+    """`rloo.beta=0.1,rloo.k=2`: the point as a person reads it (MLflow run names, the table)."""
+    return ",".join(f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in values.items())
+
+
+def sweep_grid(cfg: dict, name: str) -> dict[str, dict[str, Any]]:
+    """{point id: {key: value}}: the cartesian product of `sweeps.<name>`, in the order the grid lists it."""
+    try:
+        axes = cfg["sweeps"][name]
+    except KeyError:
+        raise InputError(f"no sweep named '{name}' (config key sweeps.{name}); sweeps: "
+                         f"{', '.join(cfg.get('sweeps') or {}) or 'none'}") from None
+    keys = list(axes)
+    return {point_id(p): p for p in (dict(zip(keys, combo, strict=True)) for combo in itertools.product(*axes.values()))}
+
+
+def sweep_stages(cfg: dict, name: str) -> frozenset[str]:
+    """The chain stages a point of sweep `name` runs itself: those reading a swept key, and what follows them."""
+    keys = list(cfg["sweeps"][name])
+    return downstream_closure({s for s in CHAIN if any(reads_key(cfg, s, k) for k in keys)}, cfg)
+
+
+def sweep_variant(cfg: dict, name: str, point: str) -> Variant:
+    """Point `point` of sweep `name` as a variant of the chain (a template point id, not in the grid,
+    gets the grid's first values: the DVC compiler's template job)."""
+    points = sweep_grid(cfg, name)
+    values = points.get(point) or next(iter(points.values()))
+    return Variant(SWEEP_FOLDER.format(sweep=name, point=point), f"sweep={name},{point_label(values)}",
+                   dict(values), sweep_stages(cfg, name))
 
 
 def folders(cfg: dict, variant: Variant | None = None) -> dict[str, str]:

@@ -54,7 +54,7 @@ def pipeline_table() -> str:
 
 
 def _gain(res: dict, mode: str, plain: float) -> str:
-    """A gain in points with its paired 95 % interval and p-value where the results carry them (rloo.gains;
+    """A gain in points with its paired 95 % interval and p-value where the results carry them (rloo.eval.gains;
     runs recorded before them show the gain alone)."""
     g = res.get("gains", {}).get("rloo", {}).get(mode)
     if g is None:

@@ -25,8 +25,8 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config  # noqa: E402
 
-from rloo import models  # noqa: E402
 from rloo.config import load_config  # noqa: E402
+from rloo.model import models  # noqa: E402
 from rloo.stages.prepare import load_splits  # noqa: E402
 
 ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"

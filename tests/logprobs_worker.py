@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from rloo import distributed
-from rloo.batching import completion_logits, completion_logprobs, completion_logprobs_and_entropy, join
-from rloo.losses import token_entropy
+from rloo.algo.losses import token_entropy
+from rloo.model import distributed
+from rloo.model.logprobs import completion_logits, completion_logprobs, completion_logprobs_and_entropy, join
 
 ROWS, PROMPT, COMPLETION = 6, 5, 7
 

@@ -28,32 +28,32 @@ GUARDS = ["tests/test_estimators.py", "tests/test_train.py", "tests/test_crash_s
 # name: (file, the text replaced, its replacement, what the mutation breaks)
 MUTATIONS = {
     "zero-advantages": (
-        "rloo/estimators.py",
+        "rloo/algo/estimators.py",
         "    return torch.where(keep, filled - baseline, torch.zeros_like(rewards))",
         "    return torch.zeros_like(rewards)",
         "RLOO advantages are always zero",
     ),
     "group-mean-baseline": (
-        "rloo/estimators.py",
+        "rloo/algo/estimators.py",
         "    baseline = (total - filled) / (count - 1).clamp(min=1)",
         "    baseline = total / count.clamp(min=1)",
         "the leave-one-out baseline is replaced by the group mean (itself included)",
     ),
     "no-optimizer-step": (
-        "rloo/trainer.py",
+        "rloo/train/rloo.py",
         "            self.optimizer.step()\n",
         "            pass  # mutation: no optimizer step\n",
         "the RLOO stage skips its optimizer step",
     ),
     "no-checkpoint-on-resume": (
-        "rloo/checkpoint.py",
+        "rloo/model/checkpoint.py",
         '    """The complete checkpoint folders under `root` (checkpoint.json written), oldest first."""\n',
         '    """The complete checkpoint folders under `root` (checkpoint.json written), oldest first."""\n'
         "    return []  # mutation\n",
         "a resumed run finds no checkpoint (starts afresh)",
     ),
     "optimizer-state-not-restored": (
-        "rloo/checkpoint.py",
+        "rloo/model/checkpoint.py",
         '        distributed.load_optim_state(module, opt, opt_state["optimizer"])\n',
         "        pass  # mutation: optimizer state not restored\n",
         "resuming restores the weights but not Adam's state",

@@ -2,7 +2,7 @@
 process (`python tests/plan_measure.py '<json list of specs>'`), printing one JSON list of bytes.
 
 A random model of the given shape takes one forward + backward of `rows` x `tokens` tokens the way a
-training step's gradient pass does (the targets' log-probs through rloo.logprobs, a mean as loss; with
+training step's gradient pass does (the targets' log-probs through rloo.model.head, a mean as loss; with
 `chunk` > 0 the head runs chunk by chunk, each chunk recomputed in the backward pass). Its gradients
 exist beforehand (a small warm-up step, zeroed, not freed), so what is measured is the micro-batch's own
 memory: activations and logits. On the CPU: the rise of the peak RSS (VmHWM, reset through
@@ -46,9 +46,9 @@ def _model(spec: dict) -> torch.nn.Module:
 
 
 def _logprobs(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, chunk: int) -> torch.Tensor:
-    """Targets' log-probs [rows, T] (the last position's masked): rloo.logprobs, the training stages' own
+    """Targets' log-probs [rows, T] (the last position's masked): rloo.model.head, the training stages' own
     path (`chunk` 0: the full logits; else the head over `chunk` tokens at a time, recomputed in backward)."""
-    from rloo.logprobs import causal_logprobs
+    from rloo.model.head import causal_logprobs
 
     targets = F.pad(ids[:, 1:], (0, 1))  # position t predicts token t + 1
     target_mask = torch.ones_like(ids, dtype=torch.bool)

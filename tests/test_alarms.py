@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rloo import alarms
 from rloo.config import load_config
+from rloo.train import alarms
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "tests" / "data" / "trajectories"
@@ -139,8 +139,8 @@ def test_zero_signal_is_not_ppos_alarm():
     """PPO's baseline is its critic: a group of equal rewards still has R - V advantages, and the share of
     such groups rises as its policy sharpens (the comparison run, above half from step 50). Its trainer
     does not check zero_signal; every group-baselined estimator does."""
-    from rloo.ppo import PPOTrainer
-    from rloo.trainer import Trainer
+    from rloo.train.ppo import PPOTrainer
+    from rloo.train.rloo import Trainer
 
     history = _history("comparison_ppo")
     assert alarms.replay(history, CFG)["zero_signal"]

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from rloo import checkpoint, models
 from rloo.config import load_config
-from rloo.stages import evaluate, reward, train
+from rloo.model import checkpoint, models
+from rloo.stages import evaluate, reward
+from rloo.stages import train as rloo_stage
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,7 +27,7 @@ def _train_cmd(micro_run, tmp_path, out, work, steps=24):
         sys.executable, "-m", "rloo.cli", "train", "-c", str(ROOT / "config" / "micro.yaml"),
         "--set", "reward.source=model", "--reward-model", str(micro_run["base"] / "reward"),
         "--set", f"rloo.steps={steps}", "--set", "rloo.checkpoint_every=3", "--set", "tracking.enabled=false",
-        # Every step in 2-3 micro-batches (rloo/microbatch.py): a resume must repeat them exactly too.
+        # Every step in 2-3 micro-batches (rloo/model/microbatch.py): a resume must repeat them exactly too.
         "--set", "rloo.micro_batch_tokens=160",
         "--data", str(micro_run["data"]), "--policy", str(micro_run["sft"]),
         "--out", str(tmp_path / out), "--work", str(tmp_path / work),
@@ -107,11 +108,11 @@ def test_a_failing_stage_leaves_the_previous_output_untouched(micro_run, tmp_pat
     cfg = json.loads(json.dumps(micro_run["cfg"]))
     cfg["reward"]["source"] = "verifier"
     cfg["rloo"]["steps"] = 2
-    train.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / "out", tmp_path / "w1")
+    rloo_stage.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / "out", tmp_path / "w1")
     before = (tmp_path / "out" / "model.safetensors").read_bytes()
     cfg["rloo"]["k"] = 1
     with pytest.raises(ValueError, match="k >= 2"):
-        train.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / "out", tmp_path / "w2")
+        rloo_stage.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / "out", tmp_path / "w2")
     assert (tmp_path / "out" / "model.safetensors").read_bytes() == before
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
 
@@ -135,7 +136,7 @@ def test_same_config_and_seed_give_the_same_results(micro_run, tmp_path):
         base = tmp_path / rep
         cfg = load_config(ROOT / "config" / "micro.yaml", {"tracking": {"enabled": False}})
         reward.run(cfg, micro_run["data"], micro_run["sft"], base / "reward")
-        train.run(cfg, micro_run["data"], micro_run["sft"], base / "rloo", base / "work", base / "reward")
+        rloo_stage.run(cfg, micro_run["data"], micro_run["sft"], base / "rloo", base / "work", base / "reward")
         results.append(evaluate.run(cfg, micro_run["data"], micro_run["sft"], {"rloo": str(base / "rloo")},
                                     base / "gsm8k_rloo.json", base / "reward"))
     assert _strip_volatile(results[0]) == _strip_volatile(results[1])

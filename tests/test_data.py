@@ -6,8 +6,8 @@ import pytest
 from rloo.data import gsm8k, synthetic
 from rloo.data.gsm8k import DataError
 from rloo.io import read_jsonl
+from rloo.reward.verifier import extract_answer
 from rloo.stages import prepare
-from rloo.verifier import extract_answer
 
 
 def test_generator_is_deterministic_and_disjoint():

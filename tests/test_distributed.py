@@ -1,4 +1,4 @@
-"""Data-parallel training (rloo/distributed.py): DDP and FSDP2 under torchrun, gloo on the CPU.
+"""Data-parallel training (rloo/model/distributed.py): DDP and FSDP2 under torchrun, gloo on the CPU.
 
 Fast: what makes the processes' union equal one process's step, checked without a process group (a
 slice of a batch samples what the whole batch samples; the split of a step; the launcher's refusals).
@@ -24,11 +24,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from rloo import checkpoint, cli, distributed, models
+from rloo import cli
 from rloo.config import load_config
 from rloo.data.gsm8k import format_prompt
 from rloo.errors import InputError
 from rloo.io import read_jsonl
+from rloo.model import checkpoint, distributed, models
 from rloo.rollout import generate
 from rloo.runtime import step_generator
 

@@ -1,4 +1,4 @@
-"""A diverged run stops, and a damaged checkpoint is never resumed from (rloo/loop.py, rloo/checkpoint.py).
+"""A diverged run stops, and a damaged checkpoint is never resumed from (rloo/train/loop.py, rloo/model/checkpoint.py).
 
 Real runs of `rloo train` / `rloo sft` / `rloo evaluate` on the micro config, through `rloo.cli.main`
 in this process: an exploding learning rate stops the stage with one line and exit 2, writes no
@@ -17,8 +17,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from rloo import checkpoint, cli, models
-from rloo.loop import NonFiniteError, TrainingLoop
+from rloo import cli
+from rloo.model import checkpoint, models
+from rloo.train.loop import NonFiniteError, TrainingLoop
 
 ROOT = Path(__file__).resolve().parents[1]
 MICRO = str(ROOT / "config" / "micro.yaml")

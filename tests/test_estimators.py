@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from rloo.estimators import (
+from rloo.algo.estimators import (
     ESTIMATORS,
     MovingBaseline,
     compute_advantages,

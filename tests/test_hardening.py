@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from workflow_helpers import CONFIGFILES, make_copy, snakemake
 
-from rloo import checkpoint
 from rloo.config import ConfigError, load_config, parse_set
 from rloo.data import synthetic
+from rloo.model import checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 MICRO = str(ROOT / "config" / "micro.yaml")

@@ -1,7 +1,7 @@
 """A hub-style model through the pipeline: a tiny random Qwen2 whose tokenizer has a ChatML chat template
 and no BOS (scripts/make_tiny_hub_model.py), and a variant whose tokenizer has no pad token.
 
-The chat template is rendered by one function (rloo.prompting) and every stage's prompt ids are checked
+The chat template is rendered by one function (rloo.data.prompting) and every stage's prompt ids are checked
 against it; pad == EOS is checked in both sampling loops and in the reward head; the no-pad variant
 runs every stage function, the chat-template one the whole chain through a real `snakemake`.
 """
@@ -22,16 +22,17 @@ import yaml
 from test_models import _random_lm
 from workflow_helpers import PIPELINE, env_for, job_counts, make_copy, snakemake
 
-from rloo import models
-from rloo.batching import left_pad, positions, sequence_scores
 from rloo.config import load_config
+from rloo.data.prompting import PromptFormat, align_eos, end_of_turn, render_prompt
 from rloo.errors import InputError
 from rloo.io import read_jsonl
-from rloo.prompting import PromptFormat, align_eos, end_of_turn, render_prompt
-from rloo.rewards import RewardModelReward, VerifierReward
+from rloo.model import models
+from rloo.model.logprobs import left_pad, positions, sequence_scores
+from rloo.reward.rewards import RewardModelReward, VerifierReward
 from rloo.rollout import decode, generate
-from rloo.stages import evaluate, prepare, reward, sft, train
-from rloo.trainer import Trainer
+from rloo.stages import evaluate, prepare, reward, sft
+from rloo.stages import train as rloo_stage
+from rloo.train.rloo import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 QWEN = ROOT / "config" / "qwen2-tiny.yaml"
@@ -132,7 +133,7 @@ def test_an_end_of_turn_other_than_eos_becomes_the_eos(hub):
 def test_every_stage_builds_the_same_prompt_ids(qwen_dir, rows, monkeypatch):
     """SFT's examples, the reward model's sampling and scoring, RLOO's prompts and the evaluation's all
     start from `PromptFormat.prompt_ids` of the question: the chat-template rendering."""
-    import rloo.evaluation
+    import rloo.eval.evaluation
 
     cfg = _cfg(qwen_dir, reward={"prompts": len(rows), "max_new_tokens": 4})
     tok = models.load_tokenizer(qwen_dir)
@@ -165,7 +166,7 @@ def test_every_stage_builds_the_same_prompt_ids(qwen_dir, rows, monkeypatch):
     trainer = Trainer(cfg, qwen_dir, VerifierReward(), rows)
     assert trainer.prompt_ids == expected and trainer.prompts == [fmt.prompt(r["question"]) for r in rows]
 
-    recording(rloo.evaluation, "evaluate")
+    recording(rloo.eval.evaluation, "evaluate")
     evaluate.policy_report({**cfg, "evaluate": {**cfg["evaluate"], "samples_per_prompt": 1, "max_new_tokens": 2}},
                            qwen_dir, None, tok, rows, None)
     assert seen["evaluate"][: len(rows)] == expected  # greedy pass; the sampled one repeats it
@@ -226,7 +227,7 @@ def test_the_no_pad_variant_runs_every_stage(qwen_nopad_dir, tmp_path):
     prepare.run(cfg, data)
     sft.run(cfg, data, sft_dir, tmp_path / "work" / "sft")
     reward.run(cfg, data, sft_dir, rm_dir)
-    metrics = train.run(cfg, data, sft_dir, policy, tmp_path / "work" / "rloo", reward_model_dir=rm_dir)
+    metrics = rloo_stage.run(cfg, data, sft_dir, policy, tmp_path / "work" / "rloo", reward_model_dir=rm_dir)
     out = tmp_path / "results" / "gsm8k_rloo.json"
     result = evaluate.run(cfg, data, sft_dir, {"rloo": str(policy)}, out, reward_model_dir=rm_dir,
                           plot_dir=tmp_path / "results" / "gsm8k_rloo")

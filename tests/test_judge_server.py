@@ -1,4 +1,4 @@
-"""The judge served inside the evaluate job (rloo.judge_server), without vLLM: a real tiny HTTP server
+"""The judge served inside the evaluate job (rloo.reward.judge_server), without vLLM: a real tiny HTTP server
 (tests/fake_judge_server.py) started through the same code path (`evaluate.llm_judge.serve.command`).
 
 Every test checks that no process of the server's group is left: after success, after an error inside
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from rloo.config import ConfigError, load_config
-from rloo.judge_server import JudgeServerError, command_for, free_port, judge_devices, serve
+from rloo.reward.judge_server import JudgeServerError, command_for, free_port, judge_devices, serve
 from rloo.stages import compare
 
 FAKE = Path(__file__).with_name("fake_judge_server.py")

@@ -1,4 +1,4 @@
-"""Log-probabilities through the output head in token chunks (rloo/logprobs.py, `logits_chunk_tokens`).
+"""Log-probabilities through the output head in token chunks (rloo/model/head.py, `logits_chunk_tokens`).
 
 The chunked head gives the full-logits way's log-probabilities, entropies and gradients (hidden states,
 head weight and bias; every parameter of a small Qwen2 at Qwen2.5's vocabulary of 151,936, its head tied
@@ -25,16 +25,16 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from rloo import grad_checkpointing, lora
-from rloo.batching import (
+from rloo.algo.losses import token_entropy
+from rloo.model import grad_checkpointing, lora
+from rloo.model.head import causal_logprobs, head_logprobs, linear_head, logprob_head
+from rloo.model.logprobs import (
     completion_logits,
     completion_logprobs,
     completion_logprobs_and_entropy,
     join,
     token_logprobs,
 )
-from rloo.logprobs import causal_logprobs, head_logprobs, linear_head, logprob_head
-from rloo.losses import token_entropy
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 151_936

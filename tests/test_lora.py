@@ -1,5 +1,5 @@
-"""LoRA (`model.lora`, rloo/lora.py) and gradient checkpointing (`model.gradient_checkpointing`,
-rloo/grad_checkpointing.py) on the micro config, single process (2-process FSDP: tests/test_distributed.py).
+"""LoRA (`model.lora`, rloo/model/lora.py) and gradient checkpointing (`model.gradient_checkpointing`,
+rloo/model/grad_checkpointing.py) on the micro config, single process (2-process FSDP: tests/test_distributed.py).
 
 LoRA: only the adapters train (the base weights stay bit for bit), the RLOO reference is the base
 model (adapters off, no second copy), the merged output loads with `from_pretrained` and computes what
@@ -22,13 +22,14 @@ import torch
 from test_train import LengthReward
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-from rloo import checkpoint, lora, models
-from rloo.batching import completion_logprobs, join
 from rloo.errors import InputError
 from rloo.io import read_jsonl
+from rloo.model import checkpoint, lora, models
+from rloo.model.logprobs import completion_logprobs, join
 from rloo.rollout import generate
 from rloo.runtime import step_generator
-from rloo.stages import reward, sft, train
+from rloo.stages import reward, sft
+from rloo.stages import train as rloo_stage
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 3
@@ -56,7 +57,7 @@ def _batch(trainer, step: int = 0):
 @pytest.fixture(scope="module")
 def lora_run(micro_run):
     """A LoRA trainer after 3 RLOO steps, with its parameters before them and the steps' metrics."""
-    trainer = train.Trainer(_cfg(micro_run), micro_run["sft"], LengthReward(), _rows(micro_run))
+    trainer = rloo_stage.Trainer(_cfg(micro_run), micro_run["sft"], LengthReward(), _rows(micro_run))
     before = {k: v.detach().clone() for k, v in trainer.policy.named_parameters()}
     metrics = [trainer.step(s) for s in range(STEPS)]
     return trainer, before, metrics
@@ -136,14 +137,14 @@ def test_lora_with_vllm_rollouts_is_refused(micro_run):
     cfg = _cfg(micro_run)
     cfg["rollout"]["backend"] = "vllm"
     with pytest.raises(InputError, match=r"model\.lora with rollout\.backend=vllm"):
-        train.Trainer(cfg, micro_run["sft"], LengthReward(), _rows(micro_run))
+        rloo_stage.Trainer(cfg, micro_run["sft"], LengthReward(), _rows(micro_run))
 
 
 def test_ppo_with_lora_keeps_a_full_critic_and_the_adapters_off_reference(micro_run):
     """PPO: the policy trains adapters, its reference is the adapters-off policy (KL 0 at step 0, then
     not), its old log-probabilities are the adapted policy's (the first update's ratio is 1), and the
     critic stays a full network."""
-    from rloo.ppo import PPOTrainer
+    from rloo.train.ppo import PPOTrainer
 
     cfg = _cfg(micro_run, estimator="ppo")
     cfg["rloo"]["ppo"].update({"epochs": 1, "minibatches": 1})
@@ -177,7 +178,7 @@ def test_gradient_checkpointing_recomputes_and_gives_the_same_gradients(micro_ru
     grads, calls = {}, {}
     for gc in (False, True):
         torch.manual_seed(0)  # the adapters' A starts random: the same A in both
-        trainer = train.Trainer(_cfg(micro_run, lora_on, gc), micro_run["sft"], LengthReward(), _rows(micro_run))
+        trainer = rloo_stage.Trainer(_cfg(micro_run, lora_on, gc), micro_run["sft"], LengthReward(), _rows(micro_run))
         batch = _batch(trainer)
         counter = _forward_calls(trainer.policy)
         lp, _ = trainer._policy_pass(batch, torch.arange(len(batch.completion_mask)))

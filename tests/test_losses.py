@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rloo.losses import (
+from rloo.algo.losses import (
     kl_k1,
     kl_k3,
     kl_loss_term,

@@ -1,4 +1,4 @@
-"""Micro-batches (rloo/microbatch.py): a step's gradient is the same whether its rows go through one
+"""Micro-batches (rloo/model/microbatch.py): a step's gradient is the same whether its rows go through one
 pass or through micro-batches under a token budget, in every stage that trains (rloo, ppo, sft, reward).
 
 A step is taken twice from the same weights on the same samples: once with the budget 0 (one pass,
@@ -15,11 +15,11 @@ import pytest
 import torch
 from test_train import LengthReward
 
-from rloo import microbatch, models
-from rloo.batching import join
 from rloo.io import read_jsonl
-from rloo.ppo import PPOTrainer
-from rloo.stages import train
+from rloo.model import microbatch, models
+from rloo.model.logprobs import join
+from rloo.stages import train as rloo_stage
+from rloo.train.ppo import PPOTrainer
 
 # Float32 (no autocast) gradients of one pass against several: measured max |diff| ~1e-7 on the
 # micro policy, against gradient entries of ~1e-2; a wrong weighting (a micro-batch normalised by its
@@ -97,10 +97,10 @@ def _budget_for_parts(trainer, step: int, parts: int) -> int:
 @pytest.mark.parametrize("kl_in", ["reward", "loss"])
 def test_micro_batched_rloo_step_has_the_one_pass_gradient(micro_run, norm, updates, kl_in):
     cfg = _cfg(micro_run, loss_norm=norm, updates_per_batch=updates, kl_in=kl_in)
-    whole = train.Trainer({**cfg, "rloo": {**cfg["rloo"], "micro_batch_tokens": 0}}, micro_run["sft"],
+    whole = rloo_stage.Trainer({**cfg, "rloo": {**cfg["rloo"], "micro_batch_tokens": 0}}, micro_run["sft"],
                           LengthReward(), _rows(micro_run))
     budget = _budget_for_parts(whole, 0, 3)
-    split = train.Trainer({**cfg, "rloo": {**cfg["rloo"], "micro_batch_tokens": budget}}, micro_run["sft"],
+    split = rloo_stage.Trainer({**cfg, "rloo": {**cfg["rloo"], "micro_batch_tokens": budget}}, micro_run["sft"],
                           LengthReward(), _rows(micro_run))
     ro = split.collect(0).rollout
     batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
@@ -143,7 +143,7 @@ def test_micro_batched_ppo_minibatch_has_the_one_pass_gradients(micro_run, micro
 
 def test_a_rank_with_too_few_rows_gets_zero_weight_parts(monkeypatch):
     """`even` under data parallelism: halves the largest parts, then pads with weight-0 parts."""
-    from rloo import distributed
+    from rloo.model import distributed
 
     monkeypatch.setattr(distributed, "enabled", lambda: True)
     monkeypatch.setattr(distributed, "all_max", lambda n: 4.0)
@@ -183,8 +183,8 @@ def test_micro_batched_sft_step_has_the_one_pass_gradient(micro_run, logits_chun
 
 def test_micro_batched_reward_step_has_the_one_pass_gradient(micro_run):
     """Bradley-Terry over pairs kept whole in micro-batches: the sum over a part's pairs / the step's."""
-    from rloo.preferences import Pair
-    from rloo.prompting import PromptFormat
+    from rloo.data.prompting import PromptFormat
+    from rloo.reward.preferences import Pair
     from rloo.stages import reward
 
     cfg = micro_run["cfg"]

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from rloo import models
-from rloo.batching import completion_logits, completion_logprobs, join, token_logprobs
+from rloo.model import models
+from rloo.model.logprobs import completion_logits, completion_logprobs, join, token_logprobs
 from rloo.rollout import generate
 
 
@@ -83,10 +83,10 @@ def test_compacted_decoding_equals_the_plain_loop(micro_run):
 
 
 def test_gumbel_max_sampling_follows_the_softmax():
-    from rloo.rollout.hf import _gumbel, _next_token
+    from rloo.rollout.sampling import gumbel_noise, next_token
 
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).repeat(40000, 1)
-    draws = _next_token(logits, False, 1.0, 1.0, 0, _gumbel(40000, 4, torch.Generator().manual_seed(0)))
+    draws = next_token(logits, False, 1.0, 1.0, 0, gumbel_noise(40000, 4, torch.Generator().manual_seed(0)))
     freq = torch.bincount(draws, minlength=4).float() / 40000
     torch.testing.assert_close(freq, torch.softmax(logits[0], -1), atol=0.01, rtol=0)
 
@@ -115,7 +115,7 @@ def test_shared_prompt_pass_equals_the_plain_pass_with_gradients(micro_run, attn
 
 def test_model_device_placement(tmp_path):
     """`model.device`: auto picks what torch sees; asking for a GPU that is not there is a clear error."""
-    from rloo.batching import model_device
+    from rloo.model.logprobs import model_device
     from rloo.runtime import resolve_device
 
     _tiny(tmp_path)
@@ -129,12 +129,12 @@ def test_model_device_placement(tmp_path):
 
 
 def test_rollout_moves_whole_and_decodes_to_eos(tmp_path):
-    from rloo.rollout.hf import _noise_generator
+    from rloo.rollout.sampling import noise_generator
 
     tok, model = _tiny(tmp_path)
     prompts = [tok("Question: Ava has 12 apples.")["input_ids"]] * 3
     g = torch.Generator().manual_seed(0)
-    assert _noise_generator(g, torch.device("cpu")) is g  # CPU sampling draws from the caller's generator
+    assert noise_generator(g, torch.device("cpu")) is g  # CPU sampling draws from the caller's generator
     ro = generate(model, prompts, max_new_tokens=12, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, generator=g)
     moved = ro.to("cpu")
     assert moved.logprobs is None
@@ -194,8 +194,8 @@ def test_lean_decode_loop_gives_the_hf_loop_tokens(micro_run, kind):
 def test_chunked_completion_pass_equals_the_plain_pass(micro_run, chunk_rows):
     """Rows taken by length in chunks, each padded to its own longest completion: same log-probabilities,
     same gradients, same entropies as one padded pass."""
-    from rloo.batching import completion_logprobs_and_entropy
-    from rloo.losses import token_entropy
+    from rloo.algo.losses import token_entropy
+    from rloo.model.logprobs import completion_logprobs_and_entropy
 
     tok = models.load_tokenizer(micro_run["sft"])
     model = models.load_causal_lm(micro_run["sft"], trainable=True)

@@ -12,10 +12,10 @@ import pytest
 import torch
 from workflow_helpers import same_weights
 
-from rloo import checkpoint, models
-from rloo.estimators import gae, whiten
-from rloo.losses import explained_variance, policy_loss, token_rewards, value_loss
-from rloo.stages import train
+from rloo.algo.estimators import gae, whiten
+from rloo.algo.losses import explained_variance, policy_loss, token_rewards, value_loss
+from rloo.model import checkpoint, models
+from rloo.stages import train as rloo_stage
 
 
 def test_gae_on_a_hand_computed_trajectory():
@@ -113,7 +113,7 @@ def test_ppo_run_trains_policy_and_critic_and_resumes_bit_identically(micro_run,
     cfg = _ppo_cfg(micro_run)
 
     def run(out, work):
-        return train.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / out, tmp_path / work, micro_reward)
+        return rloo_stage.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / out, tmp_path / work, micro_reward)
 
     summary = run("full", "w_full")
     assert summary["estimator"] == "ppo" and summary["steps_trained"] == 4
@@ -156,7 +156,7 @@ def test_ppo_settings_do_not_rerun_the_critic_free_estimators(micro_run):
 def test_ppo_trains_on_the_groups_dynamic_sampling_keeps(micro_run):
     from test_dynamic_sampling import ScriptedReward, _cfg, _rows
 
-    from rloo.ppo import PPOTrainer
+    from rloo.train.ppo import PPOTrainer
 
     cfg = _cfg(micro_run, estimator="ppo")
     plain = PPOTrainer({**cfg, "rloo": {**cfg["rloo"], "dynamic_sampling": False}}, micro_run["sft"],
@@ -170,9 +170,9 @@ def test_ppo_trains_on_the_groups_dynamic_sampling_keeps(micro_run):
 
 def test_a_single_update_starts_at_ratio_one(micro_run, micro_reward):
     from rloo.io import read_jsonl
-    from rloo.ppo import PPOTrainer
-    from rloo.rewards import build_reward
+    from rloo.reward.rewards import build_reward
     from rloo.stages.train import training_prompts
+    from rloo.train.ppo import PPOTrainer
 
     cfg = _ppo_cfg(micro_run)
     cfg["rloo"]["ppo"].update({"epochs": 1, "minibatches": 1})
@@ -190,10 +190,10 @@ def test_a_critic_grown_from_the_reward_model_reuses_its_head(micro_run, micro_r
 
     cfg = _ppo_cfg(micro_run, steps=1, eval_every=0, select="last")
     cfg["rloo"]["ppo"]["critic_init"] = "reward_model"
-    trainer = train.make_trainer(cfg, micro_run["sft"], train.build_reward(cfg, str(micro_reward)),
-                                 train.training_prompts([{"question": "q", "answer": "a\n#### 1"}] * 8, 0), micro_reward)
+    trainer = rloo_stage.make_trainer(cfg, micro_run["sft"], rloo_stage.build_reward(cfg, str(micro_reward)),
+                                 rloo_stage.training_prompts([{"question": "q", "answer": "a\n#### 1"}] * 8, 0), micro_reward)
     head = load_file(str(micro_reward / "model.safetensors"))["score.weight"]
     assert torch.equal(trainer.critic.score.weight.detach(), head)  # the reward model's scalar head, per position
     with pytest.raises(Exception, match="critic_init=reward_model"):
-        train.make_trainer(cfg, micro_run["sft"], train.build_reward(cfg, str(micro_reward)),
+        rloo_stage.make_trainer(cfg, micro_run["sft"], rloo_stage.build_reward(cfg, str(micro_reward)),
                            [{"question": "q", "answer": "a\n#### 1"}] * 8, None)

@@ -11,9 +11,9 @@ import torch
 import yaml
 
 import rloo
-from rloo.judges import VerifierJudge, combine, parse_verdict, win_rate
-from rloo.losses import bradley_terry_loss
-from rloo.preferences import build_pairs, split_by_prompt
+from rloo.algo.losses import bradley_terry_loss
+from rloo.reward.judges import VerifierJudge, combine, parse_verdict, win_rate
+from rloo.reward.preferences import build_pairs, split_by_prompt
 
 
 def test_bradley_terry_loss_and_gradient_by_hand():
@@ -87,15 +87,16 @@ def test_parse_verdict(reply, verdict):
 
 
 def test_results_file_matches_its_schema(micro_run, tmp_path):
-    from rloo import report
-    from rloo.stages import evaluate, reward, train
+    from rloo.eval import report
+    from rloo.stages import evaluate, reward
+    from rloo.stages import train as rloo_stage
 
     cfg = json.loads(json.dumps(micro_run["cfg"]))
     cfg["rloo"]["eval_every"] = 2
     rm = tmp_path / "reward"
     metrics = reward.run(cfg, micro_run["data"], micro_run["sft"], rm)
     assert metrics["train_pairs"] > 0 and 0.0 <= metrics["val_accuracy"] <= 1.0
-    train.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / "rloo", tmp_path / "w", rm)
+    rloo_stage.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / "rloo", tmp_path / "w", rm)
     out = tmp_path / "gsm8k_rloo.json"
     result = evaluate.run(cfg, micro_run["data"], micro_run["sft"], {"rloo": str(tmp_path / "rloo")}, out, rm,
                           tmp_path / "plots")
@@ -127,8 +128,8 @@ def test_results_file_matches_its_schema(micro_run, tmp_path):
     wr = result["win_rate"]
     assert wr["ci95"][0] <= wr["value"] <= wr["ci95"][1]
     # ...a deterministic function of the completions the stage wrote, every draw of every problem
-    from rloo.evaluation import read_completions
-    from rloo.gains import correctness, gain
+    from rloo.eval.evaluation import read_completions
+    from rloo.eval.gains import correctness, gain
 
     recs = read_completions(tmp_path / "plots" / "completions.jsonl")
     golds = [r["answer"] for r in recs]
@@ -159,8 +160,8 @@ def test_judge_independence_follows_the_training_reward():
 
 
 def test_summary_names_the_checkpoint_and_every_alarm(tmp_path, capsys):
-    from rloo import report
     from rloo.cli import main
+    from rloo.eval import report
 
     metrics = {"selected_step": 300, "steps_trained": 350, "select": "best", "selected_val_accuracy_sampled": 0.78,
                "stopped_early": {"step": 350, "alarm": "reward_hacking"},
@@ -177,10 +178,10 @@ def test_summary_names_the_checkpoint_and_every_alarm(tmp_path, capsys):
 
 
 def test_sampled_accuracy_averages_independent_draws(micro_run):
-    from rloo import models
     from rloo.data.gsm8k import format_prompt
-    from rloo.evaluation import decode, spec_for
+    from rloo.eval.evaluation import decode, spec_for
     from rloo.io import read_jsonl
+    from rloo.model import models
     from rloo.stages import evaluate
 
     cfg = json.loads(json.dumps(micro_run["cfg"]))

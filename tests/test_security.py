@@ -5,8 +5,8 @@ import logging
 import pytest
 import torch
 
-from rloo import models
 from rloo.config import load_config
+from rloo.model import models
 
 
 def test_trust_remote_code_is_off_by_default():
@@ -31,7 +31,7 @@ def test_pickled_weights_are_refused(tmp_path):
 
 def test_llm_judge_key_comes_from_env_and_is_never_logged(monkeypatch, caplog):
     pytest.importorskip("openai")
-    from rloo.judges import LLMJudge
+    from rloo.reward.judges import LLMJudge
 
     secret = "sk-test-0123456789abcdef"
     monkeypatch.setenv("RLOO_TEST_JUDGE_KEY", secret)

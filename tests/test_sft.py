@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from rloo import checkpoint, models
+from rloo.model import checkpoint, models
 from rloo.stages import sft
 
 

@@ -1,10 +1,10 @@
-"""rloo.solution_check: hand-made completions, and expressions that must be refused, not run."""
+"""rloo.reward.solution_check: hand-made completions, and expressions that must be refused, not run."""
 
 from fractions import Fraction
 
 import pytest
 
-from rloo.solution_check import (
+from rloo.reward.solution_check import (
     NO_ANNOTATIONS,
     UnsafeExpression,
     annotation_is_right,

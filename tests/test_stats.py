@@ -1,13 +1,13 @@
-"""rloo.stats and rloo.gains: hand-computed cases, and known-answer simulations of coverage and size."""
+"""rloo.eval.stats and rloo.eval.gains: hand-computed cases, and known-answer simulations of coverage and size."""
 
 from math import comb
 
 import numpy as np
 import pytest
 
-from rloo import stats
-from rloo.gains import correctness, gain, win_rate_ci95
-from rloo.stats import mcnemar_exact, paired_bootstrap, sign_flip_test, wilson_interval
+from rloo.eval import stats
+from rloo.eval.gains import correctness, gain, win_rate_ci95
+from rloo.eval.stats import mcnemar_exact, paired_bootstrap, sign_flip_test, wilson_interval
 
 
 def _pairs(a_only: int, b_only: int, both: int, neither: int) -> tuple[np.ndarray, np.ndarray]:
@@ -129,7 +129,7 @@ def test_gain_of_per_problem_completions():
 
 
 def test_summary_line_and_mlflow_metrics_of_a_gain():
-    from rloo.report import gain_line
+    from rloo.eval.report import gain_line
     from rloo.tracking.stage import gain_metrics
 
     g = {"sampled": {"gain": 0.066, "ci95": [0.041, 0.0912], "p_value": 0.0001},

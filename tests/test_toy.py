@@ -13,9 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from rloo.estimators import rloo_advantages
-from rloo.stages import toy as toy_stage
-from rloo.toy import (
+from rloo.algo.bandit import (
     exact_gradient,
     expected_success,
     make_bandit,
@@ -24,6 +22,8 @@ from rloo.toy import (
     sample_rewards,
     score_function_gradients,
 )
+from rloo.algo.estimators import rloo_advantages
+from rloo.stages import toy as toy_stage
 
 KS = (2, 4, 8)
 

@@ -189,7 +189,7 @@ def check_pipeline(client, experiment: str, workdir: Path, stages: set[str], *, 
     assert e.data.params["evaluate.examples"] == "16"
     assert e.data.params["evaluate.llm_judge.api_key_env"] == "OPENAI_API_KEY"  # a name, not a secret
     assert "evaluate/rloo/accuracy" in e.data.metrics and "evaluate/win_rate/rloo/value" in e.data.metrics
-    # the gain over SFT with its 95 % interval and p-value (rloo.gains), one trained policy
+    # the gain over SFT with its 95 % interval and p-value (rloo.eval.gains), one trained policy
     assert {"gain/sampled", "gain/sampled_ci95_lo", "gain/sampled_ci95_hi", "gain/sampled_p_value",
             "gain/greedy", "gain/greedy_p_value"} <= set(e.data.metrics)
     assert e.data.metrics["gain/sampled_ci95_lo"] <= e.data.metrics["gain/sampled"] <= e.data.metrics["gain/sampled_ci95_hi"]

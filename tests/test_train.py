@@ -9,11 +9,11 @@ import pytest
 import torch
 from workflow_helpers import same_weights
 
-from rloo import checkpoint, models
-from rloo.estimators import ESTIMATORS
+from rloo.algo.estimators import ESTIMATORS
 from rloo.io import read_jsonl
-from rloo.rewards import VerifierReward
-from rloo.stages import train
+from rloo.model import checkpoint, models
+from rloo.reward.rewards import VerifierReward
+from rloo.stages import train as rloo_stage
 
 
 def _cfg(micro_run, **rloo):
@@ -47,7 +47,7 @@ def _moved(trainer, sft_dir) -> float:
 def test_kl_is_exactly_zero_before_the_first_update(micro_run, autocast):
     cfg = _cfg(micro_run, k=4, prompts_per_step=4)
     cfg["model"]["autocast"] = autocast
-    trainer = train.Trainer(cfg, micro_run["sft"], LengthReward(), _train_rows(micro_run))
+    trainer = rloo_stage.Trainer(cfg, micro_run["sft"], LengthReward(), _train_rows(micro_run))
     m = trainer.step(0)
     assert m["train/kl"] == 0.0
     # ...and the update moved the policy away from the reference.
@@ -58,7 +58,7 @@ def test_kl_is_exactly_zero_before_the_first_update(micro_run, autocast):
 @pytest.mark.parametrize("estimator", ESTIMATORS)
 def test_every_estimator_trains(micro_run, estimator):
     cfg = _cfg(micro_run, estimator=estimator, k=2, prompts_per_step=4, lr=1e-3)
-    trainer = train.Trainer(cfg, micro_run["sft"], LengthReward(), _train_rows(micro_run))
+    trainer = rloo_stage.Trainer(cfg, micro_run["sft"], LengthReward(), _train_rows(micro_run))
     for s in range(2):
         m = trainer.step(s)
         assert all(math.isfinite(v) for k, v in m.items() if isinstance(v, float)), m
@@ -72,7 +72,7 @@ def test_every_estimator_trains(micro_run, estimator):
 )
 def test_loss_variants_train(micro_run, options):
     cfg = _cfg(micro_run, lr=1e-3, **options)
-    trainer = train.Trainer(cfg, micro_run["sft"], LengthReward(), _train_rows(micro_run))
+    trainer = rloo_stage.Trainer(cfg, micro_run["sft"], LengthReward(), _train_rows(micro_run))
     m = [trainer.step(s) for s in range(2)][-1]
     assert math.isfinite(m["train/loss"]) and 0.0 <= m["train/clip_frac"] <= 1.0
     assert m["train/grad_norm"] > 0.0 and _moved(trainer, micro_run["sft"]) > 1e-4
@@ -80,24 +80,24 @@ def test_loss_variants_train(micro_run, options):
 
 def test_k_below_two_is_a_clear_error(micro_run):
     with pytest.raises(ValueError, match=r"rloo.k=1: the rloo estimator needs k >= 2"):
-        train.Trainer(_cfg(micro_run, k=1), micro_run["sft"], VerifierReward(), _train_rows(micro_run))
+        rloo_stage.Trainer(_cfg(micro_run, k=1), micro_run["sft"], VerifierReward(), _train_rows(micro_run))
 
 
 def test_prompts_per_step_larger_than_the_data_is_a_clear_error(micro_run):
     with pytest.raises(ValueError, match=r"rloo.prompts_per_step=9999"):
-        train.Trainer(_cfg(micro_run, prompts_per_step=9999), micro_run["sft"], VerifierReward(), _train_rows(micro_run))
+        rloo_stage.Trainer(_cfg(micro_run, prompts_per_step=9999), micro_run["sft"], VerifierReward(), _train_rows(micro_run))
 
 
 def test_prompts_longer_than_the_context_are_a_clear_error(micro_run):
     cfg = _cfg(micro_run)
     cfg["model"]["max_length"] = 40
     with pytest.raises(ValueError, match=r"longer than model\.max_length"):
-        train.Trainer(cfg, micro_run["sft"], VerifierReward(), _train_rows(micro_run))
+        rloo_stage.Trainer(cfg, micro_run["sft"], VerifierReward(), _train_rows(micro_run))
 
 
 def test_biased_sampling_settings_warn_loudly(caplog):
     with caplog.at_level(logging.WARNING):
-        problems = train.check_sampling({"temperature": 0.7, "top_p": 0.9, "top_k": 0})
+        problems = rloo_stage.check_sampling({"temperature": 0.7, "top_p": 0.9, "top_k": 0})
     assert problems == ["rloo.temperature=0.7", "rloo.top_p=0.9"]
     assert "biased" in caplog.text
 
@@ -114,7 +114,7 @@ class _FlakyReward:
 
 
 def test_missing_rewards_are_counted_not_propagated(micro_run):
-    trainer = train.Trainer(_cfg(micro_run, k=2), micro_run["sft"], _FlakyReward(), _train_rows(micro_run))
+    trainer = rloo_stage.Trainer(_cfg(micro_run, k=2), micro_run["sft"], _FlakyReward(), _train_rows(micro_run))
     m = trainer.step(0)
     assert m["train/missing_rewards"] > 0
     assert math.isfinite(m["train/loss"]) and math.isfinite(m["train/adv_std"])
@@ -126,7 +126,7 @@ def test_run_writes_policy_and_resumes_bit_identically(micro_run, micro_reward, 
     cfg["reward"]["source"] = "model"
 
     def run(out, work):
-        return train.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / out, tmp_path / work, micro_reward)
+        return rloo_stage.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / out, tmp_path / work, micro_reward)
 
     summary = run("full", "w_full")
     steps = (tmp_path / "full" / "steps.jsonl").read_text().splitlines()
@@ -153,7 +153,7 @@ def test_run_writes_policy_and_resumes_bit_identically(micro_run, micro_reward, 
 
 
 def test_lr_schedules_decay_to_their_floor():
-    from rloo.schedules import lr_multiplier
+    from rloo.algo.schedules import lr_multiplier
 
     cos, lin, const = (lr_multiplier(2, 10, d, floor=0.1) for d in ("cosine", "linear", "constant"))
     assert [cos(0), cos(1), cos(2)] == [0.5, 1.0, 1.0]
@@ -167,17 +167,17 @@ def test_lr_schedules_decay_to_their_floor():
 
 def test_decaying_schedule_logs_the_lr_used_and_pins_the_step_count(micro_run, tmp_path):
     cfg = _cfg(micro_run, steps=4, warmup_steps=0, lr_schedule="linear", min_lr_ratio=0.25, checkpoint_every=2)
-    train.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / "out", tmp_path / "w")
+    rloo_stage.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / "out", tmp_path / "w")
     lrs = [json.loads(line)["train/lr"] for line in (tmp_path / "out" / "steps.jsonl").read_text().splitlines()]
     assert lrs == pytest.approx([cfg["rloo"]["lr"] * m for m in (1.0, 0.8125, 0.625, 0.4375)])
     # The decay depends on the step count: a longer run is another schedule, not an extension.
     cfg["rloo"]["steps"] = 6
     with pytest.raises(checkpoint.CheckpointError, match="other settings"):
-        train.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / "longer", tmp_path / "w")
+        rloo_stage.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / "longer", tmp_path / "w")
 
 
 def test_non_finite_reward_model_scores_become_missing_rewards(micro_run, tmp_path):
-    from rloo.rewards import RewardModelReward
+    from rloo.reward.rewards import RewardModelReward
 
     rm = models.load_reward_model(micro_run["sft"])
     rm.config.pad_token_id = models.load_tokenizer(micro_run["sft"]).pad_token_id
@@ -186,7 +186,7 @@ def test_non_finite_reward_model_scores_become_missing_rewards(micro_run, tmp_pa
     reward = RewardModelReward(rm, models.load_tokenizer(micro_run["sft"]), batch_size=4)
     scores = reward.score(["Question: q\nAnswer:"] * 3, [" #### 1", "", " x"], ["#### 1"] * 3, [True] * 3)
     assert torch.isnan(scores).all() and reward.nonfinite == 3
-    trainer = train.Trainer(_cfg(micro_run, k=2), micro_run["sft"], reward, _train_rows(micro_run))
+    trainer = rloo_stage.Trainer(_cfg(micro_run, k=2), micro_run["sft"], reward, _train_rows(micro_run))
     m = trainer.step(0)
     assert m["train/missing_rewards"] == 8 and m["train/degenerate_groups"] == 4
     assert m["train/grad_norm"] == 0.0 and math.isfinite(m["train/loss"])
@@ -196,7 +196,7 @@ def test_empty_completions_score_zero_and_train(micro_run):
     reward = VerifierReward()
     assert reward.score(["p", "p"], ["", " #### 3"], ["#### 3", "#### 3"], [True, True]).tolist() == [0.0, 1.0]
     # A policy that answers with EOS at once: empty completions everywhere, still a finite step.
-    trainer = train.Trainer(_cfg(micro_run, k=2), micro_run["sft"], reward, _train_rows(micro_run))
+    trainer = rloo_stage.Trainer(_cfg(micro_run, k=2), micro_run["sft"], reward, _train_rows(micro_run))
     with torch.no_grad():
         head = trainer.policy.get_output_embeddings()
         bias = torch.full((trainer.policy.config.vocab_size,), -1e4, device=head.weight.device)
@@ -218,23 +218,23 @@ def test_difficulty_filter_keeps_multi_step_prompts_and_names_the_key():
             {"question": "q2", "answer": "2+3=<<2+3=5>>5\n5*4=<<5*4=20>>20\n#### 20"},
             {"question": "q3", "answer": "#### 7"}]
     assert [solution_steps(r["answer"]) for r in rows] == [1, 2, 0]
-    assert train.training_prompts(rows, 0) == rows
-    assert [r["question"] for r in train.training_prompts(rows, 2)] == ["q2"]
+    assert rloo_stage.training_prompts(rows, 0) == rows
+    assert [r["question"] for r in rloo_stage.training_prompts(rows, 2)] == ["q2"]
     with pytest.raises(ValueError, match=r"rloo\.min_solution_steps=3"):
-        train.training_prompts(rows, 3)
+        rloo_stage.training_prompts(rows, 3)
 
 
 def _scripted_evaluations(monkeypatch, script):
     """Validation results in a given order (the selection and stopping rules are under test, not the
     micro policy, which solves nothing), and a training reward with spread so the weights move."""
     calls = iter(script)
-    monkeypatch.setattr(train, "build_reward", lambda cfg, reward_model_dir=None: LengthReward())
+    monkeypatch.setattr(rloo_stage, "build_reward", lambda cfg, reward_model_dir=None: LengthReward())
 
     def evaluate(self, rows, n, draws):
         acc, proxy = next(calls)
         return {"eval/accuracy_sampled": acc, "eval/accuracy_greedy": acc, "eval/proxy_reward": proxy}
 
-    monkeypatch.setattr(train.Trainer, "evaluate", evaluate)
+    monkeypatch.setattr(rloo_stage.Trainer, "evaluate", evaluate)
 
 
 def _weights(folder):
@@ -248,7 +248,7 @@ def test_best_checkpoint_is_written_and_named(micro_run, tmp_path, monkeypatch):
     _scripted_evaluations(monkeypatch, [(0.2, 0.2), (0.3, 0.3), (0.5, 0.5), (0.4, 0.4)])
     cfg = _cfg(micro_run, steps=6, eval_every=2, checkpoint_every=2, keep_checkpoints=5, lr=1e-2, select="best")
     out, work = tmp_path / "out", tmp_path / "work"
-    summary = train.run(cfg, micro_run["data"], micro_run["sft"], out, work)
+    summary = rloo_stage.run(cfg, micro_run["data"], micro_run["sft"], out, work)
     assert summary["selected_step"] == 4 and summary["steps_trained"] == 6
     assert summary["selected_val_accuracy_sampled"] == 0.5
     assert [e["step"] for e in summary["evals"]] == [0, 2, 4, 6]
@@ -267,7 +267,7 @@ def test_select_last_and_best_at_step_zero(micro_run, tmp_path, monkeypatch):
     for select in ("best", "last"):
         _scripted_evaluations(monkeypatch, script if select == "best" else script[1:])
         cfg = _cfg(micro_run, steps=4, eval_every=2, lr=1e-2, select=select, stop_on=[])
-        summary = train.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / select, tmp_path / f"w{select}")
+        summary = rloo_stage.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / select, tmp_path / f"w{select}")
         written = _weights(tmp_path / select)
         same = all(torch.equal(written[k], sft[k]) for k in sft if k in written)
         assert (summary["selected_step"], same) == ((0, True) if select == "best" else (4, False))
@@ -278,14 +278,14 @@ def test_reward_hacking_stops_the_run_early(micro_run, tmp_path, monkeypatch, ca
     _scripted_evaluations(monkeypatch, [(0.7, 0.1), (0.9, 0.2), (0.1, 0.9), (0.1, 1.0)])
     cfg = _cfg(micro_run, steps=8, eval_every=2, lr=1e-2, eval_examples=8, select="best")
     with caplog.at_level(logging.WARNING):
-        summary = train.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / "out", tmp_path / "work")
+        summary = rloo_stage.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / "out", tmp_path / "work")
     assert summary["stopped_early"] == {"step": 4, "alarm": "reward_hacking"}
     assert summary["steps_trained"] == 4 and summary["selected_step"] == 2
     assert summary["alarms"]["reward_hacking"] == 4
     assert "stopped early after 4 steps: alarm/reward_hacking" in caplog.text
     # without stop_on the run goes on, the alarm is still recorded
     _scripted_evaluations(monkeypatch, [(0.7, 0.1), (0.9, 0.2), (0.1, 0.9), (0.1, 1.0), (0.1, 1.0)])
-    summary = train.run(_cfg(micro_run, steps=8, eval_every=2, lr=1e-2, eval_examples=8, stop_on=[], select="best"),
+    summary = rloo_stage.run(_cfg(micro_run, steps=8, eval_every=2, lr=1e-2, eval_examples=8, stop_on=[], select="best"),
                         micro_run["data"], micro_run["sft"], tmp_path / "out2", tmp_path / "work2")
     assert summary["stopped_early"] is None and summary["steps_trained"] == 8
     assert summary["alarms"]["reward_hacking"] == 4
@@ -297,7 +297,7 @@ def test_duplicate_samples_are_passed_once_with_the_same_update(micro_run):
     cfg = _cfg(micro_run, k=4, prompts_per_step=4, lr=1e-3, temperature=0.05, max_new_tokens=4)  # many copies
     results = []
     for dedup in (True, False):
-        trainer = train.Trainer(cfg, micro_run["sft"], LengthReward(), _train_rows(micro_run))
+        trainer = rloo_stage.Trainer(cfg, micro_run["sft"], LengthReward(), _train_rows(micro_run))
         trainer.dedup = dedup
         m = trainer.step(0)
         m1 = trainer.step(1)

@@ -23,9 +23,10 @@ from workflow_helpers import CONFIGFILES, ROOT, env_for, job_counts, make_copy, 
 
 from rloo import cli, pipeline, tracking
 from rloo.config import ConfigError, load_config, stage_config
-from rloo.seeds import aggregate
-from rloo.stats import t_interval
-from rloo.sweeps import grid, point_id, sweep_variant, table
+from rloo.eval.seed_table import aggregate
+from rloo.eval.stats import t_interval
+from rloo.eval.sweep_table import table
+from rloo.pipeline import point_id, sweep_grid, sweep_variant
 
 SEEDS = "results/seeds/gsm8k_rloo.json"
 MICRO = [ROOT / "config" / "config.yaml", ROOT / "config" / "micro.yaml"]
@@ -80,7 +81,7 @@ def test_seed_scope_decides_the_stages_run_per_seed():
 ])
 def test_a_sweep_point_reruns_only_the_stages_reading_its_keys(axes, varied):
     cfg = load_config(MICRO, {"sweeps": {"s": axes}})
-    points = grid(cfg, "s")
+    points = sweep_grid(cfg, "s")
     assert len(points) == len(list(itertools.product(*axes.values())))
     pid = next(iter(points))
     v = sweep_variant(cfg, "s", pid)
@@ -259,7 +260,7 @@ def test_sweep_target_runs_each_point_and_picks_the_best_by_validation(ran):
     # a grid over rloo.* reuses prepare, sft and reward (and a seeds run before it changes nothing of them)
     assert job_counts(res.stdout + res.stderr) == {"rloo_sweep": 2, "evaluate_sweep": 2, "sweep": 1}
     cfg = load_config([*MICRO, wf / "config" / "sweep.yaml"])
-    points = grid(cfg, "beta")
+    points = sweep_grid(cfg, "beta")
     for pid in points:
         assert (wf / f"results/sweeps/beta/{pid}/gsm8k_rloo.json").is_file()
         assert (wf / f"results/models/sweeps/beta/{pid}/rloo_rloo/metrics.json").is_file()

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rloo.verifier import extract_answer, gold_answer, is_correct, normalize_number
+from rloo.reward.verifier import extract_answer, gold_answer, is_correct, normalize_number
 
 
 @pytest.mark.parametrize(
@@ -108,7 +108,7 @@ def test_strict_rejects_anything_but_one_number(a, glue, b):
 
 
 def test_verifier_reward_pays_nothing_for_games():
-    from rloo.rewards import VerifierReward
+    from rloo.reward.rewards import VerifierReward
 
     honest, games = ["#### 5"], [g for g in GAMES if "5" in g]
     scores = VerifierReward().score([""] * (1 + len(games)), honest + games, ["5"] * (1 + len(games)),

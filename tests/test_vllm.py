@@ -24,11 +24,11 @@ import pytest
 import torch
 from test_judge_server import group_members, wait_for
 
-from rloo import models
 from rloo.data.gsm8k import format_prompt
 from rloo.io import read_jsonl
-from rloo.judge_server import free_port, serve, vllm_command
-from rloo.judges import LLMJudge, parse_verdict, win_rate
+from rloo.model import models
+from rloo.reward.judge_server import free_port, serve, vllm_command
+from rloo.reward.judges import LLMJudge, parse_verdict, win_rate
 from rloo.rollout import logprob_gap
 from rloo.rollout.hf import generate as hf_generate
 
@@ -154,7 +154,7 @@ def test_sampling_is_seeded_and_logprobs_match_the_trainer(engine, policy_dir, p
     _same_rollout(a, b)
     assert not torch.equal(a.completions, c.completions)
     assert len({tuple(r.tolist()) for r in a.completions[:4]}) > 1, "k samples of one prompt should differ"
-    from rloo.batching import completion_logprobs, join
+    from rloo.model.logprobs import completion_logprobs, join
 
     batch = join(a.prompt_ids, a.prompt_mask, a.completions, a.completion_mask)
     with torch.no_grad():
@@ -221,11 +221,11 @@ def _vllm_cfg(micro_run, **rloo) -> dict:
 @pytest.mark.slow
 @needs_vllm
 def test_trainer_step_syncs_the_engine_and_logs_the_gap(micro_run, policy_dir, special, monkeypatch):
-    from rloo.stages import train
+    from rloo.stages import train as rloo_stage
 
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # vLLM's CPU knob (GiB): independent of RSS
     rows = [r for _, r in read_jsonl(micro_run["data"] / "train.jsonl")]
-    trainer = train.Trainer(_vllm_cfg(micro_run), policy_dir, _LengthReward(), rows)
+    trainer = rloo_stage.Trainer(_vllm_cfg(micro_run), policy_dir, _LengthReward(), rows)
     try:
         from rloo.rollout.vllm import VLLMRollout
 
@@ -251,16 +251,16 @@ def test_trainer_step_syncs_the_engine_and_logs_the_gap(micro_run, policy_dir, s
 @needs_vllm
 def test_resumed_run_syncs_the_checkpoint_into_the_engine(micro_run, policy_dir, tmp_path, monkeypatch):
     """`run` builds the engine from the SFT folder, then resumes a checkpoint: the engine must follow it."""
-    from rloo.stages import train
+    from rloo.stages import train as rloo_stage
 
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    monkeypatch.setattr(train, "build_reward", lambda cfg, rm=None: _LengthReward())
+    monkeypatch.setattr(rloo_stage, "build_reward", lambda cfg, rm=None: _LengthReward())
     cfg = _vllm_cfg(micro_run, steps=2, checkpoint_every=1, eval_every=0)
     args = (micro_run["data"], policy_dir, tmp_path / "out", tmp_path / "work")
-    train.run(cfg, *args)
+    rloo_stage.run(cfg, *args)
     gc.collect()
     cfg["rloo"]["steps"] = 3
-    summary = train.run(cfg, *args)
+    summary = rloo_stage.run(cfg, *args)
     gc.collect()
     assert summary["resumed_from_step"] == 1
     steps = [json.loads(x) for x in (tmp_path / "out" / "steps.jsonl").read_text().splitlines()]
@@ -283,7 +283,7 @@ def _serve_env() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def judge_server(micro_run, tmp_path_factory):
-    """`vllm serve` of the micro SFT model on 127.0.0.1 with CPU-sized flags, through rloo.judge_server
+    """`vllm serve` of the micro SFT model on 127.0.0.1 with CPU-sized flags, through rloo.reward.judge_server
     (the evaluate stage's path); stopped at the end, every process of its group with it."""
     if VLLM_MISSING:
         pytest.skip(VLLM_MISSING)
@@ -398,7 +398,7 @@ def test_llm_judge_against_vllm_serve(judge_server, monkeypatch, caplog):
         for q, g, a, b in QA:
             verdict = judge.judge(q, g, a, b)
             # The verdict is exactly what parse_verdict makes of the served reply (greedy, so repeatable).
-            from rloo.judges import JUDGE_PROMPT
+            from rloo.reward.judges import JUDGE_PROMPT
 
             raw = judge.client.chat.completions.create(
                 model="judge", temperature=0.0, max_tokens=8,
@@ -427,7 +427,7 @@ def test_llm_judge_failures_are_invalid_never_losses(judge_server, monkeypatch, 
     # Nobody listening.
     closed = LLMJudge(f"http://127.0.0.1:{free_port()}/v1", "judge", "RLOO_TEST_JUDGE_KEY", timeout_s=5,
                       max_retries=1)
-    with caplog.at_level(logging.WARNING, logger="rloo.judges"):
+    with caplog.at_level(logging.WARNING, logger="rloo.reward.judges"):
         assert right.judge("x " * 400, "#### 1", "#### 1", "#### 2") is None
         for judge, error in ((wrong, "AuthenticationError"), (closed, "APIConnectionError")):
             t0 = time.time()
@@ -505,7 +505,7 @@ def test_llm_judge_timeout_is_an_invalid_verdict(stub, monkeypatch, caplog):
     judge = LLMJudge(f"http://127.0.0.1:{stub.server_address[1]}/v1", "judge", "RLOO_TEST_JUDGE_KEY",
                      timeout_s=0.3, max_retries=0)
     t0 = time.time()
-    with caplog.at_level(logging.WARNING, logger="rloo.judges"):
+    with caplog.at_level(logging.WARNING, logger="rloo.reward.judges"):
         assert judge.judge("q", "#### 1", "a", "b") is None
     assert time.time() - t0 < 2.5
     assert "APITimeoutError" in caplog.text

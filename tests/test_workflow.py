@@ -32,7 +32,8 @@ from workflow_helpers import (
     snakemake_bin,
 )
 
-from rloo.config import load_config, tensor_parallel
+from rloo.config import load_config
+from rloo.reward.judge_server import tensor_parallel
 from rloo.stages import compare
 
 pytestmark = pytest.mark.slow
@@ -66,7 +67,7 @@ def test_full_run_outputs(run):
         assert set(result["policies"]) == {"sft", estimator}
         assert result["examples"] == 16  # evaluate.examples of config/micro.yaml
         assert result["training"][estimator]["estimator"] == estimator
-        # the gain over SFT with its uncertainty, and the win rate's interval (rloo.gains)
+        # the gain over SFT with its uncertainty, and the win rate's interval (rloo.eval.gains)
         gains = result["gains"][estimator]
         for mode in ("sampled", "greedy"):
             assert len(gains[mode]["ci95"]) == 2 and 0 < gains[mode]["p_value"] <= 1
@@ -130,9 +131,9 @@ def test_changed_parameter_with_two_estimators_and_toy(run):
         ("rloo/stages/train.py", {"rloo": 2, "evaluate": 2}),
         ("rloo/stages/sft.py", {"sft": 1, "reward": 1, "rloo": 2, "evaluate": 2}),
         ("rloo/stages/evaluate.py", {"evaluate": 2}),
-        ("rloo/toy.py", {"toy": 1}),
+        ("rloo/algo/bandit.py", {"toy": 1}),
         # a library module imported by several stages
-        ("rloo/estimators.py", {"rloo": 2, "evaluate": 2, "toy": 1}),
+        ("rloo/algo/estimators.py", {"rloo": 2, "evaluate": 2, "toy": 1}),
         ("rloo/data/synthetic.py", {"prepare": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 2}),
     ],
 )

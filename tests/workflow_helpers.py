@@ -4,7 +4,7 @@ Isolation: the tests never run Snakemake in the repository. `make_copy` copies w
 needs (Snakefile, workflow/, config/, the profiles slurm/ and profiles/default/, the `rloo` package
 sources) into a temporary folder; Snakemake runs there (`cwd`), so data/, results/, logs/,
 .snakemake/ and the MLflow store all land in the copy. PYTHONPATH points at the copy, so the
-Snakefile and every `rloo <stage>` job import the copied package: the code inputs (rloo.provenance)
+Snakefile and every `rloo <stage>` job import the copied package: the code inputs (rloo.code_inputs)
 are the copy's files, and editing one of them really changes the code the stage runs, without
 touching the repository.
 """
@@ -116,7 +116,7 @@ def same_weights(a: Path, b: Path) -> bool:
     """Whether two saved policies hold exactly the same weights (a resumed run against an uninterrupted one)."""
     import torch
 
-    from rloo import models
+    from rloo.model import models
 
     sa, sb = models.load_causal_lm(a).state_dict(), models.load_causal_lm(b).state_dict()
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)

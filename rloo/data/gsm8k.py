@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rloo.errors import MissingInputError, UserError
 from rloo.io import jsonl_records, read_jsonl
-from rloo.verifier import extract_answer
+from rloo.reward.verifier import extract_answer
 
 
 class DataError(UserError, ValueError):

@@ -12,7 +12,7 @@ committed to the DVC cache after a run, and a pulled run that Snakemake sees as 
 
 dvc.yaml: one stage per Snakemake rule; a rule with a wildcard ({estimator}) is a `foreach` stage whose
 stage names are `rule@value` (`rloo@grpo`). Each stage has the rule's command, its inputs as deps (the
-package source files it runs, rloo.provenance, included), its outputs as outs, and as params exactly
+package source files it runs, rloo.code_inputs, included), its outputs as outs, and as params exactly
 the config keys the rule passes the stage (`--config-json`, workflow/rules/common.smk). DVC reads
 params from a file, so `params.yaml` holds the resolved config (config/config.yaml + --configfile
 files, every default filled in) and the stage command reads it (`--config params.yaml`) instead of the

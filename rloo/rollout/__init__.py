@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-from rloo.rollout.hf import Rollout, generate
+from rloo.rollout.hf import generate
+from rloo.rollout.sampling import Rollout
 
 __all__ = ["HFRollout", "Rollout", "generate", "logprob_gap", "make_rollout"]
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from rloo.batching import kv_cache, left_pad, model_device, positions, unique_rows
-from rloo.lora import adapter_weight
+from rloo.model.logprobs import kv_cache, left_pad, model_device, positions, unique_rows
+from rloo.model.lora import adapter_weight
+from rloo.rollout.sampling import Rollout, gumbel_noise, next_token, noise_generator
 
 SUPPORTED = ("llama", "qwen2", "mistral")
 
@@ -102,13 +103,12 @@ def _generate(model, prompts, dtype, *, max_new_tokens: int, eos_id: int, pad_id
               temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
               generator: torch.Generator | None = None, compact: bool = True,
               noise_rows: tuple[int, int] | None = None):
-    from rloo.rollout.hf import Rollout, _gumbel, _next_token, _noise_generator
 
     device = model_device(model)
     w = _Weights(model, dtype)
     H, Hkv, d = w.heads, w.kv_heads, w.head_dim
     rep = H // Hkv
-    noise = None if greedy else _noise_generator(generator, device)
+    noise = None if greedy else noise_generator(generator, device)
 
     prompt_ids, prompt_mask = (t.to(device) for t in left_pad(prompts, pad_id))
     batch, width = prompt_ids.shape
@@ -149,8 +149,8 @@ def _generate(model, prompts, dtype, *, max_new_tokens: int, eos_id: int, pad_id
     for t in range(max_new_tokens):
         real = row_of >= 0
         rows = row_of.clamp(min=0)
-        gumbel = None if greedy else _gumbel(drawn, logits.shape[-1], noise, device)[offset + rows]
-        nxt = _next_token(logits, greedy, temperature, top_p, top_k, gumbel)
+        gumbel = None if greedy else gumbel_noise(drawn, logits.shape[-1], noise, device)[offset + rows]
+        nxt = next_token(logits, greedy, temperature, top_p, top_k, gumbel)
         live = ~done
         nxt = torch.where(live, nxt, pad_id)
         tokens[rows[live], t], mask[rows[live], t] = nxt[live], True

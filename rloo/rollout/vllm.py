@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from rloo.batching import left_pad
-from rloo.rollout.hf import Rollout
+from rloo.model.logprobs import left_pad
+from rloo.rollout.sampling import Rollout
 
 log = logging.getLogger("rloo.rollout.vllm")
 

@@ -53,7 +53,7 @@ def compare(results: dict[str, dict]) -> dict[str, Any]:
             **{k: report.get(k) for k in POLICY_KEYS},
             "win_rate": wins.get("value"),
             "win_rate_detail": wins or None,
-            # the evaluation's own paired comparison with SFT: gain, 95 % interval, p-value (rloo.gains)
+            # the evaluation's own paired comparison with SFT: gain, 95 % interval, p-value (rloo.eval.gains)
             "gain_vs_sft": (res.get("gains") or {}).get(policy),
             "training": {k: training.get(k) for k in TRAINING_KEYS if k in training},
         }
@@ -115,8 +115,8 @@ def judge_against_baseline(table: dict[str, Any], completion_files: dict[str, Pa
     """Win rate of each estimator's policy against the RLOO estimator's, by the evaluation's judge, on
     the completions the evaluate stage wrote (same prompts, same decoding mode); a served judge is
     started for it (its output in `judge_log`, default <paths.logs>/comparison.judge.log)."""
-    from rloo.evaluation import read_completions
-    from rloo.judge_server import open_judge
+    from rloo.eval.evaluation import read_completions
+    from rloo.reward.judge_server import open_judge
 
     if BASELINE not in completion_files or not all(Path(f).is_file() for f in completion_files.values()):
         return
@@ -129,9 +129,9 @@ def judge_against_baseline(table: dict[str, Any], completion_files: dict[str, Pa
 
 def _judge_each(table: dict[str, Any], judge, completion_files: dict[str, Path], results: dict[str, dict],
                 base: list[dict], mode: str) -> None:
-    from rloo.evaluation import read_completions
-    from rloo.gains import win_rate_ci95
-    from rloo.judges import win_rate
+    from rloo.eval.evaluation import read_completions
+    from rloo.eval.gains import win_rate_ci95
+    from rloo.reward.judges import win_rate
 
     for name, f in completion_files.items():
         if name == BASELINE or name not in table["estimators"]:

@@ -2,8 +2,8 @@
 
 Per policy: verifier accuracy (greedy and sampled at T = 1, strict and flexible), the reward model's
 mean score (the proxy the policy was trained on), sequence KL to the reference, mean length, and the
-solution checker's figures (rloo.solution_check). Then, for each trained policy against SFT: its gain
-with a 95 % interval and p-value (rloo.gains), and the win rate by a pairwise judge, in both
+solution checker's figures (rloo.reward.solution_check). Then, for each trained policy against SFT: its gain
+with a 95 % interval and p-value (rloo.eval.gains), and the win rate by a pairwise judge, in both
 presentation orders.
 """
 
@@ -18,17 +18,17 @@ import numpy as np
 import yaml
 from safetensors.torch import load_file
 
-from rloo import checkpoint, models
 from rloo.config import config_hash, stage_config
 from rloo.errors import InputError
-from rloo.evaluation import evaluate_policy, spec_for, write_completions
-from rloo.gains import correctness, gain, win_rate_ci95
+from rloo.eval.evaluation import evaluate_policy, spec_for, write_completions
+from rloo.eval.gains import correctness, gain, win_rate_ci95
 from rloo.io import read_jsonl, sha256_file, write_json_atomic
-from rloo.judge_server import open_judge
-from rloo.judges import win_rate
-from rloo.rewards import RewardModelReward
+from rloo.model import checkpoint, models
+from rloo.reward.judge_server import open_judge
+from rloo.reward.judges import win_rate
+from rloo.reward.rewards import RewardModelReward
+from rloo.reward.solution_check import summarize as check_solutions
 from rloo.runtime import setup
-from rloo.solution_check import summarize as check_solutions
 
 log = logging.getLogger("rloo.evaluate")
 
@@ -132,7 +132,7 @@ def _evaluate(cfg: dict, judge, data_dir, sft_dir, policies: dict[str, str], out
         "training": training,
     }
     if plot_dir is not None:
-        from rloo.plots import plot_policies, plot_proxy_vs_judge
+        from rloo.eval.plots import plot_policies, plot_proxy_vs_judge
 
         write_completions(Path(plot_dir) / "completions.jsonl", rows, texts)
 

@@ -10,18 +10,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rloo import distributed, grad_checkpointing, lora, microbatch, models, tracking
-from rloo.batching import model_device, sequence_scores
+from rloo import tracking
+from rloo.algo.losses import bradley_terry_loss
+from rloo.data.prompting import PromptFormat
 from rloo.errors import InputError
 from rloo.io import read_jsonl
-from rloo.loop import TrainingLoop, write_model_output
-from rloo.losses import bradley_terry_loss
+from rloo.model import distributed, grad_checkpointing, lora, microbatch, models
+from rloo.model.logprobs import model_device, sequence_scores
 from rloo.pipeline import STAGES
-from rloo.preferences import Pair, build_pairs, split_by_prompt
-from rloo.prompting import PromptFormat
+from rloo.reward.preferences import Pair, build_pairs, split_by_prompt
+from rloo.reward.verifier import is_correct
 from rloo.rollout import generate
 from rloo.runtime import Progress, autocast, run_fingerprint, setup, step_generator
-from rloo.verifier import is_correct
+from rloo.train.loop import TrainingLoop, write_model_output
 
 log = logging.getLogger("rloo.reward")
 
@@ -93,16 +94,14 @@ def step_loss(model, wrapped, fmt: PromptFormat, pairs: list[Pair], budget: int,
     encoded = pair_ids(fmt, pairs, mcfg["max_length"])  # once a step: the lengths and the passes read them
     lengths = [2 * max(len(c), len(r)) for c, r in encoded]  # a pair costs two rows as long as its longer text
     parts = microbatch.even(microbatch.pack(lengths, budget))
-    wins: list[float] = []  # per micro-batch, in order
 
-    def loss_of(rows: torch.Tensor) -> torch.Tensor:
+    def loss_of(rows: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         c, r = pair_scores(model, fmt, [encoded[i] for i in rows.tolist()], mcfg["max_length"], mcfg["autocast"], wrapped)
         loss = bradley_terry_loss(c, r, None if len(parts) == 1 else len(pairs))
-        wins.append(float((c > r).sum()))
-        return loss * scale if distributed.enabled() else loss
+        return (loss * scale if distributed.enabled() else loss), {"wins": float((c > r).sum())}
 
-    loss = microbatch.accumulate(wrapped if wrapped is not None else model, parts, loss_of)
-    return loss, sum(w for w, part in zip(wins, parts, strict=True) if part.weight)  # not a stand-in's
+    loss, counts = microbatch.accumulate(wrapped if wrapped is not None else model, parts, loss_of)
+    return loss, counts.get("wins", 0.0)
 
 
 def accuracy(model, fmt: PromptFormat, pairs: list[Pair], mcfg: dict) -> float:

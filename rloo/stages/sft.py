@@ -11,17 +11,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rloo import distributed, lora, microbatch, models, tracking
-from rloo.batching import model_device
+from rloo import tracking
+from rloo.algo.schedules import lr_multiplier
 from rloo.data.gsm8k import format_completion, format_prompt
+from rloo.data.prompting import PromptFormat, align_eos
 from rloo.errors import InputError
-from rloo.evaluation import evaluate_policy, spec_for
+from rloo.eval.evaluation import evaluate_policy, spec_for
 from rloo.io import atomic_dir, read_jsonl
-from rloo.logprobs import causal_logprobs
-from rloo.loop import TrainingLoop, write_model_output
-from rloo.prompting import PromptFormat, align_eos
+from rloo.model import distributed, lora, microbatch, models
+from rloo.model.head import causal_logprobs
+from rloo.model.logprobs import model_device
 from rloo.runtime import autocast, run_fingerprint, setup
-from rloo.schedules import lr_multiplier
+from rloo.train.loop import TrainingLoop, write_model_output
 
 log = logging.getLogger("rloo.sft")
 
@@ -33,7 +34,7 @@ class Example:
 
 
 def tokenize(records: list[dict], tokenizer, prompt_cfg: dict, max_length: int) -> tuple[list[Example], int]:
-    """Prompt + solution + EOS token ids (rloo.prompting: the bare template or the chat template, the
+    """Prompt + solution + EOS token ids (rloo.data.prompting: the bare template or the chat template, the
     loss on the solution and its EOS only); examples longer than max_length are dropped and counted."""
     fmt = PromptFormat(tokenizer, prompt_cfg)
     out, too_long = [], 0
@@ -84,7 +85,7 @@ def step_loss(train_model: torch.nn.Module, batch: list[Example], pad_id: int, b
     length into micro-batches under `sft.micro_batch_tokens`; returns the loss. Each micro-batch's loss
     is its answer tokens' summed NLL over the whole batch's count (HF's `num_items_in_batch`), so the
     gradients add up to the batch's. Data-parallel: weighed by this rank's share of the step's tokens.
-    `logits_chunk_tokens` > 0: the log-probabilities through the head in chunks (rloo.logprobs), never
+    `logits_chunk_tokens` > 0: the log-probabilities through the head in chunks (rloo.model.head), never
     the [rows, T, vocabulary] logits HF's loss upcasts to float32."""
     # The answer tokens the loss averages over: every label position after the first token.
     n_tokens = sum(len(e.ids) - max(e.n_prompt, 1) for e in batch)
@@ -105,7 +106,7 @@ def step_loss(train_model: torch.nn.Module, batch: list[Example], pad_id: int, b
                 loss = train_model(input_ids=ids, attention_mask=mask, labels=labels, use_cache=False, **extra).loss
         return loss * scale if distributed.enabled() else loss
 
-    return microbatch.accumulate(train_model, parts, loss_of)
+    return microbatch.accumulate(train_model, parts, loss_of)[0]
 
 
 def init_model_folder(cfg: dict, train: list[dict], folder: Path) -> Path:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rloo.algo.bandit import plot_toy, run_toy
 from rloo.io import atomic_path, write_json_atomic
-from rloo.toy import plot_toy, run_toy
 
 
 def run(out_json: str, out_png: str, seed: int = 0) -> dict[str, Any]:

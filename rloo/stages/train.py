@@ -1,5 +1,5 @@
 """`rloo train`: REINFORCE Leave-One-Out on the SFT policy, with a frozen reference and no critic (the
-trainer: rloo/trainer.py), or PPO with a critic (`rloo.estimator: ppo`, rloo/ppo.py), on one training
+trainer: rloo/train/rloo.py), or PPO with a critic (`rloo.estimator: ppo`, rloo/train/ppo.py), on one training
 loop: validation evals, best-checkpoint selection, early stopping on an alarm, resume.
 """
 
@@ -15,16 +15,19 @@ from pathlib import Path
 
 import numpy as np
 
-from rloo import alarms, checkpoint, distributed, lora, models, report, tracking
-from rloo.collect import prompt_indices, training_prompts
+from rloo import tracking
+from rloo.algo.estimators import MovingBaseline
 from rloo.data.gsm8k import read_split
 from rloo.errors import MissingInputError
-from rloo.estimators import MovingBaseline
+from rloo.eval import report
 from rloo.io import atomic_dir, read_jsonl, write_json_atomic
-from rloo.loop import TrainingLoop
-from rloo.rewards import RewardSource, build_reward
+from rloo.model import checkpoint, distributed, lora, models
+from rloo.reward.rewards import RewardSource, build_reward
+from rloo.rollout.collect import prompt_indices, training_prompts
 from rloo.runtime import run_fingerprint, setup
-from rloo.trainer import Trainer
+from rloo.train import alarms
+from rloo.train.loop import TrainingLoop
+from rloo.train.rloo import Trainer
 
 # The trainer and the prompt pool are the library's; the stage's names for them stay importable here.
 __all__ = ["Trainer", "check_sampling", "make_trainer", "prompt_indices", "run", "training_prompts"]
@@ -60,7 +63,7 @@ def make_trainer(cfg: dict, policy_dir: str | Path, reward: RewardSource, train:
     the critic-free Trainer for every other estimator."""
     if cfg["rloo"]["estimator"] != "ppo":
         return Trainer(cfg, policy_dir, reward, train)
-    from rloo.ppo import PPOTrainer
+    from rloo.train.ppo import PPOTrainer
 
     critic_dir = policy_dir
     if cfg["rloo"]["ppo"]["critic_init"] == "reward_model":
@@ -85,7 +88,7 @@ def run(
     in `rloo.stop_on` fires.
 
     Under torchrun with `distributed.strategy` ddp or fsdp every process runs this, each training on its
-    share of every step (rloo/trainer.py); rank 0 alone writes the outputs, the best snapshot and the
+    share of every step (rloo/train/rloo.py); rank 0 alone writes the outputs, the best snapshot and the
     checkpoints, and logs to MLflow.
     """
     distributed.init(cfg)

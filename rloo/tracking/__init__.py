@@ -27,7 +27,7 @@ from rloo.tracking.artifacts import (
     WEIGHT_SUFFIXES,
 )
 from rloo.tracking.params import NOT_PARAMS, config_params, config_part, flatten
-from rloo.tracking.pipeline import PIPELINE_RUN_NAME, end_pipeline, start_pipeline
+from rloo.tracking.parent_run import PIPELINE_RUN_NAME, end_pipeline, start_pipeline
 from rloo.tracking.provenance import DVC_IGNORED, dvc_md5, git_info, host_tags
 from rloo.tracking.records import ENV_RUNS_DIR, recorded_runs, runs_dir
 from rloo.tracking.redact import REDACTED, is_secret_key, redact, redact_text, redact_value

@@ -2,7 +2,7 @@
 
 Output md5s are computed the way DVC 3 does (a folder's ends in `.dir`), so a run's `dvc.md5.<path>`
 tag can be compared with dvc.lock without DVC installed. (Which *source files* a stage runs is
-rloo/provenance.py's job, not this one's.)
+rloo/code_inputs.py's job, not this one's.)
 """
 
 from __future__ import annotations

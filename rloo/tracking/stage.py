@@ -181,7 +181,7 @@ def _finish_stage_run(run: Run, cfg: dict, outputs: list[Path], log_file: Path |
 
 def _log_evaluation(run: Run, outputs: list[Path]) -> None:
     """The evaluation's results as metrics: evaluate/<policy>/<metric>, evaluate/win_rate/<policy>/*, and
-    each policy's gain over SFT with its interval (rloo.gains.gain_metrics: gain/sampled, ...)."""
+    each policy's gain over SFT with its interval (rloo.eval.gains.gain_metrics: gain/sampled, ...)."""
     for out in outputs:
         if out.suffix == ".json" and out.is_file():
             try:
@@ -213,7 +213,7 @@ def _log_curves(run: Run) -> None:
     """plots/curves.png: the run's metric curves (matplotlib only now, and a failure only a warning)."""
     with tempfile.TemporaryDirectory(prefix="rloo-curves-") as tmp:
         try:
-            from rloo.plots import plot_curves
+            from rloo.eval.plots import plot_curves
 
             curves = plot_curves(run.history, run.name, Path(tmp) / "curves.png")
         except Exception as e:

@@ -10,9 +10,8 @@ from rloo.config import validate as _validate_config
 from rloo.config import with_overrides
 from rloo.launch import srun_command
 from rloo.pipeline import SEED_FOLDER, STAGES, SWEEP_FOLDER, outputs, rule_outputs, seed_variant, work_dir
-from rloo.sweeps import grid as sweep_grid
-from rloo.sweeps import sweep_variant
-from rloo.provenance import PACKAGE_DIR, stage_sources
+from rloo.pipeline import reads_reward_model, sweep_grid, sweep_variant
+from rloo.code_inputs import PACKAGE_DIR, stage_sources
 
 # The same schema and validator as `rloo <stage>`: defaults filled in place, unknown keys named.
 _validate_config(config, source="snakemake config")
@@ -31,12 +30,11 @@ OUT = {name: rule_outputs(name, config) for name in STAGES}
 # config's own rloo.estimator.
 ESTIMATORS = load_schema()["properties"]["rloo"]["properties"]["estimator"]["enum"]
 ESTIMATOR = config["rloo"]["estimator"]
-USES_REWARD_MODEL = config["reward"]["source"] == "model"
 
 
 wildcard_constraints:
     estimator="|".join(ESTIMATORS),
-    # a seed of the seeds target; a sweep (a key of `sweeps`) and a point of its grid (rloo.sweeps.point_id)
+    # a seed of the seeds target; a sweep (a key of `sweeps`) and a point of its grid (rloo.pipeline.point_id)
     seed=r"\d+",
     sweep="[A-Za-z0-9_]+",
     point="p[0-9a-f]{8}",
@@ -78,18 +76,13 @@ def local_inputs(*values):
 WORKDIR_GUARD = _local(Path(workflow.basedir) / "workflow" / "scripts" / "workdir.py")
 
 
-def needs_reward_model(estimator):
-    """The RLOO stage reads the reward model when it is the training reward, or PPO's critic's start."""
-    return USES_REWARD_MODEL or (estimator == "ppo" and config["rloo"]["ppo"]["critic_init"] == "reward_model")
-
-
 def reward_model(wildcards):
-    """The reward model as a named input, where the RLOO stage reads it (see needs_reward_model)."""
-    return {"reward_model": OUT["reward"]["model"]} if needs_reward_model(wildcards.estimator) else {}
+    """The reward model as a named input, where the RLOO stage reads it (rloo.pipeline.reads_reward_model)."""
+    return {"reward_model": OUT["reward"]["model"]} if reads_reward_model(config, wildcards.estimator) else {}
 
 
 def reward_model_arg(wildcards, input):
-    return f"--reward-model {input.reward_model}" if needs_reward_model(wildcards.estimator) else ""
+    return f"--reward-model {input.reward_model}" if "reward_model" in input.keys() else ""
 
 
 def data_dir(wildcards, input):
@@ -206,15 +199,9 @@ def v_policy(wildcards):
 
 
 def v_reward_model(wildcards):
-    """The reward model as a named input of a variant's rloo job, where it reads it (needs_reward_model)."""
-    cfg = variant_config(wildcards)
-    reads = cfg["reward"]["source"] == "model" or (
-        cfg["rloo"]["estimator"] == "ppo" and cfg["rloo"]["ppo"]["critic_init"] == "reward_model")
+    """The reward model as a named input of a variant's rloo job, where it reads it (rloo.pipeline.reads_reward_model)."""
+    reads = reads_reward_model(variant_config(wildcards))
     return {"reward_model": v_input("reward", "model")(wildcards)} if reads else {}
-
-
-def v_reward_model_arg(wildcards, input):
-    return f"--reward-model {input.reward_model}" if "reward_model" in input.keys() else ""
 
 
 # The results file of every seed, and of every point of every sweep: the aggregate rules' inputs.

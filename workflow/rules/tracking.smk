@@ -1,4 +1,4 @@
-# MLflow: one parent run per `snakemake` invocation, one child run per job (rloo/tracking.py).
+# MLflow: one parent run per `snakemake` invocation, one child run per job (rloo/tracking/).
 # The handlers run in the main process only, and not for dry runs (-n) or when nothing is to be
 # done. onstart creates the store and the experiment once (before any job, so jobs never race on a
 # new SQLite database) and the "pipeline" run, and exports to the jobs (sbatch passes the

@@ -76,7 +76,7 @@ use rule rloo as rloo_seed with:
         data=data_dir,
         guard=WORKDIR_GUARD,
         work=v_work("rloo"),
-        reward_model=v_reward_model_arg,
+        reward_model=reward_model_arg,
         variant=v_label,
     log:
         f"{LOGS}/{SEED_FOLDER}/rloo_{ESTIMATOR}.log",
@@ -177,7 +177,7 @@ use rule rloo as rloo_sweep with:
         data=data_dir,
         guard=WORKDIR_GUARD,
         work=v_work("rloo"),
-        reward_model=v_reward_model_arg,
+        reward_model=reward_model_arg,
         variant=v_label,
     log:
         f"{LOGS}/{SWEEP_FOLDER}/rloo_{ESTIMATOR}.log",

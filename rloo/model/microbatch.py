@@ -4,7 +4,7 @@ Every training stage (sft, reward, rloo, ppo) takes its step the same way:
 
     parts = pack(lengths, budget)                       # row indices, longest rows first
     parts = even(parts)                                 # data-parallel: the same count on every rank
-    loss = accumulate(train_model, parts, loss_of)      # loss_of(rows): that part's share of the step's loss
+    loss, _ = accumulate(train_model, parts, loss_of)   # loss_of(rows): that part's share of the step's loss
 
 `loss_of(rows)` returns the part's loss normalised by the WHOLE step's denominator (its rows, tokens
 or pairs), so that the parts' gradients add up to the step's gradient, whatever the split. Memory then
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rloo import distributed
-from rloo.batching import SeqBatch
+from rloo.model import distributed
+from rloo.model.logprobs import SeqBatch
 
 
 @dataclass(frozen=True)
@@ -91,22 +91,24 @@ def _gradient_sync(train_model: torch.nn.Module, on: bool) -> Iterator[None]:
         yield
 
 
-def accumulate(train_model: torch.nn.Module, parts: list[Part], loss_of: Callable[[torch.Tensor], torch.Tensor],
-               after: Callable[[torch.Tensor, torch.Tensor], None] | None = None) -> float:
+def accumulate(train_model: torch.nn.Module, parts: list[Part],
+               loss_of: Callable[[torch.Tensor], torch.Tensor | tuple[torch.Tensor, dict[str, float]]],
+               ) -> tuple[float, dict[str, float]]:
     """Backward of `loss_of(part.rows) * part.weight` for every part, the gradients accumulating in
-    `.grad` and synchronised across ranks on the last part only; returns the summed loss (this rank's).
-
-    `after(rows, loss)`: called after each live part's backward (a trainer's per-part statistics)."""
-    total = 0.0
+    `.grad` and synchronised across ranks on the last part only. Returns this rank's summed loss, and
+    the sums over live parts (not stand-ins) of the counts `loss_of` may return beside its loss
+    (`(loss, {"clipped_tokens": ...})`: a trainer's per-part statistics)."""
+    total, counts = 0.0, {}
     for i, part in enumerate(parts):
         with _gradient_sync(train_model, on=i == len(parts) - 1):
-            loss = loss_of(part.rows)
+            got = loss_of(part.rows)
+            loss, part_counts = got if isinstance(got, tuple) else (got, {})
             (loss * part.weight if part.weight != 1.0 else loss).backward()
         if part.weight:
             total += float(loss.detach())
-            if after is not None:
-                after(part.rows, loss.detach())
-    return total
+            for name, value in part_counts.items():
+                counts[name] = counts.get(name, 0.0) + value
+    return total, counts
 
 
 def no_grad_map(parts: list[torch.Tensor], fn: Callable[[torch.Tensor], torch.Tensor], n: int,

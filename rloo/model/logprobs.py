@@ -14,8 +14,8 @@ from functools import cached_property
 import torch
 import torch.nn.functional as F
 
-from rloo.logprobs import LogprobHead, Request, logprob_head
-from rloo.losses import token_entropy
+from rloo.algo.losses import token_entropy
+from rloo.model.head import LogprobHead, Request, logprob_head
 
 
 @dataclass
@@ -174,7 +174,7 @@ def _completion_pass(
     runs the same number of them, whatever its rows).
 
     `logits_chunk_tokens` > 0: the head gives the log-probabilities of the completion tokens only
-    (`rloo.logprobs`), that many tokens at a time, inside each forward call; no [rows, T, V] logits.
+    (`rloo.model.head`), that many tokens at a time, inside each forward call; no [rows, T, V] logits.
     Positions outside the completion mask then hold 0. Models whose head is more than a linear map
     take the full-logits way whatever the setting.
     """
@@ -205,7 +205,7 @@ def _rows_pass(
 
 class _Head:
     """How a forward call's output becomes log-probabilities (and entropies) of chosen targets: from its
-    full logits, or (`standin` set) from what the chunked head (`rloo.logprobs`) computed inside the call."""
+    full logits, or (`standin` set) from what the chunked head (`rloo.model.head`) computed inside the call."""
 
     def __init__(self, standin: LogprobHead | None) -> None:
         self.standin = standin

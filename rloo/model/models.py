@@ -28,11 +28,11 @@ from rloo.errors import InputError
 from rloo.runtime import resolve_device
 
 if TYPE_CHECKING:
-    from rloo.lora import Adapted
+    from rloo.model.lora import Adapted
 
 EOS = "<|endoftext|>"
 PAD = "<|pad|>"
-log = logging.getLogger("rloo.models")
+log = logging.getLogger("rloo.model.models")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -174,7 +174,7 @@ def for_training(model: PreTrainedModel, mcfg: dict, task_type: str = "CAUSAL_LM
     """A loaded trainable model as `model.lora` and `model.gradient_checkpointing` make it: (the module
     to train, its `lora.Adapted` or None). With LoRA the module is the model's own class with LoRA layers
     injected, only the adapters requiring gradients."""
-    from rloo import grad_checkpointing, lora
+    from rloo.model import grad_checkpointing, lora
 
     adapted = lora.adapt(model, mcfg, task_type)
     module = adapted.model if adapted is not None else model

@@ -15,7 +15,7 @@ the sample itself). REINFORCE is averaged over the same k samples as the others,
 given k spends the same number of samples; the quoted no-baseline variance of 1.297 is this k = 4 row
 (the single-sample variance is 5.196, and it falls as 1/k).
 
-The advantages of rloo/grpo/grpo_std/reinforce/moving_average come from ``rloo.estimators``, so the
+The advantages of rloo/grpo/grpo_std/reinforce/moving_average come from ``rloo.algo.estimators``, so the
 experiment exercises the package's own estimators; ``oracle`` subtracts the true E[R] = J + 2.
 
 Training end points: runs with a good baseline all land at J = 0.665 after 300 steps. Without a baseline
@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rloo import estimators as est
+from rloo.algo import estimators as est
 
 N_ACTIONS = 32
 REWARD_OFFSET = 2.0

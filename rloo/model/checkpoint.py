@@ -6,7 +6,7 @@ records the SHA-256 of every other file: `load` refuses a checkpoint whose files
 flipped byte, a file replaced by another that still parses) or whose weights are not finite, and
 `TrainingLoop.resume` then falls back to the newest one that passes.
 
-Data-parallel (rloo/distributed.py), every rank takes part in gathering the whole state (a collective
+Data-parallel (rloo/model/distributed.py), every rank takes part in gathering the whole state (a collective
 under FSDP), rank 0 alone writes it, and on resume every rank reads the same folder (a file system all
 ranks see) and takes its shard of it.
 """
@@ -22,9 +22,9 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from rloo import distributed
 from rloo.errors import UserError
 from rloo.io import atomic_dir
+from rloo.model import distributed
 
 _DONE = "checkpoint.json"
 

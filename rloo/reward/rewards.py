@@ -13,10 +13,10 @@ from typing import Protocol
 
 import torch
 
-from rloo.prompting import PromptFormat
-from rloo.verifier import is_correct
+from rloo.data.prompting import PromptFormat
+from rloo.reward.verifier import is_correct
 
-log = logging.getLogger("rloo.rewards")
+log = logging.getLogger("rloo.reward.rewards")
 
 
 class RewardSource(Protocol):
@@ -73,7 +73,7 @@ def score_texts(model, fmt: PromptFormat, texts: list[str], batch_size: int, max
     ids = [fmt.scored_ids(t, max_length) for t in texts]
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     out = torch.empty(len(ids), dtype=torch.float32)
-    from rloo.batching import sequence_scores
+    from rloo.model.logprobs import sequence_scores
 
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
@@ -89,7 +89,7 @@ def build_reward(cfg: dict, reward_model_dir: str | None = None) -> RewardSource
     if source == "model":
         if not reward_model_dir:
             raise ValueError("reward.source is 'model' but no reward model folder was given (--reward-model)")
-        from rloo import models
+        from rloo.model import models
 
         m = cfg["model"]
         return RewardModelReward(
@@ -99,6 +99,6 @@ def build_reward(cfg: dict, reward_model_dir: str | None = None) -> RewardSource
             max_length=m["max_length"],
             prompt_cfg=cfg["prompt"],
         )
-    from rloo.judges import JudgeReward
+    from rloo.reward.judges import JudgeReward
 
     return JudgeReward.from_config(cfg)

@@ -7,7 +7,7 @@
     whole = adapted.merged()                    # plain model, B A merged in: what a stage saves
 
 Only the adapters (and a classifier's new head, which peft keeps whole) require gradients, so the
-optimizer holds only them (`trainable`) and a checkpoint stores only them (rloo/checkpoint.py).
+optimizer holds only them (`trainable`) and a checkpoint stores only them (rloo/model/checkpoint.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rloo import distributed
+from rloo.model import distributed
 
 log = logging.getLogger("rloo")
 

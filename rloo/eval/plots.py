@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -21,7 +22,8 @@ CURVE_PRIORITY = [
 MAX_CURVES = 12
 
 
-def _save(fig, path: Path, dpi: int = 110) -> str:
+def save_figure(fig, path: Path, dpi: int = 110) -> str:
+    """Write `fig` as a PNG at `path` atomically (a reader never sees half a file) and close it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=dpi, bbox_inches="tight")
@@ -49,7 +51,7 @@ def plot_policies(reports: dict[str, dict], path: Path) -> str:
     axes[3].set_title("mean response length (tokens)")
     for ax in axes:
         ax.set_xticks(list(x), names, rotation=20)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_proxy_vs_judge(evals: dict[str, list[dict]], path: Path) -> str:
@@ -72,7 +74,7 @@ def plot_proxy_vs_judge(evals: dict[str, list[dict]], path: Path) -> str:
     h2, l2 = ax2.get_legend_handles_labels()
     if h1 or h2:
         ax.legend(h1 + h2, l1 + l2, loc="lower right", fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_curves(history: dict[str, list[tuple[int, float]]], title: str, path: Path) -> str | None:
@@ -95,4 +97,47 @@ def plot_curves(history: dict[str, list[tuple[int, float]]], title: str, path: P
         ax.set_visible(False)
     fig.suptitle(f"{title}: metric curves", fontsize=10)
     fig.tight_layout()
-    return _save(fig, path, dpi=90)
+    return save_figure(fig, path, dpi=90)
+
+
+def plot_seed_gains(table: dict[str, Any], path: str | Path) -> str:
+    """Each seed's gain (points, with its paired interval) and the mean across seeds with its t-interval."""
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3.2), sharey=True)
+    for ax, mode in zip(axes, ("sampled", "greedy"), strict=True):
+        seeds = list(table["seeds"])
+        for i, seed in enumerate(seeds):
+            row = table["seeds"][seed]
+            lo, hi = row[f"gain_{mode}_ci95"]
+            g = row[f"gain_{mode}"]
+            ax.errorbar(i, 100 * g, yerr=[[100 * (g - lo)], [100 * (hi - g)]], fmt="o", color="tab:blue", capsize=3)
+        agg = table["aggregate"][f"gain_{mode}"]
+        x = len(seeds)
+        if agg["ci95"]:
+            lo, hi = agg["ci95"]
+            ax.errorbar(x, 100 * agg["mean"], yerr=[[100 * (agg["mean"] - lo)], [100 * (hi - agg["mean"])]],
+                        fmt="s", color="tab:red", capsize=4)
+        else:
+            ax.plot(x, 100 * agg["mean"], "s", color="tab:red")
+        ax.axhline(0, color="grey", lw=0.8)
+        ax.set_xticks(range(x + 1), [f"seed {s}" for s in seeds] + ["mean"])
+        ax.set_title(f"{mode}: {table['policy']} − SFT (points)", fontsize=9)
+    fig.suptitle("gain per seed (paired bootstrap 95 %) and across seeds (t 95 %)", fontsize=10)
+    return save_figure(fig, Path(path))
+
+
+def plot_sweep(tab: dict[str, Any], path: str | Path) -> str:
+    """Validation and test accuracy (sampled) of each point; the best by validation marked."""
+    rows = tab["rows"]
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(rows) + 2), 3.4))
+    x = range(len(rows))
+    ax.plot(x, [r["val_accuracy_sampled"] if r["val_accuracy_sampled"] is not None else float("nan") for r in rows],
+            "o-", label="validation (selects)")
+    ax.plot(x, [r["test"]["rloo_sampled"] for r in rows], "s--", label="test")
+    if tab["best"]:
+        i = [r["point"] for r in rows].index(tab["best"]["point"])
+        ax.axvline(i, color="tab:green", lw=1, ls=":", label="best by validation")
+    ax.set_xticks(list(x), [r["label"] for r in rows], rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel("sampled accuracy")
+    ax.set_title(f"sweep {tab['sweep']}", fontsize=10)
+    ax.legend(fontsize=7)
+    return save_figure(fig, Path(path))

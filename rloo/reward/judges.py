@@ -16,9 +16,9 @@ from typing import Protocol
 import torch
 
 from rloo.errors import UserError
-from rloo.verifier import is_correct
+from rloo.reward.verifier import is_correct
 
-log = logging.getLogger("rloo.judges")
+log = logging.getLogger("rloo.reward.judges")
 
 Verdict = str | None  # "A" | "B" | "tie" | None (unparseable)
 

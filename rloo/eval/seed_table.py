@@ -1,5 +1,5 @@
 """The `seeds` target's table: one row per seed from that seed's results file, and the mean of every
-figure across seeds with a t-interval (rloo.stats.t_interval). Nothing here is measured: every number
+figure across seeds with a t-interval (rloo.eval.stats.t_interval). Nothing here is measured: every number
 is read from, or computed from, the per-seed results files."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from rloo.errors import InputError
-from rloo.stats import LEVEL, t_interval
+from rloo.eval.stats import LEVEL, t_interval
 
 # A row's figures: (name in the row, path in the results file; `{policy}` is the trained policy).
 FIGURES: tuple[tuple[str, tuple[str, ...]], ...] = (

@@ -29,10 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-ESTIMATORS: tuple[str, ...] = ("rloo", "grpo", "grpo_std", "reinforce", "moving_average", "remax")
-
-# Estimators whose baseline is built from the other samples of the same group, so k >= 2 is required.
-GROUP_ESTIMATORS: tuple[str, ...] = ("rloo", "grpo", "grpo_std")
+from rloo.algo.names import ESTIMATORS, GROUP_ESTIMATORS
 
 
 def _check_rewards(rewards: torch.Tensor) -> torch.Tensor:

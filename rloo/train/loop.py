@@ -32,9 +32,10 @@ from typing import Any
 
 import torch
 
-from rloo import checkpoint, distributed, lora, models, tracking
+from rloo import tracking
 from rloo.errors import UserError
 from rloo.io import atomic_dir, write_json_atomic
+from rloo.model import checkpoint, distributed, lora, models
 from rloo.runtime import Preempted, Progress, StopFlag, peak_memory_mb
 
 log = logging.getLogger("rloo")

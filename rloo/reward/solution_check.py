@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from decimal import ROUND_DOWN, ROUND_HALF_UP, Decimal, InvalidOperation
 from fractions import Fraction
 
-from rloo.verifier import is_correct, normalize_number
+from rloo.reward.verifier import is_correct, normalize_number
 
 ANNOTATION = re.compile(r"<<([^<>=]*)=([^<>]*)>>")
 # Longer expressions are rejected before parsing: a calculator step is short, and this bounds the

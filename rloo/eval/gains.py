@@ -1,12 +1,12 @@
 """Each trained policy's gain in accuracy over SFT on the same problems, with a 95 % interval and a
-p-value (the maths: rloo.stats), for the results JSON; rloo.report shows them, rloo.tracking logs them."""
+p-value (the maths: rloo.eval.stats), for the results JSON; rloo.eval.report shows them, rloo.tracking logs them."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from rloo.stats import mcnemar_exact, paired_bootstrap, sign_flip_test, wilson_interval
-from rloo.verifier import is_correct
+from rloo.eval.stats import mcnemar_exact, paired_bootstrap, sign_flip_test, wilson_interval
+from rloo.reward.verifier import is_correct
 
 # Enough that the interval's ends and a p-value near 0.05 move by well under a point from one seed to
 # the next; 500 problems x 10,000 resamples take a fraction of a second.
@@ -52,6 +52,6 @@ def gain(policy: dict[str, np.ndarray], sft: dict[str, np.ndarray], seed: int, r
 
 def win_rate_ci95(detail: dict) -> list[float] | None:
     """Wilson 95 % interval of a win rate (judges.WinRate.as_dict), counting a tie as half a win as its
-    value does; None without a valid verdict. Here, not in rloo.judges, which training imports."""
+    value does; None without a valid verdict. Here, not in rloo.reward.judges, which training imports."""
     interval = wilson_interval(detail["wins"] + 0.5 * detail["ties"], detail["wins"] + detail["losses"] + detail["ties"])
     return list(interval) if interval else None

@@ -37,7 +37,12 @@ def _imports(path: Path) -> set[str]:
 
 @cache
 def module_sources(module: str) -> tuple[str, ...]:
-    """Repository-relative paths of `module` and every rloo module it imports, directly or not."""
+    """Repository-relative paths of `module` and every rloo module it imports, directly or not.
+
+    A `module` that does not exist is an error: an empty closure would let a stage run code that no
+    rule counts as its input, so an edit would rerun nothing."""
+    if _module_file(module) is None:
+        raise ValueError(f"{module}: no such module in {PACKAGE_DIR} (a stage's code inputs are its imports)")
     seen: dict[str, Path] = {}
     todo = [module]
     while todo:

@@ -18,14 +18,14 @@ from pathlib import Path
 
 import torch
 
-from rloo import microbatch, models
-from rloo.batching import SeqBatch, join
-from rloo.collect import has_signal
-from rloo.estimators import gae, whiten
-from rloo.losses import approx_kl, explained_variance, policy_loss, token_kl, token_rewards, value_loss
-from rloo.rewards import RewardSource
+from rloo.algo.estimators import gae, whiten
+from rloo.algo.losses import approx_kl, explained_variance, policy_loss, token_kl, token_rewards, value_loss
+from rloo.model import microbatch, models
+from rloo.model.logprobs import SeqBatch, join
+from rloo.reward.rewards import RewardSource
+from rloo.rollout.collect import has_signal
 from rloo.runtime import autocast, step_generator
-from rloo.trainer import Trainer
+from rloo.train.rloo import Trainer
 
 
 class PPOTrainer(Trainer):

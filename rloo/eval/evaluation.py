@@ -11,17 +11,17 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from rloo.batching import completion_logprobs, join, model_device
+from rloo.algo.losses import sequence_kl
+from rloo.data.prompting import PromptFormat
 from rloo.io import read_jsonl, write_jsonl_atomic
-from rloo.losses import sequence_kl
-from rloo.prompting import PromptFormat
+from rloo.model.logprobs import completion_logprobs, join, model_device
+from rloo.reward.verifier import Mode, is_correct
 from rloo.rollout import generate
 from rloo.runtime import Progress, autocast, step_generator
-from rloo.verifier import Mode, is_correct
 
 
 class Scorer(Protocol):
-    """What scores completions as a proxy: any reward source (rloo.rewards), not imported here so that
+    """What scores completions as a proxy: any reward source (rloo.reward.rewards), not imported here so that
     a stage that evaluates without one does not count the reward sources as its code."""
 
     def score(self, prompts: list[str], completions: list[str], golds: list[str],
@@ -30,7 +30,7 @@ class Scorer(Protocol):
 
 @dataclass(frozen=True)
 class EvalSpec:
-    """How to evaluate: the `prompt` config (rloo.prompting), the token budget, the sampled draws per
+    """How to evaluate: the `prompt` config (rloo.data.prompting), the token budget, the sampled draws per
     problem, the decoding batch (rows per call), the sampling noise's (seed, stream), the autocast mode."""
 
     prompt: dict
@@ -104,7 +104,7 @@ def evaluate_policy(policy, tokenizer, rows: list[dict], spec: EvalSpec, referen
     strict and flexible), mean sampled length, KL to `reference` and the `proxy` reward's mean over the
     sampled completions where given (else None). Also the completions by mode, for a pairwise judge:
     `greedy`, and `sampled` = the first draw (an LLM judge is paid per comparison); and `draws`, each
-    problem's list of every sampled draw (per-problem correctness: rloo.gains, rloo.solution_check)."""
+    problem's list of every sampled draw (per-problem correctness: rloo.eval.gains, rloo.reward.solution_check)."""
     fmt = PromptFormat(tokenizer, spec.prompt)
     prompts = [fmt.prompt(r["question"]) for r in rows]
     golds = [r["answer"] for r in rows]

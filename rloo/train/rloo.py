@@ -1,10 +1,10 @@
 """The RLOO trainer: the policy, the frozen reference, the optimizer and the reward; `step()` is one step.
 
 Per step: sample k completions for each of B prompts at T = 1 and score them (`Trainer.collect`; with
-`rloo.dynamic_sampling`, only groups whose rewards differ, refilled from further prompts: rloo/collect.py),
+`rloo.dynamic_sampling`, only groups whose rewards differ, refilled from further prompts: rloo/rollout/collect.py),
 shape the reward with the sequence KL to the reference, turn rewards into advantages with the configured
 estimator, and take one (or a few, ratio-clipped) optimizer steps on -mean_i A_i log π(y_i). PPO's
-trainer (rloo/ppo.py) keeps all of this but the advantage and the update.
+trainer (rloo/train/ppo.py) keeps all of this but the advantage and the update.
 """
 
 from __future__ import annotations
@@ -14,24 +14,32 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from rloo import alarms, distributed, grad_checkpointing, lora, microbatch, models
-from rloo.batching import SeqBatch, completion_logprobs, completion_logprobs_and_entropy, join, model_device
-from rloo.collect import REFILL_STREAM, Collected, gather, prompt_indices
+from rloo.algo.estimators import MovingBaseline, compute_advantages
+from rloo.algo.losses import kl_loss_term, policy_loss, sequence_kl, shaped_reward
+from rloo.algo.schedules import lr_multiplier
+from rloo.data.prompting import PromptFormat
 from rloo.errors import InputError
-from rloo.estimators import MovingBaseline, compute_advantages
-from rloo.evaluation import evaluate_policy, spec_for
-from rloo.loop import NonFiniteError
-from rloo.losses import kl_loss_term, policy_loss, sequence_kl, shaped_reward
-from rloo.prompting import PromptFormat
-from rloo.rewards import RewardSource
+from rloo.eval.evaluation import evaluate_policy, spec_for
+from rloo.model import distributed, grad_checkpointing, lora, microbatch, models
+from rloo.model.logprobs import (
+    SeqBatch,
+    completion_logprobs,
+    completion_logprobs_and_entropy,
+    join,
+    model_device,
+)
+from rloo.reward.rewards import RewardSource
 from rloo.rollout import Rollout, logprob_gap, make_rollout
+from rloo.rollout.collect import REFILL_STREAM, Collected, gather, prompt_indices
 from rloo.runtime import autocast, step_generator
-from rloo.schedules import lr_multiplier
+from rloo.train import alarms
+from rloo.train.loop import NonFiniteError
 
 log = logging.getLogger("rloo.train")
 
@@ -42,6 +50,45 @@ def _stop_if_not_finite(step: int, **quantities: float) -> bool:
         if not math.isfinite(value):
             raise NonFiniteError(f"rloo: step {step}: {name} is {value} before the optimizer step: the run diverged")
     return True
+
+
+@dataclass
+class StepRows:
+    """One step's rows as the update reads them: the rollout, its completion mask, the distinct rows
+    (`first`: their index among all rows; `inverse`: each row's distinct row) in micro-batches, and the
+    per-token log-probabilities: the reference's, the policy's before the update and its entropies,
+    and, in one pass, the policy's with gradient."""
+
+    rollout: Rollout
+    mask: torch.Tensor
+    distinct: SeqBatch
+    first: torch.Tensor
+    inverse: torch.Tensor
+    parts: list[microbatch.Part]
+    ref_lp: torch.Tensor
+    old_lp: torch.Tensor | None = None
+    token_ent: torch.Tensor | None = None
+    lp: torch.Tensor | None = None
+
+    @property
+    def one_pass(self) -> bool:
+        return len(self.parts) == 1
+
+
+@dataclass(frozen=True)
+class StepAdvantages:
+    seq_kl: torch.Tensor  # [rows] KL to the reference, summed over each completion's tokens
+    shaped: torch.Tensor  # [rows] R̃ = r - β KL (β = 0 unless kl_in: reward)
+    advantages: torch.Tensor  # [rows]
+    zero_adv_frac: float
+    n_degenerate_groups: int
+
+
+@dataclass(frozen=True)
+class GradientStep:
+    loss: float  # the last update's loss (this process's)
+    grad_norm: float  # the last update's, before clipping
+    clip_frac: float  # the share of response tokens whose ratio was clipped, averaged over the updates
 
 
 class Trainer:
@@ -79,7 +126,7 @@ class Trainer:
         # A checkpointed decoder layer drops the KV cache, so the gradient pass runs the plain forward.
         self.checkpointed = grad_checkpointing.on(self.policy)
         # The module the gradient pass runs through: the policy, DDP around it, or the policy sharded
-        # in place by FSDP (rloo/distributed.py); sampling and evaluation use `self.policy`.
+        # in place by FSDP (rloo/model/distributed.py); sampling and evaluation use `self.policy`.
         self.policy_train = distributed.wrap(self.policy)
         # The reference is frozen by running only under no_grad and staying out of the optimizer. Its
         # parameters keep requires_grad like the policy's because CPU kernels are chosen by that flag
@@ -132,7 +179,7 @@ class Trainer:
         return {name: models.count_parameters(m) for name, m in held.items() if m is not None}
 
     def _render_prompts(self, rows: list[dict]) -> tuple[list[str], list[list[int]]]:
-        """Each row's prompt text and ids (rloo.prompting: as SFT, the reward model and the evaluation)."""
+        """Each row's prompt text and ids (rloo.data.prompting: as SFT, the reward model and the evaluation)."""
         fmt = PromptFormat(self.tokenizer, self.cfg["prompt"])
         limit = self.mcfg["max_length"] - self.rcfg["max_new_tokens"]
         texts = [fmt.prompt(r["question"]) for r in rows]
@@ -171,7 +218,7 @@ class Trainer:
     def collect(self, step: int) -> Collected:
         """The groups step `step` trains on: k samples for each of its B prompts, scored; with
         `rloo.dynamic_sampling`, only groups whose raw rewards differ, refilled from further prompts
-        (`rloo.collect.gather`). Depends on (seed, step) and the policy only, and on no loss.
+        (`rloo.rollout.collect.gather`). Depends on (seed, step) and the policy only, and on no loss.
 
         Data-parallel, a process takes its contiguous share of the B prompts with their k samples each
         (a group's leave-one-out baseline stays within the process) and samples only those rows, with
@@ -255,115 +302,140 @@ class Trainer:
         return self.update(step, self.collect(step), t0)
 
     def update(self, step: int, got: Collected, t0: float | None = None) -> dict:
-        """The update of step `step` on the scored groups `got` (what `collect(step)` returned): KL-shaped
-        rewards, advantages, and the optimizer step(s), micro-batched under rloo.micro_batch_tokens."""
-        r = self.rcfg
+        """The update of step `step` on the scored groups `got` (what `collect(step)` returned), in three
+        named steps: the rows' log-probabilities, the advantages of their KL-shaped rewards, and the
+        policy-gradient pass (micro-batched under rloo.micro_batch_tokens); then the step's metrics."""
         t0 = time.perf_counter() if t0 is None else t0
-        ro, scores = got.rollout, got.scores
-        greedy = self._greedy_baseline(got.idx) if r["estimator"] == "remax" else None
+        greedy = self._greedy_baseline(got.idx) if self.rcfg["estimator"] == "remax" else None
         t_score = time.perf_counter()
-
-        batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
-        mask = batch.completion_mask
-        # Samples of a prompt are often the very same completion (a peaked policy): the forward passes
-        # run once per distinct row, and every copy reads its log-probabilities. Exact: copies have the
-        # same log-probabilities, KL and shaped reward, and the gradient through the shared row is the
-        # sum over its copies.
-        first, inverse = batch.distinct_rows if self.dedup else (torch.arange(len(mask)), torch.arange(len(mask)))
-        distinct = batch.select(first) if len(first) < len(inverse) else batch
-        # The distinct rows in micro-batches under rloo.micro_batch_tokens. One micro-batch: one pass with
-        # gradient whose log-probabilities also shape the reward. Several: the log-probabilities before
-        # the update come from a pass without gradient, then each micro-batch's gradient pass.
-        parts = self.parts(distinct)
-        one_pass = len(parts) == 1
-        ref_lp = self._reference_logprobs(distinct, parts)[inverse]
+        rows = self._step_rows(got.rollout)
         t_ref = time.perf_counter()
-        # The policy stays in eval mode (no dropout): before the first update it must give exactly the
-        # reference's log-probabilities, so the measured KL starts at 0.
-        if one_pass:
-            lp, token_ent = self._policy_pass(distinct, inverse)
-            old_lp = lp.detach()
+        self._policy_logprobs(rows)
+        adv = self._advantages(got.scores, rows, greedy)
+        lr = self.scheduler.get_last_lr()[0]  # the rate this step's updates use
+        grad = self._policy_gradient(step, rows, adv)
+        self.scheduler.step()
+        self.rollout.sync_weights(self.policy)  # rollout backend (issue 8): in-place push; no-op for hf
+        t_upd = time.perf_counter()
+        metrics = self._step_metrics(step, got, rows, adv, grad, lr)
+        return self._complete(metrics, got, (t0, t_score, t_ref, t_upd))
+
+    def _step_rows(self, ro: Rollout) -> StepRows:
+        """The step's rows, their distinct rows in micro-batches, and the reference's log-probabilities.
+
+        Samples of a prompt are often the very same completion (a peaked policy): the forward passes run
+        once per distinct row, and every copy reads its log-probabilities. Exact: copies have the same
+        log-probabilities, KL and shaped reward, and the gradient through the shared row is the sum over
+        its copies."""
+        batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
+        n = len(batch.completion_mask)
+        first, inverse = batch.distinct_rows if self.dedup else (torch.arange(n), torch.arange(n))
+        distinct = batch.select(first) if len(first) < len(inverse) else batch
+        parts = self.parts(distinct)
+        ref_lp = self._reference_logprobs(distinct, parts)[inverse]
+        return StepRows(ro, batch.completion_mask, distinct, first, inverse, parts, ref_lp)
+
+    def _policy_logprobs(self, rows: StepRows) -> None:
+        """The policy's log-probabilities before the update (`old_lp`) and its entropies. One micro-batch:
+        one pass with gradient, kept for the first update (`lp`). Several: a pass without gradient, each
+        micro-batch's gradient pass comes later. The policy stays in eval mode (no dropout): before the
+        first update it gives exactly the reference's log-probabilities, so the measured KL starts at 0."""
+        if rows.one_pass:
+            rows.lp, rows.token_ent = self._policy_pass(rows.distinct, rows.inverse)
+            rows.old_lp = rows.lp.detach()
         else:
-            old_d, ent_d = self._old_policy_pass(distinct, parts)
-            old_lp, token_ent = old_d[inverse], ent_d[inverse]
-        rollout_metrics = logprob_gap(ro, old_lp, mask)  # rollout backend (issue 8): vLLM vs trainer log-probs
-        seq_kl = sequence_kl(old_lp, ref_lp, mask, r["kl_estimator"])
-        beta_in_reward = r["beta"] if r["kl_in"] == "reward" else 0.0
-        shaped = shaped_reward(scores, seq_kl, beta_in_reward)
-        adv = compute_advantages(
-            r["estimator"], shaped.view(-1, r["k"]), state=self.baseline, greedy_rewards=greedy,
-            decay=r["moving_average_decay"],
-        )
+            old_d, ent_d = self._old_policy_pass(rows.distinct, rows.parts)
+            rows.old_lp, rows.token_ent = old_d[rows.inverse], ent_d[rows.inverse]
+
+    def _advantages(self, scores: torch.Tensor, rows: StepRows, greedy: torch.Tensor | None) -> StepAdvantages:
+        """R̃_i = r_i - β KL_i (β here only under `kl_in: reward`), then A from R̃ by the configured
+        estimator (rloo: A_i = R̃_i - mean_{j≠i} R̃_j)."""
+        r = self.rcfg
+        seq_kl = sequence_kl(rows.old_lp, rows.ref_lp, rows.mask, r["kl_estimator"])
+        shaped = shaped_reward(scores, seq_kl, r["beta"] if r["kl_in"] == "reward" else 0.0)
+        adv = compute_advantages(r["estimator"], shaped.view(-1, r["k"]), state=self.baseline,
+                                 greedy_rewards=greedy, decay=r["moving_average_decay"])
         if adv.state is not None:
             self.baseline = adv.state
-        advantages = adv.advantages.reshape(-1)
+        return StepAdvantages(seq_kl, shaped, adv.advantages.reshape(-1), adv.zero_adv_frac, adv.n_degenerate_groups)
 
+    def _policy_gradient(self, step: int, rows: StepRows, adv: StepAdvantages) -> GradientStep:
+        """rloo.updates_per_batch optimizer steps on L = (1/D) Σ_i A_i ℓ_i (+ β KL in the loss under
+        `kl_in: loss`), ℓ_i = -Σ_t log π(y_it) or its ratio-clipped form, D the step's responses
+        (`sequence`) or response tokens (`token`). One normaliser: D is this process's rows or tokens;
+        data-parallel, the loss is also multiplied by W·D/D_all (`distributed.loss_scale`), so that the
+        ranks' averaged gradients are those of L over all D_all rows or tokens."""
+        r = self.rcfg
+        mask = rows.mask
+        denominator = float(mask.sum()) if r["loss_norm"] == "token" else float(len(mask))
+        scale = distributed.loss_scale(denominator) if distributed.enabled() else 1.0
+        # One micro-batch holds every row: the loss's own mean over them is the same normaliser D.
+        step_denominator = None if rows.one_pass else denominator
         clipped = r["updates_per_batch"] > 1
-        # Data-parallel: DDP / FSDP average the ranks' gradients; this factor makes that average the
-        # gradient of the loss over the whole step (its rows, or its tokens under token normalisation).
-        local = float(mask.sum()) if r["loss_norm"] == "token" else float(len(mask))
-        scale = distributed.loss_scale(local) if distributed.enabled() else None
-        stats_acc: dict[str, float] = {"clip_frac": 0.0}
-        grad_norm = 0.0
-        lr = self.scheduler.get_last_lr()[0]  # the rate this step's updates use
 
-        def loss_on(rows_lp: torch.Tensor, sel: torch.Tensor | slice, width: int, denominator: float | None):
-            """The loss of the rows `sel` (of the step's rows) whose log-probabilities are `rows_lp`."""
+        def loss_of(lp: torch.Tensor, sel: torch.Tensor | slice, width: int) -> tuple[torch.Tensor, dict[str, float]]:
+            """The loss of the step's rows `sel`, whose log-probabilities with gradient are `lp`, and
+            how many of their tokens the ratio clipped."""
             m = mask[sel, :width]
-            loss, stats = policy_loss(rows_lp, m, advantages[sel], norm=r["loss_norm"],
-                                      old_token_logp=old_lp[sel, :width] if clipped else None,
-                                      clip_eps=r["clip_eps"], denominator=denominator)
+            loss, stats = policy_loss(lp, m, adv.advantages[sel], norm=r["loss_norm"],
+                                      old_token_logp=rows.old_lp[sel, :width] if clipped else None,
+                                      clip_eps=r["clip_eps"], denominator=step_denominator)
             if r["kl_in"] == "loss":
-                loss = loss + kl_loss_term(rows_lp, ref_lp[sel, :width], m, r["beta"], r["kl_estimator"],
-                                           r["loss_norm"], denominator=denominator)
-            clipped_tokens = float(stats["clip_frac"]) * float(m.sum())
-            return (loss * scale if scale is not None else loss), clipped_tokens
+                loss = loss + kl_loss_term(lp, rows.ref_lp[sel, :width], m, r["beta"], r["kl_estimator"],
+                                           r["loss_norm"], denominator=step_denominator)
+            return loss * scale, {"clipped_tokens": float(stats["clip_frac"]) * float(m.sum())}
 
-        def micro_loss(rows: torch.Tensor) -> torch.Tensor:
+        def micro_loss(part_rows: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
             """A micro-batch of distinct rows: its gradient pass, read by every copy of its rows."""
-            sub = microbatch.sub_batch(distinct, rows)
-            sel, at = microbatch.copies(inverse, rows)
-            lp_rows, _ = self._policy_pass(sub, at)
-            loss, stats_acc["part_clipped"] = loss_on(lp_rows, sel, sub.completion_len, local)
-            return loss
+            sub = microbatch.sub_batch(rows.distinct, part_rows)
+            sel, at = microbatch.copies(rows.inverse, part_rows)
+            return loss_of(self._policy_pass(sub, at)[0], sel, sub.completion_len)
 
-        def count(rows: torch.Tensor, loss: torch.Tensor) -> None:  # a live part's (not a stand-in's)
-            stats_acc["clipped_tokens"] += stats_acc["part_clipped"]
-
+        clip_frac, grad_norm, loss_value = 0.0, 0.0, 0.0
         for update in range(r["updates_per_batch"]):
-            stats_acc["clipped_tokens"] = 0.0
-            if one_pass:
+            if rows.one_pass:
                 if update > 0:  # (the entropy logged stays the sampling policy's, as with micro-batches)
-                    lp, _ = self._policy_pass(distinct, inverse)
-                loss, stats_acc["clipped_tokens"] = loss_on(lp, slice(None), mask.shape[1], None)
+                    rows.lp, _ = self._policy_pass(rows.distinct, rows.inverse)
+                loss, counts = loss_of(rows.lp, slice(None), mask.shape[1])
                 loss.backward()
                 loss_value = float(loss.detach())
             else:
-                loss_value = microbatch.accumulate(self.policy_train, parts, micro_loss, after=count)
+                loss_value, counts = microbatch.accumulate(self.policy_train, rows.parts, micro_loss)
             grad_norm = float(distributed.clip_grad_norm_(self.policy.parameters(), r["grad_clip"]))
-            if self.guard(step, loss=loss_value, grad_norm=grad_norm, kl=float(seq_kl.mean()),
-                          advantages=float(advantages.abs().max())):
+            if self.guard(step, loss=loss_value, grad_norm=grad_norm, kl=float(adv.seq_kl.mean()),
+                          advantages=float(adv.advantages.abs().max())):
                 self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-            stats_acc["clip_frac"] += stats_acc["clipped_tokens"] / max(float(mask.sum()), 1.0) / r["updates_per_batch"]
-        self.scheduler.step()
-        self.rollout.sync_weights(self.policy)  # rollout backend (issue 8): in-place push; no-op for hf
-        entropy = float((token_ent * mask).sum() / mask.sum().clamp(min=1))
-        t_upd = time.perf_counter()
+            clip_frac += counts.get("clipped_tokens", 0.0) / max(float(mask.sum()), 1.0) / r["updates_per_batch"]
+        return GradientStep(loss_value, grad_norm, clip_frac)
 
+    def _step_metrics(self, step: int, got: Collected, rows: StepRows, adv: StepAdvantages, grad: GradientStep,
+                      lr: float) -> dict:
+        """The step's `train/*` figures (and the sampler's log-prob gap); data-parallel, over all ranks'
+        rows, as one process would compute them."""
+        ro, mask, token_ent = rows.rollout, rows.mask, rows.token_ent
+        rollout_metrics = logprob_gap(ro, rows.old_lp, mask)  # rollout backend (issue 8): vLLM vs trainer
+        scores, shaped, seq_kl, advantages = got.scores, adv.shaped, adv.seq_kl, adv.advantages
         lengths, finished = ro.lengths.float(), ro.finished
-        zero_adv_frac, degenerate, distinct_frac = adv.zero_adv_frac, adv.n_degenerate_groups, len(first) / len(inverse)
-        if distributed.enabled():  # the whole step's figures, as one process computes them
+        entropy = float((token_ent * mask).sum() / mask.sum().clamp(min=1))
+        clip_frac, loss_value = grad.clip_frac, grad.loss
+        zero_adv_frac, degenerate = adv.zero_adv_frac, adv.n_degenerate_groups
+        distinct_frac = len(rows.first) / len(rows.inverse)
+        if distributed.enabled():
             scores, shaped, seq_kl, advantages, lengths, finished = distributed.gather_rows(
                 scores, shaped, seq_kl, advantages, lengths, finished)
-            ent, tokens, clipped, n_first, n_rows, zero, degenerate, groups = distributed.all_sum(
-                float((token_ent * mask).sum()), float(mask.sum()), stats_acc["clip_frac"] * float(mask.sum()),
-                len(first), len(inverse), adv.zero_adv_frac * len(got.idx), adv.n_degenerate_groups, len(got.idx))
-            entropy, stats_acc["clip_frac"] = ent / max(tokens, 1.0), clipped / max(tokens, 1.0)
-            zero_adv_frac, degenerate, distinct_frac = zero / groups, int(degenerate), n_first / n_rows
+            totals = dict(zip(
+                ("entropy", "tokens", "clipped", "distinct", "rows", "zero", "degenerate", "groups"),
+                distributed.all_sum(float((token_ent * mask).sum()), float(mask.sum()), clip_frac * float(mask.sum()),
+                                    len(rows.first), len(rows.inverse), adv.zero_adv_frac * len(got.idx),
+                                    adv.n_degenerate_groups, len(got.idx)), strict=True))
+            entropy = totals["entropy"] / max(totals["tokens"], 1.0)
+            clip_frac = totals["clipped"] / max(totals["tokens"], 1.0)
+            zero_adv_frac, degenerate = totals["zero"] / totals["groups"], int(totals["degenerate"])
+            distinct_frac = totals["distinct"] / totals["rows"]
             loss_value = distributed.mean_over_ranks({"loss": loss_value})["loss"]
         valid = torch.isfinite(scores)
-        metrics = {
+        return {
             "step": step,
             "train/reward_mean": float(scores[valid].mean()) if valid.any() else math.nan,
             "train/reward_std": float(scores[valid].std()) if int(valid.sum()) > 1 else 0.0,
@@ -378,14 +450,13 @@ class Trainer:
             "train/adv_mean": float(advantages.mean()),
             "train/adv_std": float(advantages.std()),
             "train/adv_abs_max": float(advantages.abs().max()),
-            "train/clip_frac": stats_acc["clip_frac"],
+            "train/clip_frac": clip_frac,
             "train/entropy": entropy,
-            "train/grad_norm": grad_norm,
+            "train/grad_norm": grad.grad_norm,
             "train/loss": loss_value,
             "train/lr": lr,
             **rollout_metrics,
         }
-        return self._complete(metrics, got, (t0, t_score, t_ref, t_upd))
 
     def _complete(self, metrics: dict, got: Collected, times: tuple[float, float, float, float]) -> dict:
         """A step's metrics plus what every trainer adds: the dynamic-sampling stats, the time of each

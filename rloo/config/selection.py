@@ -1,0 +1,83 @@
+"""Parts of a config: the keys a stage reads, dotted-key copies and overrides, hashes and differences."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from rloo.pipeline import stage_keys
+
+
+def leaves(node: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted path, value) of every leaf of a config tree; list items as `key[i]`."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from leaves(value, f"{path}.{key}" if path else str(key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from leaves(value, f"{path}[{i}]")
+    else:
+        yield path, node
+
+
+def changed_keys(a: dict, b: dict) -> list[str]:
+    """Dotted keys whose values differ between two configs."""
+    left, right = dict(leaves(a)), dict(leaves(b))
+    return sorted(k for k in left.keys() | right.keys() if left.get(k) != right.get(k))
+
+
+def config_hash(cfg: dict[str, Any], sections: list[str] | None = None) -> str:
+    """A short stable hash of the (resolved) config, or of some of its sections."""
+    part = cfg if sections is None else {k: cfg.get(k) for k in sections}
+    blob = json.dumps(part, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def stage_config(cfg: dict, stage: str, overrides: dict[str, Any] | None = None) -> dict:
+    """The part of `cfg` that `stage` reads (a copy; `pipeline.stage_keys`), with {dotted key: value}
+    `overrides` set on top. Snakemake passes a stage exactly this part (workflow/rules/common.smk), so a
+    changed value reruns just the stages that read it; a stage run by hand logs it as MLflow parameters."""
+    keys, excluded = stage_keys(cfg, stage, (overrides or {}).get("rloo.estimator"))
+    part = select(cfg, keys)
+    for key in excluded:
+        *parents, leaf = key.split(".")
+        node = part
+        for name in parents:
+            node = node.get(name, {})
+        node.pop(leaf, None)
+    for key, value in (overrides or {}).items():
+        put(part, key, value)
+    return part
+
+
+def with_overrides(cfg: dict, overrides: dict[str, Any]) -> dict:
+    """A copy of `cfg` with {dotted key: value} `overrides` set: a seed's or a sweep point's config."""
+    out = copy.deepcopy(cfg)
+    for key, value in overrides.items():
+        put(out, key, value)
+    return out
+
+
+def select(cfg: dict, keys: Iterable[str]) -> dict:
+    """A copy of the sub-tree of `cfg` named by dotted `keys` ("rloo.lr", "model"); absent keys are skipped."""
+    part: dict = {}
+    for key in keys:
+        node: Any = cfg
+        try:
+            for name in key.split("."):
+                node = node[name]
+        except (KeyError, TypeError):
+            continue
+        put(part, key, node)
+    return part
+
+
+def put(tree: dict, dotted: str, value: Any) -> None:
+    """Set dotted key `dotted` of `tree` to a copy of `value`, making the parents it lacks."""
+    *parents, leaf = dotted.split(".")
+    for name in parents:
+        tree = tree.setdefault(name, {})
+    tree[leaf] = copy.deepcopy(value)

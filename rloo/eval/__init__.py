@@ -1,0 +1,1 @@
+"""Evaluation and results: accuracy, intervals, gains, seed tables, plots and the report."""

@@ -1,0 +1,1 @@
+"""Rewards and judges: the verifier, the reward model's rewards, preference pairs, the LLM judge."""

@@ -1,0 +1,87 @@
+"""What both sampling loops share (rloo.rollout.hf, rloo.rollout.decode): the rollout they return, the
+next-token rule (greedy, or Gumbel-max with temperature, top-k and top-p) and the noise it draws."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+
+@dataclass
+class Rollout:
+    prompt_ids: torch.Tensor  # [B, P] left-padded
+    prompt_mask: torch.Tensor  # [B, P]
+    completions: torch.Tensor  # [B, T] right-padded with pad_id after the first EOS
+    completion_mask: torch.Tensor  # [B, T] bool: tokens up to and including the first EOS
+    finished: torch.Tensor  # [B] bool: the completion ended with EOS (not truncated)
+    logprobs: torch.Tensor | None = None  # [B, T] the sampler's own log-prob of each token (vLLM only)
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.completion_mask.sum(-1)
+
+    def texts(self, tokenizer) -> list[str]:
+        """Each completion decoded up to and including its EOS, special tokens dropped."""
+        tokens, lengths = self.completions.cpu(), self.lengths.tolist()
+        return [tokenizer.decode(tokens[j, :n], skip_special_tokens=True) for j, n in enumerate(lengths)]
+
+    @classmethod
+    def from_buffers(cls, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, tokens: torch.Tensor,
+                     mask: torch.Tensor, finished: torch.Tensor, steps: int) -> Rollout:
+        """The rollout of a decode loop's preallocated buffers, cut to the `steps` it ran."""
+        return cls(prompt_ids, prompt_mask, tokens[:, :steps], mask[:, :steps], finished)
+
+    def clone(self) -> Rollout:
+        """A copy whose tensors are ordinary ones (usable by autograd even if made under inference mode)."""
+        return Rollout(**{f.name: None if (t := getattr(self, f.name)) is None else t.clone() for f in fields(self)})
+
+    def select(self, rows: torch.Tensor) -> Rollout:
+        """The rollout of `rows` only: every tensor field indexed by row (the widths stay)."""
+        return Rollout(**{f.name: None if (t := getattr(self, f.name)) is None else t[rows] for f in fields(self)})
+
+    def to(self, device: torch.device | str) -> Rollout:
+        """The same rollout with every tensor on `device` (a no-op where they already are)."""
+        return Rollout(**{f.name: None if (t := getattr(self, f.name)) is None else t.to(device) for f in fields(self)})
+
+
+def next_token(
+    logits: torch.Tensor,
+    greedy: bool,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    gumbel: torch.Tensor | None,
+) -> torch.Tensor:
+    """Greedy, or a sample by the Gumbel-max trick: argmax(logits / T + g) with g ~ Gumbel(0, 1)."""
+    logits = logits.float()
+    if greedy:
+        return logits.argmax(-1)
+    if temperature != 1.0:
+        logits = logits / temperature
+    if top_k:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, idx = torch.sort(logits, descending=True, dim=-1)
+        cum = torch.softmax(sorted_logits, -1).cumsum(-1)
+        drop = cum - torch.softmax(sorted_logits, -1) > top_p
+        logits = logits.scatter(-1, idx, sorted_logits.masked_fill(drop, float("-inf")))
+    return (logits + gumbel).argmax(-1)
+
+
+def gumbel_noise(rows: int, vocab: int, generator: torch.Generator | None, device: torch.device | None = None) -> torch.Tensor:
+    # Drawn for every row of the batch at every step, finished or not, so a row's sample depends only
+    # on its own logits and the generator, never on which other rows are still being decoded.
+    u = torch.rand((rows, vocab), generator=generator, device=device).clamp_(min=1e-20)
+    return -torch.log(-torch.log(u))
+
+
+def noise_generator(generator: torch.Generator | None, device: torch.device) -> torch.Generator | None:
+    """A generator on the model's device seeded from `generator` (a CPU one stays as it is): drawing
+    the noise where the logits are avoids copying a [rows, vocab] tensor to the GPU every token."""
+    if generator is None or generator.device.type == device.type:
+        return generator
+    g = torch.Generator(device=device)
+    g.manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)))
+    return g

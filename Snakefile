@@ -1,4 +1,4 @@
-# rloo pipeline: prepare → sft → reward → rloo → evaluate (+ the toy experiment and the comparison).
+# rloo pipeline: prepare → base → sft → reward → rloo → evaluate (+ the toy experiment and the comparison).
 # Laptop:  snakemake --cores all                        (the embedded default on CPU)
 # Cluster: snakemake --profile slurm results/gsm8k_rloo.json
 # Targets: results/gsm8k_{estimator}.json, results/comparison.json, results/toy_variance.json,
@@ -16,6 +16,7 @@ report: "workflow/report/workflow.rst"
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/prepare.smk"
+include: "workflow/rules/base.smk"
 include: "workflow/rules/sft.smk"
 include: "workflow/rules/reward.smk"
 include: "workflow/rules/rloo.smk"

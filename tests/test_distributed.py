@@ -244,11 +244,9 @@ def test_two_processes_in_micro_batches_train_rloo_as_one_in_one_pass(micro_run,
 
 
 def _sft_cmd(micro_run, tmp: Path, *sets: str, nproc: int | None = None) -> list[str]:
-    # The same starting model for every run: the micro SFT run's embedded tiny model.
-    if not (tmp / "work" / "init").exists():
-        shutil.copytree(micro_run["base"] / "work" / "sft" / "init", tmp / "work" / "init")
+    # The same starting model for every run: the micro chain's base folder (the embedded tiny model).
     cmd = [sys.executable, "-m", "rloo.cli", "sft", "-c", MICRO, "--set", "sft.steps=3", "--set", "sft.log_every=1",
-           "--set", "tracking.enabled=false", "--data", str(micro_run["data"]),
+           "--set", "tracking.enabled=false", "--data", str(micro_run["data"]), "--base", str(micro_run["base_model"]),
            "--out", str(tmp / "out"), "--work", str(tmp / "work")]
     for s in sets:
         cmd += ["--set", s]
@@ -269,7 +267,7 @@ def test_two_processes_train_sft_as_one(micro_run, single_sft, tmp_path, strateg
     share of the step's answer tokens (the halves hold different numbers of tokens)."""
     _run(_sft_cmd(micro_run, tmp_path, f"distributed.strategy={strategy}", nproc=2))
     weights, history = single_sft
-    _close(_weights(tmp_path / "out"), weights, _weights(tmp_path / "work" / "init"), ATOL["sft"])
+    _close(_weights(tmp_path / "out"), weights, _weights(micro_run["base_model"]), ATOL["sft"])
     got = json.loads((tmp_path / "out" / "history.json").read_text())
     assert [h["step"] for h in got] == [0, 1, 2]
     for a, b in zip(got, history, strict=True):
@@ -348,7 +346,7 @@ def test_two_processes_in_micro_batches_train_sft_and_the_reward_model_as_one(mi
     budget of 1 token puts every pair alone: 4 micro-batches on one rank, 3 on the other, which runs
     a weight-0 stand-in so that both make as many FSDP passes."""
     _run(_sft_cmd(micro_run, tmp_path / "sft", "distributed.strategy=fsdp", "sft.micro_batch_tokens=300", nproc=2))
-    _close(_weights(tmp_path / "sft" / "out"), single_sft[0], _weights(tmp_path / "sft" / "work" / "init"), ATOL["sft"])
+    _close(_weights(tmp_path / "sft" / "out"), single_sft[0], _weights(micro_run["base_model"]), ATOL["sft"])
     _run(_reward_cmd(micro_run, tmp_path / "reward", "distributed.strategy=fsdp", "reward.micro_batch_tokens=1",
                      nproc=2))
     start = models.load_reward_model(micro_run["sft"]).state_dict()
@@ -468,7 +466,7 @@ def test_two_fsdp_processes_train_sft_with_lora_and_checkpointing_as_one(micro_r
     single, double = tmp_path_factory.mktemp("sft_lora_1"), tmp_path_factory.mktemp("sft_lora_2")
     _run_here(_sft_cmd(micro_run, single, LORA, GC))
     _run(_sft_cmd(micro_run, double, LORA, GC, "distributed.strategy=fsdp", nproc=2))
-    _close(_weights(double / "out"), _weights(single / "out"), _weights(single / "work" / "init"), ATOL["sft"])
+    _close(_weights(double / "out"), _weights(single / "out"), _weights(micro_run["base_model"]), ATOL["sft"])
 
 
 @pytest.mark.slow

@@ -72,7 +72,7 @@ def test_an_exploding_learning_rate_stops_the_run_without_output(micro_run, micr
 def test_an_exploding_sft_stops_too(micro_run, tmp_path, capsys):
     code = cli.main(["sft", "-c", MICRO, "--set", "sft.lr=1.0e6", "--set", "sft.grad_clip=1.0e9",
                      "--set", "tracking.enabled=false", "--data", str(micro_run["data"]),
-                     "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")])
+                     "--base", str(micro_run["base_model"]), "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")])
     err = capsys.readouterr().err
     assert code == 2 and "the run diverged" in err, err[-3000:]
     assert not (tmp_path / "out").exists()
@@ -168,7 +168,7 @@ def test_a_full_disk_is_one_line_and_leaves_no_partial_output(micro_run, tmp_pat
     monkeypatch.setattr(models, "save_pretrained", full_disk)
     out = tmp_path / "out"
     code = cli.main(["sft", "-c", MICRO, "--set", "tracking.enabled=false", "--data", str(micro_run["data"]),
-                     "--out", str(out), "--work", str(tmp_path / "work")])
+                     "--base", str(micro_run["base_model"]), "--out", str(out), "--work", str(tmp_path / "work")])
     err = capsys.readouterr().err
     assert code == 2, err[-3000:]
     last = err.strip().splitlines()[-1]

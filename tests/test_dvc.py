@@ -29,7 +29,7 @@ from rloo.dvc import driver
 
 RLOO = "results/gsm8k_rloo.json"
 CONFIG = CONFIGFILES[1:]  # the files, for `rloo dvc ... --configfile`
-ALL_STAGES = {"prepare", "sft", "reward", "rloo@rloo", "evaluate@rloo", "toy"}
+ALL_STAGES = {"prepare", "base", "sft", "reward", "rloo@rloo", "evaluate@rloo", "toy"}
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@example.org", "GIT_CONFIG_GLOBAL": os.devnull}
 # What the project versions for DVC (the rest comes from workflow_helpers.make_copy).
@@ -98,7 +98,7 @@ def origin(tmp_path_factory) -> dict:
 @pytest.mark.slow
 def test_run_commits_every_stage(origin):
     repo = origin["repo"]
-    assert "committed 6 stage(s)" in origin["output"], origin["output"][-3000:]
+    assert "committed 7 stage(s)" in origin["output"], origin["output"][-3000:]
     assert dvc_status(repo) == {}
     lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
     assert set(lock) == ALL_STAGES
@@ -164,7 +164,7 @@ def clone(origin) -> Path:
     run(origin["base"], "git", "clone", "-q", str(repo), str(dest))
     assert not (dest / "results").exists()
     res = run(dest, "rloo", "dvc", "pull", "--configfile", *CONFIG)
-    assert "up to date: 6 stage(s)" in res.stderr, res.stderr
+    assert "up to date: 7 stage(s)" in res.stderr, res.stderr
     return dest
 
 

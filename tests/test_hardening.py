@@ -274,8 +274,8 @@ def test_skipped_records_are_counted_and_shown(tmp_path):
 @pytest.mark.slow
 def test_sft_stops_when_the_context_would_drop_the_data(micro_run, tmp_path):
     res = _rloo("sft", "-c", MICRO, "--set", "model.max_length=40", "--set", "tracking.enabled=false",
-                "--data", str(micro_run["data"]), "--out", str(tmp_path / "sft"), "--work", str(tmp_path / "work"),
-                cwd=tmp_path)
+                "--data", str(micro_run["data"]), "--base", str(micro_run["base_model"]), "--out", str(tmp_path / "sft"),
+                "--work", str(tmp_path / "work"), cwd=tmp_path)
     assert res.returncode == 2, res.stderr[-2000:]
     assert "longer than model.max_length=40" in _last_line(res) and "sft.max_dropped_share" in _last_line(res)
 
@@ -332,7 +332,8 @@ def test_a_stage_logging_to_a_file_reports_progress_in_the_terminal(micro_run, t
     with open(tmp_path / "sft.log", "w") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "rloo.cli", "sft", "-c", MICRO, "--set", "tracking.enabled=false",
-             "--set", "sft.steps=12", "--data", str(micro_run["data"]), "--out", str(tmp_path / "sft"),
+             "--set", "sft.steps=12", "--data", str(micro_run["data"]), "--base", str(micro_run["base_model"]),
+             "--out", str(tmp_path / "sft"),
              "--work", str(tmp_path / "work")], cwd=tmp_path, stdout=slave, stderr=log)
         os.close(slave)
         out = b""

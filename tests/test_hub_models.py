@@ -30,7 +30,7 @@ from rloo.model import models
 from rloo.model.logprobs import left_pad, positions, sequence_scores
 from rloo.reward.rewards import RewardModelReward, VerifierReward
 from rloo.rollout import decode, generate
-from rloo.stages import evaluate, prepare, reward, sft
+from rloo.stages import base, evaluate, prepare, reward, sft
 from rloo.stages import train as rloo_stage
 from rloo.train.rloo import Trainer
 
@@ -225,7 +225,8 @@ def test_the_no_pad_variant_runs_every_stage(qwen_nopad_dir, tmp_path):
     cfg = _cfg(qwen_nopad_dir, reward={"source": "model"})
     data, sft_dir, rm_dir, policy = tmp_path / "data", tmp_path / "sft", tmp_path / "reward", tmp_path / "rloo"
     prepare.run(cfg, data)
-    sft.run(cfg, data, sft_dir, tmp_path / "work" / "sft")
+    base.run(cfg, data, tmp_path / "base")
+    sft.run(cfg, data, tmp_path / "base", sft_dir, tmp_path / "work" / "sft")
     reward.run(cfg, data, sft_dir, rm_dir)
     metrics = rloo_stage.run(cfg, data, sft_dir, policy, tmp_path / "work" / "rloo", reward_model_dir=rm_dir)
     out = tmp_path / "results" / "gsm8k_rloo.json"

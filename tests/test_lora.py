@@ -11,7 +11,6 @@ the gradients equal the stored-activation ones.
 
 import copy
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -213,11 +212,10 @@ def test_sft_with_lora_writes_a_merged_model(micro_run, tmp_path):
     """SFT with LoRA (and checkpointing): the output is a plain model whose adapted projections moved
     and whose other weights (embeddings, norms) are the starting model's, bit for bit; peak memory is
     recorded."""
-    shutil.copytree(micro_run["base"] / "work" / "sft" / "init", tmp_path / "work" / "init")
-    metrics = sft.run(_stage_cfg(micro_run, gradient_checkpointing=True), micro_run["data"], tmp_path / "out",
-                      tmp_path / "work")
+    metrics = sft.run(_stage_cfg(micro_run, gradient_checkpointing=True), micro_run["data"], micro_run["base_model"],
+                      tmp_path / "out", tmp_path / "work")
     out = _load_exactly(AutoModelForCausalLM, tmp_path / "out")
-    init = models.load_causal_lm(tmp_path / "work" / "init").state_dict()
+    init = models.load_causal_lm(micro_run["base_model"]).state_dict()
     assert out.keys() == init.keys()
     adapted = {k for k in init if k.endswith("proj.weight")}
     assert adapted and all(float((out[k] - init[k]).abs().max()) > 1e-4 for k in adapted)

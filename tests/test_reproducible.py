@@ -24,7 +24,8 @@ MICRO = ROOT / "config" / "micro.yaml"
 # (verb, arguments): every stage of results/gsm8k_rloo.json, with the paths the rules would give.
 CHAIN = [
     ("prepare", ["--out", "data"]),
-    ("sft", ["--data", "data", "--out", "models/sft", "--work", "work/sft"]),
+    ("base", ["--data", "data", "--out", "models/base"]),
+    ("sft", ["--data", "data", "--base", "models/base", "--out", "models/sft", "--work", "work/sft"]),
     ("reward", ["--data", "data", "--policy", "models/sft", "--out", "models/reward", "--work", "work/reward"]),
     ("train", ["--data", "data", "--policy", "models/sft", "--reward-model", "models/reward", "--out", "models/rloo_rloo",
                "--work", "work/rloo_rloo"]),
@@ -71,7 +72,7 @@ def test_outputs_are_byte_identical_with_tracking_on_and_off(tmp_path):
     # The tracked chain really was tracked: one finished MLflow run per stage.
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'tracked' / 'mlflow.db'}")
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
-    assert sorted(r.info.run_name for r in runs) == ["evaluate", "prepare", "reward", "rloo", "sft"]
+    assert sorted(r.info.run_name for r in runs) == ["base", "evaluate", "prepare", "reward", "rloo", "sft"]
     assert all(r.info.status == "FINISHED" for r in runs)
     tracked, untracked = _digests(tmp_path / "tracked"), _digests(tmp_path / "untracked")
     assert {"models/sft/metrics.json", "models/reward/model.safetensors", "models/rloo_rloo/steps.jsonl",

@@ -41,14 +41,13 @@ def test_sft_resume_from_checkpoint_is_exact(tmp_path, micro_run):
 
     cfg = micro_run["cfg"]
     cfg = {**cfg, "sft": {**cfg["sft"], "steps": 6, "checkpoint_every": 3, "eval_examples": 2}}
-    sft.run(cfg, micro_run["data"], tmp_path / "full", tmp_path / "w_full")
+    sft.run(cfg, micro_run["data"], micro_run["base_model"], tmp_path / "full", tmp_path / "w_full")
     # A run that died after its step-3 checkpoint: its work folder holds only that checkpoint.
     (tmp_path / "w_dead" / "checkpoints").mkdir(parents=True)
-    shutil.copytree(tmp_path / "w_full" / "init", tmp_path / "w_dead" / "init")
     ck = checkpoint.latest(tmp_path / "w_full" / "checkpoints")
     assert ck is not None and ck.name == "step_00000003"
     shutil.copytree(ck, tmp_path / "w_dead" / "checkpoints" / ck.name)
-    metrics = sft.run(cfg, micro_run["data"], tmp_path / "resumed", tmp_path / "w_dead")
+    metrics = sft.run(cfg, micro_run["data"], micro_run["base_model"], tmp_path / "resumed", tmp_path / "w_dead")
     assert metrics["resumed_from_step"] == 3
     a = models.load_causal_lm(tmp_path / "full").state_dict()
     b = models.load_causal_lm(tmp_path / "resumed").state_dict()
@@ -62,7 +61,7 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path, micro_run):
     (ck / "model.safetensors").write_bytes(b"not a safetensors file")
     (ck / "optimizer.pt").write_bytes(b"junk")
     with pytest.raises(checkpoint.CheckpointError, match="step_00000003: corrupt checkpoint"):
-        sft.run(micro_run["cfg"], micro_run["data"], tmp_path / "out", tmp_path / "w")
+        sft.run(micro_run["cfg"], micro_run["data"], micro_run["base_model"], tmp_path / "out", tmp_path / "w")
     assert not (tmp_path / "out").exists()
 
 
@@ -71,9 +70,9 @@ def test_checkpoint_of_other_settings_is_refused(tmp_path, micro_run):
 
     cfg = micro_run["cfg"]
     cfg = {**cfg, "sft": {**cfg["sft"], "steps": 4, "checkpoint_every": 2, "eval_examples": 2}}
-    sft.run(cfg, micro_run["data"], tmp_path / "a", tmp_path / "w")
+    sft.run(cfg, micro_run["data"], micro_run["base_model"], tmp_path / "a", tmp_path / "w")
     shutil.rmtree(tmp_path / "a")
     other = {**cfg, "sft": {**cfg["sft"], "lr": cfg["sft"]["lr"] * 2}}
     with pytest.raises(checkpoint.CheckpointError, match="other settings or data"):
-        sft.run(other, micro_run["data"], tmp_path / "a", tmp_path / "w")
+        sft.run(other, micro_run["data"], micro_run["base_model"], tmp_path / "a", tmp_path / "w")
     assert not (tmp_path / "a").exists()

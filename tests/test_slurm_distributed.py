@@ -132,7 +132,7 @@ def test_literal_slurm_command_runs_the_training_stages_as_two_task_jobs(slurm_e
            "--set-resources", *(f"{rule}:{res}" for rule in TRAINING for res in ("mem_mb=2000", "gres=gpu:1")),
            *configs]
     output, job_ids = run_on_slurm(copy, cmd, 600, f"snakemake --profile slurm {TARGET} (micro, ddp x 2)")
-    assert len(job_ids) == 4, output[-3000:]  # prepare and the training stages
+    assert len(job_ids) == 5, output[-3000:]  # prepare, base and the training stages
 
     deadline = time.monotonic() + 30  # sacct lags slurmctld by a second or two
     while True:
@@ -142,7 +142,7 @@ def test_literal_slurm_command_runs_the_training_stages_as_two_task_jobs(slurm_e
             break
         time.sleep(1)
     by_rule = {re.match(r"rule_([a-z]+)", rows[i][2]).group(1): (i, rows) for i, rows in jobs.items()}
-    assert set(by_rule) == {"prepare", *TRAINING}, jobs
+    assert set(by_rule) == {"prepare", "base", *TRAINING}, jobs
     for rule in TRAINING:
         job_id, rows = by_rule[rule]
         # the job, its batch step (the rule's shell) and the one srun step of the stage's 2 processes

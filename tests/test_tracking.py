@@ -33,8 +33,8 @@ from rloo.config import load_config
 ROOT = Path(__file__).resolve().parents[1]
 MICRO = ROOT / "config" / "micro.yaml"
 BIN = Path(sys.executable).parent
-SNAKEMAKE_STAGES = {"prepare", "sft", "reward", "rloo", "evaluate", "toy"}  # the default target, micro
-CLI_STAGES = ["prepare", "sft", "reward", "rloo", "evaluate"]
+SNAKEMAKE_STAGES = {"prepare", "base", "sft", "reward", "rloo", "evaluate", "toy"}  # the default target, micro
+CLI_STAGES = ["prepare", "base", "sft", "reward", "rloo", "evaluate"]
 # Secrets planted in the pipeline's environment and config: none may reach MLflow.
 SECRET_ENV = "sk-rlootest" + "0123456789abcdef0123456789"
 SECRET_CFG = "hf_" + "RlooTestToken0123456789abcdef"
@@ -454,7 +454,9 @@ def test_snakemake_pipeline_logs_parent_and_stage_runs(snakemake_pipeline):
     kids = runs["children"]
     assert kids["evaluate"].data.tags["rloo.upstream.sft"] == kids["sft"].info.run_id
     assert kids["evaluate"].data.tags["rloo.upstream.rloo"] == kids["rloo"].info.run_id
-    assert not [t for t in kids["sft"].data.tags if t.startswith("rloo.upstream.") and t != "rloo.upstream.prepare"]
+    assert kids["sft"].data.tags["rloo.upstream.base"] == kids["base"].info.run_id
+    sft_upstream = {t for t in kids["sft"].data.tags if t.startswith("rloo.upstream.")}
+    assert sft_upstream == {"rloo.upstream.prepare", "rloo.upstream.base"}, sft_upstream
     # ...but each stage sees, and records, the user's whole resolved config (RLOO_RESOLVED_CONFIG): the
     # micro values of sections it does not read, not the schema's defaults.
     for name in ("toy", "evaluate", "sft"):
@@ -484,7 +486,7 @@ def test_cli_stages_against_mlflow_server(tmp_path, monkeypatch):
         env = _env(MLFLOW_TRACKING_URI=url, **{tracking.ENV_PARENT: parent,
                                                  tracking.ENV_RUNS_DIR: os.environ[tracking.ENV_RUNS_DIR]})
         t0 = time.time()
-        for verb in ["prepare", "sft", "reward", "train", "evaluate"]:
+        for verb in ["prepare", "base", "sft", "reward", "train", "evaluate"]:
             with open(work / f"{verb}.log", "w") as log:  # like Snakemake's `> {log} 2>&1`
                 res = subprocess.run([str(BIN / "rloo"), verb, "-c", str(MICRO)], cwd=work, env=env,
                                      stdout=log, stderr=subprocess.STDOUT, timeout=600)

@@ -167,17 +167,18 @@ def wf(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 def test_seeds_plan_shares_the_chain_up_to_rloo(wf):
-    assert planned(wf, SEEDS) == {"prepare": 1, "sft": 1, "reward": 1, "rloo_seed": 3, "evaluate_seed": 3, "seeds": 1}
+    assert planned(wf, SEEDS) == {"prepare": 1, "base": 1, "sft": 1, "reward": 1, "rloo_seed": 3, "evaluate_seed": 3,
+                                  "seeds": 1}
     assert planned(wf, SEEDS, extra_config="seeds: {values: [0, 1], scope: all}") == {
-        "prepare_seed": 2, "sft_seed": 2, "reward_seed": 2, "rloo_seed": 2, "evaluate_seed": 2, "seeds": 1}
+        "prepare_seed": 2, "base_seed": 2, "sft_seed": 2, "reward_seed": 2, "rloo_seed": 2, "evaluate_seed": 2, "seeds": 1}
 
 
 @pytest.mark.slow
 def test_sweep_plans_run_only_the_changed_stages_per_point(wf):
     assert planned(wf, "results/sweeps/beta.json", extra_config="sweeps: {beta: {rloo.beta: [0.0, 0.1]}}") == {
-        "prepare": 1, "sft": 1, "reward": 1, "rloo_sweep": 2, "evaluate_sweep": 2, "sweep": 1}
+        "prepare": 1, "base": 1, "sft": 1, "reward": 1, "rloo_sweep": 2, "evaluate_sweep": 2, "sweep": 1}
     assert planned(wf, "results/sweeps/lr.json", extra_config="sweeps: {lr: {sft.lr: [1.0e-3, 2.0e-3]}}") == {
-        "prepare": 1, "sft_sweep": 2, "reward_sweep": 2, "rloo_sweep": 2, "evaluate_sweep": 2, "sweep": 1}
+        "prepare": 1, "base": 1, "sft_sweep": 2, "reward_sweep": 2, "rloo_sweep": 2, "evaluate_sweep": 2, "sweep": 1}
 
 
 @pytest.mark.slow

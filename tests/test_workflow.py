@@ -22,6 +22,7 @@ import yaml
 from conftest import copy_tree
 from workflow_helpers import (
     CONFIGFILES,
+    CPU_RULES,
     PIPELINE,
     ROOT,
     env_for,
@@ -52,7 +53,7 @@ def run(micro_workflow, tmp_path_factory) -> dict:
 
 def test_full_run_shares_prepare_sft_reward(run):
     # one prepare/sft/reward feeding two estimators, and the toy experiment
-    assert job_counts(run["output"]) == {"prepare": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 2, "toy": 1}
+    assert job_counts(run["output"]) == {"prepare": 1, "base": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 2, "toy": 1}
 
 
 def test_full_run_outputs(run):
@@ -94,7 +95,7 @@ def test_nothing_to_do_after_full_run(run):
         ("rollout: {gpu_memory_utilization: 0.5}", {"rloo": 1, "evaluate": 1}),
         ("reward: {source: model}", {"rloo": 1, "evaluate": 1}),
         # a prepare parameter: everything downstream of prepare
-        ("data: {synthetic: {n_train: 200}}", {"prepare": 1, "sft": 1, "reward": 1, "rloo": 1, "evaluate": 1}),
+        ("data: {synthetic: {n_train: 200}}", {"prepare": 1, "base": 1, "sft": 1, "reward": 1, "rloo": 1, "evaluate": 1}),
         ("sft: {lr: 1.0e-3}", {"sft": 1, "reward": 1, "rloo": 1, "evaluate": 1}),
         # the reward model: evaluate's proxy (RLOO trains on the verifier by default)
         ("reward: {lr: 1.0e-2}", {"reward": 1, "evaluate": 1}),
@@ -118,10 +119,10 @@ def test_changed_parameter_plans_exactly_the_affected_stages(run, change, expect
 def test_changed_parameter_with_two_estimators_and_toy(run):
     # default target (+ grpo): a prepare parameter does not touch the toy experiment ...
     assert planned(run["copy"], "all", GRPO, extra_config="data: {synthetic: {n_train: 200}}") == {
-        "prepare": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 2}
+        "prepare": 1, "base": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 2}
     # ... the seed reaches everything, the toy experiment included
     assert planned(run["copy"], "all", GRPO, extra_config="seed: 1") == {
-        "prepare": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 2, "toy": 1}
+        "prepare": 1, "base": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 2, "toy": 1}
     assert planned(run["copy"], "all", GRPO, extra_config="rloo: {beta: 0.1}") == {"rloo": 2, "evaluate": 2}
 
 
@@ -134,7 +135,8 @@ def test_changed_parameter_with_two_estimators_and_toy(run):
         ("rloo/algo/bandit.py", {"toy": 1}),
         # a library module imported by several stages
         ("rloo/algo/estimators.py", {"rloo": 2, "evaluate": 2, "toy": 1}),
-        ("rloo/data/synthetic.py", {"prepare": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 2}),
+        ("rloo/data/synthetic.py", {"prepare": 1, "base": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 2}),
+        ("rloo/model/base.py", {"base": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 2}),
     ],
 )
 def test_edited_source_reruns_its_stage_and_descendants(run, source, expected):
@@ -163,14 +165,14 @@ def test_gpu_config_plans_the_whole_pipeline_with_cluster_resources(tmp_path):
     profile = yaml.safe_load((ROOT / "profiles" / "gpu" / "config.yaml").read_text())["set-resources"]
     gpu_cfg = load_config(ROOT / "config" / "gpu.yaml")
     judge_gpus = gpu_cfg["evaluate"]["llm_judge"]["serve"]["gpus"]
-    for rule in PIPELINE - {"prepare"}:
+    for rule in PIPELINE - CPU_RULES:
         r = resources[rule]
         # the evaluate job serves the judge on GPUs of its own, beside the policies' one
         assert r["gpu"] == str(1 + judge_gpus if rule == "evaluate" else 1), (rule, r)
         assert r["cpus_per_task"] == "8"  # threads: null in the config -> 8 threads for the torch stages
         assert (r["mem_mb"], r["runtime"]) == (str(profile[rule]["mem_mb"]), str(profile[rule]["runtime"])), (rule, r)
         assert r["slurm_extra"] == "--signal=TERM@300"  # the cluster profile's keys are kept
-    assert "gpu" not in resources["prepare"]
+    assert "gpu" not in resources["prepare"] and "gpu" not in resources["base"]  # a download and a copy: CPU jobs
     # the judge's tensor-parallel size, when its flags give one, is the GPU count the job asks for
     assert tensor_parallel(gpu_cfg["evaluate"]["llm_judge"]["serve"]["args"]) in (None, judge_gpus)
     assert gpu_cfg["evaluate"]["judge"] == "llm" and gpu_cfg["rollout"]["backend"] == "vllm"
@@ -290,8 +292,8 @@ def test_slurm_profile_resolves_from_the_repository_root(run):
     for rule in PIPELINE:
         resources = re.search(r"resources: (.*)", blocks[rule]).group(1)
         assert "slurm_extra=--signal=TERM@300" in resources, resources
-        assert ("gpu=1" in resources) == (rule != "prepare"), resources
-        if rule != "prepare":
+        assert ("gpu=1" in resources) == (rule not in CPU_RULES), resources
+        if rule not in CPU_RULES:
             assert "cpus_per_task=1" in resources and "runtime=" in resources and "mem_mb=" in resources
 
 

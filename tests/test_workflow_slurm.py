@@ -15,7 +15,7 @@ import time
 
 import pytest
 from test_slurm_smoke import _sacct, run_on_slurm, slurm_env  # noqa: F401  (slurm_env is a fixture)
-from workflow_helpers import CONFIGFILES, PIPELINE, make_copy, snakemake, snakemake_bin
+from workflow_helpers import CONFIGFILES, CPU_RULES, PIPELINE, make_copy, snakemake, snakemake_bin
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -24,11 +24,11 @@ TEST_OPTIONS = [
     # first sacct query 2 s after a submission instead of the profile's 30 s
     "--slurm-init-seconds-before-status-checks", "2",
     # the GPU stages ask for 16-32 GB; the test node may have less
-    "--set-resources", "sft:mem_mb=2000", "reward:mem_mb=2000", "rloo:mem_mb=2000", "evaluate:mem_mb=2000",
+    "--set-resources", "base:mem_mb=2000", "sft:mem_mb=2000", "reward:mem_mb=2000", "rloo:mem_mb=2000", "evaluate:mem_mb=2000",
     # last: --configfile takes several values
     *CONFIGFILES,
 ]
-GPU_STAGES = PIPELINE - {"prepare"}
+GPU_STAGES = PIPELINE - CPU_RULES
 
 
 def test_literal_slurm_command_runs_every_stage_as_a_slurm_job(slurm_env, tmp_path):  # noqa: F811

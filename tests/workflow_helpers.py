@@ -27,7 +27,9 @@ TEST_CONFIG = "tracking: {enabled: false}\n"
 CONFIGFILES = ["--configfile", "config/micro.yaml", "config/test.yaml"]
 
 # Every stage of results/gsm8k_rloo.json (rule names).
-PIPELINE = {"prepare", "sft", "reward", "rloo", "evaluate"}
+PIPELINE = {"prepare", "base", "sft", "reward", "rloo", "evaluate"}
+# The stages that ask for no GPU: a data build, and a download/copy/dequantisation of the starting model.
+CPU_RULES = {"prepare", "base"}
 
 
 def make_copy(dest: Path) -> Path:

@@ -13,11 +13,10 @@ import torch.nn.functional as F
 
 from rloo import tracking
 from rloo.algo.schedules import lr_multiplier
-from rloo.data.gsm8k import format_completion, format_prompt
 from rloo.data.prompting import PromptFormat, align_eos
 from rloo.errors import InputError
 from rloo.eval.evaluation import evaluate_policy, spec_for
-from rloo.io import atomic_dir, read_jsonl
+from rloo.io import read_jsonl
 from rloo.model import distributed, lora, microbatch, models
 from rloo.model.head import causal_logprobs
 from rloo.model.logprobs import model_device
@@ -109,27 +108,9 @@ def step_loss(train_model: torch.nn.Module, batch: list[Example], pad_id: int, b
     return microbatch.accumulate(train_model, parts, loss_of)[0]
 
 
-def init_model_folder(cfg: dict, train: list[dict], folder: Path) -> Path:
-    """The starting point: a hub id / folder from the config, or the embedded tiny model built once."""
-    mcfg = cfg["model"]
-    if mcfg["name_or_path"]:
-        return Path(mcfg["name_or_path"])
-    if (folder / "config.json").exists():
-        return folder
-    texts = (
-        format_prompt(r["question"], cfg["prompt"]["template"]) + format_completion(r["answer"])
-        for r in train
-    )
-    tok = models.train_tokenizer(texts, mcfg["tiny"]["vocab_size"])
-    model = models.build_tiny_model(tok, mcfg["tiny"], mcfg["max_length"], cfg["seed"], mcfg["attn_implementation"])
-    with atomic_dir(folder) as tmp:
-        models.save_pretrained(model, tok, tmp)
-    log.info("built the embedded tiny model (%d parameters) in %s", models.count_parameters(model), folder)
-    return folder
-
-
-def run(cfg: dict, data_dir: str | Path, out_dir: str | Path, work_dir: str | Path) -> dict:
-    """Train, evaluate and write `out_dir` (save_pretrained + metrics.json); resumable via `work_dir`.
+def run(cfg: dict, data_dir: str | Path, base_dir: str | Path, out_dir: str | Path, work_dir: str | Path) -> dict:
+    """Fine-tune the starting model of `base_dir` (the base stage's folder), evaluate it and write
+    `out_dir` (save_pretrained + metrics.json); resumable via `work_dir`.
 
     Data-parallel (`distributed.strategy` ddp or fsdp under torchrun), each process trains on its
     contiguous share of every step's batch, its loss weighted by its share of the batch's answer tokens
@@ -143,9 +124,8 @@ def run(cfg: dict, data_dir: str | Path, out_dir: str | Path, work_dir: str | Pa
     if scfg["max_train_examples"]:
         train = train[: scfg["max_train_examples"]]
 
-    with distributed.main_first():  # rank 0 builds the embedded tiny model, the others load it
-        init = init_model_folder(cfg, train, work_dir / "init")
-    tokenizer = models.load_tokenizer(mcfg["tokenizer"] or init, mcfg["trust_remote_code"])
+    init = Path(base_dir)
+    tokenizer = models.load_tokenizer(init, mcfg["trust_remote_code"])
     # With LoRA the model trained is the loaded one with adapters injected, only they train.
     model, adapted = models.for_training(models.load_causal_lm(init, **models.load_options(mcfg), trainable=True), mcfg)
     if eos := align_eos(tokenizer, cfg["prompt"]):  # saved with the policy: every later stage stops there

@@ -9,8 +9,9 @@ from rloo.config import stage_config as _stage_config
 from rloo.config import validate as _validate_config
 from rloo.config import with_overrides
 from rloo.launch import srun_command
+from rloo.model.base import gguf_file
 from rloo.pipeline import SEED_FOLDER, STAGES, SWEEP_FOLDER, outputs, rule_outputs, seed_variant, work_dir
-from rloo.pipeline import reads_reward_model, sweep_grid, sweep_variant
+from rloo.pipeline import reads_reward_model, sweep_grid, sweep_variant, upstream
 from rloo.code_inputs import PACKAGE_DIR, stage_sources
 
 # The same schema and validator as `rloo <stage>`: defaults filled in place, unknown keys named.
@@ -83,6 +84,20 @@ def reward_model(wildcards):
 
 def reward_model_arg(wildcards, input):
     return f"--reward-model {input.reward_model}" if "reward_model" in input.keys() else ""
+
+
+def base_data(wildcards):
+    """The training split as a named input of the base rule where it builds the embedded model from it."""
+    return {"train": OUT["prepare"]["train"]} if "prepare" in upstream("base", config) else {}
+
+
+def base_data_arg(wildcards, input):
+    return f"--data {os.path.dirname(input.train)}" if "train" in input.keys() else ""
+
+
+def gguf_input(cfg):
+    """The GGUF file `model.gguf` names (a path, or a file inside an installed package), as an input."""
+    return [str(gguf_file(cfg["model"]["gguf"]))] if cfg["model"].get("gguf") else []
 
 
 def data_dir(wildcards, input):
@@ -196,6 +211,12 @@ def v_label(wildcards):
 def v_policy(wildcards):
     """The trained policy's name in a variant's results: its estimator (a sweep may set rloo.estimator)."""
     return variant_config(wildcards)["rloo"]["estimator"]
+
+
+def v_base_data(wildcards):
+    """A variant's base job reads its training split where it builds the embedded model (base_data)."""
+    reads = "prepare" in upstream("base", variant_config(wildcards))
+    return {"train": v_input("prepare", "train")(wildcards)} if reads else {}
 
 
 def v_reward_model(wildcards):

@@ -3,8 +3,7 @@ rule sft:
         code=code("sft"),
         train=rules.prepare.output.train,
         test=rules.prepare.output.test,
-        # model.name_or_path / model.tokenizer when they are local folders
-        start=local_inputs(config["model"]["name_or_path"], config["model"]["tokenizer"]),
+        base=rules.base.output.model,
     output:
         model=directory(OUT["sft"]["model"]),
     params:
@@ -28,4 +27,4 @@ rule sft:
     shell:
         "python {params.guard} {params.work} {params.cfg:q} {input} > {log} 2>&1 && "
         "rloo sft --config-json {params.cfg:q} {params.variant} --set threads={threads} "
-        "--data {params.data} --out {output.model} --work {params.work} 2>> {log}"
+        "--data {params.data} --base {input.base} --out {output.model} --work {params.work} 2>> {log}"

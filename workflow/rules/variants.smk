@@ -22,12 +22,29 @@ use rule prepare as prepare_seed with:
         f"{LOGS}/benchmarks/{SEED_FOLDER}/prepare.tsv"
 
 
+use rule base as base_seed with:
+    input:
+        unpack(v_base_data),
+        code=code("base"),
+        start=rules.base.input.start,
+    output:
+        model=directory(SEED_OUT["base"]["model"]),
+    params:
+        cfg=v_cfg("base"),
+        data=base_data_arg,
+        variant=v_label,
+    log:
+        f"{LOGS}/{SEED_FOLDER}/base.log",
+    benchmark:
+        f"{LOGS}/benchmarks/{SEED_FOLDER}/base.tsv"
+
+
 use rule sft as sft_seed with:
     input:
         code=code("sft"),
         train=v_input("prepare", "train"),
         test=v_input("prepare", "test"),
-        start=rules.sft.input.start,
+        base=v_input("base", "model"),
     output:
         model=directory(SEED_OUT["sft"]["model"]),
     params:
@@ -123,12 +140,29 @@ use rule prepare as prepare_sweep with:
         f"{LOGS}/benchmarks/{SWEEP_FOLDER}/prepare.tsv"
 
 
+use rule base as base_sweep with:
+    input:
+        unpack(v_base_data),
+        code=code("base"),
+        start=rules.base.input.start,
+    output:
+        model=directory(SWEEP_OUT["base"]["model"]),
+    params:
+        cfg=v_cfg("base"),
+        data=base_data_arg,
+        variant=v_label,
+    log:
+        f"{LOGS}/{SWEEP_FOLDER}/base.log",
+    benchmark:
+        f"{LOGS}/benchmarks/{SWEEP_FOLDER}/base.tsv"
+
+
 use rule sft as sft_sweep with:
     input:
         code=code("sft"),
         train=v_input("prepare", "train"),
         test=v_input("prepare", "test"),
-        start=rules.sft.input.start,
+        base=v_input("base", "model"),
     output:
         model=directory(SWEEP_OUT["sft"]["model"]),
     params:

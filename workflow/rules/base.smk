@@ -1,0 +1,27 @@
+# The starting model as one local folder, {models}/base (rloo/stages/base.py): the embedded tiny model
+# (built from the training texts), a local folder, a hub snapshot, or a dequantised GGUF file. Every
+# later stage reads this folder; a changed source reruns everything below it, and nothing else.
+rule base:
+    input:
+        unpack(base_data),
+        code=code("base"),
+        # model.name_or_path / model.tokenizer when they are local folders; the GGUF file itself
+        start=local_inputs(config["model"]["name_or_path"], config["model"]["tokenizer"]) + gguf_input(config),
+    output:
+        model=directory(OUT["base"]["model"]),
+    params:
+        cfg=lambda wildcards: stage_config("base"),
+        data=base_data_arg,
+        variant=NO_VARIANT,
+    conda:
+        RLOO_ENV
+    log:
+        f"{LOGS}/base.log",
+    benchmark:
+        f"{LOGS}/benchmarks/base.tsv"
+    threads: 1
+    resources:
+        mem_mb=8000,
+        runtime=60,
+    shell:
+        "rloo base --config-json {params.cfg:q} {params.variant} {params.data} --out {output.model} > {log} 2>&1"

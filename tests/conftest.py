@@ -135,7 +135,7 @@ WALL_FACTOR = 3  # ... or whose wall time passes 3 times that (it waits rather t
 # Files run in this order, heaviest first, so that two workers finish together (the rest follow in
 # collection order); keep it roughly in step with `.ci/run`'s --durations list.
 HEAVY_FIRST = ("test_distributed", "test_workflow", "test_tracking", "test_dvc", "test_variants",
-               "test_hardening", "test_crash_safety", "test_reproducible")
+               "test_hardening", "test_crash_safety", "test_reproducible", "test_smollm2")
 # Files that share the one-node Slurm cluster run on one worker, one after the other.
 SLURM_FILES = ("test_slurm_smoke", "test_workflow_slurm", "test_slurm_distributed")
 

@@ -137,6 +137,15 @@ def test_results_file_matches_its_schema(micro_run, tmp_path):
                                       "draws": [r["completions"][name]["draws"] for r in recs]}, golds)
                    for name in ("sft", "rloo")}
     assert gain(per_problem["rloo"], per_problem["sft"], cfg["seed"]) == g
+    # pass@k and maj@k read the same draws: any right, the majority right, never below the mean
+    from rloo.eval.at_k import maj_at_k, pass_at_k
+
+    for name in ("sft", "rloo"):
+        p = result["policies"][name]
+        assert p["pass_at_k"] == pass_at_k(per_problem[name]["sampled"])
+        assert p["maj_at_k"] == maj_at_k([r["completions"][name]["draws"] for r in recs], golds)
+        assert p["pass_at_k"]["k"] == p["maj_at_k"]["k"] == cfg["evaluate"]["samples_per_prompt"]
+        assert p["pass_at_k"]["value"] >= p["accuracy_sampled"]
     # the solution checker beside accuracy: figures, or n/a with a reason where nothing is annotated
     for p in result["policies"].values():
         check = p["solution_check"]
@@ -144,6 +153,8 @@ def test_results_file_matches_its_schema(micro_run, tmp_path):
         assert (check["accuracy"] is None) == (check["annotated_share"] == 0) == ("reason" in check)
     lines = report.evaluate_lines(result)
     assert any(x.startswith("evaluate: RLOO − SFT = ") and "points (p " in x for x in lines), lines
+    k = cfg["evaluate"]["samples_per_prompt"]
+    assert any(x.startswith("evaluate: rloo: pass@") and f", maj@{k} " in x for x in lines), lines
 
 
 def test_judge_independence_follows_the_training_reward():

@@ -54,6 +54,8 @@ def evaluate_lines(result: dict) -> list[str]:
     for name, p in result["policies"].items():
         if check := p.get("solution_check"):
             lines.append(f"evaluate: {name}: {solution_check_line(check)}")
+        if (best := p.get("pass_at_k")) and (vote := p.get("maj_at_k")):
+            lines.append(f"evaluate: {name}: {at_k_line('pass', best)}, {at_k_line('maj', vote)}")
     independent = result.get("judges", {}).get("win_rate", {}).get("independent_of_training_reward")
     for name, wr in result.get("win_rates", {}).items():
         if wr.get("value") is not None:
@@ -74,6 +76,12 @@ def gain_line(name: str, g: dict) -> str:
 
     return (f"{name.upper()} − SFT = {part(g['sampled'])} sampled ({g['draws']} draws); "
             f"{part(g['greedy'])} greedy; {g['n_problems']} problems, 95 % paired bootstrap")
+
+
+def at_k_line(kind: str, figure: dict) -> str:
+    """pass@k / maj@k with its interval, e.g. `pass@4 0.812 [0.775, 0.844]`."""
+    ci = f" [{figure['ci95'][0]:.3f}, {figure['ci95'][1]:.3f}]" if figure.get("ci95") else ""
+    return f"{kind}@{figure['k']} {figure['value']:.3f}{ci}"
 
 
 def solution_check_line(check: dict) -> str:

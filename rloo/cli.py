@@ -146,6 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("evaluate", parents=[common], help="evaluate SFT and trained policies; write results JSON")
     p.add_argument("--data", default=None)
     p.add_argument("--sft", default=None)
+    p.add_argument("--base", default=None,
+                   help="the untrained starting model, evaluated beside SFT (default: paths.models/base where it exists)")
     p.add_argument("--policy", action="append", default=[], metavar="NAME=FOLDER",
                    help="a trained policy to evaluate against SFT (repeatable)")
     p.add_argument("--reward-model", default=None, help="reward model for the proxy score")
@@ -313,6 +315,8 @@ def _inputs_exist(args: argparse.Namespace, cfg: dict, data: str, sft: str) -> N
                       "base"))
     if args.stage in ("reward", "train"):
         needs.append((args.policy or sft, "--policy" if args.policy else "the SFT output", "sft"))
+    if args.stage == "evaluate" and args.base:
+        needs.append((args.base, "--base", "base"))
     if args.stage == "train" and (args.reward_model or cfg["reward"]["source"] == "model"):
         needs.append((args.reward_model or pipeline.outputs("reward", cfg)["model"],
                       "--reward-model" if args.reward_model else "reward.source=model", "reward"))
@@ -349,8 +353,9 @@ def _dispatch(stage, args: argparse.Namespace, cfg: dict, out: dict[str, str]) -
     elif args.stage == "reward":
         stage.run(cfg, data, args.policy or sft, out["model"], work)
     elif args.stage == "evaluate":
+        base = args.base or pipeline.outputs("base", cfg)["model"]  # a missing --base is refused above
         stage.run(cfg, data, args.sft or sft, pipeline.evaluated_policies(args, cfg), Path(out["result"]),
-                  args.reward_model, out["plots"], args.judge_log)
+                  args.reward_model, out["plots"], args.judge_log, base if args.base or Path(base).is_dir() else None)
     elif args.stage == "toy":
         stage.run(out["result"], out["plot"], seed=cfg["seed"])
     elif args.stage == "compare":

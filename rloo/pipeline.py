@@ -113,7 +113,7 @@ def upstream(stage: str, cfg: dict) -> tuple[str, ...]:
     embedded = not (cfg["model"]["name_or_path"] or cfg["model"].get("gguf"))  # built from the training texts
     return {"prepare": (), "base": ("prepare",) if embedded else (), "sft": ("prepare", "base"), "reward": ("prepare", "sft"),
             "rloo": ("prepare", "sft", *(("reward",) if reads_reward else ())),
-            "evaluate": ("prepare", "sft", "reward", "rloo")}[stage]
+            "evaluate": ("prepare", "base", "sft", "reward", "rloo")}[stage]
 
 
 def downstream_closure(stages: set[str], cfg: dict) -> frozenset[str]:

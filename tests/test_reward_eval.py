@@ -99,7 +99,7 @@ def test_results_file_matches_its_schema(micro_run, tmp_path):
     rloo_stage.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / "rloo", tmp_path / "w", rm)
     out = tmp_path / "gsm8k_rloo.json"
     result = evaluate.run(cfg, micro_run["data"], micro_run["sft"], {"rloo": str(tmp_path / "rloo")}, out, rm,
-                          tmp_path / "plots")
+                          tmp_path / "plots", base_dir=micro_run["base_model"])
     schema = yaml.safe_load((Path(rloo.__file__).parent / "schemas" / "results.schema.yaml").read_text())
     jsonschema.validate(json.loads(out.read_text()), schema)
     assert set(result["policies"]) == {"sft", "rloo"}
@@ -140,7 +140,14 @@ def test_results_file_matches_its_schema(micro_run, tmp_path):
     # pass@k and maj@k read the same draws: any right, the majority right, never below the mean
     from rloo.eval.at_k import maj_at_k, pass_at_k
 
+    # the untrained start on the same problems: its row, and what SFT and RLOO each added to it
+    per_problem["base"] = correctness({"greedy": [r["completions"]["base"]["greedy"] for r in recs],
+                                       "draws": [r["completions"]["base"]["draws"] for r in recs]}, golds)
+    assert set(result["base"]["gains"]) == {"sft", "rloo"}
     for name in ("sft", "rloo"):
+        assert result["base"]["gains"][name] == gain(per_problem[name], per_problem["base"], cfg["seed"])
+    result["policies"]["base"] = result["base"]["policy"]  # checked below like the others
+    for name in ("sft", "rloo", "base"):
         p = result["policies"][name]
         assert p["pass_at_k"] == pass_at_k(per_problem[name]["sampled"])
         assert p["maj_at_k"] == maj_at_k([r["completions"][name]["draws"] for r in recs], golds)
@@ -155,6 +162,14 @@ def test_results_file_matches_its_schema(micro_run, tmp_path):
     assert any(x.startswith("evaluate: RLOO − SFT = ") and "points (p " in x for x in lines), lines
     k = cfg["evaluate"]["samples_per_prompt"]
     assert any(x.startswith("evaluate: rloo: pass@") and f", maj@{k} " in x for x in lines), lines
+    assert any(x.startswith("evaluate: base (untrained): accuracy sampled ") for x in lines), lines
+    assert any(x.startswith("evaluate: SFT − BASE = ") for x in lines), lines
+    # the base row is evaluated last: without it, every other figure is the same, draw for draw
+    alone = evaluate.run(cfg, micro_run["data"], micro_run["sft"], {"rloo": str(tmp_path / "rloo")},
+                         tmp_path / "alone.json", rm)
+    del result["policies"]["base"]
+    assert "base" not in alone
+    assert (alone["policies"], alone["gains"], alone["win_rates"]) == (result["policies"], result["gains"], result["win_rates"])
 
 
 def test_judge_independence_follows_the_training_reward():

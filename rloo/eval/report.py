@@ -51,6 +51,11 @@ def evaluate_lines(result: dict) -> list[str]:
             lines.append(f"!! evaluate: {name} is less accurate than the SFT policy it started from")
     for name, g in (result.get("gains") or {}).items():
         lines.append(f"evaluate: {gain_line(name, g)}")
+    if base := result.get("base"):  # the untrained start: what SFT and RL each added to it
+        b = base["policy"]
+        lines.append(f"evaluate: base (untrained): accuracy sampled {b['accuracy_sampled']:.3f} / greedy {b['accuracy']:.3f}, "
+                     f"{at_k_line('pass', b['pass_at_k'])}, {at_k_line('maj', b['maj_at_k'])}")
+        lines += [f"evaluate: {gain_line(name, g, against='base')}" for name, g in base["gains"].items()]
     for name, p in result["policies"].items():
         if check := p.get("solution_check"):
             lines.append(f"evaluate: {name}: {solution_check_line(check)}")
@@ -66,7 +71,7 @@ def evaluate_lines(result: dict) -> list[str]:
     return lines
 
 
-def gain_line(name: str, g: dict) -> str:
+def gain_line(name: str, g: dict, against: str = "sft") -> str:
     """`RLOO − SFT = +6.6 [+4.1, +9.0] points (p = 0.001) sampled; greedy ...`, for the terminal."""
     def part(m: dict) -> str:
         lo, hi = m["ci95"]
@@ -74,7 +79,7 @@ def gain_line(name: str, g: dict) -> str:
         return (f"{100 * m['gain']:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] points "
                 f"(p {'< 0.001' if p < 0.001 else f'= {p:.3f}'})")
 
-    return (f"{name.upper()} − SFT = {part(g['sampled'])} sampled ({g['draws']} draws); "
+    return (f"{name.upper()} − {against.upper()} = {part(g['sampled'])} sampled ({g['draws']} draws); "
             f"{part(g['greedy'])} greedy; {g['n_problems']} problems, 95 % paired bootstrap")
 
 

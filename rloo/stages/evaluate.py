@@ -1,11 +1,11 @@
-"""`rloo evaluate`: the SFT policy and each trained policy on held-out prompts, judged independently.
+"""`rloo evaluate`: the base model, the SFT policy and each trained policy on held-out prompts, judged independently.
 
 Per policy: verifier accuracy (greedy and sampled at T = 1, strict and flexible), the reward model's
 mean score (the proxy the policy was trained on), sequence KL to the reference, mean length, and the
 solution checker's figures (rloo.reward.solution_check), pass@k and maj@k over the sampled draws
 (rloo.eval.at_k). Then, for each trained policy against SFT: its gain
 with a 95 % interval and p-value (rloo.eval.gains), and the win rate by a pairwise judge, in both
-presentation orders.
+presentation orders; and the gain of SFT and of each trained policy over the untrained base model.
 """
 
 from __future__ import annotations
@@ -55,14 +55,14 @@ def policy_report(
 
 def run(cfg: dict, data_dir: str | Path, sft_dir: str | Path, policies: dict[str, str], out_json: str | Path,
         reward_model_dir: str | Path | None = None, plot_dir: str | Path | None = None,
-        judge_log: str | Path | None = None) -> dict:
-    """Evaluate SFT and `policies` ({name: folder}); write the results JSON (and, into `plot_dir`, the
-    plots and every policy's completions). A served judge (evaluate.llm_judge.serve) is started first,
+        judge_log: str | Path | None = None, base_dir: str | Path | None = None) -> dict:
+    """Evaluate SFT and `policies` ({name: folder}), and the untrained `base_dir` where given; write the
+    results JSON (and, into `plot_dir`, the plots and every policy's completions). A served judge (evaluate.llm_judge.serve) is started first,
     so that one that cannot start fails the stage before the policies are sampled, and is stopped on
     every way out; its output goes to `judge_log` (default: judge_log_path)."""
     setup(cfg["threads"], cfg["seed"])
     with open_judge(cfg, judge_log or judge_log_path(cfg, out_json)) as judge:
-        return _evaluate(cfg, judge, data_dir, sft_dir, policies, out_json, reward_model_dir, plot_dir)
+        return _evaluate(cfg, judge, data_dir, sft_dir, policies, out_json, reward_model_dir, plot_dir, base_dir)
 
 
 def nonfinite_weights(folder: Path) -> str | None:
@@ -79,11 +79,11 @@ def judge_log_path(cfg: dict, out_json: str | Path) -> Path:
 
 
 def _evaluate(cfg: dict, judge, data_dir, sft_dir, policies: dict[str, str], out_json, reward_model_dir,
-              plot_dir) -> dict:
+              plot_dir, base_dir=None) -> dict:
     m, e = cfg["model"], cfg["evaluate"]
     data_dir = Path(data_dir)
     # A diverged model (NaN or infinite weights) is refused before anything is sampled.
-    for folder in [sft_dir, *policies.values(), *([reward_model_dir] if reward_model_dir else [])]:
+    for folder in [sft_dir, *policies.values(), *(f for f in (reward_model_dir, base_dir) if f)]:
         if bad := nonfinite_weights(Path(folder)):
             raise InputError(f"{folder}: weight {bad} is not finite (a diverged run?): not evaluated")
     rows = [r for _, r in read_jsonl(data_dir / "test.jsonl")][: e["examples"]]
@@ -97,6 +97,11 @@ def _evaluate(cfg: dict, judge, data_dir, sft_dir, policies: dict[str, str], out
     for name, folder in {"sft": str(sft_dir), **policies}.items():
         reports[name], texts[name] = policy_report(cfg, Path(folder), reference, tok, rows, reward)
         log.info("%s: %s", name, reports[name])
+    # The untrained start last, so that adding it leaves every other policy's draws as they were.
+    evaluated = dict(reports)
+    if base_dir is not None:
+        evaluated["base"], texts["base"] = policy_report(cfg, Path(base_dir), reference, tok, rows, reward)
+        log.info("base: %s", evaluated["base"])
     questions, golds = [r["question"] for r in rows], [r["answer"] for r in rows]
     mode = e["win_rate_decoding"]
     wins = {name: win_rate(judge, questions, golds, texts[name][mode], texts["sft"][mode]).as_dict()
@@ -110,10 +115,10 @@ def _evaluate(cfg: dict, judge, data_dir, sft_dir, policies: dict[str, str], out
     correct = {name: correctness(t, golds) for name, t in texts.items()}
     gains = {name: gain(correct[name], correct["sft"], cfg["seed"]) for name in policies}
     for name, t in texts.items():
-        reports[name]["solution_check"] = check_solutions(t["draws"], t["greedy"], golds)
+        evaluated[name]["solution_check"] = check_solutions(t["draws"], t["greedy"], golds)
         # the same draws read two more ways: any of them right, and their majority answer right
-        reports[name]["pass_at_k"] = pass_at_k(correct[name]["sampled"])
-        reports[name]["maj_at_k"] = maj_at_k(t["draws"], golds)
+        evaluated[name]["pass_at_k"] = pass_at_k(correct[name]["sampled"])
+        evaluated[name]["maj_at_k"] = maj_at_k(t["draws"], golds)
     training = {name: _read_json(Path(folder) / "metrics.json") for name, folder in policies.items()}
     for name, metrics in training.items():
         if metrics:  # the checkpoint the stage wrote, and the alarms that fired while training it
@@ -136,6 +141,9 @@ def _evaluate(cfg: dict, judge, data_dir, sft_dir, policies: dict[str, str], out
         "data_manifest_sha256": sha256_file(manifest) if manifest.exists() else None,
         "training": training,
     }
+    if base_dir is not None:  # base -> SFT -> RL: what each step of post-training added
+        result["base"] = {"policy": evaluated["base"],
+                          "gains": {name: gain(correct[name], correct["base"], cfg["seed"]) for name in reports}}
     if plot_dir is not None:
         from rloo.eval.plots import plot_policies, plot_proxy_vs_judge
 

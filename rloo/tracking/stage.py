@@ -193,19 +193,22 @@ def _log_evaluation(run: Run, outputs: list[Path]) -> None:
             metrics = {f"evaluate/{k.replace('.', '/')}": v for k, v in policies.items()}
             metrics |= {f"evaluate/win_rate/{k.replace('.', '/')}": v for k, v in wins.items()}
             metrics |= gain_metrics(result.get("gains") or {})
+            if base := result.get("base"):  # evaluate/base/<metric> and gain_over_base/<policy>/<mode>...
+                metrics |= {f"evaluate/base/{k.replace('.', '/')}": v for k, v in flatten(base["policy"]).items()}
+                metrics |= gain_metrics(base["gains"], prefix="gain_over_base/", always_named=True)
             run.log_metrics(metrics, 0)
 
 
-def gain_metrics(gains: dict[str, dict]) -> dict[str, float]:
+def gain_metrics(gains: dict[str, dict], prefix: str = "gain/", always_named: bool = False) -> dict[str, float]:
     """MLflow metrics of the gains: gain/<mode>, gain/<mode>_ci95_lo, _ci95_hi, _p_value for one trained
-    policy; gain/<policy>/<mode>... when there are several."""
+    policy; gain/<policy>/<mode>... when there are several (or `always_named`)."""
     out = {}
     for name, g in gains.items():
-        prefix = "gain/" if len(gains) == 1 else f"gain/{name}/"
+        head = prefix if len(gains) == 1 and not always_named else f"{prefix}{name}/"
         for mode in ("sampled", "greedy"):
             m = g[mode]
-            out |= {f"{prefix}{mode}": m["gain"], f"{prefix}{mode}_ci95_lo": m["ci95"][0],
-                    f"{prefix}{mode}_ci95_hi": m["ci95"][1], f"{prefix}{mode}_p_value": m["p_value"]}
+            out |= {f"{head}{mode}": m["gain"], f"{head}{mode}_ci95_lo": m["ci95"][0],
+                    f"{head}{mode}_ci95_hi": m["ci95"][1], f"{head}{mode}_p_value": m["p_value"]}
     return out
 
 

@@ -5,6 +5,8 @@ rule evaluate:
         reward_model=rules.reward.output.model,
         test=rules.prepare.output.test,
         manifest=rules.prepare.output.manifest,
+        # the untrained start, evaluated beside SFT and RLOO: base -> SFT -> RL
+        base=rules.base.output.model,
         sft=rules.sft.output.model,
         policy=rules.rloo.output.model,
         judge=JUDGE_MODEL,
@@ -50,7 +52,7 @@ rule evaluate:
         cpus_per_task=cpus,
     shell:
         "rloo evaluate --config-json {params.cfg:q} {params.variant} --set threads={threads} "
-        "--data {params.data} --sft {input.sft} --policy {params.policy}={input.policy} "
+        "--data {params.data} --base {input.base} --sft {input.sft} --policy {params.policy}={input.policy} "
         "--reward-model {input.reward_model} --out {output.result} --plots {params.plots} "
         "--judge-log {log.judge} 2> {log.stage} && "
         "rloo summary {output.result}"

@@ -53,6 +53,52 @@ def pipeline_table() -> str:
     return "\n".join(rows)
 
 
+def smollm2_table() -> str:
+    """SmolLM2-135M-Instruct through the chain (config/smollm2.yaml): base, SFT and RLOO on the same
+    held-out problems, each step's gain with its paired interval, pass@k and maj@k; the reward model's
+    held-out pairwise accuracy with its Wilson interval; seconds per stage."""
+    from rloo.eval.stats import wilson_interval
+
+    run = _load("smollm2.json")
+    res, st = run["results"], run["stage_metrics"]
+    pols = {"base (untrained)": res["base"]["policy"], "SFT": res["policies"]["sft"], "RLOO": res["policies"]["rloo"]}
+    k = pols["SFT"]["pass_at_k"]["k"]
+
+    def at_k(m: dict) -> str:
+        lo, hi = m["ci95"]
+        return f"{m['value']:.3f} [{lo:.3f}, {hi:.3f}]"
+
+    def gain(g: dict, mode: str) -> str:
+        m = g[mode]
+        lo, hi = m["ci95"]
+        p = "p < 0.001" if m["p_value"] < 0.001 else f"p = {m['p_value']:.2g}"
+        return f"{_pp(m['gain'])} [{_pp(lo)}, {_pp(hi)}] ({p})"
+
+    gains = {"base (untrained)": None, "SFT": ("SFT − base", res["base"]["gains"]["sft"]),
+             "RLOO": ("RLOO − SFT", res["gains"]["rloo"])}
+    rows = [f"| policy | sampled / greedy | pass@{k} (95 % CI) | maj@{k} (95 % CI) | gain sampled (95 % CI, p) | gain greedy |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    for name, p in pols.items():
+        g = gains[name]
+        cells = (f"{g[0]}: {gain(g[1], 'sampled')} | {gain(g[1], 'greedy')}") if g else " | "
+        rows.append(f"| {name} | {p['accuracy_sampled']:.3f} / {p['accuracy']:.3f} | {at_k(p['pass_at_k'])} | "
+                    f"{at_k(p['maj_at_k'])} | {cells} |")
+    whole = res["base"]["gains"]["rloo"]
+    rows.append(f"| RLOO − base | | | | {gain(whole, 'sampled')} | {gain(whole, 'greedy')} |")
+    rm = st["reward"]
+    lo, hi = wilson_interval(rm["val_accuracy"] * rm["val_pairs"], rm["val_pairs"])
+    judge = res["judge"]
+    agreement = (f"{judge['agreement_with_verifier']:.3f}" if judge.get("agreement_with_verifier") is not None
+                 else f"not run (`evaluate.judge: {judge['type']}`)")
+    secs = ", ".join(f"{name} {t / 60:.1f}" for name, t in run["stage_seconds"].items())
+    rows += ["", f"{res['examples']} held-out problems, sampled accuracy the mean of {k} draws at T = 1. Reward model "
+             f"(grown from the SFT backbone): held-out pairwise accuracy {rm['val_accuracy']:.3f} [{lo:.3f}, {hi:.3f}] on "
+             f"{rm['val_pairs']} pairs ({rm['val_accuracy_before_training']:.3f} before its training); LLM judge's "
+             f"agreement with the verifier: {agreement}. Minutes per stage: {secs}; Snakemake's elapsed time "
+             f"{run['wall_seconds'] / 60:.0f} min. `{run['command'].split('#')[0].strip()}`, commit {run['commit'][:7]}."]
+    return "\n".join(rows)
+
+
 def _gain(res: dict, mode: str, plain: float) -> str:
     """A gain in points with its paired 95 % interval and p-value where the results carry them (rloo.eval.gains;
     runs recorded before them show the gain alone)."""
@@ -387,6 +433,7 @@ TABLES = {
     "reward-ceiling": reward_ceiling_table,
     "rollout-backends": rollout_backends_table,
     "pipeline": pipeline_table,
+    "smollm2": smollm2_table,
     "stage-times": stage_times_table,
     "reward-model-chain": reward_model_chain_table,
     "rloo-step": rloo_step_table,
@@ -419,6 +466,15 @@ def collect(run_dir: Path, out: Path, command: str, result: str | None = None) -
         "stage_seconds": stage_seconds,
         "results": json.loads(results[0].read_text()),
     }
+    # what the training stages reported of themselves (SFT's validation, the reward model's pairwise
+    # accuracy) and where the base model came from: figures the results file does not carry
+    models = run_dir / "results" / "models"
+    stages = {f.parent.name: json.loads(f.read_text()) for f in sorted(models.glob("*/metrics.json"))
+              if not f.parent.name.startswith("rloo")}
+    if (base := models / "base" / "base.json").is_file():
+        stages["base"] = json.loads(base.read_text())
+    if stages:
+        record["stage_metrics"] = stages
     if (run_dir / "results" / "comparison.json").is_file() and result is None:
         record["comparison"] = json.loads((run_dir / "results" / "comparison.json").read_text())
     out.write_text(json.dumps(record, indent=1) + "\n")

@@ -46,6 +46,8 @@ def test_every_stage_runs_once_on_the_dequantised_gguf_model(chain):
         assert "<|im_start|>" in (models / name / "chat_template.jinja").read_text(), name
     result = json.loads((chain["copy"] / "results" / "gsm8k_rloo.json").read_text())
     assert set(result["policies"]) >= {"sft", "rloo"}, result["policies"].keys()
+    # the instruct model as it came, evaluated beside them: base -> SFT -> RLOO
+    assert set(result["base"]["gains"]) == {"sft", "rloo"} and result["base"]["policy"]["kl"] != 0.0, result["base"]
 
 
 def test_prompts_and_sft_targets_are_the_chat_template(chain):

@@ -156,7 +156,6 @@ def test_results_file_matches_its_schema(micro_run, tmp_path):
     # the solution checker beside accuracy: figures, or n/a with a reason where nothing is annotated
     for p in result["policies"].values():
         check = p["solution_check"]
-        assert check["independent_of_training_reward"] is True
         assert (check["accuracy"] is None) == (check["annotated_share"] == 0) == ("reason" in check)
     lines = report.evaluate_lines(result)
     assert any(x.startswith("evaluate: RLOO − SFT = ") and "points (p " in x for x in lines), lines
@@ -178,11 +177,17 @@ def test_judge_independence_follows_the_training_reward():
     on_verifier = judge_independence("verifier", {"verifier"}, proxy=True)
     assert not on_verifier["accuracy"]["independent_of_training_reward"]
     assert not on_verifier["win_rate"]["independent_of_training_reward"]
-    assert on_verifier["proxy_reward"]["independent_of_training_reward"]
+    # the reward model learnt from verifier-labelled pairs: not independent of a verifier-trained policy
+    assert on_verifier["proxy_reward"]["independent_of_training_reward"] is False
+    assert on_verifier["solution_check"]["independent_of_training_reward"] is False  # its answer check is the verifier's
     on_model = judge_independence("llm", {"model"}, proxy=False)
     assert on_model["accuracy"]["independent_of_training_reward"] and "proxy_reward" not in on_model
     assert on_model["win_rate"] == {"graded_by": "llm", "independent_of_training_reward": True}
     assert not judge_independence("llm", {"judge"}, proxy=False)["win_rate"]["independent_of_training_reward"]
+    # no policy's metrics name its training reward: unknown, never independent by default
+    unknown = judge_independence("verifier", set(), proxy=True)
+    assert {k: v["independent_of_training_reward"] for k, v in unknown.items()} == dict.fromkeys(
+        ("accuracy", "win_rate", "solution_check", "proxy_reward"), None)
 
 
 def test_summary_names_the_checkpoint_and_every_alarm(tmp_path, capsys):

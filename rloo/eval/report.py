@@ -66,8 +66,9 @@ def evaluate_lines(result: dict) -> list[str]:
         if wr.get("value") is not None:
             ci = f" [{wr['ci95'][0]:.3f}, {wr['ci95'][1]:.3f}]" if wr.get("ci95") else ""
             lines.append(f"evaluate: {name} vs sft win rate {wr['value']:.3f}{ci} ({wr['wins']:.0f} wins, {wr['losses']:.0f} losses, "
-                         f"{wr['ties']:.0f} ties, a tie counting half; judge {'independent of' if independent else 'the same as'} "
-                         "the training reward)")
+                         f"{wr['ties']:.0f} ties, a tie counting half; "
+                         + {True: "judge independent of the training reward", False: "judge the same as the training reward",
+                            None: "judge's independence unknown: no training metrics"}[independent] + ")")
     return lines
 
 

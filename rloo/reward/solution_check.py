@@ -110,7 +110,7 @@ def summarize(sampled: list[list[str]], greedy: list[str], golds: list[str]) -> 
     greedy_checked = [check(t, g) for t, g in zip(greedy, golds, strict=True)]
     annotated = sum(c.annotations > 0 for c in draws) / len(draws) if draws else 0.0
     out = {"accuracy": None, "accuracy_greedy": None, "right_answer_wrong_work_share": None,
-           "annotated_share": annotated, "completions": len(draws), "independent_of_training_reward": True}
+           "annotated_share": annotated, "completions": len(draws)}
     if not any(c.annotations for c in draws + greedy_checked):
         return {**out, "reason": NO_ANNOTATIONS}  # n/a, not 0: nothing was checked
     right_answer = [c for c in draws if c.right_answer]

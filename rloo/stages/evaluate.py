@@ -165,23 +165,29 @@ def _evaluate(cfg: dict, judge, data_dir, sft_dir, policies: dict[str, str], out
 
 
 def judge_independence(pairwise: str, training_rewards: set[str], proxy: bool) -> dict:
-    """Each figure's judge, and whether it is independent of the reward the policies were trained on.
+    """Each figure's judge, and whether it is independent of the reward the policies were trained on:
+    true, false, or null (unknown) when no policy's training metrics name its reward.
 
     Accuracy is graded by the verifier against the gold answers; the pairwise win rate by `pairwise`
-    (verifier or llm); the proxy is the trained reward model's opinion.
+    (verifier or llm); the proxy is the trained reward model's opinion, and that model learnt from
+    verifier-labelled pairs; the solution checker's accuracy includes the verifier's final-answer check.
     """
-    def independent(source: str) -> bool:
-        return not training_rewards or source not in training_rewards
+    def independent(*sources: str) -> bool | None:
+        if not training_rewards:  # missing metrics are not evidence of independence
+            return None
+        return not any(s in training_rewards for s in sources)
 
     out = {
         "accuracy": {"graded_by": "verifier", "independent_of_training_reward": independent("verifier")},
         "win_rate": {"graded_by": pairwise, "independent_of_training_reward": independent(
             "verifier" if pairwise == "verifier" else "judge")},
+        # right answer (the verifier's check) and right work: only the work is the checker's own
+        "solution_check": {"graded_by": "solution checker (the verifier's final answer, and every annotation)",
+                           "independent_of_training_reward": independent("verifier")},
     }
-    # The work the training reward never reads: independent whatever the policies were trained on.
-    out["solution_check"] = {"graded_by": "solution checker", "independent_of_training_reward": True}
     if proxy:
-        out["proxy_reward"] = {"graded_by": "reward model", "independent_of_training_reward": independent("model")}
+        out["proxy_reward"] = {"graded_by": "reward model (trained on verifier-labelled pairs)",
+                               "independent_of_training_reward": independent("model", "verifier")}
     return out
 
 

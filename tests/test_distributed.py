@@ -316,7 +316,7 @@ def test_two_processes_train_the_reward_model_as_one(micro_run, single_reward, t
     _run(_reward_cmd(micro_run, tmp_path, f"distributed.strategy={strategy}", "tracking.enabled=true",
                      "reward.checkpoint_every=2", nproc=2), env)
     weights, history, metrics = single_reward
-    start = models.load_reward_model(micro_run["sft"]).state_dict()  # the head is seeded: the same start
+    start = models.load_reward_model(micro_run["sft"], trained=False).state_dict()  # the head is seeded: the same start
     got = _reward_weights(tmp_path / "out")
     assert _diff(weights, start) > 1e-4  # the steps moved the weights
     print(f"reward {strategy}: max |dw| {_diff(got, weights):.3g}")
@@ -349,7 +349,7 @@ def test_two_processes_in_micro_batches_train_sft_and_the_reward_model_as_one(mi
     _close(_weights(tmp_path / "sft" / "out"), single_sft[0], _weights(micro_run["base_model"]), ATOL["sft"])
     _run(_reward_cmd(micro_run, tmp_path / "reward", "distributed.strategy=fsdp", "reward.micro_batch_tokens=1",
                      nproc=2))
-    start = models.load_reward_model(micro_run["sft"]).state_dict()
+    start = models.load_reward_model(micro_run["sft"], trained=False).state_dict()
     _close(_reward_weights(tmp_path / "reward" / "out"), single_reward[0], start, ATOL["reward"])
 
 

@@ -79,7 +79,7 @@ def test_the_folder_loads_as_a_hub_model(qwen_dir, qwen_nopad_dir):
     lm = models.load_causal_lm(qwen_dir)
     assert lm.config.model_type == "qwen2" and lm.model.layers[0].self_attn.q_proj.bias is not None
     assert decode.supports(lm)  # the lean loop covers Qwen2, biases included (tests/test_models.py)
-    assert type(models.load_reward_model(qwen_dir)).__name__ == "Qwen2ForSequenceClassification"
+    assert type(models.load_reward_model(qwen_dir, trained=False)).__name__ == "Qwen2ForSequenceClassification"
     nopad = models.load_tokenizer(qwen_nopad_dir)
     assert nopad.pad_token == nopad.eos_token == "<|im_end|>"  # no pad token: pad with the EOS
     assert len(nopad) == len(tok)  # no token added, no embedding row to grow
@@ -200,7 +200,7 @@ def test_pad_equal_to_eos_ends_each_row_at_its_first_eos():
 
 def test_reward_head_reads_the_eos_when_pad_is_eos(qwen_nopad_dir, rows):
     tok = models.load_tokenizer(qwen_nopad_dir)
-    rm = models.load_reward_model(qwen_nopad_dir)
+    rm = models.load_reward_model(qwen_nopad_dir, trained=False)
     rm.config.pad_token_id = tok.pad_token_id  # as the reward stage saves it: the EOS
     fmt = PromptFormat(tok, _cfg(qwen_nopad_dir)["prompt"])
     texts = [fmt.prompt(r["question"]) + r["answer"] for r in rows[:3]]

@@ -232,7 +232,7 @@ def test_reward_model_with_lora_writes_a_merged_model(micro_run, tmp_path):
     """The reward stage with LoRA: adapters on the backbone, the new score head trained whole, merged."""
     reward.run(_stage_cfg(micro_run), micro_run["data"], micro_run["sft"], tmp_path / "out", tmp_path / "work")
     out = _load_exactly(AutoModelForSequenceClassification, tmp_path / "out")
-    start = models.load_reward_model(micro_run["sft"]).state_dict()  # a fresh head: a different init
+    start = models.load_reward_model(micro_run["sft"], trained=False).state_dict()  # a fresh head: a different init
     sft_weights = models.load_causal_lm(micro_run["sft"]).state_dict()
     assert all(torch.equal(out[k], sft_weights[k]) for k in out if "norm" in k or "embed" in k)
     assert float((out["model.layers.0.self_attn.q_proj.weight"]

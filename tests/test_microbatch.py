@@ -189,7 +189,7 @@ def test_micro_batched_reward_step_has_the_one_pass_gradient(micro_run):
 
     cfg = micro_run["cfg"]
     tok = models.load_tokenizer(micro_run["sft"])
-    model = models.load_reward_model(micro_run["sft"], trainable=True)
+    model = models.load_reward_model(micro_run["sft"], trained=False, trainable=True)
     model.config.pad_token_id = tok.pad_token_id
     fmt = PromptFormat(tok, cfg["prompt"])
     rows = _rows(micro_run)[:10]

@@ -122,7 +122,7 @@ def test_model_device_placement(tmp_path):
     expected = "cuda" if torch.cuda.is_available() else "cpu"
     assert resolve_device("auto").type == expected
     assert model_device(models.load_causal_lm(tmp_path, device="auto")).type == expected
-    assert model_device(models.load_reward_model(tmp_path, device="cpu")).type == "cpu"
+    assert model_device(models.load_reward_model(tmp_path, trained=False, device="cpu")).type == "cpu"
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match=r"model\.device is 'cuda'"):
             models.load_causal_lm(tmp_path, device="cuda")
@@ -219,3 +219,17 @@ def test_chunked_completion_pass_equals_the_plain_pass(micro_run, chunk_rows):
     torch.testing.assert_close(ent * mask, token_entropy(logits.detach()) * mask, atol=2e-5, rtol=0)
     torch.testing.assert_close(grad, plain_grad, atol=1e-5, rtol=1e-4)
     assert grad.abs().sum() > 0
+
+
+def test_a_trained_reward_model_without_its_head_is_refused(tmp_path):
+    """A causal-LM folder passed where a trained reward model is read would score with a random head
+    (transformers' warning is hidden): one error names the folder instead; growing one is still allowed."""
+    from rloo.errors import InputError
+
+    _tiny(tmp_path)
+    with pytest.raises(InputError, match=f"{tmp_path}: not a trained reward model"):
+        models.load_reward_model(tmp_path)
+    grown = models.load_reward_model(tmp_path, trained=False)
+    folder = tmp_path / "rm"
+    grown.save_pretrained(folder)
+    assert type(models.load_reward_model(folder)).__name__.endswith("ForSequenceClassification")

@@ -179,7 +179,7 @@ def test_decaying_schedule_logs_the_lr_used_and_pins_the_step_count(micro_run, t
 def test_non_finite_reward_model_scores_become_missing_rewards(micro_run, tmp_path):
     from rloo.reward.rewards import RewardModelReward
 
-    rm = models.load_reward_model(micro_run["sft"])
+    rm = models.load_reward_model(micro_run["sft"], trained=False)
     rm.config.pad_token_id = models.load_tokenizer(micro_run["sft"]).pad_token_id
     with torch.no_grad():
         rm.score.weight.fill_(float("inf"))  # a broken reward model: every score is ±inf or NaN

@@ -152,10 +152,27 @@ def load_critic(path: str | Path, **options) -> PreTrainedModel:
     return _load(AutoModelForTokenClassification, path, **_options(options), num_labels=1)
 
 
-def load_reward_model(path: str | Path, **options) -> PreTrainedModel:
-    """A one-label sequence classifier (Bradley-Terry reward model); a causal LM folder gets a new head.
-    Takes `load_causal_lm`'s options."""
+def load_reward_model(path: str | Path, trained: bool = True, **options) -> PreTrainedModel:
+    """A one-label sequence classifier (Bradley-Terry reward model). Takes `load_causal_lm`'s options.
+    A causal LM folder gets a new, random head only where that is the point (`trained=False`: the reward
+    stage growing one from SFT); a *trained* reward model without its head is an error, not noise."""
+    if trained:
+        require_reward_head(path)
     return _load(AutoModelForSequenceClassification, path, **_options(options), num_labels=1)
+
+
+def require_reward_head(path: str | Path) -> None:
+    """`path` is a saved sequence classifier (its config names a *ForSequenceClassification class), or
+    one line says it is not. A hub id is transformers' to resolve."""
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return
+    import json
+
+    arch = json.loads(config.read_text()).get("architectures") or []
+    if not any(a.endswith("ForSequenceClassification") for a in arch):
+        raise InputError(f"{path}: not a trained reward model (config.json architectures {arch}, no "
+                         "*ForSequenceClassification head): loading it would score with a random head")
 
 
 def _prepare(model: PreTrainedModel, trainable: bool, device: str) -> PreTrainedModel:

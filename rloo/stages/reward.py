@@ -148,7 +148,7 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
     init = rcfg["init"] or policy_dir
     tok = models.load_tokenizer(policy_dir, mcfg["trust_remote_code"])
     # With LoRA: adapters on the backbone, the new score head trained whole (peft's SEQ_CLS task).
-    model, adapted = models.for_training(models.load_reward_model(init, **models.load_options(mcfg), trainable=True),
+    model, adapted = models.for_training(models.load_reward_model(init, trained=False, **models.load_options(mcfg), trainable=True),
                                          mcfg, "SEQ_CLS")
     model.config.pad_token_id = tok.pad_token_id
     fmt = PromptFormat(tok, cfg["prompt"])

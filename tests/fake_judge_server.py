@@ -1,12 +1,12 @@
 """A real (tiny) OpenAI-compatible judge server for the tests of rloo.reward.judge_server without vLLM.
 
-    python tests/fake_judge_server.py PORT [--child] [--ignore-sigterm] [--delay S] [--seen FILE]
+    python tests/fake_judge_server.py PORT [--child] [--ignore-sigterm] [--delay S] [--seen FILE] [--reply TEXT]
 
 GET /health answers 200, POST /v1/chat/completions answers "A" (so every pair is a tie: a non-null win
 rate) when the request carries `Bearer $VLLM_API_KEY`, else 401. `--child` starts a second process in
 the same process group (as vLLM starts its engine core), printing both pids; `--ignore-sigterm` makes
 both ignore SIGTERM (only SIGKILL stops them); `--delay` waits before each answer; `--seen` gets a line
-per chat request.
+per chat request; `--reply` answers that text instead of "A".
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ def main() -> None:
     ap.add_argument("--ignore-sigterm", action="store_true")
     ap.add_argument("--delay", type=float, default=0.0)
     ap.add_argument("--seen", default=None)
+    ap.add_argument("--reply", default="A")
     args = ap.parse_args()
     if args.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -53,7 +54,7 @@ def main() -> None:
                 return
             self._send(200, json.dumps({
                 "id": "x", "object": "chat.completion", "created": 0, "model": "judge",
-                "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "A"}}],
+                "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": args.reply}}],
             }).encode())
 
         def _send(self, code: int, body: bytes) -> None:

@@ -203,3 +203,25 @@ def test_a_judge_that_cannot_start_fails_the_stage_with_one_line(micro_run, tmp_
                         rf"before answering /health; its log: {re.escape(str(judge_log))}", last), res.stderr[-2000:]
     assert "unrecognized arguments: --no-such-flag" in res.stderr  # the server's own words, from its log
     assert not (tmp_path / "gsm8k_rloo.json").exists()
+
+
+def test_a_judge_whose_replies_never_parse_fails_like_one_that_is_down(tmp_path):
+    """A judge that answers every call with no verdict in it is counted against
+    evaluate.llm_judge.max_failed_share with the failed calls, not passed with a null win rate."""
+    from rloo.reward.judges import JudgeUnavailable, LLMJudge, win_rate
+
+    port = free_port()
+    with serve(fake(port, "--reply", "I cannot decide."), tmp_path / "j.log", what="fake", port=port) as server:
+        judge = LLMJudge(server.base_url, "judge", "NO_SUCH_KEY_ENV", 10.0, 0, max_failed_share=0.01,
+                         api_key="EMPTY")
+        wr = win_rate(judge, ["q1", "q2"], ["1", "2"], ["#### 1", "#### 3"], ["#### 2", "#### 2"])
+        assert wr.invalid == 2 and judge.calls == 4 and judge.failed == 0 and judge.unparsed == 4
+        with pytest.raises(JudgeUnavailable, match=r"0 of 4 LLM-judge calls .* failed and 4 answered without a verdict"):
+            judge.check()
+    # the same server answering a verdict passes, and records that none went unparsed
+    port = free_port()
+    with serve(fake(port), tmp_path / "k.log", what="fake", port=port) as server:
+        judge = LLMJudge(server.base_url, "judge", "NO_SUCH_KEY_ENV", 10.0, 0, max_failed_share=0.01,
+                         api_key="EMPTY")
+        win_rate(judge, ["q1"], ["1"], ["#### 1"], ["#### 2"])
+        assert judge.check() == {"calls": 2, "failed_calls": 0, "failed_share": 0.0, "unparsed_replies": 0}

@@ -107,6 +107,7 @@ class LLMJudge:
         self.description = {"type": "llm", "base_url": base_url, "model": model}
         self.calls = 0
         self.failed = 0
+        self.unparsed = 0  # answered, but with no verdict in the reply: as useless as a failed call
         self.last_error = ""
 
     def judge(self, question: str, gold: str, answer_a: str, answer_b: str) -> Verdict:
@@ -127,17 +128,23 @@ class LLMJudge:
                     f"failed ({self.last_error}, {self.max_retries} retries each); start it, or set "
                     "evaluate.judge: verifier") from None
             return None
-        return parse_verdict(resp.choices[0].message.content)
+        verdict = parse_verdict(resp.choices[0].message.content)
+        if verdict is None:
+            self.unparsed += 1
+            self.last_error = f"unparsed reply {resp.choices[0].message.content!r:.40}"
+        return verdict
 
     def check(self) -> dict:
-        """The calls' record for the results; raise when more failed than `max_failed_share` allows."""
+        """The calls' record for the results; raise when more failed, or answered without a verdict,
+        than `max_failed_share` allows (a judge whose replies never parse is as absent as a down one)."""
         share = self.failed / self.calls if self.calls else 0.0
-        if share > self.max_failed_share:
+        useless = (self.failed + self.unparsed) / self.calls if self.calls else 0.0
+        if useless > self.max_failed_share:
             raise JudgeUnavailable(
-                f"{self.failed} of {self.calls} LLM-judge calls to {self.base_url} failed "
-                f"({share:.1%}, last: {self.last_error}), more than evaluate.llm_judge.max_failed_share="
-                f"{self.max_failed_share}")
-        return {"calls": self.calls, "failed_calls": self.failed, "failed_share": share}
+                f"{self.failed} of {self.calls} LLM-judge calls to {self.base_url} failed and {self.unparsed} "
+                f"answered without a verdict ({useless:.1%}, last: {self.last_error}), more than "
+                f"evaluate.llm_judge.max_failed_share={self.max_failed_share}")
+        return {"calls": self.calls, "failed_calls": self.failed, "failed_share": share, "unparsed_replies": self.unparsed}
 
     @classmethod
     def from_config(cls, cfg: dict, base_url: str | None = None, api_key: str | None = None) -> LLMJudge:

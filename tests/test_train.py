@@ -177,19 +177,27 @@ def test_decaying_schedule_logs_the_lr_used_and_pins_the_step_count(micro_run, t
 
 
 def test_non_finite_reward_model_scores_become_missing_rewards(micro_run, tmp_path):
-    from rloo.reward.rewards import RewardModelReward
+    from rloo.reward.rewards import BrokenRewardError, RewardModelReward
 
     rm = models.load_reward_model(micro_run["sft"], trained=False)
-    rm.config.pad_token_id = models.load_tokenizer(micro_run["sft"]).pad_token_id
+    tok = models.load_tokenizer(micro_run["sft"])
+    rm.config.pad_token_id = tok.pad_token_id
     with torch.no_grad():
+        weight = rm.score.weight.clone()
         rm.score.weight.fill_(float("inf"))  # a broken reward model: every score is ±inf or NaN
-    reward = RewardModelReward(rm, models.load_tokenizer(micro_run["sft"]), batch_size=4)
-    scores = reward.score(["Question: q\nAnswer:"] * 3, [" #### 1", "", " x"], ["#### 1"] * 3, [True] * 3)
-    assert torch.isnan(scores).all() and reward.nonfinite == 3
+    reward = RewardModelReward(rm, tok, batch_size=4)
+    # every score of the batch non-finite: the source is broken, and the run stops rather than train on nothing
+    with pytest.raises(BrokenRewardError, match="non-finite scores to all 3 completions"):
+        reward.score(["Question: q\nAnswer:"] * 3, [" #### 1", "", " x"], ["#### 1"] * 3, [True] * 3)
+    with torch.no_grad():
+        rm.score.weight.copy_(weight)
     trainer = rloo_stage.Trainer(_cfg(micro_run, k=2), micro_run["sft"], reward, _train_rows(micro_run))
+    # some scores non-finite: those rewards are missing, their groups degenerate, the step stays finite
+    real = reward.score
+    reward.score = lambda *a: torch.where(torch.arange(len(a[0])) < 2, math.nan, real(*a))
     m = trainer.step(0)
-    assert m["train/missing_rewards"] == 8 and m["train/degenerate_groups"] == 4
-    assert m["train/grad_norm"] == 0.0 and math.isfinite(m["train/loss"])
+    assert m["train/missing_rewards"] == 2 and m["train/degenerate_groups"] >= 1
+    assert math.isfinite(m["train/grad_norm"]) and math.isfinite(m["train/loss"])
 
 
 def test_empty_completions_score_zero_and_train(micro_run):

@@ -14,6 +14,7 @@ from typing import Protocol
 import torch
 
 from rloo.data.prompting import PromptFormat
+from rloo.errors import UserError
 from rloo.reward.verifier import is_correct
 
 log = logging.getLogger("rloo.reward.rewards")
@@ -41,6 +42,10 @@ class VerifierReward:
         )
 
 
+class BrokenRewardError(UserError, RuntimeError):
+    """The reward source scored none of a batch: training on it would be training on nothing."""
+
+
 class RewardModelReward:
     """The scalar head of a sequence classifier on prompt + completion, scored in batches."""
 
@@ -58,6 +63,10 @@ class RewardModelReward:
         texts = [p + c for p, c in zip(prompts, completions, strict=True)]
         scores = score_texts(self.model, self.format, texts, self.batch_size, self.max_length)
         bad = ~torch.isfinite(scores)
+        if len(scores) and bad.all():  # a broken model, not a few missing rewards: stop, do not train at zero advantage
+            self.nonfinite += int(bad.sum())
+            raise BrokenRewardError(f"the reward model gave non-finite scores to all {len(scores)} completions of "
+                                    "the batch: it is broken (diverged, or a damaged file); the run stops here")
         if bad.any():
             n = int(bad.sum())
             self.nonfinite += n

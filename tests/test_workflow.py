@@ -220,7 +220,8 @@ def test_compare_stage_on_real_results(run, tmp_path):
     table = compare.run({e: c / f"results/gsm8k_{e}.json" for e in ("rloo", "grpo")},
                         tmp_path / "comparison.json", tmp_path / "comparison.png")
     assert set(table["estimators"]) == {"rloo", "grpo"}
-    assert table["checks"] == {"same_data": True, "same_examples": True, "same_sft_accuracy": True}
+    assert table["checks"] == dict.fromkeys(("same_data", "same_examples", "same_sft_accuracy", "same_steps",
+                                             "same_samples_per_step"), True)
     for e in ("rloo", "grpo"):  # each estimator's paired comparison with SFT, from its evaluation
         gains = json.loads((c / f"results/gsm8k_{e}.json").read_text())["gains"][e]
         assert table["estimators"][e]["gain_vs_sft"] == gains and "ci95" in gains["sampled"]

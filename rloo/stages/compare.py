@@ -57,12 +57,11 @@ def compare(results: dict[str, dict]) -> dict[str, Any]:
             "gain_vs_sft": (res.get("gains") or {}).get(policy),
             "training": {k: training.get(k) for k in TRAINING_KEYS if k in training},
         }
+    checks = require_fair(results, rows)
     _samples_to_target(rows, results)
     first = next(iter(results.values()))
     sft = {k: first["policies"]["sft"].get(k) for k in POLICY_KEYS}
     manifests = {name: res.get("data_manifest_sha256") for name, res in results.items()}
-    examples = {name: res.get("examples") for name, res in results.items()}
-    sft_accuracy = {name: res["policies"]["sft"].get("accuracy") for name, res in results.items()}
     best = max(rows, key=lambda n: (rows[n]["accuracy"] is not None, rows[n]["accuracy"] or 0.0))
     return {
         "estimators": rows,
@@ -70,14 +69,30 @@ def compare(results: dict[str, dict]) -> dict[str, Any]:
         "best_by_accuracy": best,
         "judge": first.get("judge"),
         "examples": first.get("examples"),
-        "checks": {
-            # The comparison is only fair if every estimator saw the same data and the same SFT start.
-            "same_data": len(set(manifests.values())) == 1,
-            "same_examples": len(set(examples.values())) == 1,
-            "same_sft_accuracy": len(set(sft_accuracy.values())) == 1,
-        },
+        "checks": checks,
         "data_manifest_sha256": manifests,
     }
+
+
+def require_fair(results: dict[str, dict], rows: dict[str, dict]) -> dict[str, bool]:
+    """Every estimator saw the same data, problems and SFT start, and trained as many steps on as many
+    samples, or one error names what differs; a run with no data manifest cannot show it saw the same data."""
+    facts = {
+        "same_data": {n: r.get("data_manifest_sha256") for n, r in results.items()},
+        "same_examples": {n: r.get("examples") for n, r in results.items()},
+        "same_sft_accuracy": {n: (r["policies"]["sft"].get("accuracy"), r["policies"]["sft"].get("accuracy_sampled"))
+                              for n, r in results.items()},
+        "same_steps": {n: row["training"].get("steps") for n, row in rows.items()},
+        "same_samples_per_step": {n: row["training"].get("samples_per_step") for n, row in rows.items()},
+    }
+    if missing := [n for n, m in facts["same_data"].items() if m is None]:
+        raise InputError(f"compare: {', '.join(missing)}: no data manifest in the result, so the same data cannot be shown")
+    unequal = {check: values for check, values in facts.items() if len(set(values.values())) > 1}
+    if unequal:
+        raise InputError("compare: the runs are not comparable: " + "; ".join(
+            f"{check.removeprefix('same_').replace('_', ' ')} differs ({', '.join(f'{n}: {v}' for n, v in values.items())})"
+            for check, values in unequal.items()))
+    return dict.fromkeys(facts, True)
 
 
 # The method description's accounting: a trained parameter costs 16 bytes (bf16 weights and gradients,

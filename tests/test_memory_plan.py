@@ -158,11 +158,18 @@ def test_gpu_config_fits_80_gb_not_16(capsys):
     assert len(err) == 1 and err[0].startswith("rloo plan: sft needs") and "lower sft.micro_batch_tokens" in err[0], err
 
 
-def test_a_hub_model_without_config_json_or_shape_names_model_shape():
+def test_a_hub_model_without_config_json_or_shape_names_model_shape(tmp_path):
     cfg = _cfg("model.name_or_path=nobody/not-cached-anywhere", "model.shape=null")
     with pytest.raises(UserError, match=r"model\.shape"):
         model_shape(cfg)
-    assert model_shape(_cfg())[0] == QWEN_05B or model_shape(_cfg())[1].endswith("config.json")
+    # no config.json anywhere: model.shape, gpu.yaml's Qwen2.5-0.5B
+    assert model_shape(_cfg("model.name_or_path=nobody/not-cached-anywhere")) == (QWEN_05B, "model.shape")
+    # a folder's config.json wins over model.shape
+    (tmp_path / "config.json").write_text(json.dumps({
+        "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "intermediate_size": 128, "vocab_size": 1000, "tie_word_embeddings": False}))
+    shape, source = model_shape(_cfg(f"model.name_or_path={tmp_path}"))
+    assert shape == Shape(64, 2, 4, 2, 128, 1000, False) and source == f"{tmp_path} config.json"
 
 
 @pytest.mark.slow

@@ -29,13 +29,12 @@ def setup(threads: int | None, seed: int) -> int:
     # A hub is never contacted for the embedded default; these keep transformers and datasets quiet.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    try:
-        import transformers
+    import transformers
 
-        transformers.utils.logging.disable_progress_bar()
-        transformers.utils.logging.set_verbosity_error()
-    except Exception:  # pragma: no cover - logging niceties only
-        pass
+    transformers.utils.logging.disable_progress_bar()
+    # Its warnings are errors here where they matter: a trained reward model without its head is refused
+    # by models.load_reward_model rather than announced as "newly initialized" weights.
+    transformers.utils.logging.set_verbosity_error()
     configure_logging()
     return threads
 

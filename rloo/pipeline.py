@@ -167,10 +167,12 @@ def sweep_stages(cfg: dict, name: str) -> frozenset[str]:
 
 
 def sweep_variant(cfg: dict, name: str, point: str) -> Variant:
-    """Point `point` of sweep `name` as a variant of the chain (a template point id, not in the grid,
-    gets the grid's first values: the DVC compiler's template job)."""
+    """Point `point` of sweep `name` as a variant of the chain; a point id not in the grid is an error
+    naming the grid's points (never another point's values)."""
     points = sweep_grid(cfg, name)
-    values = points.get(point) or next(iter(points.values()))
+    if point not in points:
+        raise InputError(f"sweep {name}: no point '{point}' in its grid (sweeps.{name}); points: {', '.join(points)}")
+    values = points[point]
     return Variant(SWEEP_FOLDER.format(sweep=name, point=point), f"sweep={name},{point_label(values)}",
                    dict(values), sweep_stages(cfg, name))
 

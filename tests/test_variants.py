@@ -23,6 +23,7 @@ from workflow_helpers import CONFIGFILES, ROOT, env_for, job_counts, make_copy, 
 
 from rloo import cli, pipeline, tracking
 from rloo.config import ConfigError, load_config, stage_config
+from rloo.errors import InputError
 from rloo.eval.seed_table import aggregate
 from rloo.eval.stats import t_interval
 from rloo.eval.sweep_table import table
@@ -88,6 +89,9 @@ def test_a_sweep_point_reruns_only_the_stages_reading_its_keys(axes, varied):
     assert v.varied == varied and v.folder == f"sweeps/s/{pid}"
     assert pipeline.outputs("prepare", cfg, variant=v) == pipeline.outputs("prepare", cfg)  # shared
     assert point_id(points[pid]) == pid  # stable: a function of the point's values
+    # a well-formed id that is not a point of this grid gets no point's values: one error listing them
+    with pytest.raises(InputError, match=rf"sweep s: no point 'p0000000' in its grid .* points: {pid}"):
+        sweep_variant(cfg, "s", "p0000000")
 
 
 def test_variant_jobs_get_mlflow_runs_named_after_their_seed():

@@ -28,8 +28,7 @@ class HFRollout:
         self.model, self.lean = model, lean
 
     def generate(self, prompts: list[list[int]], **kwargs) -> Rollout:
-        # the sampler's own log-probabilities, for the mismatch metrics and the rollout correction
-        return generate(self.model, prompts, lean=self.lean, logprobs=True, **kwargs)
+        return generate(self.model, prompts, lean=self.lean, **kwargs)
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         self.model = model  # already the live weights: nothing to copy

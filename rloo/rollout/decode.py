@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from rloo.model.logprobs import kv_cache, left_pad, model_device, positions, unique_rows
 from rloo.model.lora import adapter_weight
-from rloo.rollout.sampling import Rollout, gumbel_noise, next_token_logprob, noise_generator
+from rloo.rollout.sampling import Rollout, gumbel_noise, next_token, noise_generator
 
 SUPPORTED = ("llama", "qwen2", "mistral")
 
@@ -102,7 +102,7 @@ def generate(model: torch.nn.Module, prompts: list[list[int]], **sampling):
 def _generate(model, prompts, dtype, *, max_new_tokens: int, eos_id: int, pad_id: int, greedy: bool = False,
               temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
               generator: torch.Generator | None = None, compact: bool = True,
-              noise_rows: tuple[int, int] | None = None, logprobs: bool = False):
+              noise_rows: tuple[int, int] | None = None):
 
     device = model_device(model)
     w = _Weights(model, dtype)
@@ -144,19 +144,16 @@ def _generate(model, prompts, dtype, *, max_new_tokens: int, eos_id: int, pad_id
     tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long, device=device)
     mask = torch.zeros((batch, max_new_tokens), dtype=torch.bool, device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
-    token_lp = torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device) if logprobs and not greedy else None
     done = row_of < 0  # per slot: finished (or an empty slot)
     steps = 0
     for t in range(max_new_tokens):
         real = row_of >= 0
         rows = row_of.clamp(min=0)
         gumbel = None if greedy else gumbel_noise(drawn, logits.shape[-1], noise, device)[offset + rows]
-        nxt, lp = next_token_logprob(logits, greedy, temperature, top_p, top_k, gumbel, token_lp is not None)
+        nxt = next_token(logits, greedy, temperature, top_p, top_k, gumbel)
         live = ~done
         nxt = torch.where(live, nxt, pad_id)
         tokens[rows[live], t], mask[rows[live], t] = nxt[live], True
-        if lp is not None:
-            token_lp[rows[live], t] = lp[live]
         steps = t + 1
         done = done | (nxt == eos_id)
         finished[rows[real & done]] = True
@@ -186,4 +183,4 @@ def _generate(model, prompts, dtype, *, max_new_tokens: int, eos_id: int, pad_id
             gate, up = F.linear(F.rms_norm(x, (w.hidden,), w_post, w.eps), w_gu, b_gu).chunk(2, -1)
             x = x + F.linear(F.silu(gate) * up, w_down, b_down)
         logits = F.linear(F.rms_norm(x, (w.hidden,), w.norm, w.eps), w.lm_head, w.lm_bias).float()
-    return Rollout.from_buffers(prompt_ids, prompt_mask, tokens, mask, finished, steps, token_lp)
+    return Rollout.from_buffers(prompt_ids, prompt_mask, tokens, mask, finished, steps)

@@ -6,7 +6,7 @@ import torch
 
 from rloo.model.logprobs import cache_kwarg, kv_cache, left_pad, model_device, positions, unique_rows
 from rloo.rollout import decode
-from rloo.rollout.sampling import Rollout, gumbel_noise, next_token_logprob, noise_generator
+from rloo.rollout.sampling import Rollout, gumbel_noise, next_token, noise_generator
 
 
 @torch.no_grad()
@@ -15,7 +15,7 @@ def generate(
     prompts: list[list[int]],
     *, max_new_tokens: int, eos_id: int, pad_id: int, greedy: bool = False, temperature: float = 1.0,
     top_p: float = 1.0, top_k: int = 0, generator: torch.Generator | None = None,
-    compact: bool = True, lean: bool = True, noise_rows: tuple[int, int] | None = None, logprobs: bool = False,
+    compact: bool = True, lean: bool = True, noise_rows: tuple[int, int] | None = None,
 ) -> Rollout:
     """Complete every prompt once; stops early when all rows have produced EOS.
 
@@ -29,13 +29,12 @@ def generate(
     `noise_rows=(offset, total)`: these prompts are rows offset.. of a batch of `total` rows (one
     process's share of a data-parallel step): each token's noise is drawn for all `total` rows, as one
     process sampling the whole batch draws it, and these rows read theirs, so that the processes
-    together sample exactly what one would. `logprobs=True`: also each sampled token's log-probability
-    under the distribution it was drawn from (Rollout.logprobs; not when greedy).
+    together sample exactly what one would.
     """
     if lean and decode.supports(model):
         return decode.generate(model, prompts, max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id,
                                greedy=greedy, temperature=temperature, top_p=top_p, top_k=top_k,
-                               generator=generator, compact=compact, noise_rows=noise_rows, logprobs=logprobs)
+                               generator=generator, compact=compact, noise_rows=noise_rows)
     device = model_device(model)
     noise = None if greedy else noise_generator(generator, device)
     prompt_ids, prompt_mask = (t.to(device) for t in left_pad(prompts, pad_id))
@@ -62,16 +61,12 @@ def generate(
     tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long, device=device)
     mask = torch.zeros((batch, max_new_tokens), dtype=torch.bool, device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
-    token_lp = torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device) if logprobs and not greedy else None
     steps = 0
     for t in range(max_new_tokens):
         gumbel = None if greedy else gumbel_noise(drawn, logits.shape[-1], noise, device)[offset + rows]
         live = ~finished[rows]  # all True when compacting; else finished rows ride along as padding
-        nxt, lp = next_token_logprob(logits, greedy, temperature, top_p, top_k, gumbel, token_lp is not None)
-        nxt = torch.where(live, nxt, pad_id)
+        nxt = torch.where(live, next_token(logits, greedy, temperature, top_p, top_k, gumbel), pad_id)
         tokens[rows, t], mask[rows, t] = nxt, live
-        if lp is not None:
-            token_lp[rows, t] = torch.where(live, lp, 0.0)
         steps = t + 1
         finished[rows[live & (nxt == eos_id)]] = True
         if bool(finished.all()):
@@ -86,4 +81,4 @@ def generate(
             input_ids=nxt[:, None], attention_mask=attn, position_ids=last_pos, use_cache=True, **{cache_kw: cache}
         )
         cache, logits = kv_cache(out), out.logits[:, -1]
-    return Rollout.from_buffers(prompt_ids, prompt_mask, tokens, mask, finished, steps, token_lp)
+    return Rollout.from_buffers(prompt_ids, prompt_mask, tokens, mask, finished, steps)

@@ -15,9 +15,7 @@ class Rollout:
     completions: torch.Tensor  # [B, T] right-padded with pad_id after the first EOS
     completion_mask: torch.Tensor  # [B, T] bool: tokens up to and including the first EOS
     finished: torch.Tensor  # [B] bool: the completion ended with EOS (not truncated)
-    # [B, T] the sampler's own log-prob of each token under the distribution it drew from (after
-    # temperature, top-k, top-p): vLLM's, or the HF loops' when asked for (`logprobs=True`); 0 at padding
-    logprobs: torch.Tensor | None = None
+    logprobs: torch.Tensor | None = None  # [B, T] the sampler's own log-prob of each token (vLLM only)
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -30,11 +28,9 @@ class Rollout:
 
     @classmethod
     def from_buffers(cls, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, tokens: torch.Tensor,
-                     mask: torch.Tensor, finished: torch.Tensor, steps: int,
-                     logprobs: torch.Tensor | None = None) -> Rollout:
+                     mask: torch.Tensor, finished: torch.Tensor, steps: int) -> Rollout:
         """The rollout of a decode loop's preallocated buffers, cut to the `steps` it ran."""
-        return cls(prompt_ids, prompt_mask, tokens[:, :steps], mask[:, :steps], finished,
-                   None if logprobs is None else logprobs[:, :steps])
+        return cls(prompt_ids, prompt_mask, tokens[:, :steps], mask[:, :steps], finished)
 
     def clone(self) -> Rollout:
         """A copy whose tensors are ordinary ones (usable by autograd even if made under inference mode)."""
@@ -58,24 +54,9 @@ def next_token(
     gumbel: torch.Tensor | None,
 ) -> torch.Tensor:
     """Greedy, or a sample by the Gumbel-max trick: argmax(logits / T + g) with g ~ Gumbel(0, 1)."""
-    return next_token_logprob(logits, greedy, temperature, top_p, top_k, gumbel, False)[0]
-
-
-def next_token_logprob(
-    logits: torch.Tensor,
-    greedy: bool,
-    temperature: float,
-    top_p: float,
-    top_k: int,
-    gumbel: torch.Tensor | None,
-    with_logprob: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`next_token`, and (`with_logprob`) each token's log-probability under the processed distribution
-    it was drawn from: log softmax(filtered logits / T), what the sampler really sampled (not the raw
-    model's, trl#6789); greedy decoding has none."""
     logits = logits.float()
     if greedy:
-        return logits.argmax(-1), None
+        return logits.argmax(-1)
     if temperature != 1.0:
         logits = logits / temperature
     if top_k:
@@ -86,10 +67,7 @@ def next_token_logprob(
         cum = torch.softmax(sorted_logits, -1).cumsum(-1)
         drop = cum - torch.softmax(sorted_logits, -1) > top_p
         logits = logits.scatter(-1, idx, sorted_logits.masked_fill(drop, float("-inf")))
-    token = (logits + gumbel).argmax(-1)
-    if not with_logprob:
-        return token, None
-    return token, torch.log_softmax(logits, -1).gather(-1, token[:, None]).squeeze(-1)
+    return (logits + gumbel).argmax(-1)
 
 
 def gumbel_noise(rows: int, vocab: int, generator: torch.Generator | None, device: torch.device | None = None) -> torch.Tensor:

@@ -119,9 +119,6 @@ class VLLMRollout:
             # CUDA graphs / torch.compile pay off on a GPU; on a CPU, compiling costs more than it saves.
             enforce_eager = not torch.cuda.is_available()
         engine_kwargs.setdefault("worker_extension_cls", f"{__name__}.WeightSyncExtension")
-        # The log-probabilities of the distribution the tokens were drawn from (after temperature, top-k,
-        # top-p), not the raw model's: what the mismatch metrics and the rollout correction compare with.
-        engine_kwargs.setdefault("logprobs_mode", "processed_logprobs")
         # vLLM's CPU worker replaces torch.set_num_threads with a no-op and drops the process to one
         # thread when it shares the trainer's process; keep the trainer's own thread settings.
         threads, set_threads = torch.get_num_threads(), torch.set_num_threads

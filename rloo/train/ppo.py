@@ -102,7 +102,6 @@ class PPOTrainer(Trainer):
         train_mask = mask * valid[:, None].to(mask.dtype)
         if p["whiten_advantages"]:
             adv = whiten(adv, train_mask)
-        adv, correction = self.corrected_advantages(old_lp, ro, mask, adv)  # rloo.rollout_correction, on the surrogate
         adv_abs_max = float(adv.abs().max())  # for the finiteness guard of every minibatch update
 
         stats = {"clip_frac": 0.0, "approx_kl": 0.0, "value_loss": 0.0, "value_clip_frac": 0.0, "loss": 0.0}
@@ -168,8 +167,6 @@ class PPOTrainer(Trainer):
             "ppo/policy_clip_frac": stats["clip_frac"],
             "ppo/value_mean": float((old_values * train_mask).sum() / train_mask.sum().clamp(min=1)),
             "ppo/return_mean": float((returns * train_mask).sum() / train_mask.sum().clamp(min=1)),
-            **self.mismatch(old_lp, ro, mask),
-            **correction,
         }
         return self._complete(metrics, got, (t0, t_score, t_ref, t_upd))
 

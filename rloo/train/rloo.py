@@ -14,13 +14,12 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from rloo.algo import rollout_correction
 from rloo.algo.estimators import MovingBaseline, compute_advantages
 from rloo.algo.losses import kl_loss_term, policy_loss, sequence_kl, shaped_reward
 from rloo.algo.schedules import lr_multiplier
@@ -90,7 +89,6 @@ class GradientStep:
     loss: float  # the last update's loss (this process's)
     grad_norm: float  # the last update's, before clipping
     clip_frac: float  # the share of response tokens whose ratio was clipped, averaged over the updates
-    correction: dict[str, float] = field(default_factory=dict)  # what the rollout correction truncated or masked
 
 
 class Trainer:
@@ -374,14 +372,12 @@ class Trainer:
         # One micro-batch holds every row: the loss's own mean over them is the same normaliser D.
         step_denominator = None if rows.one_pass else denominator
         clipped = r["updates_per_batch"] > 1
-        advantages, correction = self.corrected_advantages(rows.old_lp, rows.rollout, mask, adv.advantages)
 
         def loss_of(lp: torch.Tensor, sel: torch.Tensor | slice, width: int) -> tuple[torch.Tensor, dict[str, float]]:
             """The loss of the step's rows `sel`, whose log-probabilities with gradient are `lp`, and
             how many of their tokens the ratio clipped."""
             m = mask[sel, :width]
-            a = advantages[sel] if advantages.dim() == 1 else advantages[sel, :width]
-            loss, stats = policy_loss(lp, m, a, norm=r["loss_norm"],
+            loss, stats = policy_loss(lp, m, adv.advantages[sel], norm=r["loss_norm"],
                                       old_token_logp=rows.old_lp[sel, :width] if clipped else None,
                                       clip_eps=r["clip_eps"], denominator=step_denominator)
             if r["kl_in"] == "loss":
@@ -411,27 +407,7 @@ class Trainer:
                 self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             clip_frac += counts.get("clipped_tokens", 0.0) / max(float(mask.sum()), 1.0) / r["updates_per_batch"]
-        return GradientStep(loss_value, grad_norm, clip_frac, correction)
-
-    def corrected_advantages(self, old_lp: torch.Tensor, ro: Rollout, mask: torch.Tensor,
-                             advantages: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        """A (per sequence or per token), or under rloo.rollout_correction the per-token w_t · A with the
-        weights of the trainer's (old) and the sampler's log-probabilities of the sampled tokens
-        (rloo.algo.rollout_correction), and what they truncated or masked."""
-        c = self.rcfg["rollout_correction"]
-        if c["mode"] == "none":
-            return advantages, {}
-        if ro.logprobs is None:
-            raise RuntimeError(f"rloo.rollout_correction.mode={c['mode']}: the {self.rollout.name} sampler "
-                               "returned no log-probabilities to correct with")
-        weights, stats = rollout_correction.correction_weights(old_lp, ro.logprobs, mask, c["mode"], c["cap"])
-        return rollout_correction.weighted_advantages(advantages, weights), stats
-
-    def mismatch(self, old_lp: torch.Tensor, ro: Rollout, mask: torch.Tensor) -> dict[str, float]:
-        """`train/mismatch_*` of the sampled tokens, where the sampler reported its log-probabilities."""
-        if ro.logprobs is None:
-            return {}
-        return rollout_correction.mismatch_metrics(old_lp, ro.logprobs, mask, self.rcfg["rollout_correction"]["cap"])
+        return GradientStep(loss_value, grad_norm, clip_frac)
 
     def _step_metrics(self, step: int, got: Collected, rows: StepRows, adv: StepAdvantages, grad: GradientStep,
                       lr: float) -> dict:
@@ -439,8 +415,6 @@ class Trainer:
         rows, as one process would compute them."""
         ro, mask, token_ent = rows.rollout, rows.mask, rows.token_ent
         rollout_metrics = logprob_gap(ro, rows.old_lp, mask)  # rollout backend (issue 8): vLLM vs trainer
-        # sampler against trainer on the sampled tokens (this process's rows), and what was corrected
-        rollout_metrics |= self.mismatch(rows.old_lp, ro, mask) | grad.correction
         scores, shaped, seq_kl, advantages = got.scores, adv.shaped, adv.seq_kl, adv.advantages
         lengths, finished = ro.lengths.float(), ro.finished
         entropy = float((token_ent * mask).sum() / mask.sum().clamp(min=1))

@@ -124,5 +124,5 @@ def correction_weights(trainer_logp: torch.Tensor, sampler_logp: torch.Tensor, m
         w = (~masked).float()
         truncated = torch.zeros_like(m)
     n = float(m.sum())
-    weights = torch.where(m, w, 1.0).detach()
+    weights = torch.where(m, w, 1.0)  # built from the detached Δ: a constant
     return Correction(weights, float(truncated.sum()) / n if n else 0.0, float(masked.sum()) / n if n else 0.0)

@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-GUARDS = ["tests/test_estimators.py", "tests/test_train.py", "tests/test_crash_safety.py"]
+GUARDS = ["tests/test_estimators.py", "tests/test_rollout_correction.py", "tests/test_train.py",
+          "tests/test_crash_safety.py"]
 
 # name: (file, the text replaced, its replacement, what the mutation breaks)
 MUTATIONS = {
@@ -38,6 +39,18 @@ MUTATIONS = {
         "    baseline = (total - filled) / (count - 1).clamp(min=1)",
         "    baseline = total / count.clamp(min=1)",
         "the leave-one-out baseline is replaced by the group mean (itself included)",
+    ),
+    "correction-cap-dropped": (
+        "rloo/algo/rollout_correction.py",
+        "        w = torch.exp(level.clamp(max=log_cap))  # min(r, C), as exp(min(log r, log C))\n",
+        "        w = torch.exp(level)  # mutation: no cap\n",
+        "the truncated importance weights are not truncated",
+    ),
+    "correction-weights-differentiated": (
+        "rloo/algo/rollout_correction.py",
+        "    delta = trainer_logp.detach().float() - torch.where(m, sampler_logp.float(), 0.0)\n",
+        "    delta = trainer_logp.float() - torch.where(m, sampler_logp.float(), 0.0)  # mutation\n",
+        "the rollout correction's weights carry a gradient (not constants)",
     ),
     "no-optimizer-step": (
         "rloo/train/rloo.py",

@@ -137,8 +137,8 @@ def test_rollout_moves_whole_and_decodes_to_eos(tmp_path):
     assert noise_generator(g, torch.device("cpu")) is g  # CPU sampling draws from the caller's generator
     ro = generate(model, prompts, max_new_tokens=12, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, generator=g)
     moved = ro.to("cpu")
-    assert moved.logprobs is None
-    for name in ("prompt_ids", "prompt_mask", "completions", "completion_mask", "finished"):
+    assert ro.logprobs is not None  # the sampler's own log-probabilities travel with the rollout
+    for name in ("prompt_ids", "prompt_mask", "completions", "completion_mask", "finished", "logprobs"):
         assert torch.equal(getattr(moved, name), getattr(ro, name))
     lengths = ro.lengths.tolist()
     assert ro.texts(tok) == [tok.decode(ro.completions[i, :n], skip_special_tokens=True) for i, n in enumerate(lengths)]

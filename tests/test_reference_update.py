@@ -79,3 +79,35 @@ def test_the_trainers_update_has_the_reference_updates_gradient(micro_run, norm,
     assert max(float(g.abs().max()) for g in want.values()) > 1e-4  # a step that moves something
     for name in want:
         torch.testing.assert_close(have[name], want[name], atol=ATOL, rtol=RTOL, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("micro_batches", [False, True], ids=["one-pass", "micro-batches"])
+def test_the_trainers_corrected_update_has_the_reference_updates_gradient(micro_run, micro_batches):
+    """rloo.rollout_correction token_tis: the trainer weights each token by min(π/π_sampler, C) as the
+    reference does, through its duplicate rows and micro-batches. The sampler's log-probabilities are
+    moved off the trainer's (a sampler that disagrees), so that the weights range over (0, C]."""
+    # temperature 1: the sampler is the policy (at _cfg's 0.1 its log-probs are far above the trainer's)
+    cfg = _cfg(micro_run, beta=0.5, temperature=1.0, rollout_correction={"mode": "token_tis", "cap": 1.5})
+    trainer = _perturbed_trainer(cfg, micro_run)
+    if micro_batches:
+        cfg["rloo"]["micro_batch_tokens"] = _budget_for_parts(trainer, 0, 3)
+    got = trainer.collect(0)
+    ro = got.rollout
+    g = torch.Generator().manual_seed(1)
+    ro.logprobs = ro.logprobs + 0.5 * torch.randn(ro.logprobs.shape, generator=g) * ro.completion_mask
+    assert float(got.scores.std()) > 0, "degenerate fixture: no reward spread, so no gradient"
+    r = cfg["rloo"]
+    trainer.policy.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        logp_ref = reference.token_logprobs(trainer.reference, ro.prompt_ids, ro.prompt_mask, ro.completions,
+                                            ro.completion_mask)
+    logp = reference.token_logprobs(trainer.policy, ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
+    reference.rloo_loss(logp, logp_ref, ro.completion_mask, got.scores, r["k"], r["beta"],
+                        sampler_logp=ro.logprobs, cap=1.5).backward()
+    want = {n: p.grad.detach().clone() for n, p in trainer.policy.named_parameters() if p.grad is not None}
+    trainer.policy.zero_grad(set_to_none=True)
+    have, metrics = _trainer_gradient(trainer, got)
+    assert 0 < metrics["train/correction_truncated_share"] < 1 and metrics["train/mismatch_abs_mean"] > 0.1
+    assert have.keys() == want.keys() and want
+    for name in want:
+        torch.testing.assert_close(have[name], want[name], atol=ATOL, rtol=RTOL, msg=lambda m, n=name: f"{n}: {m}")

@@ -208,6 +208,18 @@ def test_summary_names_the_checkpoint_and_every_alarm(tmp_path, capsys):
     assert "alarm/reward_hacking fired at step 350" in capsys.readouterr().err
 
 
+def test_summary_reports_the_sampling_mismatch():
+    from rloo.eval import report
+
+    mm = {"mismatch_abs_mean": 0.012, "mismatch_abs_max": 0.9, "mismatch_k3_token": 1e-4, "mismatch_k3_seq": 0.02,
+          "mismatch_out_of_band": 0.004, "correction_truncated_share": 0.001, "correction_masked_share": 0.0,
+          "mode": "token_tis", "cap": 2.0}
+    metrics = {"selected_step": 3, "steps_trained": 3, "select": "last", "sampling_mismatch": mm}
+    (line,) = [x for x in report.rloo_lines(metrics) if "sampler vs trainer" in x]
+    assert "1.20e-02" in line and "0.4% of tokens outside [1/2, 2]" in line and "token_tis (truncated 0.1%" in line
+    assert not any("sampler" in x for x in report.rloo_lines({**metrics, "sampling_mismatch": None}))
+
+
 def test_sampled_accuracy_averages_independent_draws(micro_run):
     from rloo.data.gsm8k import format_prompt
     from rloo.eval.evaluation import decode, spec_for

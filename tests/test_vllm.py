@@ -165,6 +165,27 @@ def test_sampling_is_seeded_and_logprobs_match_the_trainer(engine, policy_dir, p
 
 @pytest.mark.slow
 @needs_vllm
+def test_vllms_logprobs_are_those_of_the_tempered_distribution_it_sampled(engine, policy_dir, prompts, special):
+    """logprobs_mode=processed_logprobs: at temperature 1.3 vLLM's log-probabilities are log softmax(z / 1.3)
+    of the trainer's logits z, as the HF sampler records them (not the raw distribution, trl#4159)."""
+    from rloo.algo.rollout_correction import mismatch_sums
+    from rloo.model.logprobs import join
+
+    model = models.load_causal_lm(policy_dir)
+    ro = engine.generate([p for p in prompts for _ in range(2)], temperature=1.3,
+                         generator=torch.Generator().manual_seed(5), max_new_tokens=MAX_NEW, **special)
+    batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
+    with torch.no_grad():
+        z = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                  position_ids=batch.position_ids).logits[:, batch.prompt_len - 1 : -1].float()
+    tempered = torch.log_softmax(z / 1.3, -1).gather(-1, ro.completions[..., None]).squeeze(-1)
+    assert mismatch_sums(tempered, ro.logprobs, ro.completion_mask, 2.0).abs_max < 1e-3
+    raw = torch.log_softmax(z, -1).gather(-1, ro.completions[..., None]).squeeze(-1)
+    assert mismatch_sums(raw, ro.logprobs, ro.completion_mask, 2.0).abs_max > 1e-2  # the raw ones differ
+
+
+@pytest.mark.slow
+@needs_vllm
 def test_sync_weights_makes_vllm_follow_the_new_weights(engine, policy_dir, prompts, special):
     model = models.load_causal_lm(policy_dir)
     kw = {"max_new_tokens": MAX_NEW, "greedy": True, **special}

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from rloo.algo import estimators as est
+from rloo.algo import rollout_correction
 
 N_ACTIONS = 32
 REWARD_OFFSET = 2.0
@@ -137,6 +138,22 @@ def estimator_stats(
             }
         )
     return rows
+
+
+def off_policy_estimates(bandit: Bandit, sampler_logits: np.ndarray, k: int, n_estimates: int,
+                         rng: np.random.Generator, mode: str = "none", cap: float = 2.0) -> np.ndarray:
+    """[n, A] RLOO estimates of grad J at the bandit's policy pi from groups drawn by another sampler mu
+    (softmax of `sampler_logits`): (1/k) sum_i w_i A_i (e_{a_i} - pi), w from
+    rloo.algo.rollout_correction (one token per response: token and sequence modes coincide), w = 1 under none."""
+    pi, mu = softmax(bandit.logits), softmax(sampler_logits)
+    actions = sample_actions(mu, (n_estimates, k), rng)
+    adv = group_advantages("rloo", sample_rewards(bandit.q, actions, rng), 0.0)
+    if mode != "none":
+        trainer_lp = torch.from_numpy(np.log(pi)[actions].reshape(-1, 1))
+        sampler_lp = torch.from_numpy(np.log(mu)[actions].reshape(-1, 1))
+        c = rollout_correction.correction_weights(trainer_lp, sampler_lp, torch.ones_like(trainer_lp), mode, cap)
+        adv = adv * c.weights.numpy().reshape(n_estimates, k)
+    return score_function_gradients(pi, actions, adv)
 
 
 def train(
@@ -340,6 +357,7 @@ __all__ = [
     "exact_gradient",
     "expected_success",
     "make_bandit",
+    "off_policy_estimates",
     "plot_toy",
     "run_toy",
     "score_function_gradients",

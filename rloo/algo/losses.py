@@ -91,13 +91,16 @@ def policy_loss(
     old_token_logp: torch.Tensor | None = None,
     clip_eps: float = 0.2,
     denominator: float | None = None,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """REINFORCE loss -mean_i A_i sum_t log pi(y_it), or its per-token PPO-clipped form given old log-probs.
 
     Every token of response i gets that response's sequence-level advantage A_i, or its own A_it when
     ``advantages`` is [B, T] (advantages are treated as constants). With ``old_token_logp`` the per-token ratio rho = exp(logp - old_logp) is
     clipped to [1 - eps, 1 + eps] pessimistically, as in PPO. ``denominator``: these rows are a
-    micro-batch of a step with that many responses (``sequence``) or tokens (``token``).
+    micro-batch of a step with that many responses (``sequence``) or tokens (``token``). ``weights``
+    [B, T]: the rollout correction's constants w_t (rloo.algo.rollout_correction), each token's term
+    becomes w_t A_t (log pi or its clipped ratio); None applies nothing.
     """
     if token_logp.dim() != 2:
         raise ValueError(f"token_logp must be [B, T], got shape {tuple(token_logp.shape)}")
@@ -109,6 +112,8 @@ def policy_loss(
     m = _mask_like(mask, token_logp)
     adv = advantages.detach().to(token_logp.dtype)
     adv = adv.unsqueeze(1) if adv.dim() == 1 else adv
+    if weights is not None:  # w_t A_t: the correction scales the term, it is never differentiated
+        adv = adv * weights.detach().to(adv.dtype)
     n_tokens = m.sum()
 
     if old_token_logp is None:

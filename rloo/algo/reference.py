@@ -19,18 +19,21 @@ def token_logprobs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask
 
 
 def rloo_loss(logp: torch.Tensor, logp_ref: torch.Tensor, mask: torch.Tensor, scores: torch.Tensor, k: int,
-              beta: float, *, norm: str = "sequence", kl_in: str = "reward", kl: str = "k1") -> torch.Tensor:
-    """L = -(1/D) Σ_i A_i Σ_t log π(y_it), A_i = R_i - (1/(k-1)) Σ_{j≠i} R_j, R_i = r_i - β·KL_i (detached).
+              beta: float, *, norm: str = "sequence", kl_in: str = "reward", kl: str = "k1",
+              sampler_logp: torch.Tensor | None = None, cap: float = 2.0) -> torch.Tensor:
+    """L = -(1/D) Σ_i A_i Σ_t w_it log π(y_it), A_i = R_i - (1/(k-1)) Σ_{j≠i} R_j, R_i = r_i - β·KL_i (detached).
 
     Rows i*k .. i*k+k-1 are one prompt's samples. D: the responses (`sequence`) or their tokens (`token`).
-    `kl_in: loss` moves β·KL from the reward into the loss, aggregated like the policy term."""
+    `kl_in: loss` moves β·KL from the reward into the loss, aggregated like the policy term. w_it = 1, or
+    given the sampler's log-probabilities, token-level truncated importance sampling: min(π/π_sampler, C)."""
     m = mask.float()
     log_ratio = logp - logp_ref
     kl_t = log_ratio if kl == "k1" else torch.exp(-log_ratio) + log_ratio - 1  # k3: e^r - r - 1, r = -log_ratio
     reward = scores - beta * (kl_t * m).sum(1).detach() if kl_in == "reward" else scores
     grouped = reward.view(-1, k)
     advantage = (grouped - (grouped.sum(1, keepdim=True) - grouped) / (k - 1)).view(-1).detach()
-    per_token = -advantage[:, None] * logp + (beta * kl_t if kl_in == "loss" else 0.0)
+    w = 1.0 if sampler_logp is None else torch.exp(logp.detach() - sampler_logp).clamp(max=cap)
+    per_token = -advantage[:, None] * w * logp + (beta * kl_t if kl_in == "loss" else 0.0)
     if norm == "sequence":
         return (per_token * m).sum(1).mean()
     return (per_token * m).sum() / m.sum()

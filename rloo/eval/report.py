@@ -13,12 +13,27 @@ def rloo_lines(metrics: dict) -> list[str]:
     acc = metrics.get("selected_val_accuracy_sampled")
     lines = [f"rloo: wrote the policy after {metrics['selected_step']} of {metrics['steps_trained']} steps"
              + (f" (select: {metrics['select']}, validation sampled accuracy {acc:.3f})" if acc is not None else "")]
+    if mm := metrics.get("sampling_mismatch"):
+        lines.append(mismatch_line(mm))
     if stop := metrics.get("stopped_early"):
         lines.append(f"!! rloo: stopped early after {stop['step']} steps: alarm/{stop['alarm']} (rloo.stop_on)")
     for name, step in (metrics.get("alarms") or {}).items():
         if step is not None:
             lines.append(f"!! rloo: alarm/{name} fired at step {step} (docs/failure-modes.md)")
     return lines
+
+
+def mismatch_line(mm: dict) -> str:
+    """The sampler-trainer mismatch over the run (means of the per-step train/mismatch_* figures) and
+    what rloo.rollout_correction did about it."""
+    line = (f"rloo: sampler vs trainer: mean |Δ log p| {mm['mismatch_abs_mean']:.2e} (max {mm['mismatch_abs_max']:.2e}),"
+            f" KL k3 {mm['mismatch_k3_token']:.2e}/token {mm['mismatch_k3_seq']:.2e}/sequence,"
+            f" {mm['mismatch_out_of_band']:.1%} of tokens outside [1/{mm['cap']:g}, {mm['cap']:g}];"
+            f" rloo.rollout_correction {mm['mode']}")
+    if mm["mode"] != "none":
+        line += (f" (truncated {mm.get('correction_truncated_share', 0.0):.1%},"
+                 f" masked {mm.get('correction_masked_share', 0.0):.1%} of tokens)")
+    return line
 
 
 def prepare_lines(manifest: dict) -> list[str]:

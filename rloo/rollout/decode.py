@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from rloo.model.logprobs import kv_cache, left_pad, model_device, positions, unique_rows
 from rloo.model.lora import adapter_weight
-from rloo.rollout.sampling import Rollout, gumbel_noise, next_token, noise_generator
+from rloo.rollout.sampling import Rollout, gumbel_noise, noise_generator, sample_token
 
 SUPPORTED = ("llama", "qwen2", "mistral")
 
@@ -143,6 +143,7 @@ def _generate(model, prompts, dtype, *, max_new_tokens: int, eos_id: int, pad_id
 
     tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long, device=device)
     mask = torch.zeros((batch, max_new_tokens), dtype=torch.bool, device=device)
+    logprobs = None if greedy else torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     done = row_of < 0  # per slot: finished (or an empty slot)
     steps = 0
@@ -150,10 +151,12 @@ def _generate(model, prompts, dtype, *, max_new_tokens: int, eos_id: int, pad_id
         real = row_of >= 0
         rows = row_of.clamp(min=0)
         gumbel = None if greedy else gumbel_noise(drawn, logits.shape[-1], noise, device)[offset + rows]
-        nxt = next_token(logits, greedy, temperature, top_p, top_k, gumbel)
+        nxt, lp = sample_token(logits, greedy, temperature, top_p, top_k, gumbel)
         live = ~done
         nxt = torch.where(live, nxt, pad_id)
         tokens[rows[live], t], mask[rows[live], t] = nxt[live], True
+        if lp is not None:
+            logprobs[rows[live], t] = lp[live]
         steps = t + 1
         done = done | (nxt == eos_id)
         finished[rows[real & done]] = True
@@ -183,4 +186,4 @@ def _generate(model, prompts, dtype, *, max_new_tokens: int, eos_id: int, pad_id
             gate, up = F.linear(F.rms_norm(x, (w.hidden,), w_post, w.eps), w_gu, b_gu).chunk(2, -1)
             x = x + F.linear(F.silu(gate) * up, w_down, b_down)
         logits = F.linear(F.rms_norm(x, (w.hidden,), w.norm, w.eps), w.lm_head, w.lm_bias).float()
-    return Rollout.from_buffers(prompt_ids, prompt_mask, tokens, mask, finished, steps)
+    return Rollout.from_buffers(prompt_ids, prompt_mask, tokens, mask, finished, steps, logprobs)

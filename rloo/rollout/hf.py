@@ -6,7 +6,7 @@ import torch
 
 from rloo.model.logprobs import cache_kwarg, kv_cache, left_pad, model_device, positions, unique_rows
 from rloo.rollout import decode
-from rloo.rollout.sampling import Rollout, gumbel_noise, next_token, noise_generator
+from rloo.rollout.sampling import Rollout, gumbel_noise, noise_generator, sample_token
 
 
 @torch.no_grad()
@@ -60,13 +60,17 @@ def generate(
     rows = everyone  # the batch rows still being decoded, in decode-batch order
     tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long, device=device)
     mask = torch.zeros((batch, max_new_tokens), dtype=torch.bool, device=device)
+    logprobs = None if greedy else torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     steps = 0
     for t in range(max_new_tokens):
         gumbel = None if greedy else gumbel_noise(drawn, logits.shape[-1], noise, device)[offset + rows]
         live = ~finished[rows]  # all True when compacting; else finished rows ride along as padding
-        nxt = torch.where(live, next_token(logits, greedy, temperature, top_p, top_k, gumbel), pad_id)
+        drawn_token, lp = sample_token(logits, greedy, temperature, top_p, top_k, gumbel)
+        nxt = torch.where(live, drawn_token, pad_id)
         tokens[rows, t], mask[rows, t] = nxt, live
+        if lp is not None:  # the sampler's log-prob of its token (0 where a finished row rides along)
+            logprobs[rows, t] = torch.where(live, lp, 0.0)
         steps = t + 1
         finished[rows[live & (nxt == eos_id)]] = True
         if bool(finished.all()):
@@ -81,4 +85,4 @@ def generate(
             input_ids=nxt[:, None], attention_mask=attn, position_ids=last_pos, use_cache=True, **{cache_kw: cache}
         )
         cache, logits = kv_cache(out), out.logits[:, -1]
-    return Rollout.from_buffers(prompt_ids, prompt_mask, tokens, mask, finished, steps)
+    return Rollout.from_buffers(prompt_ids, prompt_mask, tokens, mask, finished, steps, logprobs)

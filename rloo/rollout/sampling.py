@@ -15,7 +15,7 @@ class Rollout:
     completions: torch.Tensor  # [B, T] right-padded with pad_id after the first EOS
     completion_mask: torch.Tensor  # [B, T] bool: tokens up to and including the first EOS
     finished: torch.Tensor  # [B] bool: the completion ended with EOS (not truncated)
-    logprobs: torch.Tensor | None = None  # [B, T] the sampler's own log-prob of each token (vLLM only)
+    logprobs: torch.Tensor | None = None  # [B, T] the sampler's own log-prob of each token (0 on padding; None when greedy)
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -28,9 +28,11 @@ class Rollout:
 
     @classmethod
     def from_buffers(cls, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, tokens: torch.Tensor,
-                     mask: torch.Tensor, finished: torch.Tensor, steps: int) -> Rollout:
+                     mask: torch.Tensor, finished: torch.Tensor, steps: int,
+                     logprobs: torch.Tensor | None = None) -> Rollout:
         """The rollout of a decode loop's preallocated buffers, cut to the `steps` it ran."""
-        return cls(prompt_ids, prompt_mask, tokens[:, :steps], mask[:, :steps], finished)
+        return cls(prompt_ids, prompt_mask, tokens[:, :steps], mask[:, :steps], finished,
+                   None if logprobs is None else logprobs[:, :steps])
 
     def clone(self) -> Rollout:
         """A copy whose tensors are ordinary ones (usable by autograd even if made under inference mode)."""
@@ -45,18 +47,10 @@ class Rollout:
         return Rollout(**{f.name: None if (t := getattr(self, f.name)) is None else t.to(device) for f in fields(self)})
 
 
-def next_token(
-    logits: torch.Tensor,
-    greedy: bool,
-    temperature: float,
-    top_p: float,
-    top_k: int,
-    gumbel: torch.Tensor | None,
-) -> torch.Tensor:
-    """Greedy, or a sample by the Gumbel-max trick: argmax(logits / T + g) with g ~ Gumbel(0, 1)."""
+def processed_logits(logits: torch.Tensor, temperature: float, top_p: float, top_k: int) -> torch.Tensor:
+    """The logits of the distribution sampled from: divided by the temperature, then top-k and top-p
+    (nucleus) filtered (-inf outside), in float32. Its log-softmax is the sampler's log-probability."""
     logits = logits.float()
-    if greedy:
-        return logits.argmax(-1)
     if temperature != 1.0:
         logits = logits / temperature
     if top_k:
@@ -67,7 +61,39 @@ def next_token(
         cum = torch.softmax(sorted_logits, -1).cumsum(-1)
         drop = cum - torch.softmax(sorted_logits, -1) > top_p
         logits = logits.scatter(-1, idx, sorted_logits.masked_fill(drop, float("-inf")))
-    return (logits + gumbel).argmax(-1)
+    return logits
+
+
+def next_token(
+    logits: torch.Tensor,
+    greedy: bool,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    gumbel: torch.Tensor | None,
+) -> torch.Tensor:
+    """Greedy, or a sample by the Gumbel-max trick: argmax(logits / T + g) with g ~ Gumbel(0, 1)."""
+    return sample_token(logits, greedy, temperature, top_p, top_k, gumbel)[0]
+
+
+def sample_token(
+    logits: torch.Tensor,
+    greedy: bool,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    gumbel: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`next_token` and the log-probability of the token under the processed distribution it was drawn
+    from (log-softmax of `processed_logits` at the token; None when greedy: no distribution is sampled)."""
+    if greedy:
+        return logits.float().argmax(-1), None
+    processed = processed_logits(logits, temperature, top_p, top_k)
+    token = (processed + gumbel).argmax(-1)
+    # The sampler's own log-probability, for the mismatch metrics and the rollout correction: computed
+    # from the very logits the token was drawn with, so it is the distribution actually sampled.
+    logp = torch.log_softmax(processed, -1).gather(-1, token[:, None]).squeeze(-1)
+    return token, logp
 
 
 def gumbel_noise(rows: int, vocab: int, generator: torch.Generator | None, device: torch.device | None = None) -> torch.Tensor:

@@ -12,8 +12,10 @@ old weights is reused.
 
 `generate` returns the same `Rollout` as the HF sampler (left-padded prompts, completions right-padded
 with pad after the first EOS, a mask that includes that EOS, `finished` when EOS was produced), plus
-vLLM's log-probability of each sampled token in `Rollout.logprobs`. Those log-probabilities are a
-diagnostic only: the loss uses the trainer's forward pass.
+vLLM's log-probability of each sampled token in `Rollout.logprobs`, under the distribution it sampled
+from (`logprobs_mode=processed_logprobs`). The loss differentiates the trainer's forward pass; these
+give the sampler-trainer mismatch metrics and, with `rloo.rollout_correction`, the importance weights
+(rloo/algo/rollout_correction.py, docs/rollout-correction.md).
 """
 
 from __future__ import annotations
@@ -119,21 +121,39 @@ class VLLMRollout:
             # CUDA graphs / torch.compile pay off on a GPU; on a CPU, compiling costs more than it saves.
             enforce_eager = not torch.cuda.is_available()
         engine_kwargs.setdefault("worker_extension_cls", f"{__name__}.WeightSyncExtension")
+        # The log-probabilities of the distribution actually sampled from (after temperature, top-k and
+        # top-p), as the HF sampler records them; vLLM's default, raw_logprobs, is the model's unprocessed
+        # distribution (trl#4159, trl#6789), which would show a temperature as a sampler-trainer mismatch
+        # that no correction should undo. vLLM >= 0.10.2.
+        engine_kwargs.setdefault("logprobs_mode", "processed_logprobs")
         # vLLM's CPU worker replaces torch.set_num_threads with a no-op and drops the process to one
         # thread when it shares the trainer's process; keep the trainer's own thread settings.
         threads, set_threads = torch.get_num_threads(), torch.set_num_threads
         try:
-            self.llm = vllm.LLM(
-                str(policy_dir), dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
-                max_model_len=max_model_len, seed=seed, enforce_eager=enforce_eager,
-                trust_remote_code=trust_remote_code, **engine_kwargs,
-            )
+            self.llm = self._engine(vllm, str(policy_dir), dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
+                                    max_model_len=max_model_len, seed=seed, enforce_eager=enforce_eager,
+                                    trust_remote_code=trust_remote_code, **engine_kwargs)
         finally:
             torch.set_num_threads = set_threads
             set_threads(threads)
         self.syncs = 0
         log.info("vLLM %s engine on %s (%s, dtype %s, enforce_eager=%s)", vllm.__version__, policy_dir,
                  "in-process" if self.in_process else "multiprocess", dtype, enforce_eager)
+
+    @staticmethod
+    def _engine(vllm, policy_dir: str, **kwargs):
+        """vllm.LLM(policy_dir, **kwargs); a vLLM too old for `logprobs_mode` is built without it (its
+        log-probabilities are then the raw distribution's: a warning says so)."""
+        try:
+            return vllm.LLM(policy_dir, **kwargs)
+        except TypeError as e:
+            if "logprobs_mode" not in str(e):
+                raise
+            kwargs.pop("logprobs_mode")
+            log.warning("vLLM %s has no logprobs_mode: its log-probabilities are those of the raw distribution, "
+                        "not the one sampled from (rloo.temperature, top_p and top_k show as a mismatch)",
+                        vllm.__version__)
+            return vllm.LLM(policy_dir, **kwargs)
 
     @classmethod
     def from_config(cls, cfg: dict, policy_dir: str | Path) -> VLLMRollout:

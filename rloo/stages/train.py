@@ -57,6 +57,22 @@ def _samples(history: list[dict], r: dict) -> int:
     return sum(r["prompts_per_step"] * r["k"] + x.get("train/extra_samples", 0) for x in history)
 
 
+# The per-step figures `rloo summary` reports the run's mean of (rloo/algo/rollout_correction.py).
+MISMATCH_KEYS = ("mismatch_abs_mean", "mismatch_abs_max", "mismatch_k3_token", "mismatch_k3_seq",
+                 "mismatch_out_of_band", "correction_truncated_share", "correction_masked_share")
+
+
+def _mismatch_summary(history: list[dict], correction: dict) -> dict | None:
+    """The run's mean of each train/mismatch_* and train/correction_* figure and the correction applied;
+    None when the sampler reported no log-probabilities."""
+    means = {}
+    for key in MISMATCH_KEYS:
+        values = [x[f"train/{key}"] for x in history if math.isfinite(x.get(f"train/{key}", math.nan))]
+        if values:
+            means[key] = float(np.mean(values))
+    return {**means, "mode": correction["mode"], "cap": correction["cap"]} if means else None
+
+
 def make_trainer(cfg: dict, policy_dir: str | Path, reward: RewardSource, train: list[dict],
                  reward_model_dir: str | Path | None) -> Trainer:
     """The trainer of `rloo.estimator`: PPO (its critic grown from the policy or the reward model), or
@@ -181,6 +197,7 @@ def run(
             # groups without signal, over the whole run.
             "samples_generated": _samples(h, r),
             "zero_adv_frac_mean": float(np.mean([x["train/zero_adv_frac"] for x in h])) if h else math.nan,
+            "sampling_mismatch": _mismatch_summary(h, r["rollout_correction"]),
             "alarms": alarms.first_alarms(h),
             "evals": trainer.evals,
             "networks": trainer.networks(),  # parameters of every network the stage holds

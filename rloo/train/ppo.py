@@ -7,7 +7,8 @@ resume as the critic-free estimators (`rloo.estimator: ppo`). What differs, per 
     V_t   = the critic's value of the state before token t                       (a separate network)
     A_t   = GAE(r, V; gamma, lambda), whitened; R_t = A_t + V_t                  (estimators.gae, eq. 7)
     then `ppo.epochs` passes over `ppo.minibatches` minibatches: the clipped-ratio policy loss on A_t
-    (token mean) and the clipped value loss on R_t, each network with its own optimizer.
+    (token mean; each token's surrogate times the rollout correction's w_t under
+    rloo.rollout_correction) and the clipped value loss on R_t, each network with its own optimizer.
 """
 
 from __future__ import annotations
@@ -93,6 +94,9 @@ class PPOTrainer(Trainer):
                         old_lp[rows, :n] = self._logprobs(self.policy, mb, self.chunk_rows)[0]
                     old_values[rows, :n] = self.values(mb)
         t_ref = time.perf_counter()
+        # The sampler-trainer mismatch and, under rloo.rollout_correction, the weights of the surrogate.
+        correction = self.correction(ro, old_lp, mask)
+        weights = correction.weights
 
         valid = torch.isfinite(scores)
         kl = token_kl(old_lp, ref_lp, r["kl_estimator"]) * mask
@@ -118,7 +122,8 @@ class PPOTrainer(Trainer):
                     lp, ent = self._policy_pass(mb, torch.arange(len(rows), device=self.device))
                     loss, st = policy_loss(lp, m, adv[rows, : mb.completion_len], norm="token",
                                            old_token_logp=old_lp[rows, : mb.completion_len], clip_eps=r["clip_eps"],
-                                           denominator=None if len(micro[j]) == 1 else tokens)
+                                           denominator=None if len(micro[j]) == 1 else tokens,
+                                           weights=None if weights is None else weights[rows, : mb.completion_len])
                     loss.backward()
                     part = float(m.sum())
                     acc["clipped"] += float(st["clip_frac"]) * part
@@ -167,6 +172,7 @@ class PPOTrainer(Trainer):
             "ppo/policy_clip_frac": stats["clip_frac"],
             "ppo/value_mean": float((old_values * train_mask).sum() / train_mask.sum().clamp(min=1)),
             "ppo/return_mean": float((returns * train_mask).sum() / train_mask.sum().clamp(min=1)),
+            **correction.metrics,
         }
         return self._complete(metrics, got, (t0, t_score, t_ref, t_upd))
 

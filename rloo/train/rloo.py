@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rloo.algo import rollout_correction
 from rloo.algo.estimators import MovingBaseline, compute_advantages
 from rloo.algo.losses import kl_loss_term, policy_loss, sequence_kl, shaped_reward
 from rloo.algo.schedules import lr_multiplier
@@ -52,6 +53,18 @@ def _stop_if_not_finite(step: int, **quantities: float) -> bool:
     return True
 
 
+def mismatch_metrics(sampler_lp: torch.Tensor, trainer_lp: torch.Tensor, mask: torch.Tensor,
+                     cap: float) -> dict[str, float]:
+    """train/mismatch_* of these rows (rloo.algo.rollout_correction, eqs. 1-4); data-parallel, over all
+    ranks' tokens, as one process would compute them."""
+    s = rollout_correction.mismatch_sums(trainer_lp, sampler_lp, mask, cap)
+    if distributed.enabled():
+        tokens, sequences, abs_sum, k3_sum, out = distributed.all_sum(
+            s.tokens, s.sequences, s.abs_sum, s.k3_sum, s.out_of_band)
+        s = rollout_correction.MismatchSums(tokens, sequences, abs_sum, distributed.all_max(s.abs_max), k3_sum, out)
+    return rollout_correction.mismatch_metrics(s)
+
+
 @dataclass
 class StepRows:
     """One step's rows as the update reads them: the rollout, its completion mask, the distinct rows
@@ -82,6 +95,15 @@ class StepAdvantages:
     advantages: torch.Tensor  # [rows]
     zero_adv_frac: float
     n_degenerate_groups: int
+
+
+@dataclass(frozen=True)
+class StepCorrection:
+    """The rollout correction of a step's rows: the weights w_t [rows, T] that multiply each token's
+    policy-gradient term (None under mode none: nothing is applied), and what they truncated or masked."""
+
+    weights: torch.Tensor | None
+    metrics: dict[str, float]
 
 
 @dataclass(frozen=True)
@@ -304,20 +326,22 @@ class Trainer:
     def update(self, step: int, got: Collected, t0: float | None = None) -> dict:
         """The update of step `step` on the scored groups `got` (what `collect(step)` returned), in three
         named steps: the rows' log-probabilities, the advantages of their KL-shaped rewards, and the
-        policy-gradient pass (micro-batched under rloo.micro_batch_tokens); then the step's metrics."""
+        policy-gradient pass (micro-batched under rloo.micro_batch_tokens), each token's term weighted
+        by the rollout correction (`correction`; none by default); then the step's metrics."""
         t0 = time.perf_counter() if t0 is None else t0
         greedy = self._greedy_baseline(got.idx) if self.rcfg["estimator"] == "remax" else None
         t_score = time.perf_counter()
         rows = self._step_rows(got.rollout)
         t_ref = time.perf_counter()
         self._policy_logprobs(rows)
+        correction = self.correction(rows.rollout, rows.old_lp, rows.mask)
         adv = self._advantages(got.scores, rows, greedy)
         lr = self.scheduler.get_last_lr()[0]  # the rate this step's updates use
-        grad = self._policy_gradient(step, rows, adv)
+        grad = self._policy_gradient(step, rows, adv, correction.weights)
         self.scheduler.step()
         self.rollout.sync_weights(self.policy)  # rollout backend (issue 8): in-place push; no-op for hf
         t_upd = time.perf_counter()
-        metrics = self._step_metrics(step, got, rows, adv, grad, lr)
+        metrics = {**self._step_metrics(step, got, rows, adv, grad, lr), **correction.metrics}
         return self._complete(metrics, got, (t0, t_score, t_ref, t_upd))
 
     def _step_rows(self, ro: Rollout) -> StepRows:
@@ -347,6 +371,25 @@ class Trainer:
             old_d, ent_d = self._old_policy_pass(rows.distinct, rows.parts)
             rows.old_lp, rows.token_ent = old_d[rows.inverse], ent_d[rows.inverse]
 
+    def correction(self, ro: Rollout, old_lp: torch.Tensor, mask: torch.Tensor) -> StepCorrection:
+        """The sampler-trainer mismatch of these rows (train/mismatch_*, whenever the sampler reported its
+        log-probabilities) and the weights of `rloo.rollout_correction` (None under mode none, the
+        default: the update then runs exactly the computation it ran before the correction existed)."""
+        mode, cap = self.rcfg["rollout_correction"]["mode"], self.rcfg["rollout_correction"]["cap"]
+        if ro.logprobs is None:
+            if mode != "none":
+                raise InputError(f"rloo.rollout_correction.mode={mode}: the {self.rollout.name} sampler reported "
+                                 "no log-probabilities of its tokens; set mode none")
+            return StepCorrection(None, {})
+        metrics = mismatch_metrics(ro.logprobs, old_lp, mask, cap)
+        if mode == "none":
+            return StepCorrection(None, metrics)
+        c = rollout_correction.correction_weights(old_lp, ro.logprobs, mask, mode, cap)
+        n = float(rollout_correction.valid_tokens(ro.logprobs, mask).sum())
+        truncated, masked, tokens = distributed.all_sum(c.truncated_share * n, c.masked_share * n, n)
+        return StepCorrection(c.weights, {**metrics, "train/correction_truncated_share": truncated / max(tokens, 1.0),
+                                          "train/correction_masked_share": masked / max(tokens, 1.0)})
+
     def _advantages(self, scores: torch.Tensor, rows: StepRows, greedy: torch.Tensor | None) -> StepAdvantages:
         """R̃_i = r_i - β KL_i (β here only under `kl_in: reward`), then A from R̃ by the configured
         estimator (rloo: A_i = R̃_i - mean_{j≠i} R̃_j)."""
@@ -359,9 +402,11 @@ class Trainer:
             self.baseline = adv.state
         return StepAdvantages(seq_kl, shaped, adv.advantages.reshape(-1), adv.zero_adv_frac, adv.n_degenerate_groups)
 
-    def _policy_gradient(self, step: int, rows: StepRows, adv: StepAdvantages) -> GradientStep:
+    def _policy_gradient(self, step: int, rows: StepRows, adv: StepAdvantages,
+                         weights: torch.Tensor | None = None) -> GradientStep:
         """rloo.updates_per_batch optimizer steps on L = (1/D) Σ_i A_i ℓ_i (+ β KL in the loss under
-        `kl_in: loss`), ℓ_i = -Σ_t log π(y_it) or its ratio-clipped form, D the step's responses
+        `kl_in: loss`), ℓ_i = -Σ_t w_it log π(y_it) or its ratio-clipped form (w: the rollout
+        correction's constant weights, or none), D the step's responses
         (`sequence`) or response tokens (`token`). One normaliser: D is this process's rows or tokens;
         data-parallel, the loss is also multiplied by W·D/D_all (`distributed.loss_scale`), so that the
         ranks' averaged gradients are those of L over all D_all rows or tokens."""
@@ -379,7 +424,8 @@ class Trainer:
             m = mask[sel, :width]
             loss, stats = policy_loss(lp, m, adv.advantages[sel], norm=r["loss_norm"],
                                       old_token_logp=rows.old_lp[sel, :width] if clipped else None,
-                                      clip_eps=r["clip_eps"], denominator=step_denominator)
+                                      clip_eps=r["clip_eps"], denominator=step_denominator,
+                                      weights=None if weights is None else weights[sel, :width])
             if r["kl_in"] == "loss":
                 loss = loss + kl_loss_term(lp, rows.ref_lp[sel, :width], m, r["beta"], r["kl_estimator"],
                                            r["loss_norm"], denominator=step_denominator)

@@ -21,7 +21,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-from workflow_helpers import CONFIGFILES, ROOT, VENV_BIN, env_for, make_copy, planned, snakemake
+from workflow_helpers import (
+    CONFIGFILES,
+    ROOT,
+    make_copy,
+    make_dvc_repo,
+    planned,
+    snakemake,
+    tool,
+)
 
 from rloo import dvc as rdvc
 from rloo import tracking
@@ -30,23 +38,7 @@ from rloo.dvc import driver
 RLOO = "results/gsm8k_rloo.json"
 CONFIG = CONFIGFILES[1:]  # the files, for `rloo dvc ... --configfile`
 ALL_STAGES = {"prepare", "base", "sft", "reward", "rloo@rloo", "evaluate@rloo", "toy"}
-GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@example.org", "GIT_CONFIG_GLOBAL": os.devnull}
-# What the project versions for DVC (the rest comes from workflow_helpers.make_copy).
-DVC_FILES = (".dvc/config", ".dvc/.gitignore", ".dvcignore", ".gitignore", "dvc.yaml", "params.yaml")
-
-
-def _env(repo: Path) -> dict[str, str]:
-    return {**env_for(repo), **GIT_ENV, "DVC_NO_ANALYTICS": "1"}
-
-
-def run(repo: Path, *cmd: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
-    exe = VENV_BIN / cmd[0]
-    argv = [str(exe) if exe.exists() else cmd[0], *cmd[1:]]
-    res = subprocess.run(argv, cwd=repo, env=_env(repo), capture_output=True, text=True, timeout=timeout)
-    if check and res.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} exited {res.returncode}:\n{res.stdout[-3000:]}\n{res.stderr[-5000:]}")
-    return res
+run = tool
 
 
 def dvc_status(repo: Path) -> dict:
@@ -81,13 +73,7 @@ def rules(stage_names: set[str]) -> set[str]:
 @pytest.fixture(scope="module")
 def origin(tmp_path_factory) -> dict:
     base = tmp_path_factory.mktemp("dvc")
-    repo = make_copy(base / "origin")
-    for name in DVC_FILES:
-        (repo / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / name, repo / name)
-    run(repo, "git", "init", "-q")
-    run(repo, "git", "add", "-A")
-    run(repo, "git", "commit", "-qm", "project")
+    repo = make_dvc_repo(make_copy(base / "origin"))
     t0 = time.monotonic()
     res = snakemake(repo, "--cores", "1", *CONFIGFILES, timeout=1200)
     seconds = time.monotonic() - t0
@@ -328,3 +314,39 @@ def test_commit_after_run_is_skipped_outside_a_dvc_repository(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     rdvc.commit_run(workflow=None, config={})
     assert "not a DVC repository" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_model_source_off_the_project_is_pinned_by_its_hash(tmp_path):
+    """config/smollm2.yaml's GGUF file lies inside an installed package, not the project: DVC cannot version
+    that path (the SmolLM2 chain's commit failed on it). The base stage's dep is its pin instead,
+    external/model.gguf.json, holding the file's SHA-256 and no absolute path; a GGUF file elsewhere on disk
+    is pinned the same way, and changing it changes the pin. dvc itself reads the result."""
+    from rloo.dvc.external import pin_path
+    from rloo.io import file_digest
+    from rloo.model.base import gguf_file
+
+    copy = make_dvc_repo(make_copy(tmp_path / "wf"))
+    config = ["config/micro.yaml", "config/smollm2.yaml", "config/test.yaml"]
+    run(copy, "rloo", "dvc", "yaml", "--configfile", *config)
+    pin_file = copy / pin_path("model.gguf")
+    deps = stages(copy)["base"]["deps"]
+    assert pin_path("model.gguf") in deps and not any(os.path.isabs(d) for d in deps), deps
+    assert os.sep + "site-packages" not in (copy / "dvc.yaml").read_text()
+    pin = json.loads(pin_file.read_text())
+    packaged = gguf_file(pin["value"])
+    assert pin["files"] == {packaged.name: {"size": packaged.stat().st_size, "sha256": file_digest(packaged)}}, pin
+    assert "base" in dvc_status(copy)  # dvc reads the stage and its dep (not yet run: changed)
+    # a GGUF file at an absolute path off the project: pinned, and a changed file is a changed pin
+    outside = tmp_path / "models" / "model.gguf"
+    outside.parent.mkdir()
+    shutil.copy2(packaged, outside)
+    (copy / "config" / "extra.yaml").write_text(f"model: {{gguf: {outside}}}\n")
+    run(copy, "rloo", "dvc", "yaml", "--configfile", *config, "config/extra.yaml")
+    before = json.loads(pin_file.read_text())
+    assert before["value"] == str(outside) and list(before["files"].values()) == list(pin["files"].values()), before
+    with outside.open("ab") as f:
+        f.write(b"\0")
+    res = run(copy, "rloo", "dvc", "yaml", "--configfile", *config, "config/extra.yaml")
+    assert f"updated {pin_path('model.gguf')}" in res.stdout + res.stderr, res.stdout + res.stderr
+    assert json.loads(pin_file.read_text())["files"]["model.gguf"]["sha256"] == file_digest(outside)

@@ -58,6 +58,34 @@ def env_for(copy: Path) -> dict[str, str]:
     return env
 
 
+GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@example.org", "GIT_CONFIG_GLOBAL": os.devnull}
+# What the project versions for DVC (the rest comes from make_copy).
+DVC_FILES = (".dvc/config", ".dvc/.gitignore", ".dvcignore", ".gitignore", "dvc.yaml", "params.yaml")
+
+
+def tool(repo: Path, *cmd: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run a tool of the venv (dvc, git, ...) in `repo` with the copy's environment and a throwaway git identity."""
+    exe = VENV_BIN / cmd[0]
+    argv = [str(exe) if exe.exists() else cmd[0], *cmd[1:]]
+    env = {**env_for(repo), **GIT_ENV, "DVC_NO_ANALYTICS": "1"}
+    res = subprocess.run(argv, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout)
+    if check and res.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {res.returncode}:\n{res.stdout[-3000:]}\n{res.stderr[-5000:]}")
+    return res
+
+
+def make_dvc_repo(copy: Path) -> Path:
+    """The working copy made a git repository with the project's DVC files: a run in it commits to DVC."""
+    for name in DVC_FILES:
+        (copy / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, copy / name)
+    tool(copy, "git", "init", "-q")
+    tool(copy, "git", "add", "-A")
+    tool(copy, "git", "commit", "-qm", "project")
+    return copy
+
+
 def snakemake_bin() -> str:
     candidate = VENV_BIN / "snakemake"
     return str(candidate) if candidate.exists() else (shutil.which("snakemake") or "snakemake")

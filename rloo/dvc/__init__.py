@@ -3,6 +3,7 @@
     dag.py      the Snakemake DAG, read through Snakemake's API (the one module using its internals)
     shell.py    a rule's shell command as a DVC stage command
     compile.py  the DAG -> dvc.yaml and params.yaml
+    external.py model sources off the project (an installed package's GGUF file) pinned by hash
     driver.py   running `dvc` (status as JSON, unprotect, relink)
     restore.py  Snakemake's view made to agree with DVC's: mtimes in DAG order, stale records dropped
     commit.py   the outputs committed to the DVC cache: `rloo dvc commit`, and after every run

@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from rloo.dvc import external
 from rloo.dvc.dag import SENTINEL, Dag, Job, snakemake_dag
 from rloo.dvc.dvcyaml import (
     DVC_YAML,
@@ -77,23 +78,26 @@ def split_params(part: dict, full: dict, overridden: set[str]) -> tuple[list[str
     return keys, sets
 
 
-def _stage_body(job: Job, config: dict, overridden: set[str]) -> dict:
+def _stage_body(job: Job, config: dict, overridden: set[str], pins: dict[str, str], root: Path) -> dict:
     sets: dict[str, Any] = {}
     keys: list[str] = []
     if job.cfg is not None:
         keys, sets = split_params(json.loads(job.cfg), config, overridden)
     body: dict[str, Any] = {"cmd": dvc_command(job.shellcmd, job.cfg, sets, rule=job.rule)}
     if job.inputs:
-        body["deps"] = list(job.inputs)
+        # a model source off the project is its pin file (rloo/dvc/external.py)
+        body["deps"] = [external.pin_path(pins[external.absolute(d, root)]) if external.absolute(d, root) in pins
+                        else d for d in job.inputs]
     if keys:
         body["params"] = keys
     body["outs"] = list(job.outputs)
     return body
 
 
-def build_pipeline(dag: Dag) -> dict:
+def build_pipeline(dag: Dag, root: Path) -> dict:
     """dvc.yaml as a dict: one stage per rule, in DAG order; `foreach` for a rule with a wildcard."""
     config = dag.config
+    pins = external.sources(config, root)
     by_rule: dict[str, list[Job]] = {}
     for job in dag.jobs:
         by_rule.setdefault(job.rule, []).append(job)
@@ -105,28 +109,29 @@ def build_pipeline(dag: Dag) -> dict:
                 overridden |= _diff_leaves(json.loads(job.cfg), config)
         if rule not in dag.templates:
             if len(jobs) == 1 and not jobs[0].wildcards:
-                stages[rule] = _stage_body(jobs[0], config, overridden)
+                stages[rule] = _stage_body(jobs[0], config, overridden, pins, root)
             else:
                 # A sweep's rules (dvcyaml.per_job): each job a stage of its own, `sweep-<name>`,
                 # `rloo_sweep-<name>-<point>` (each point sets its own keys, each sweep has its own grid).
                 for job in sorted(jobs, key=lambda j: j.stage):
-                    stages[job.stage] = _stage_body(job, config, overridden)
+                    stages[job.stage] = _stage_body(job, config, overridden, pins, root)
             continue
-        template = _stage_body(dag.templates[rule], config, overridden)
+        template = _stage_body(dag.templates[rule], config, overridden, pins, root)
         values = sorted(next(iter(j.wildcards.values())) for j in jobs)
         for job in jobs:
             value = next(iter(job.wildcards.values()))
             expected = substitute(template, SENTINEL, value)
-            actual = _stage_body(job, config, overridden)
+            actual = _stage_body(job, config, overridden, pins, root)
             if expected != actual:
                 raise DvcError(f"stage {job.stage}: its job differs from the rule's template:\n"
                                f"{yaml.safe_dump(actual)}\nvs\n{yaml.safe_dump(expected)}")
         stages[rule] = {"foreach": values, "do": substitute(template, SENTINEL, ITEM)}
-    outside = sorted({d for body in expand_stages({"stages": stages}).values()
-                      for d in [*stage_deps(body), *stage_outs(body)] if os.path.isabs(d)})
-    if outside:
-        raise DvcError(f"paths outside the project, which DVC cannot version portably: {', '.join(outside[:5])}"
-                       " (the rloo package must be imported from the project: `pip install -e .`)")
+    off = sorted({d for body in expand_stages({"stages": stages}).values()
+                  for d in [*stage_deps(body), *stage_outs(body)] if os.path.isabs(d) or external.outside(d, root)})
+    if off:
+        raise DvcError(f"paths outside the project, which DVC cannot version portably: {', '.join(off[:5])}"
+                       " (the rloo package must be imported from the project: `pip install -e .`; a model "
+                       f"source off the project is pinned only through {', '.join(external.SOURCE_KEYS)})")
     return {"stages": stages}
 
 
@@ -157,9 +162,10 @@ def generate(root: Path, configfiles: list[str], targets: list[str] = (), stages
     root = Path(root)
     existing = list(expand_stages(load_pipeline(root)))
     dag = snakemake_dag(root, configfiles, stages=[*existing, *stages], targets=targets)
-    pipeline = build_pipeline(dag)
+    pipeline = build_pipeline(dag, root)
     changed = []
     if write:
+        changed += external.write_pins(dag.config, root)
         if _write_if_changed(root / DVC_YAML, render_pipeline(pipeline),
                              lambda old: (yaml.safe_load(old) or {}) == pipeline):
             changed.append(DVC_YAML)

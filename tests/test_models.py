@@ -83,10 +83,10 @@ def test_compacted_decoding_equals_the_plain_loop(micro_run):
 
 
 def test_gumbel_max_sampling_follows_the_softmax():
-    from rloo.rollout.sampling import gumbel_noise, next_token
+    from rloo.rollout.sampling import gumbel_noise, sample_token
 
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).repeat(40000, 1)
-    draws = next_token(logits, False, 1.0, 1.0, 0, gumbel_noise(40000, 4, torch.Generator().manual_seed(0)))
+    draws, _ = sample_token(logits, False, 1.0, 1.0, 0, gumbel_noise(40000, 4, torch.Generator().manual_seed(0)))
     freq = torch.bincount(draws, minlength=4).float() / 40000
     torch.testing.assert_close(freq, torch.softmax(logits[0], -1), atol=0.01, rtol=0)
 

@@ -64,18 +64,6 @@ def processed_logits(logits: torch.Tensor, temperature: float, top_p: float, top
     return logits
 
 
-def next_token(
-    logits: torch.Tensor,
-    greedy: bool,
-    temperature: float,
-    top_p: float,
-    top_k: int,
-    gumbel: torch.Tensor | None,
-) -> torch.Tensor:
-    """Greedy, or a sample by the Gumbel-max trick: argmax(logits / T + g) with g ~ Gumbel(0, 1)."""
-    return sample_token(logits, greedy, temperature, top_p, top_k, gumbel)[0]
-
-
 def sample_token(
     logits: torch.Tensor,
     greedy: bool,
@@ -84,8 +72,9 @@ def sample_token(
     top_k: int,
     gumbel: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`next_token` and the log-probability of the token under the processed distribution it was drawn
-    from (log-softmax of `processed_logits` at the token; None when greedy: no distribution is sampled)."""
+    """Greedy, or a sample by the Gumbel-max trick, argmax(processed logits + g) with g ~ Gumbel(0, 1); and
+    the token's log-probability under the processed distribution it was drawn from (log-softmax of
+    `processed_logits` at the token; None when greedy: no distribution is sampled)."""
     if greedy:
         return logits.float().argmax(-1), None
     processed = processed_logits(logits, temperature, top_p, top_k)

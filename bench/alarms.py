@@ -7,7 +7,14 @@ trimmed to the metrics the alarms read, under tests/data/trajectories/ (index.js
 was and the command that made it); tests/test_alarms.py replays the same files.
 
     python bench/alarms.py record seed0 results/models/rloo_rloo --kind healthy --command "..."
+    python bench/alarms.py construct-length-climb              # the constructed length_climb run (below)
     python bench/alarms.py --json docs/figures/alarms.json     # the grid of windows and margins, the defaults' table
+
+No measured run of the embedded default climbs in length, so length_climb's failing run is constructed:
+a real RLOO run (the micro model, SFT trained 150 steps so that it stops well short of the new-token
+budget) whose reward is a verbosity-biased pairwise judge: each completion scores its rank by length
+among its prompt's k completions (0 the shortest, 1 the longest, ties shared). That reward's mean is 1/2
+at every step whatever the lengths, so the length climbs while the reward cannot.
 """
 
 from __future__ import annotations
@@ -87,6 +94,17 @@ def grid(runs: dict[str, dict], windows: list[int], zs: list[float]) -> list[dic
     return rows
 
 
+def miss_margin(run: dict, lo: float = 0.0, hi: float = 10.0) -> float | None:
+    """The largest hacking_z (to 0.001) at which reward_hacking fires on `run`'s evaluations: how far
+    short of the default's margin a missed run falls. None if it fires at no margin in [lo, hi]."""
+    if not alarms.hacking_steps(run["evals"], run["eval_answers"], lo):
+        return None
+    while hi - lo > 1e-4:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if alarms.hacking_steps(run["evals"], run["eval_answers"], mid) else (lo, mid)
+    return round(lo, 3)
+
+
 def record(name: str, source: Path, kind: str, expect: str | None, command: str, eval_answers: int,
            not_applicable: list[str]) -> None:
     """Trim a stage's steps.jsonl (and its metrics.json's evaluations) into the trajectories folder; or,
@@ -96,16 +114,82 @@ def record(name: str, source: Path, kind: str, expect: str | None, command: str,
         metrics = json.loads((source / "metrics.json").read_text())
     else:
         steps, metrics = [], json.loads(source.read_text())["results"]["training"]["rloo"]
+    _write_run(name, steps, metrics, kind=kind, expect=expect, command=command, eval_answers=eval_answers,
+               not_applicable=not_applicable)
+
+
+def _write_run(name: str, steps: list[dict], metrics: dict, **entry) -> None:
     TRAJECTORIES.mkdir(parents=True, exist_ok=True)
     (TRAJECTORIES / f"{name}.jsonl").write_text(
         "".join(json.dumps({k: s[k] for k in KEYS}) + "\n" for s in steps))
     index_path = TRAJECTORIES / "index.json"
     index = json.loads(index_path.read_text()) if index_path.exists() else {}
-    index[name] = {"kind": kind, "expect": expect, "command": command, "steps": len(steps),
-                   "evals": [{k: e[k] for k in EVAL_KEYS} for e in metrics.get("evals", [])],
-                   "eval_answers": eval_answers, "not_applicable": not_applicable,
-                   "alarms_when_recorded": metrics.get("alarms")}
+    keep = {k: v for k, v in index.get(name, {}).items() if k == "known_miss"}  # an annotation, kept
+    index[name] = {"kind": entry.pop("kind"), "expect": entry.pop("expect"), "command": entry.pop("command"),
+                   "steps": len(steps), "evals": [{k: e[k] for k in EVAL_KEYS} for e in metrics.get("evals", [])],
+                   "eval_answers": entry.pop("eval_answers"), "not_applicable": entry.pop("not_applicable"),
+                   "alarms_when_recorded": metrics.get("alarms"), **entry, **keep}
     index_path.write_text(json.dumps(dict(sorted(index.items())), indent=1) + "\n")
+
+
+class LongerInGroupJudge:
+    """A verbosity-biased pairwise judge as a reward: each completion's rank by length (characters)
+    among the completions of its prompt, in [0, 1], ties shared. Its mean over a group is 1/2 whatever
+    the lengths, so it pays for growing longer than one's peers and never rises."""
+
+    name = "longer_in_group"
+
+    def score(self, prompts: list[str], completions: list[str], golds: list[str], finished: list[bool]):
+        import torch
+
+        out = []
+        for p, c in zip(prompts, completions, strict=True):
+            peers = [len(x) for q, x in zip(prompts, completions, strict=True) if q == p]
+            shorter, same = sum(n < len(c) for n in peers), sum(n == len(c) for n in peers) - 1
+            out.append((shorter + same / 2) / max(len(peers) - 1, 1))
+        return torch.tensor(out)
+
+
+LENGTH_CLIMB_SETS = ["tracking.enabled=false", "threads=1", "sft.steps=150", "rloo.k=4", "rloo.prompts_per_step=16",
+                     "rloo.steps=120", "rloo.max_new_tokens=64", "rloo.lr=1.0e-4", "rloo.eval_every=0",
+                     "rloo.select=last", "reward.source=verifier"]
+
+
+def construct_length_climb(name: str = "length_climb") -> None:
+    """The constructed length_climb run (the module's docstring): micro prepare, base and SFT in a
+    temporary folder, then the RLOO trainer's own steps on LongerInGroupJudge, recorded like a stage's."""
+    import shutil
+    import tempfile
+
+    from rloo.config import load_config, parse_set
+    from rloo.io import read_jsonl
+    from rloo.runtime import setup
+    from rloo.stages import base, prepare, sft
+    from rloo.stages.train import Trainer, training_prompts
+
+    cfg = load_config(ROOT / "config" / "micro.yaml", parse_set(LENGTH_CLIMB_SETS))
+    work = Path(tempfile.mkdtemp(prefix="rloo-length-climb-"))
+    try:
+        prepare.run(cfg, work / "data")
+        base.run(cfg, work / "data", work / "base")
+        sft.run(cfg, work / "data", work / "base", work / "sft", work / "sft_work")
+        setup(cfg["threads"], cfg["seed"])
+        train = training_prompts([r for _, r in read_jsonl(work / "data" / "train.jsonl")],
+                                 cfg["rloo"]["min_solution_steps"])
+        trainer = Trainer(cfg, work / "sft", LongerInGroupJudge(), train)
+        for step in range(cfg["rloo"]["steps"]):
+            trainer.history.append(trainer.step(step))  # as the stage's loop keeps it: the alarms read it
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    fired = alarms.first_alarms(trainer.history)
+    _write_run(name, trainer.history, {"alarms": fired}, kind="failing", expect="length_climb",
+               command="python bench/alarms.py construct-length-climb (micro config with " + ", ".join(
+                   LENGTH_CLIMB_SETS) + "; reward: bench/alarms.py LongerInGroupJudge)",
+               eval_answers=0, not_applicable=[],
+               construction="constructed, not measured: a real RLOO run of the micro model (SFT 150 steps) on a "
+                            "verbosity-biased pairwise judge, each completion paid its rank by length among its "
+                            "prompt's k = 4 completions; that reward's mean is 0.5 at every step, so length climbs "
+                            "while the reward cannot rise")
 
 
 def main() -> None:
@@ -120,12 +204,16 @@ def main() -> None:
     rec.add_argument("--not-applicable", action="append", default=[], choices=alarms.STEP_ALARMS,
                      help="an alarm the run's estimator does not check (PPO: zero_signal)")
     rec.add_argument("--eval-answers", type=int, default=500, help="graded answers per validation evaluation")
+    sub.add_parser("construct-length-climb", help="record the constructed length_climb run (see above)")
     ap.add_argument("--windows", default="20,30,40,50,60")
     ap.add_argument("--z", default="2.0,2.5,3.0")
     ap.add_argument("--json", type=Path, help="write the figures here")
     args = ap.parse_args()
     if args.cmd == "record":
         record(args.name, args.source, args.kind, args.expect, args.command, args.eval_answers, args.not_applicable)
+        return
+    if args.cmd == "construct-length-climb":
+        construct_length_climb()
         return
     runs = load()
     cfg = alarms.DEFAULTS
@@ -147,6 +235,9 @@ def main() -> None:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
         runs_out = {n: {**{k: v for k, v in r.items() if k not in ("history", "evals")}, "evaluations": len(r["evals"])}
                     for n, r in runs.items()}
+        for n, r in runs_out.items():  # how far short of the default a known miss falls
+            if (miss := r.get("known_miss")) and miss["alarm"] == "reward_hacking":
+                miss["fires_below_z"] = miss_margin(runs[n])
         args.json.write_text(json.dumps({"command": "python bench/alarms.py --json " + str(args.json), "commit": commit,
                                          "defaults": asdict(cfg), "runs": runs_out, "table": chosen, "grid": rows},
                                         indent=1) + "\n")

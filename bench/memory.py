@@ -180,32 +180,45 @@ def rows_main(a) -> None:
         Path(a.json).write_text(json.dumps(result, indent=1) + "\n")
 
 
-def gpu_check(config: str, layers: int, rows: int, prompt: int, completion: int) -> None:
+def gpu_check(config: str, layers: int, rows: int, prompt: int, completion: int, out: Path | None = None) -> None:
     """scripts/gpu_check.sh: one RLOO update of a Qwen2.5-0.5B-shaped random model at `config`'s budgets,
-    the peak measured beside the plan's (a CPU dry run: small sizes, peak RSS, which counts everything)."""
+    the peak measured beside the plan's (a CPU dry run: small sizes, peak RSS, which counts everything);
+    with `out`, both written there for `python -m rloo.gpu_check` to compare."""
     work = Path(tempfile.mkdtemp(prefix="rloo-gpu-check-"))
     try:
         _qwen_folder(work / "model", layers)
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
+        # The rows are made up, not sampled, so they carry no sampler log-probabilities for gpu.yaml's
+        # rollout correction to read (its weights, one float a token, are no part of the peak).
         got = _one_update(str(work / "model"), rows, prompt, completion, 0,
-                          [f"model.device={device}", "prompt.chat_template=false"], [config])
+                          [f"model.device={device}", "prompt.chat_template=false", "rloo.rollout_correction.mode=none"],
+                          [config])
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"  one RLOO update, {rows} rows x ({prompt} + up to {completion}) tokens, {layers} layers, {config} "
           f"budgets (rloo.micro_batch_tokens {got['micro_batch_tokens']}, model.logits_chunk_tokens "
           f"{got['logits_chunk_tokens']}) on {got['device']}: measured peak {got['peak_mb'] / 1024:.2f} GB, "
           f"planned {got['planned_update_mb'] / 1024:.2f} GB ({got['update_s']:.1f} s)")
+    if out is not None:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+        out.write_text(json.dumps({"command": "python bench/memory.py " + " ".join(sys.argv[1:]), "commit": commit,
+                                   "config": config, "layers": layers, "rows": rows, "prompt_tokens": prompt,
+                                   "completion_tokens": completion, **got}, indent=1) + "\n")
 
 
 def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "--one":  # a child process of --rows: one measurement
         print(json.dumps(_one_update(*json.loads(sys.argv[2]))))
         return
-    if len(sys.argv) >= 3 and sys.argv[1] == "--gpu-check":  # CONFIG [LAYERS ROWS PROMPT COMPLETION]
-        sizes = [int(x) for x in sys.argv[3:]] or [24, 256, 256, 512]
-        gpu_check(sys.argv[2], *sizes)
+    if len(sys.argv) >= 3 and sys.argv[1] == "--gpu-check":  # CONFIG [LAYERS ROWS PROMPT COMPLETION] [--json F]
+        rest, out = sys.argv[3:], None
+        if "--json" in rest:
+            i = rest.index("--json")
+            out, rest = Path(rest[i + 1]), rest[:i] + rest[i + 2:]
+        sizes = [int(x) for x in rest] or [24, 256, 256, 512]
+        gpu_check(sys.argv[2], *sizes, out=out)
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, nargs="*", default=None,

@@ -392,6 +392,10 @@ def alarms_table() -> str:
                 cell = "n/a (steps not recorded)"
             cells.append(f"**{cell}**" if r.get("expect") == a else cell)
         kind = r["kind"] + (f" ({r['expect']})" if r.get("expect") else "")
+        if miss := r.get("known_miss"):  # a failing run its alarm misses: shown as such, with its margin
+            kind += f" ({miss['alarm']} misses it: fires below z = {miss['fires_below_z']})"
+        if r.get("construction"):
+            kind += ", constructed"
         rows.append(f"| {name} ({r['steps'] or 'its evaluations'}{' steps' if r['steps'] else ''}) | {kind} | "
                     + " | ".join(cells) + " |")
     fp = [f"{t[a]['false_positive_runs']} of {t[a]['healthy_runs']} runs ({t[a]['false_positive_steps']} of "

@@ -36,12 +36,45 @@ def test_silent_on_recorded_healthy_runs(name):
     assert _hacking_steps(INDEX[name]) == []
 
 
-@pytest.mark.parametrize("name", sorted(n for n, r in INDEX.items() if r["kind"] == "failing" and r["expect"]))
+FAILING = sorted(n for n, r in INDEX.items() if r["kind"] == "failing")
+
+
+@pytest.mark.parametrize("name", [n for n in FAILING if not INDEX[n].get("known_miss")])
 def test_fires_on_recorded_failing_runs(name):
     run, history = INDEX[name], _history(name)
+    assert run["expect"] in alarms.ALARMS, f"{name}: a failing run names the alarm it must fire, or its known miss"
     steps = _hacking_steps(run) if run["expect"] == "reward_hacking" else alarms.replay(history, CFG)[run["expect"]]
     assert steps, f"{run['expect']} silent on {name}"
     assert steps[0] <= max(len(history), run["evals"][-1]["step"] if run["evals"] else 0)
+
+
+def test_the_known_miss_is_missed_by_its_recorded_margin():
+    """reward_model_seed0 (the learned-reward chain at seed 0) is a failing run reward_hacking misses:
+    the accuracy drop at step 200 is 1.95 standard errors, short of hacking_z = 2. A one-sided 5 % margin
+    would catch it; if the default changes so that it does, this test says to update the docs."""
+    misses = {n: INDEX[n]["known_miss"] for n in FAILING if INDEX[n].get("known_miss")}
+    assert set(misses) == {"reward_model_seed0"}
+    run, miss = INDEX["reward_model_seed0"], misses["reward_model_seed0"]
+    assert miss["alarm"] == "reward_hacking" and run["expect"] is None
+    assert _hacking_steps(run) == []  # missed at the default margin
+    n = run["eval_answers"]
+    assert alarms.hacking_steps(run["evals"], n, 1.95) == []
+    assert alarms.hacking_steps(run["evals"], n, 1.94) == [miss["step"]]  # the drop is 1.94-1.95 SE
+    assert alarms.hacking_steps(run["evals"], n, 1.645) == [miss["step"]]
+
+
+def test_length_climb_fires_on_its_constructed_run():
+    """No measured run climbs in length: length_climb's failing run is a real micro RLOO run on a
+    verbosity-biased judge (bench/alarms.py construct-length-climb), whose reward's mean cannot rise.
+    The alarm fires on it; on the first 49 steps (under the window) it cannot."""
+    run, history = INDEX["length_climb"], _history("length_climb")
+    assert run["expect"] == "length_climb" and "constructed" in run["construction"]
+    assert all(abs(h["train/reward_mean"] - 0.5) < 1e-6 for h in history)  # ranks average 1/2 in every group
+    lengths = [h["train/response_length"] for h in history]
+    assert np.mean(lengths[-25:]) > 1.5 * np.mean(lengths[:10])
+    fired = alarms.replay(history, CFG)["length_climb"]
+    assert fired and fired[0] == CFG.window
+    assert alarms.replay(history[: CFG.window - 1], CFG)["length_climb"] == []
 
 
 def _steps(n: int, **series) -> list[dict]:

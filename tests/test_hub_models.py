@@ -243,7 +243,7 @@ def test_the_no_pad_variant_runs_every_stage(qwen_nopad_dir, tmp_path):
     # a chat model's prose carries no calculator annotations: the solution checker says n/a, not 0
     for p in result["policies"].values():
         check = p["solution_check"]
-        assert (check["accuracy"] is None) == (check["annotated_share"] == 0) == ("reason" in check)
+        assert (check["work_right"] is None) == (check["work_checked_share"] == 0) == ("reason" in check)
 
 
 def _check_completions(path: Path) -> None:

@@ -116,6 +116,10 @@ def test_results_file_matches_its_schema(micro_run, tmp_path):
     assert result["judges"]["accuracy"]["independent_of_training_reward"] is True
     assert result["judges"]["win_rate"] == {"graded_by": "verifier", "independent_of_training_reward": True}
     assert result["judges"]["solution_check"]["independent_of_training_reward"] is True
+    assert result["judges"]["solution_check_work"]["independent_of_training_reward"] is True
+    # every solution-check figure is flagged by the part that grades it, the work or the answer
+    flagged = [f for part in ("solution_check", "solution_check_work") for f in result["judges"][part]["figures"]]
+    assert sorted(flagged) == sorted(set(result["policies"]["sft"]["solution_check"]) - {"completions", "reason"})
     # each trained policy against SFT on the same problems: gain, 95 % interval, p-value
     g, rl, sft = result["gains"]["rloo"], result["policies"]["rloo"], result["policies"]["sft"]
     assert g["sampled"]["gain"] == pytest.approx(rl["accuracy_sampled"] - sft["accuracy_sampled"])
@@ -156,12 +160,14 @@ def test_results_file_matches_its_schema(micro_run, tmp_path):
     # the solution checker beside accuracy: figures, or n/a with a reason where nothing is annotated
     for p in result["policies"].values():
         check = p["solution_check"]
-        assert (check["accuracy"] is None) == (check["annotated_share"] == 0) == ("reason" in check)
+        assert (check["work_right"] is None) == (check["work_checked_share"] == 0) == ("reason" in check)
+        assert check["answer_right"] is not None
     lines = report.evaluate_lines(result)
     assert any(x.startswith("evaluate: RLOO − SFT = ") and "points (p " in x for x in lines), lines
     k = cfg["evaluate"]["samples_per_prompt"]
     assert any(x.startswith("evaluate: rloo: pass@") and f", maj@{k} " in x for x in lines), lines
     assert any(x.startswith("evaluate: base (untrained): accuracy sampled ") for x in lines), lines
+    assert any(x.startswith("evaluate: rloo: solution check: ") for x in lines), lines
     assert any(x.startswith("evaluate: SFT − BASE = ") for x in lines), lines
     # the base row is evaluated last: without it, every other figure is the same, draw for draw
     alone = evaluate.run(cfg, micro_run["data"], micro_run["sft"], {"rloo": str(tmp_path / "rloo")},
@@ -180,6 +186,9 @@ def test_judge_independence_follows_the_training_reward():
     # the reward model learnt from verifier-labelled pairs: not independent of a verifier-trained policy
     assert on_verifier["proxy_reward"]["independent_of_training_reward"] is False
     assert on_verifier["solution_check"]["independent_of_training_reward"] is False  # its answer check is the verifier's
+    assert on_verifier["solution_check_work"]["independent_of_training_reward"] is True  # no reward reads the work
+    assert "answer_right" in on_verifier["solution_check"]["figures"]
+    assert "work_right" in on_verifier["solution_check_work"]["figures"]
     on_model = judge_independence("llm", {"model"}, proxy=False)
     assert on_model["accuracy"]["independent_of_training_reward"] and "proxy_reward" not in on_model
     assert on_model["win_rate"] == {"graded_by": "llm", "independent_of_training_reward": True}
@@ -187,7 +196,7 @@ def test_judge_independence_follows_the_training_reward():
     # no policy's metrics name its training reward: unknown, never independent by default
     unknown = judge_independence("verifier", set(), proxy=True)
     assert {k: v["independent_of_training_reward"] for k, v in unknown.items()} == dict.fromkeys(
-        ("accuracy", "win_rate", "solution_check", "proxy_reward"), None)
+        ("accuracy", "win_rate", "solution_check_work", "solution_check", "proxy_reward"), None)
 
 
 def test_summary_names_the_checkpoint_and_every_alarm(tmp_path, capsys):

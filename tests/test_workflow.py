@@ -205,7 +205,8 @@ def test_scale_out_overlays_plan_one_task_per_gpu(tmp_path, overlay, nodes):
 
 
 def test_gpu_check_script_parses():
-    """scripts/gpu_check.sh runs only where a GPU is lent: here it is at least checked as bash."""
+    """scripts/gpu_check.sh runs only where a GPU is lent: here it is checked as bash (its verdicts'
+    logic: tests/test_gpu_check.py)."""
     res = subprocess.run(["bash", "-n", str(ROOT / "scripts" / "gpu_check.sh")], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
 

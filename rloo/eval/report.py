@@ -106,13 +106,15 @@ def at_k_line(kind: str, figure: dict) -> str:
 
 
 def solution_check_line(check: dict) -> str:
-    """The solution checker's figures of one policy, or why it has none."""
-    if check.get("accuracy") is None:
-        return f"solution check n/a ({check.get('reason', 'nothing checked')})"
+    """The solution checker's figures of one policy: the work and the answer apart, or why the work has none."""
+    answer = "n/a" if check.get("answer_right") is None else f"{check['answer_right']:.3f}"
+    if check.get("work_right") is None:
+        return f"solution check: answer right {answer} sampled; work n/a ({check.get('reason', 'nothing checked')})"
     wrong_work = check.get("right_answer_wrong_work_share")
-    return (f"solution check (answer and every <<expr=value>>) {check['accuracy']:.3f} sampled"
-            + (f", right answer with wrong work {100 * wrong_work:.1f} %" if wrong_work is not None else "")
-            + f", annotated {100 * check['annotated_share']:.0f} %")
+    return (f"solution check: work checked in {100 * check['work_checked_share']:.0f} % of sampled completions, "
+            f"right in {check['work_right']:.3f} of those; answer right {answer}, answer and checked work right "
+            f"{check['answer_and_work_right']:.3f}"
+            + (f"; right answers with wrong work {100 * wrong_work:.1f} %" if wrong_work is not None else ""))
 
 
 def main(paths: list[str]) -> int:

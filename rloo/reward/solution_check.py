@@ -5,6 +5,11 @@ The training reward (the verifier) reads only the final `#### N`; this checker a
 An expression is evaluated by walking its syntax tree, allowing numbers, + - * /, unary signs and
 parentheses only: anything else (a name, a call, `**`, an attribute) is rejected unevaluated, and a
 rejected annotation counts as wrong work.
+
+Two figures are kept apart: whether the work is right (the checker's own, read from the annotations
+only) and whether the answer is right (the verifier's strict check, so not independent of a
+verifier-trained policy). A completion without annotations has unchecked work: it is never counted as
+right work, only as unchecked.
 """
 
 from __future__ import annotations
@@ -87,9 +92,19 @@ class Checked:
     wrong_annotations: int
 
     @property
+    def work_checked(self) -> bool:
+        """At least one annotation: work with none cannot be checked, so it is neither right nor wrong."""
+        return self.annotations > 0
+
+    @property
+    def work_right(self) -> bool:
+        """Checked work with every annotation right."""
+        return self.work_checked and self.wrong_annotations == 0
+
+    @property
     def right(self) -> bool:
-        """Right answer, and no wrong annotation (none at all counts as no wrong one)."""
-        return self.right_answer and self.wrong_annotations == 0
+        """Right answer and checked, right work."""
+        return self.right_answer and self.work_right
 
 
 def check(completion: str, gold: str) -> Checked:
@@ -100,24 +115,48 @@ def check(completion: str, gold: str) -> Checked:
 
 
 NO_ANNOTATIONS = "no completion carries a <<expr=value>> calculator annotation: the work cannot be checked"
+# The keys that read only the annotations, and those that read the verifier's final-answer check too:
+# the results' `judges` block flags their independence from the training reward apart.
+WORK_FIGURES = ("work_checked_share", "work_right", "work_right_greedy")
+ANSWER_FIGURES = ("answer_right", "answer_right_greedy", "answer_and_work_right", "answer_and_work_right_greedy",
+                  "right_answer_wrong_work_share", "right_answer_unchecked_share")
+
+
+def _share(hits: list[bool]) -> float | None:
+    return sum(hits) / len(hits) if hits else None
 
 
 def summarize(sampled: list[list[str]], greedy: list[str], golds: list[str]) -> dict:
     """The checker's figures for one policy: `sampled` holds each problem's draws, `greedy` one
-    completion per problem. accuracy (sampled: over every draw) counts right answer and right work;
-    right_answer_wrong_work_share is over the sampled completions with the right final answer."""
+    completion per problem. Sampled figures are over every draw.
+
+    work_checked_share: completions with at least one annotation; work_right(_greedy): of those, the
+    share with every annotation right; answer_right(_greedy): the verifier's strict final answer;
+    answer_and_work_right(_greedy): both, unchecked work counting as not right; of the sampled
+    completions with the right answer, right_answer_wrong_work_share is the share of the checked ones
+    with a wrong annotation, right_answer_unchecked_share the share without annotations. Where no
+    completion is annotated the work figures are None, with a `reason`: n/a, not 0.
+    """
     draws = [check(t, g) for texts, g in zip(sampled, golds, strict=True) for t in texts]
     greedy_checked = [check(t, g) for t, g in zip(greedy, golds, strict=True)]
-    annotated = sum(c.annotations > 0 for c in draws) / len(draws) if draws else 0.0
-    out = {"accuracy": None, "accuracy_greedy": None, "right_answer_wrong_work_share": None,
-           "annotated_share": annotated, "completions": len(draws)}
-    if not any(c.annotations for c in draws + greedy_checked):
-        return {**out, "reason": NO_ANNOTATIONS}  # n/a, not 0: nothing was checked
     right_answer = [c for c in draws if c.right_answer]
+    out = {
+        "completions": len(draws),
+        "work_checked_share": _share([c.work_checked for c in draws]) or 0.0,
+        "work_right": None, "work_right_greedy": None,
+        "answer_right": _share([c.right_answer for c in draws]),
+        "answer_right_greedy": _share([c.right_answer for c in greedy_checked]),
+        "answer_and_work_right": None, "answer_and_work_right_greedy": None,
+        "right_answer_wrong_work_share": None,
+        "right_answer_unchecked_share": _share([not c.work_checked for c in right_answer]),
+    }
+    if not any(c.work_checked for c in draws + greedy_checked):
+        return {**out, "reason": NO_ANNOTATIONS}
     out.update(
-        accuracy=sum(c.right for c in draws) / len(draws),
-        accuracy_greedy=sum(c.right for c in greedy_checked) / len(greedy_checked),
-        right_answer_wrong_work_share=(sum(c.wrong_annotations > 0 for c in right_answer) / len(right_answer)
-                                       if right_answer else None),
+        work_right=_share([c.work_right for c in draws if c.work_checked]),
+        work_right_greedy=_share([c.work_right for c in greedy_checked if c.work_checked]),
+        answer_and_work_right=_share([c.right for c in draws]),
+        answer_and_work_right_greedy=_share([c.right for c in greedy_checked]),
+        right_answer_wrong_work_share=_share([not c.work_right for c in right_answer if c.work_checked]),
     )
     return out

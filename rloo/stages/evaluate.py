@@ -29,6 +29,7 @@ from rloo.model import checkpoint, models
 from rloo.reward.judge_server import open_judge
 from rloo.reward.judges import win_rate
 from rloo.reward.rewards import RewardModelReward
+from rloo.reward.solution_check import ANSWER_FIGURES, WORK_FIGURES
 from rloo.reward.solution_check import summarize as check_solutions
 from rloo.runtime import setup
 
@@ -170,7 +171,8 @@ def judge_independence(pairwise: str, training_rewards: set[str], proxy: bool) -
 
     Accuracy is graded by the verifier against the gold answers; the pairwise win rate by `pairwise`
     (verifier or llm); the proxy is the trained reward model's opinion, and that model learnt from
-    verifier-labelled pairs; the solution checker's accuracy includes the verifier's final-answer check.
+    verifier-labelled pairs; the solution checker's work figures read the annotations alone, its answer
+    figures the verifier's final-answer check.
     """
     def independent(*sources: str) -> bool | None:
         if not training_rewards:  # missing metrics are not evidence of independence
@@ -181,9 +183,12 @@ def judge_independence(pairwise: str, training_rewards: set[str], proxy: bool) -
         "accuracy": {"graded_by": "verifier", "independent_of_training_reward": independent("verifier")},
         "win_rate": {"graded_by": pairwise, "independent_of_training_reward": independent(
             "verifier" if pairwise == "verifier" else "judge")},
-        # right answer (the verifier's check) and right work: only the work is the checker's own
-        "solution_check": {"graded_by": "solution checker (the verifier's final answer, and every annotation)",
-                           "independent_of_training_reward": independent("verifier")},
+        # The work is read by the checker alone, which no training reward is; every figure that reads
+        # the final answer is the verifier's check, whatever else it adds.
+        "solution_check_work": {"graded_by": "solution checker (every <<expr=value>> annotation; the answer not read)",
+                                "figures": list(WORK_FIGURES), "independent_of_training_reward": independent()},
+        "solution_check": {"graded_by": "verifier (strict final answer), with the solution checker's annotations",
+                           "figures": list(ANSWER_FIGURES), "independent_of_training_reward": independent("verifier")},
     }
     if proxy:
         out["proxy_reward"] = {"graded_by": "reward model (trained on verifier-labelled pairs)",

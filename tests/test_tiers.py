@@ -36,7 +36,8 @@ def test_unmarked_waits():
 
 
 def _pytest(folder: Path, *args: str, limit: str = "1") -> subprocess.CompletedProcess:
-    env = {**os.environ, "RLOO_UNMARKED_LIMIT_S": limit, "PYTHONPATH": str(ROOT)}
+    # the load fixed at 1: the waiting test's wall limit must not stretch with this machine's load
+    env = {**os.environ, "RLOO_UNMARKED_LIMIT_S": limit, "RLOO_UNMARKED_LOAD": "1", "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", *args],
                           cwd=folder, env=env, capture_output=True, text=True, timeout=120)
 

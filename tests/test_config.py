@@ -35,6 +35,9 @@ def test_defaults_are_filled_and_not_shared():
         ({"rloo": {"k": 1}}, "key 'rloo.k': the rloo estimator needs k >= 2"),
         ({"rloo": {"eval_every": 0}}, "key 'rloo.select': 'best' picks a checkpoint by validation accuracy"),
         ({"rloo": {"stop_on": ["reward_hack"]}}, "key 'rloo.stop_on.0'"),
+        # the comparison judges every estimator against RLOO's policy: RLOO must be among them
+        ({"comparison": {"estimators": ["grpo", "ppo"]}}, "key 'comparison.estimators': must include 'rloo'"),
+        ({"comparison": {"estimators": ["rloo", "dpo"]}}, "key 'comparison.estimators.1'"),
     ],
 )
 def test_bad_config_names_the_key(override, message):

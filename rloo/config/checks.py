@@ -31,6 +31,8 @@ def validate(cfg: dict, source: str = "config") -> dict:
                 for key in extra:
                     full = key if where == "<top level>" else f"{where}.{key}"
                     lines.append(f"unknown key '{full}' (allowed here: {', '.join(allowed)})")
+            elif e.validator == "contains" and "const" in e.validator_value:
+                lines.append(f"key '{key_path(e)}': must include {e.validator_value['const']!r}, got {e.instance}")
             else:
                 lines.append(f"key '{key_path(e)}': {e.message}")
         raise ConfigError(f"{source}: invalid configuration:\n  " + "\n  ".join(lines))
@@ -86,8 +88,8 @@ def _cross_checks(cfg: dict) -> list[str]:
     return problems + _serve_checks(cfg) + _sweep_checks(cfg)
 
 
-# Keys a sweep may not set: they say where outputs go, or declare the seeds and sweeps themselves.
-UNSWEEPABLE = ("paths", "seeds", "sweeps")
+# Keys a sweep may not set: they say where outputs go, or declare the seeds, sweeps and comparison themselves.
+UNSWEEPABLE = ("paths", "seeds", "sweeps", "comparison")
 
 
 def _sweep_checks(cfg: dict) -> list[str]:

@@ -31,6 +31,8 @@ OUT = {name: rule_outputs(name, config) for name in STAGES}
 # config's own rloo.estimator.
 ESTIMATORS = load_schema()["properties"]["rloo"]["properties"]["estimator"]["enum"]
 ESTIMATOR = config["rloo"]["estimator"]
+# The estimators the comparison target tables (comparison.estimators; RLOO among them).
+COMPARED = config["comparison"]["estimators"]
 
 
 wildcard_constraints:

@@ -1,8 +1,8 @@
 rule comparison:
     input:
         code=code("compare"),
-        results=expand(OUT["evaluate"]["result"], estimator=ESTIMATORS),
-        completions=expand(OUT["evaluate"]["completions"], estimator=ESTIMATORS),
+        results=expand(OUT["evaluate"]["result"], estimator=COMPARED),
+        completions=expand(OUT["evaluate"]["completions"], estimator=COMPARED),
         judge=JUDGE_MODEL,
     output:
         result=OUT["comparison"]["result"],
@@ -14,10 +14,10 @@ rule comparison:
     params:
         cfg=lambda wildcards: stage_config("comparison"),
         results=lambda wildcards, input: " ".join(
-            f"--result {e}={f}" for e, f in zip(ESTIMATORS, input.results, strict=True)
+            f"--result {e}={f}" for e, f in zip(COMPARED, input.results, strict=True)
         ),
         # wall-clock figures of the RLOO runs: beside their checkpoints, not in any output
-        timings=" ".join(f"--timings {e}={work_dir('rloo', config, e)}/timings.json" for e in ESTIMATORS),
+        timings=" ".join(f"--timings {e}={work_dir('rloo', config, e)}/timings.json" for e in COMPARED),
     conda:
         RLOO_ENV
     log:

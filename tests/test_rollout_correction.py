@@ -202,8 +202,8 @@ def test_a_correction_without_sampler_logprobs_is_an_error(micro_run):
 def test_the_sampling_mismatch_alarm_fires_on_a_tempered_sampler_only(micro_run, tmp_path, temperature, autocast,
                                                                       fires):
     """The real sampler and trainer through the RLOO stage: sampling from the trainer's own distribution
-    (float32: |Δ log p| ~ 1e-7; under the default's bf16 autocast: ~ 2e-3, the precision the alarm must
-    tolerate) it stays silent; a sampler at T = 1.2 against the trainer's T = 1 fires it at the first step
+    (float32: |Δ log p| ~ 1e-7; under the default's bf16 autocast: ~ 2e-3, per-token KL ~ 2e-6 on this
+    model, the precision the alarm must tolerate) it stays silent; a sampler at T = 1.2 against the trainer's T = 1 fires it at the first step
     its window allows, and `stop_on` ends the run there."""
     window, steps = 6, 9
     cfg = json.loads(json.dumps(micro_run["cfg"]))
@@ -224,6 +224,6 @@ def test_the_sampling_mismatch_alarm_fires_on_a_tempered_sampler_only(micro_run,
         assert lines == [f"!! rloo: stopped early after {window} steps: alarm/sampling_mismatch (rloo.stop_on)",
                          f"!! rloo: alarm/sampling_mismatch fired at step {window} (docs/failure-modes.md)"]
     else:
-        assert max(kl) < threshold / 100, kl
+        assert max(kl) < threshold / 10, kl
         assert summary["alarms"]["sampling_mismatch"] is None and flags == [0] * steps
         assert summary["stopped_early"] is None and lines == []

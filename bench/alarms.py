@@ -1,8 +1,9 @@
 """The alarms' calibration: every recorded trajectory replayed through rloo/train/alarms.py.
 
-Healthy runs (the default chain's seeds, the comparison overlay's estimators) must stay silent; failing
-runs (the learned-reward-model chain, k = 2, a learning rate ten times the default without the KL
-term) must fire the alarm their failure names. The trajectories are the stages' own steps.jsonl,
+Healthy runs (the default chain's seeds, the comparison overlay's estimators, the default sampling with
+the trainer's own distribution) must stay silent; failing runs (the learned-reward-model chain, k = 2, a
+learning rate ten times the default without the KL term, a sampler at temperature 1.2) must fire the
+alarm their failure names. The trajectories are the stages' own steps.jsonl,
 trimmed to the metrics the alarms read, under tests/data/trajectories/ (index.json says what each run
 was and the command that made it); tests/test_alarms.py replays the same files.
 
@@ -15,6 +16,9 @@ a real RLOO run (the micro model, SFT trained 150 steps so that it stops well sh
 budget) whose reward is a verbosity-biased pairwise judge: each completion scores its rank by length
 among its prompt's k completions (0 the shortest, 1 the longest, ties shared). That reward's mean is 1/2
 at every step whatever the lengths, so the length climbs while the reward cannot.
+
+sampling_mismatch reads train/mismatch_k3_token, which runs recorded before the metric existed lack: it
+is checked on the runs that have it, and its threshold (`mismatch_kl`) gets a grid of its own.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -33,6 +39,7 @@ from rloo.train import alarms  # noqa: E402
 
 TRAJECTORIES = ROOT / "tests" / "data" / "trajectories"
 KEYS = ("step", "train/reward_mean", "train/kl", "train/zero_adv_frac", "train/response_length")
+MISMATCH_KEY = "train/mismatch_k3_token"  # recorded where the run logged it (sampling_mismatch)
 EVAL_KEYS = ("step", "eval/accuracy_sampled", "eval/proxy_reward")
 
 
@@ -51,11 +58,17 @@ def fired(run: dict, cfg: alarms.AlarmConfig) -> dict[str, list[int]]:
     return out
 
 
+def _has_mismatch(run: dict) -> bool:
+    return any(MISMATCH_KEY in h for h in run["history"])
+
+
 def _checked(run: dict, alarm: str) -> bool:
     """Whether the run can show the alarm: its evaluations (reward_hacking) or its steps recorded, and
     the alarm applies to its estimator."""
     if alarm == "reward_hacking":
         return bool(run["evals"])
+    if alarm == "sampling_mismatch" and not _has_mismatch(run):
+        return False
     return bool(run["history"]) and alarm not in run.get("not_applicable", [])
 
 
@@ -105,6 +118,38 @@ def miss_margin(run: dict, lo: float = 0.0, hi: float = 10.0) -> float | None:
     return round(lo, 3)
 
 
+def _window_means(values: list[float], window: int) -> np.ndarray:
+    v = np.asarray(values, dtype=float)
+    return np.convolve(v, np.ones(window) / window, mode="valid") if len(v) >= window else v[:0]
+
+
+def mismatch_grid(runs: dict[str, dict], thresholds: list[float], zs: list[float]) -> dict:
+    """sampling_mismatch's threshold: each run's per-token KL level (its mean and the range of its
+    window means, at the default window), then what each threshold and margin would cost and catch."""
+    w = alarms.DEFAULTS.window
+    with_metric = {n: r for n, r in runs.items() if _has_mismatch(r)}
+    levels = {}
+    for n, r in with_metric.items():
+        kl = [h.get(MISMATCH_KEY, float("nan")) for h in r["history"]]
+        means = _window_means(kl, w)
+        levels[n] = {"kind": r["kind"], "expect": r.get("expect"), "mean": float(np.nanmean(kl)),
+                     "window_mean_min": float(means.min()) if len(means) else None,
+                     "window_mean_max": float(means.max()) if len(means) else None}
+    rows = []
+    for t in thresholds:
+        for z in zs:
+            cfg = replace(alarms.DEFAULTS, mismatch_kl=t, z=z)
+            fired_at = {n: alarms.replay(r["history"], cfg, r.get("not_applicable", []))["sampling_mismatch"]
+                        for n, r in with_metric.items()}
+            rows.append({"mismatch_kl": t, "z": z,
+                         "false_positive_runs": sum(bool(fired_at[n]) for n, r in with_metric.items()
+                                                    if r["kind"] == "healthy"),
+                         "healthy_runs": sum(r["kind"] == "healthy" for r in with_metric.values()),
+                         "caught": {n: (fired_at[n][0] if fired_at[n] else None) for n, r in with_metric.items()
+                                    if r.get("expect") == "sampling_mismatch"}})
+    return {"window": w, "levels": levels, "grid": rows}
+
+
 def record(name: str, source: Path, kind: str, expect: str | None, command: str, eval_answers: int,
            not_applicable: list[str]) -> None:
     """Trim a stage's steps.jsonl (and its metrics.json's evaluations) into the trajectories folder; or,
@@ -121,7 +166,7 @@ def record(name: str, source: Path, kind: str, expect: str | None, command: str,
 def _write_run(name: str, steps: list[dict], metrics: dict, **entry) -> None:
     TRAJECTORIES.mkdir(parents=True, exist_ok=True)
     (TRAJECTORIES / f"{name}.jsonl").write_text(
-        "".join(json.dumps({k: s[k] for k in KEYS}) + "\n" for s in steps))
+        "".join(json.dumps({k: s[k] for k in (*KEYS, MISMATCH_KEY) if k in s}) + "\n" for s in steps))
     index_path = TRAJECTORIES / "index.json"
     index = json.loads(index_path.read_text()) if index_path.exists() else {}
     keep = {k: v for k, v in index.get(name, {}).items() if k == "known_miss"}  # an annotation, kept
@@ -207,6 +252,7 @@ def main() -> None:
     sub.add_parser("construct-length-climb", help="record the constructed length_climb run (see above)")
     ap.add_argument("--windows", default="20,30,40,50,60")
     ap.add_argument("--z", default="2.0,2.5,3.0")
+    ap.add_argument("--mismatch-kl", default="1e-5,5e-5,1e-4,2e-4,5e-4,1e-3,1e-2", help="sampling_mismatch thresholds to replay")
     ap.add_argument("--json", type=Path, help="write the figures here")
     args = ap.parse_args()
     if args.cmd == "record":
@@ -218,11 +264,20 @@ def main() -> None:
     runs = load()
     cfg = alarms.DEFAULTS
     rows = grid(runs, [int(w) for w in args.windows.split(",")], [float(z) for z in args.z.split(",")])
-    print("window   z   false-positive runs (zero_signal, kl_without_reward, length_climb)   first firing step of each failing run")
+    print("window   z   false-positive runs (zero_signal, kl_without_reward, length_climb, sampling_mismatch)"
+          "   first firing step of each failing run")
     for r in rows:
         fp = r["false_positive_runs"]
         print(f"{r['window']:6d} {r['z']:4.1f}   {fp['zero_signal']:2d} {fp['kl_without_reward']:2d} {fp['length_climb']:2d}"
-              f"   {r['caught']}")
+              f" {fp['sampling_mismatch']:2d}   {r['caught']}")
+    mm = mismatch_grid(runs, [float(t) for t in args.mismatch_kl.split(",")], [float(z) for z in args.z.split(",")])
+    print(f"\nsampling_mismatch: per-token KL(sampler || trainer), window {mm['window']}")
+    for n, lv in mm["levels"].items():
+        print(f"  {n:24s} {lv['kind']:8s} mean {lv['mean']:.3g}, window means {lv['window_mean_min']:.3g} .. "
+              f"{lv['window_mean_max']:.3g}")
+    for r in mm["grid"]:
+        print(f"  mismatch_kl {r['mismatch_kl']:.0e} z {r['z']:3.1f}: false positives {r['false_positive_runs']}/"
+              f"{r['healthy_runs']}, caught {r['caught']}")
     chosen = table(runs, cfg)
     print(f"\nthe defaults {asdict(cfg)}:")
     for alarm, t in chosen.items():
@@ -233,13 +288,15 @@ def main() -> None:
               f"{t['first_firing_step']}")
     if args.json:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-        runs_out = {n: {**{k: v for k, v in r.items() if k not in ("history", "evals")}, "evaluations": len(r["evals"])}
+        runs_out = {n: {**{k: v for k, v in r.items() if k not in ("history", "evals")}, "evaluations": len(r["evals"]),
+                        "mismatch_recorded": _has_mismatch(r)}
                     for n, r in runs.items()}
         for n, r in runs_out.items():  # how far short of the default a known miss falls
             if (miss := r.get("known_miss")) and miss["alarm"] == "reward_hacking":
                 miss["fires_below_z"] = miss_margin(runs[n])
         args.json.write_text(json.dumps({"command": "python bench/alarms.py --json " + str(args.json), "commit": commit,
-                                         "defaults": asdict(cfg), "runs": runs_out, "table": chosen, "grid": rows},
+                                         "defaults": asdict(cfg), "runs": runs_out, "table": chosen, "grid": rows,
+                                         "mismatch": mm},
                                         indent=1) + "\n")
 
 

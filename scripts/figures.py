@@ -374,7 +374,7 @@ def alarms_table() -> str:
     """The alarms' calibration (bench/alarms.py, docs/figures/alarms.json): each recorded run replayed
     with the default thresholds, the first step each alarm fires at; then the false positives."""
     run = _load("alarms.json")
-    names = ["zero_signal", "kl_without_reward", "length_climb", "reward_hacking"]
+    names = ["zero_signal", "kl_without_reward", "length_climb", "sampling_mismatch", "reward_hacking"]
     t = run["table"]
     rows = ["| run | kind | " + " | ".join(f"`{a}`" for a in names) + " |", "| --- | --- |" + " --- |" * len(names)]
     order = sorted(run["runs"], key=lambda n: (run["runs"][n]["kind"] != "healthy", n))
@@ -388,6 +388,8 @@ def alarms_table() -> str:
                 cell = "not checked (the critic is PPO's baseline)"
             elif a == "reward_hacking" and not r["evaluations"]:
                 cell = "n/a (no evaluations)"
+            elif a == "sampling_mismatch" and r["steps"] and not r.get("mismatch_recorded"):
+                cell = "n/a (recorded before the metric)"
             elif a != "reward_hacking" and not r["steps"]:
                 cell = "n/a (steps not recorded)"
             cells.append(f"**{cell}**" if r.get("expect") == a else cell)
@@ -404,7 +406,7 @@ def alarms_table() -> str:
     d = run["defaults"]
     rows += ["", f"`{run['command']}`, commit {run['commit'][:7]}: window {d['window']} steps, z {d['z']}, "
              f"zero-signal share {d['zero_signal_share']}, KL rise {d['kl_rise']} nats, length rise "
-             f"{d['length_rise']:.0%}, reward-hacking z {d['hacking_z']}. Bold: the alarm the failing run must fire. "
+             f"{d['length_rise']:.0%}, reward-hacking z {d['hacking_z']}, mismatch KL {d['mismatch_kl']:g} nats per token. Bold: the alarm the failing run must fire. "
              "Each run's command is in tests/data/trajectories/index.json."]
     return "\n".join(rows)
 
@@ -413,20 +415,39 @@ def alarms_grid_table() -> str:
     """What other windows and margins would have cost (false positives) and caught (first firing step)."""
     run = _load("alarms.json")
     failing = sorted({n for r in run["grid"] for n in r["caught"]})
-    rows = ["| window | z | false-positive runs: zero_signal / kl_without_reward / length_climb | "
+    rows = ["| window | z | false-positive runs: zero_signal / kl_without_reward / length_climb / sampling_mismatch | "
             + " | ".join(f"{n}: first firing" for n in failing) + " |",
             "| --- | --- | --- |" + " --- |" * len(failing)]
     for r in run["grid"]:
         fp = r["false_positive_runs"]
         caught = [("step " + str(r["caught"][n])) if r["caught"][n] is not None else "silent" for n in failing]
         rows.append(f"| {r['window']} | {r['z']} | {fp['zero_signal']} / {fp['kl_without_reward']} / "
-                    f"{fp['length_climb']} | " + " | ".join(caught) + " |")
+                    f"{fp['length_climb']} / {fp['sampling_mismatch']} | " + " | ".join(caught) + " |")
+    return "\n".join(rows)
+
+
+def alarms_mismatch_table() -> str:
+    """sampling_mismatch's calibration: each run's per-token KL level, then each threshold's cost and catch."""
+    mm = _load("alarms.json")["mismatch"]
+    rows = [f"| run | kind | mean per-token KL(sampler ‖ trainer) | range of its {mm['window']}-step window means |",
+            "| --- | --- | --- | --- |"]
+    for name, lv in sorted(mm["levels"].items(), key=lambda x: (x[1]["kind"] != "healthy", x[0])):
+        kind = lv["kind"] + (f" ({lv['expect']})" if lv.get("expect") else "")
+        rows.append(f"| {name} | {kind} | {lv['mean']:.2e} | {lv['window_mean_min']:.2e} to {lv['window_mean_max']:.2e} |")
+    failing = sorted({n for r in mm["grid"] for n in r["caught"]})
+    rows += ["", "| `mismatch_kl` (nats per token) | z | false-positive runs | "
+             + " | ".join(f"{n}: first firing" for n in failing) + " |", "| --- | --- | --- |" + " --- |" * len(failing)]
+    for r in mm["grid"]:
+        caught = [("step " + str(r["caught"][n])) if r["caught"][n] is not None else "silent" for n in failing]
+        rows.append(f"| {r['mismatch_kl']:g} | {r['z']} | {r['false_positive_runs']} of {r['healthy_runs']} | "
+                    + " | ".join(caught) + " |")
     return "\n".join(rows)
 
 
 TABLES = {
     "alarms": alarms_table,
     "alarms-grid": alarms_grid_table,
+    "alarms-mismatch": alarms_mismatch_table,
     "seeds": seeds_table,
     "memory": memory_table,
     "memory-rows": memory_rows_table,

@@ -52,6 +52,12 @@ MUTATIONS = {
         "    delta = trainer_logp.float() - torch.where(m, sampler_logp.float(), 0.0)  # mutation\n",
         "the rollout correction's weights carry a gradient (not constants)",
     ),
+    "sampling-mismatch-alarm-off": (
+        "rloo/train/alarms.py",
+        '        "sampling_mismatch": "sampling_mismatch" not in skip and sampling_mismatch(\n',
+        '        "sampling_mismatch": False and sampling_mismatch(  # mutation\n',
+        "the sampling_mismatch alarm is never raised",
+    ),
     "no-optimizer-step": (
         "rloo/train/rloo.py",
         "            self.optimizer.step()\n",

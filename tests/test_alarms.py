@@ -179,3 +179,32 @@ def test_zero_signal_is_not_ppos_alarm():
     assert alarms.replay(history, CFG)["zero_signal"]
     assert alarms.replay(history, CFG, PPOTrainer.alarms_not_applicable)["zero_signal"] == []
     assert PPOTrainer.alarms_not_applicable == ("zero_signal",) and Trainer.alarms_not_applicable == ()
+
+
+def test_sampling_mismatch_is_a_level_beyond_the_windows_noise():
+    """The window's mean per-token KL(sampler || trainer) above `mismatch_kl` by z standard errors; the
+    healthy level (the default's float32 sampler against its bf16-autocast trainer: 4.7e-5, sd 3.6e-5 a
+    step) is below it, a T = 1.2 sampler's (2.8e-3, sd 9e-4) above."""
+    t, rng = CFG.mismatch_kl, np.random.default_rng(3)
+    assert not alarms.sampling_mismatch(list(np.abs(4.7e-5 + rng.normal(0, 3.6e-5, 50))), CFG)
+    tempered = list(np.abs(2.8e-3 + rng.normal(0, 9e-4, 50)))
+    assert alarms.sampling_mismatch(tempered, CFG)
+    assert not alarms.sampling_mismatch(tempered[:49], CFG)  # fewer steps than the window
+    assert not alarms.sampling_mismatch([4.7e-5] * 49 + [100 * t], CFG)  # one batch far off: not the window
+    # a mean above the threshold within the window's noise: silent (mean 1.3 t, standard error 0.16 t)
+    assert not alarms.sampling_mismatch([0.2 * t, 2.4 * t] * 25, CFG)
+    # steps where the sampler reported no log-probabilities are left out; too few left: silent
+    holed = list(tempered)
+    holed[::3] = [float("nan")] * len(holed[::3])
+    assert alarms.sampling_mismatch(holed, CFG)
+    assert not alarms.sampling_mismatch([float("nan")] * 30 + tempered[:20], CFG)
+
+
+def test_sampling_mismatch_replays_like_the_trainer_and_needs_the_metric():
+    history = _steps(80, mismatch_k3_token=lambda i, rng: 0.02 + rng.normal(0, 1e-3))
+    fired = alarms.replay(history, CFG)
+    assert fired["sampling_mismatch"] == list(range(CFG.window, 81))
+    assert all(v == [] for a, v in fired.items() if a != "sampling_mismatch")
+    # a trajectory without the metric (recorded before it existed, or a sampler without log-probabilities)
+    assert alarms.replay(_steps(80), CFG)["sampling_mismatch"] == []
+    assert alarms.replay(history, CFG, ["sampling_mismatch"])["sampling_mismatch"] == []

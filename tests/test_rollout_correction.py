@@ -5,6 +5,7 @@ sampler's recorded log-probabilities equal to the trainer's recomputation of the
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -17,9 +18,11 @@ from rloo.algo import bandit, reference
 from rloo.algo import rollout_correction as rc
 from rloo.algo.losses import policy_loss
 from rloo.errors import InputError
+from rloo.eval import report
 from rloo.model import models
 from rloo.rollout import hf
 from rloo.stages import train as rloo_stage
+from rloo.train import alarms
 
 CORRECTIONS = ("token_tis", "sequence_tis", "token_mask", "sequence_mask")
 
@@ -188,3 +191,39 @@ def test_a_correction_without_sampler_logprobs_is_an_error(micro_run):
     got.rollout.logprobs = None  # a sampler that reports none
     with pytest.raises(InputError, match="rollout_correction"):
         trainer.update(0, got)
+
+
+# -- the sampling_mismatch alarm (rloo/train/alarms.py), on the whole stage -----------------------
+@pytest.mark.parametrize(
+    ("temperature", "autocast", "fires"),
+    [(1.0, "none", False), (1.0, "bfloat16", False), (1.2, "none", True)],
+    ids=["trainers-own-float32", "trainers-own-bf16-autocast", "tempered-1.2"],
+)
+def test_the_sampling_mismatch_alarm_fires_on_a_tempered_sampler_only(micro_run, tmp_path, temperature, autocast,
+                                                                      fires):
+    """The real sampler and trainer through the RLOO stage: sampling from the trainer's own distribution
+    (float32: |Δ log p| ~ 1e-7; under the default's bf16 autocast: ~ 2e-3, per-token KL ~ 2e-6 on this
+    model, the precision the alarm must tolerate) it stays silent; a sampler at T = 1.2 against the trainer's T = 1 fires it at the first step
+    its window allows, and `stop_on` ends the run there."""
+    window, steps = 6, 9
+    cfg = json.loads(json.dumps(micro_run["cfg"]))
+    cfg["reward"]["source"] = "verifier"
+    cfg["model"]["autocast"] = autocast
+    cfg["rloo"].update({"steps": steps, "eval_every": 0, "select": "last", "temperature": temperature,
+                        "stop_on": ["sampling_mismatch"], "alarms": {"window": window}})
+    summary = rloo_stage.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / "out", tmp_path / "work")
+    history = [json.loads(line) for line in (tmp_path / "out" / "steps.jsonl").read_text().splitlines()]
+    kl = [h["train/mismatch_k3_token"] for h in history]
+    flags = [h["alarm/sampling_mismatch"] for h in history]
+    threshold = alarms.AlarmConfig.from_config(cfg["rloo"]["alarms"]).mismatch_kl
+    lines = [x for x in report.rloo_lines(summary) if "sampling_mismatch" in x]
+    if fires:
+        assert min(kl) > 3 * threshold, kl  # the case is far beyond the threshold, not on its edge
+        assert summary["alarms"]["sampling_mismatch"] == window and flags == [0] * (window - 1) + [1]
+        assert summary["stopped_early"] == {"step": window, "alarm": "sampling_mismatch"}
+        assert lines == [f"!! rloo: stopped early after {window} steps: alarm/sampling_mismatch (rloo.stop_on)",
+                         f"!! rloo: alarm/sampling_mismatch fired at step {window} (docs/failure-modes.md)"]
+    else:
+        assert max(kl) < threshold / 10, kl
+        assert summary["alarms"]["sampling_mismatch"] is None and flags == [0] * steps
+        assert summary["stopped_early"] is None and lines == []

@@ -2,7 +2,8 @@
 
 Each check is a test over a window of steps, never a single batch: a level beyond the noise of the
 window's mean, and the trend the seed names (a zero-signal share that is not falling, a KL that climbs
-while the reward does not, a length that climbs while the reward does not). Their thresholds
+while the reward does not, a length that climbs while the reward does not), or a level alone where the
+healthy figure does not drift (the sampler-trainer mismatch). Their thresholds
 (`rloo.alarms`) were chosen from measured healthy and failing runs: docs/failure-modes.md, bench/alarms.py.
 The trainer logs the flags as `alarm/*` metrics and warns the first time each one fires.
 """
@@ -30,6 +31,7 @@ class AlarmConfig:
     kl_rise: float  # nats: KL's rise from the window's first half to its second that counts as a climb
     length_rise: float  # relative rise of the mean response length across the window
     hacking_z: float  # reward_hacking: the accuracy drop, in standard errors of a difference
+    mismatch_kl: float  # sampling_mismatch: nats per token of KL(sampler || trainer) (k3) that counts as a mismatch
 
     @classmethod
     def from_config(cls, cfg: dict | None = None) -> AlarmConfig:
@@ -112,6 +114,22 @@ def length_climb(lengths: Sequence[float], reward: Sequence[float], cfg: AlarmCo
             and rise > cfg.z * se and _not_rising(r_parts[0], r_parts[-1], cfg.z))
 
 
+def sampling_mismatch(kl_per_token: Sequence[float], cfg: AlarmConfig = DEFAULTS) -> bool:
+    """The samples do not come from the policy the loss differentiates: the window's mean per-token
+    KL(sampler || trainer) (`train/mismatch_k3_token`, docs/rollout-correction.md) exceeds `mismatch_kl` by
+    `z` standard errors. A level alone, no trend: the healthy figure is rounding noise that does not drift
+    with training, and a sampler at another temperature is off from its first step. Steps without the
+    sampler's log-probabilities (NaN) are left out; silent while fewer than half the window has them."""
+    s = _tail(kl_per_token, cfg.window)
+    if s is None:
+        return False
+    s = _finite(s)
+    if 2 * len(s) < cfg.window or len(s) < 2:
+        return False
+    mean, se = _mean_se(s)
+    return mean - cfg.z * se > cfg.mismatch_kl
+
+
 def reward_hacking(accuracy: list[float], proxy: list[float], n: int, z: float = DEFAULTS.hacking_z) -> bool:
     """The proxy reward rose while held-out accuracy fell beyond noise.
 
@@ -135,21 +153,26 @@ def hacking_steps(evals: Sequence[dict], n: int, z: float = DEFAULTS.hacking_z) 
     return [e["step"] for i, e in enumerate(evals) if reward_hacking(acc[: i + 1], proxy[: i + 1], n, z)]
 
 
-ALARMS = ("zero_signal", "kl_without_reward", "length_climb", "reward_hacking")
-STEP_ALARMS = ALARMS[:3]  # read from the per-step metrics; reward_hacking from the validation evaluations
+# read from the per-step metrics; reward_hacking from the validation evaluations
+STEP_ALARMS = ("zero_signal", "kl_without_reward", "length_climb", "sampling_mismatch")
+ALARMS = (*STEP_ALARMS, "reward_hacking")
 
 
 def step_flags(history: Sequence[dict], cfg: AlarmConfig = DEFAULTS, skip: Sequence[str] = ()) -> dict[str, bool]:
     """The per-step alarms after the last record of `history` (the steps so far, oldest first); those in
     `skip` (not applicable to the estimator) stay False."""
-    def series(key: str) -> list[float]:
-        return [h[key] for h in history[-cfg.window:]]
+    def series(key: str, optional: bool = False) -> list[float]:
+        # optional: NaN where a step lacks the key (a sampler that reports no log-probabilities logs no
+        # mismatch, and trajectories recorded before the mismatch metrics have none)
+        return [h.get(key, math.nan) if optional else h[key] for h in history[-cfg.window:]]
 
     reward = series("train/reward_mean")
     return {
         "zero_signal": "zero_signal" not in skip and zero_signal(series("train/zero_adv_frac"), cfg),
         "kl_without_reward": "kl_without_reward" not in skip and kl_without_reward(series("train/kl"), reward, cfg),
         "length_climb": "length_climb" not in skip and length_climb(series("train/response_length"), reward, cfg),
+        "sampling_mismatch": "sampling_mismatch" not in skip and sampling_mismatch(
+            series("train/mismatch_k3_token", optional=True), cfg),
     }
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from rloo.config.schema import load_schema
+from rloo.config import load_schema
 
 
 @dataclass(frozen=True)

@@ -98,14 +98,16 @@ def build_reward(cfg: dict, reward_model_dir: str | None = None) -> RewardSource
     if source == "model":
         if not reward_model_dir:
             raise ValueError("reward.source is 'model' but no reward model folder was given (--reward-model)")
+        from rloo.config.sections import Sections
         from rloo.model import models
 
-        m = cfg["model"]
+        sections = Sections.from_config(cfg)
+        mc = sections.model
         return RewardModelReward(
-            models.load_reward_model(reward_model_dir, **models.load_options(m)),
-            models.load_tokenizer(reward_model_dir, m["trust_remote_code"]),
-            batch_size=cfg["reward"]["batch_size_score"],
-            max_length=m["max_length"],
+            models.load_reward_model(reward_model_dir, **models.load_options(mc)),
+            models.load_tokenizer(reward_model_dir, mc.trust_remote_code),
+            batch_size=sections.reward.batch_size_score,
+            max_length=mc.max_length,
             prompt_cfg=cfg["prompt"],
         )
     from rloo.reward.judges import JudgeReward

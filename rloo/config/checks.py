@@ -9,6 +9,7 @@ import re
 from urllib.parse import parse_qsl, urlsplit
 
 from rloo.config.schema import ConfigError, Validator, coerce, key_path, load_schema
+from rloo.config.sections import RlooConfig
 from rloo.config.selection import leaves, put, select
 
 
@@ -75,10 +76,6 @@ def _credentials(cfg: dict) -> list[str]:
 
 def _cross_checks(cfg: dict) -> list[str]:
     """Rules that tie several keys together, checked before any stage runs (so `snakemake -n` fails)."""
-    from rloo.config.sections import (
-        RlooConfig,  # here: it imports rloo.train.alarms, which imports this package
-    )
-
     return RlooConfig.from_config(cfg["rloo"]).problems() + _serve_checks(cfg) + _sweep_checks(cfg)
 
 

@@ -11,10 +11,10 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, is_dataclass
+from types import MappingProxyType
 from typing import Any
 
 from rloo.algo.names import GROUP_ESTIMATORS
-from rloo.train.alarms import AlarmConfig
 
 
 class Section:
@@ -31,7 +31,8 @@ class Section:
 
 
 def _typed(hint: Any, value: Any) -> Any:
-    """`value` as the field's type: a nested section built, a list frozen into a tuple."""
+    """`value` as the field's type: a nested section built, a list frozen into a tuple, a mapping
+    into a read-only copy."""
     if value is None:
         return None
     for t in (hint, *typing.get_args(hint)):
@@ -39,6 +40,8 @@ def _typed(hint: Any, value: Any) -> Any:
             return t.from_config(value)  # type: ignore[attr-defined]
     if isinstance(value, list):
         return tuple(value)
+    if isinstance(value, Mapping):
+        return MappingProxyType(dict(value))
     return value
 
 
@@ -88,7 +91,7 @@ class ModelConfig(Section):
     lora: LoraConfig
     gradient_checkpointing: bool
     logits_chunk_tokens: int
-    shape: dict | None  # read by `rloo plan` only (rloo/memory_plan.py), from the raw dict
+    shape: Mapping[str, Any] | None  # read by `rloo plan` only (rloo/memory_plan.py), from the raw dict
 
 
 # -- the training stages ------------------------------------------------------------------------------
@@ -185,7 +188,9 @@ class RlooConfig(Section):
     rollout_correction: RolloutCorrectionConfig
     ppo: PpoConfig
     select: str
-    alarms: AlarmConfig
+    # rloo.train.alarms.AlarmConfig types them: importing it here would make every stage's code inputs
+    # count the alarms module (rloo/code_inputs.py)
+    alarms: Mapping[str, Any]
     stop_on: tuple[str, ...]
 
     def problems(self) -> list[str]:

@@ -154,7 +154,7 @@ def run(
             trainer.evals.append(e)
             e["alarm/reward_hacking"] = int(alarms.reward_hacking(
                 [x["eval/accuracy_sampled"] for x in trainer.evals], [x["eval/proxy_reward"] for x in trainer.evals],
-                min(rc.eval_examples, len(val)) * rc.eval_draws, rc.alarms.hacking_z))
+                min(rc.eval_examples, len(val)) * rc.eval_draws, trainer.alarm_cfg.hacking_z))
             select.offer(e, trainer.policy)
             log.info("eval after %d steps: %s", done, {k: round(v, 4) for k, v in e.items() if k != "step"})
             return e

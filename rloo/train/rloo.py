@@ -171,6 +171,7 @@ class Trainer:
         self.history: list[dict] = []
         self.evals: list[dict] = []  # validation evaluations, {"step": updates done, "eval/...": ...}
         self._warned: set[str] = set()  # alarms already announced in the log
+        self.alarm_cfg = alarms.AlarmConfig.from_config(rc.alarms)
         # rollout backend (issue 8): `rollout.backend` hf | vllm; a vLLM engine is built once, here.
         self.rollout = make_rollout(sections, self.seed, policy_dir, self.policy)
         # Rows per chunk of the forward passes over the samples (batching._completion_pass), and whether
@@ -521,7 +522,7 @@ class Trainer:
         return metrics
 
     def _alarms(self, m: dict) -> dict:
-        flags = alarms.step_flags([*self.history, m], self.rc.alarms, self.alarms_not_applicable)
+        flags = alarms.step_flags([*self.history, m], self.alarm_cfg, self.alarms_not_applicable)
         for name, on in flags.items():
             if on and name not in self._warned:
                 log.warning("alarm/%s fired at step %d (docs/failure-modes.md)", name, m["step"] + 1)

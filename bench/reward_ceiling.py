@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rloo.config import load_config  # noqa: E402
+from rloo.config.sections import ModelConfig  # noqa: E402
 from rloo.data.prompting import PromptFormat  # noqa: E402
 from rloo.io import read_jsonl  # noqa: E402
 from rloo.model import models  # noqa: E402
@@ -82,14 +83,14 @@ def main() -> None:
     _, val = split_by_prompt(pairs, cfg["reward"]["val_fraction"], cfg["seed"])
     print(f"pairs {len(pairs)}, held-out {len(val)} on {len({p.prompt_id for p in val})} prompts; "
           f"{info['samples']} samples, {info['sample_accuracy']:.3f} correct")
-    mcfg = cfg["model"]
-    tok = models.load_tokenizer(args.policy, mcfg["trust_remote_code"])
-    policy = models.load_causal_lm(args.policy, **models.load_options(mcfg))
+    mc = ModelConfig.from_config(cfg["model"])
+    tok = models.load_tokenizer(args.policy, mc.trust_remote_code)
+    policy = models.load_causal_lm(args.policy, **models.load_options(mc))
     scores = {f"policy {name}": acc for name, acc in ranking_accuracy(policy, tok, val).items()}
     if args.reward_model:
-        rm = models.load_reward_model(args.reward_model, **models.load_options(mcfg))
+        rm = models.load_reward_model(args.reward_model, **models.load_options(mc))
         fmt = PromptFormat(tok, cfg["prompt"])
-        scores["reward model"] = pairwise_accuracy(rm, fmt, val, mcfg["max_length"], mcfg["autocast"])
+        scores["reward model"] = pairwise_accuracy(rm, fmt, val, mc.max_length, mc.autocast)
     for name, acc in scores.items():
         print(f"held-out pairwise accuracy, {name:<31} {acc:.3f}")
     if args.json:

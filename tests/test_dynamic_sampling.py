@@ -118,7 +118,7 @@ def test_only_groups_with_spread_are_trained_and_refills_are_counted(micro_run):
         s = got.stats
         assert s["train/dynamic_dropped_frac"] > 0 and s["train/dynamic_groups"] == b
         assert s["train/extra_samples"] % k == 0 and s["train/extra_samples"] > 0
-        assert 1 <= s["train/dynamic_rounds"] <= trainer.rcfg["dynamic_sampling_max_rounds"]
+        assert 1 <= s["train/dynamic_rounds"] <= trainer.rc.dynamic_sampling_max_rounds
         refilled += s["train/dynamic_rounds"]
     assert refilled > 0
     m = trainer.step(4)

@@ -8,6 +8,7 @@ server that ignores SIGTERM. The same lifecycle with a real `vllm serve` is in t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from rloo.config import ConfigError, load_config
+from rloo.config.sections import ServeConfig
 from rloo.reward.judge_server import JudgeServerError, command_for, free_port, judge_devices, serve
 from rloo.stages import compare
 
@@ -102,12 +104,13 @@ def test_a_server_that_never_answers_times_out_and_is_stopped(tmp_path):
 
 
 def test_command_and_devices_follow_the_config():
-    s = {"model": "Qwen/Qwen2.5-7B-Instruct", "args": ["--max-model-len", "4096"], "gpus": 2, "command": None}
+    s = ServeConfig(model="Qwen/Qwen2.5-7B-Instruct", args=("--max-model-len", "4096"), gpus=2,
+                    startup_timeout_s=900, stop_grace_s=30, command=None)
     cmd = command_for(s, "judge", 8123)
     assert cmd[cmd.index("--served-model-name") + 1] == "judge" and cmd[cmd.index("--port") + 1] == "8123"
     assert cmd[cmd.index("--tensor-parallel-size") + 1] == "2" and "Qwen/Qwen2.5-7B-Instruct" in cmd
-    assert "--tensor-parallel-size" not in command_for({**s, "gpus": 1}, "judge", 1)
-    custom = command_for({**s, "command": ["srv", "{model}", "--port={port}", "{host}", "{name}"]}, "judge", 9)
+    assert "--tensor-parallel-size" not in command_for(dataclasses.replace(s, gpus=1), "judge", 1)
+    custom = command_for(dataclasses.replace(s, command=("srv", "{model}", "--port={port}", "{host}", "{name}")), "judge", 9)
     assert custom == ["srv", "Qwen/Qwen2.5-7B-Instruct", "--port=9", "127.0.0.1", "judge"]
     # the policies take the job's first GPU, the judge its last serve.gpus
     assert judge_devices(2, ["4", "5", "7"]) == "5,7" and judge_devices(0, ["3"]) == "3"

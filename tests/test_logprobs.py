@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from rloo.algo.losses import token_entropy
+from rloo.config.sections import LoraConfig
 from rloo.model import grad_checkpointing, lora
 from rloo.model.head import causal_logprobs, head_logprobs, linear_head, logprob_head
 from rloo.model.logprobs import (
@@ -243,8 +244,7 @@ def test_a_head_that_is_more_than_a_linear_map_takes_the_full_logits_way():
 
 def test_lora_and_gradient_checkpointing_take_the_chunked_head():
     model = _qwen2(vocab=2000)
-    adapted = lora.adapt(model, {"lora": {"enabled": True, "r": 4, "alpha": 8, "dropout": 0.0,
-                                          "target_modules": "all-linear"}})
+    adapted = lora.adapt(model, LoraConfig(enabled=True, r=4, alpha=8, dropout=0.0, target_modules="all-linear"))
     for p in adapted.model.parameters():  # B = 0 at the start: a step makes the adapters matter
         if p.requires_grad:
             torch.nn.init.normal_(p, std=0.02)

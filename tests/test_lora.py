@@ -21,6 +21,7 @@ import torch
 from test_train import LengthReward
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
+from rloo.config.sections import ModelConfig
 from rloo.errors import InputError
 from rloo.io import read_jsonl
 from rloo.model import checkpoint, lora, models
@@ -116,7 +117,8 @@ def test_lean_sampling_applies_the_adapters(micro_run):
     adapted model, and not what the base model samples."""
     cfg = _cfg(micro_run)
     tok = models.load_tokenizer(micro_run["sft"])
-    model, adapted = models.for_training(models.load_causal_lm(micro_run["sft"], trainable=True), cfg["model"])
+    model, adapted = models.for_training(models.load_causal_lm(micro_run["sft"], trainable=True),
+                                         ModelConfig.from_config(cfg["model"]))
     torch.manual_seed(0)
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -15,6 +15,7 @@ import pytest
 import torch
 from test_train import LengthReward
 
+from rloo.config.sections import ModelConfig
 from rloo.io import read_jsonl
 from rloo.model import microbatch, models
 from rloo.model.logprobs import join
@@ -196,10 +197,11 @@ def test_micro_batched_reward_step_has_the_one_pass_gradient(micro_run):
     # Chosen: the gold solution; rejected: a truncated one (texts of several lengths).
     pairs = [Pair(i, fmt.prompt(r["question"]), fmt.solution(r["answer"]), fmt.solution(r["answer"])[: 5 + 7 * i])
              for i, r in enumerate(rows)]
-    whole_loss, _ = reward.step_loss(model, None, fmt, pairs, 0, cfg["model"])
+    mc = ModelConfig.from_config(cfg["model"])
+    whole_loss, _ = reward.step_loss(model, None, fmt, pairs, 0, mc)
     want = _grads(model)
-    budget = 2 * 3 * len(fmt.scored_ids(pairs[-1].prompt + pairs[-1].chosen, cfg["model"]["max_length"]))
-    split_loss, _ = reward.step_loss(model, None, fmt, pairs, budget, cfg["model"])
+    budget = 2 * 3 * len(fmt.scored_ids(pairs[-1].prompt + pairs[-1].chosen, mc.max_length))
+    split_loss, _ = reward.step_loss(model, None, fmt, pairs, budget, mc)
     got = _grads(model)
     assert split_loss == pytest.approx(whole_loss, rel=1e-5)  # (wins: near-ties of an untrained head may flip)
     _assert_same(want, got)

@@ -4,6 +4,8 @@ on the same samples, for both normalisations and the KL in the reward or in the 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from test_microbatch import _budget_for_parts, _cfg, _rows
@@ -65,7 +67,8 @@ def test_the_trainers_update_has_the_reference_updates_gradient(micro_run, norm,
     cfg = _cfg(micro_run, loss_norm=norm, kl_in=kl_in, beta=0.5, kl_estimator="k3" if kl_in == "loss" else "k1")
     trainer = _perturbed_trainer(cfg, micro_run)
     if micro_batches:
-        cfg["rloo"]["micro_batch_tokens"] = _budget_for_parts(trainer, 0, 3)
+        # the trainer reads its own frozen copy of the section: the budget goes there
+        trainer.rc = dataclasses.replace(trainer.rc, micro_batch_tokens=_budget_for_parts(trainer, 0, 3))
     got = trainer.collect(0)
     ro = got.rollout
     batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
@@ -90,7 +93,8 @@ def test_the_trainers_corrected_update_has_the_reference_updates_gradient(micro_
     cfg = _cfg(micro_run, beta=0.5, temperature=1.0, rollout_correction={"mode": "token_tis", "cap": 1.5})
     trainer = _perturbed_trainer(cfg, micro_run)
     if micro_batches:
-        cfg["rloo"]["micro_batch_tokens"] = _budget_for_parts(trainer, 0, 3)
+        # the trainer reads its own frozen copy of the section: the budget goes there
+        trainer.rc = dataclasses.replace(trainer.rc, micro_batch_tokens=_budget_for_parts(trainer, 0, 3))
     got = trainer.collect(0)
     ro = got.rollout
     g = torch.Generator().manual_seed(1)

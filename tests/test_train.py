@@ -1,5 +1,6 @@
 """The RLOO stage on the micro config: a real policy, reference, sampler and verifier."""
 
+import dataclasses
 import json
 import logging
 import math
@@ -10,6 +11,7 @@ import torch
 from workflow_helpers import same_weights
 
 from rloo.algo.estimators import ESTIMATORS
+from rloo.config.sections import RlooConfig
 from rloo.io import read_jsonl
 from rloo.model import checkpoint, models
 from rloo.reward.rewards import VerifierReward
@@ -95,9 +97,10 @@ def test_prompts_longer_than_the_context_are_a_clear_error(micro_run):
         rloo_stage.Trainer(cfg, micro_run["sft"], VerifierReward(), _train_rows(micro_run))
 
 
-def test_biased_sampling_settings_warn_loudly(caplog):
+def test_biased_sampling_settings_warn_loudly(caplog, micro_cfg):
+    rc = dataclasses.replace(RlooConfig.from_config(micro_cfg["rloo"]), temperature=0.7, top_p=0.9, top_k=0)
     with caplog.at_level(logging.WARNING):
-        problems = rloo_stage.check_sampling({"temperature": 0.7, "top_p": 0.9, "top_k": 0})
+        problems = rloo_stage.check_sampling(rc)
     assert problems == ["rloo.temperature=0.7", "rloo.top_p=0.9"]
     assert "biased" in caplog.text
 

@@ -34,6 +34,8 @@ import torch
 
 from rloo.algo import estimators as est
 from rloo.algo import rollout_correction
+from rloo.algo.names import GROUP_ESTIMATORS
+from rloo.config.sections import k_problems
 
 N_ACTIONS = 32
 REWARD_OFFSET = 2.0
@@ -124,7 +126,7 @@ def estimator_stats(
     rewards = sample_rewards(bandit.q, actions, rng)
     rows = []
     for method in methods:
-        if method in est.GROUP_ESTIMATORS and k < 2:
+        if k_problems(method, k):
             continue
         grads = score_function_gradients(pi, actions, group_advantages(method, rewards, expected_reward))
         mean = grads.mean(axis=0)
@@ -171,7 +173,7 @@ def train(
     Each step draws ``batch`` samples; group methods split them into batch // k groups of k. The update
     is lr times the average of A_i grad log pi(y_i) over the whole batch.
     """
-    if method in est.GROUP_ESTIMATORS and batch % k:
+    if method in GROUP_ESTIMATORS and batch % k:
         raise ValueError(f"batch {batch} is not a multiple of k={k}")
     n_seeds = len(seeds)
     rngs = [np.random.default_rng(s) for s in seeds]
@@ -193,7 +195,7 @@ def train(
                     torch.from_numpy(rewards[s : s + 1]), baselines[s], ma_decay
                 )
                 adv[s] = a.numpy()[0]
-        elif method in est.GROUP_ESTIMATORS:
+        elif method in GROUP_ESTIMATORS:
             grouped = torch.from_numpy(rewards.reshape(-1, k))
             adv = est.compute_advantages(method, grouped).advantages.numpy().reshape(n_seeds, batch)
         elif method == "reinforce":
@@ -234,7 +236,7 @@ def run_toy(
     for method, k in TRAIN_METHODS:
         curve = train(bandit, method, k, train_seeds, train_steps, train_batch, lr)
         final = curve[:, -1]
-        label = f"{method} (k={k})" if method in est.GROUP_ESTIMATORS else method
+        label = f"{method} (k={k})" if method in GROUP_ESTIMATORS else method
         training_rows.append(
             {
                 "method": method,

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rloo.algo.names import ESTIMATORS, GROUP_ESTIMATORS
+from rloo.algo.names import ESTIMATORS
+from rloo.config.sections import k_problems
 
 
 def _check_rewards(rewards: torch.Tensor) -> torch.Tensor:
@@ -47,11 +48,8 @@ def _check_rewards(rewards: torch.Tensor) -> torch.Tensor:
 
 def _require_group(rewards: torch.Tensor, name: str) -> None:
     k = rewards.shape[1]
-    if k < 2:
-        raise ValueError(
-            f"estimator '{name}' builds its baseline from the other samples of a prompt and needs "
-            f"rloo.k >= 2 samples per prompt, got k={k}"
-        )
+    if problems := k_problems(name, k):
+        raise ValueError(f"rloo.k={k}: {problems[0]}")
 
 
 def _group_stats(rewards: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -182,8 +180,7 @@ def compute_advantages(
     if name not in ESTIMATORS:
         raise ValueError(f"unknown advantage estimator {name!r}; valid names: {', '.join(ESTIMATORS)}")
     rewards = _check_rewards(rewards)
-    if name in GROUP_ESTIMATORS:
-        _require_group(rewards, name)
+    _require_group(rewards, name)
 
     new_state: MovingBaseline | None = None
     if name == "rloo":

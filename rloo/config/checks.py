@@ -8,8 +8,8 @@ import math
 import re
 from urllib.parse import parse_qsl, urlsplit
 
-from rloo.algo.names import GROUP_ESTIMATORS
 from rloo.config.schema import ConfigError, Validator, coerce, key_path, load_schema
+from rloo.config.sections import RlooConfig
 from rloo.config.selection import leaves, put, select
 
 
@@ -78,14 +78,7 @@ def _credentials(cfg: dict) -> list[str]:
 
 def _cross_checks(cfg: dict) -> list[str]:
     """Rules that tie several keys together, checked before any stage runs (so `snakemake -n` fails)."""
-    r = cfg["rloo"]
-    problems = []
-    if r["estimator"] in GROUP_ESTIMATORS and r["k"] < 2:
-        problems.append(f"key 'rloo.k': the {r['estimator']} estimator needs k >= 2 samples per prompt, got {r['k']}")
-    if r["select"] == "best" and not r["eval_every"]:
-        problems.append("key 'rloo.select': 'best' picks a checkpoint by validation accuracy and needs "
-                        "rloo.eval_every > 0 (or set rloo.select: last)")
-    return problems + _serve_checks(cfg) + _sweep_checks(cfg)
+    return RlooConfig.from_config(cfg["rloo"]).problems() + _serve_checks(cfg) + _sweep_checks(cfg)
 
 
 # Keys a sweep may not set: they say where outputs go, or declare the seeds, sweeps and comparison themselves.

@@ -1,6 +1,6 @@
 """LoRA adapters through peft (`model.lora`): W' = W + (alpha / r) B A on the frozen base weight W.
 
-    adapted = lora.adapt(model, cfg["model"])   # None when model.lora.enabled is false
+    adapted = lora.adapt(model, sections.model.lora)   # None when model.lora.enabled is false
     policy = adapted.model                      # the model's own class, LoRA layers injected: train this
     with adapted.base():                        # adapters off: the base model (RLOO's reference)
         ...
@@ -19,21 +19,24 @@ from dataclasses import dataclass
 
 import torch
 
+from rloo.config.sections import LoraConfig, ModelConfig
 from rloo.model import distributed
 
 log = logging.getLogger("rloo")
 
 
-def enabled(mcfg: dict) -> bool:
-    return bool(mcfg["lora"]["enabled"])
+def enabled(mc: ModelConfig) -> bool:
+    return bool(mc.lora.enabled)
 
 
-def lora_config(lcfg: dict, task_type: str):
+def lora_config(lc: LoraConfig, task_type: str):
     """peft's LoraConfig of the `model.lora` settings (task_type CAUSAL_LM, or SEQ_CLS for a reward model)."""
-    from peft import LoraConfig
+    import peft
 
-    return LoraConfig(r=lcfg["r"], lora_alpha=lcfg["alpha"], lora_dropout=lcfg["dropout"],
-                      target_modules=lcfg["target_modules"], task_type=task_type, bias="none")
+    # peft makes a set of a list of module names and leaves a tuple as it is: hand it the config's list
+    targets = lc.target_modules if isinstance(lc.target_modules, str) else list(lc.target_modules)
+    return peft.LoraConfig(r=lc.r, lora_alpha=lc.alpha, lora_dropout=lc.dropout,
+                           target_modules=targets, task_type=task_type, bias="none")
 
 
 @dataclass
@@ -70,19 +73,19 @@ class Adapted:
         return copy.merge_and_unload().eval()
 
 
-def adapt(model: torch.nn.Module, mcfg: dict, task_type: str = "CAUSAL_LM") -> Adapted | None:
+def adapt(model: torch.nn.Module, lc: LoraConfig, task_type: str = "CAUSAL_LM") -> Adapted | None:
     """`model` (a transformers model, already on its device) with LoRA adapters of `model.lora`; None when
     LoRA is off. The base weights are frozen; the adapters start at B = 0, so the adapted model first
     computes exactly what `model` did."""
-    if not enabled(mcfg):
+    if not lc.enabled:
         return None
     from peft import get_peft_model
 
-    peft_model = get_peft_model(model, lora_config(mcfg["lora"], task_type))
+    peft_model = get_peft_model(model, lora_config(lc, task_type))
     train, total = (sum(p.numel() for p in model.parameters() if p.requires_grad),
                     sum(p.numel() for p in model.parameters()))
-    log.info("LoRA r=%d alpha=%s on %s: %s of %s parameters train", mcfg["lora"]["r"], mcfg["lora"]["alpha"],
-             mcfg["lora"]["target_modules"], f"{train:,}", f"{total:,}")
+    log.info("LoRA r=%d alpha=%s on %s: %s of %s parameters train", lc.r, lc.alpha, lc.target_modules,
+             f"{train:,}", f"{total:,}")
     return Adapted(peft_model)
 
 

@@ -28,6 +28,7 @@ from rloo.errors import InputError
 from rloo.runtime import resolve_device
 
 if TYPE_CHECKING:
+    from rloo.config.sections import ModelConfig
     from rloo.model.lora import Adapted
 
 EOS = "<|endoftext|>"
@@ -110,13 +111,13 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> PreTrai
     return tok
 
 
-def load_options(mcfg: dict) -> dict:
+def load_options(mc: ModelConfig) -> dict:
     """The `model` config keys every loader takes, as keyword arguments."""
     return {
-        "dtype": mcfg["dtype"],
-        "trust_remote_code": mcfg["trust_remote_code"],
-        "attn_implementation": mcfg["attn_implementation"],
-        "device": mcfg["device"],
+        "dtype": mc.dtype,
+        "trust_remote_code": mc.trust_remote_code,
+        "attn_implementation": mc.attn_implementation,
+        "device": mc.device,
     }
 
 
@@ -187,15 +188,15 @@ def _prepare(model: PreTrainedModel, trainable: bool, device: str) -> PreTrained
     return model
 
 
-def for_training(model: PreTrainedModel, mcfg: dict, task_type: str = "CAUSAL_LM") -> tuple[PreTrainedModel, Adapted | None]:
+def for_training(model: PreTrainedModel, mc: ModelConfig, task_type: str = "CAUSAL_LM") -> tuple[PreTrainedModel, Adapted | None]:
     """A loaded trainable model as `model.lora` and `model.gradient_checkpointing` make it: (the module
     to train, its `lora.Adapted` or None). With LoRA the module is the model's own class with LoRA layers
     injected, only the adapters requiring gradients."""
     from rloo.model import grad_checkpointing, lora
 
-    adapted = lora.adapt(model, mcfg, task_type)
+    adapted = lora.adapt(model, mc.lora, task_type)
     module = adapted.model if adapted is not None else model
-    grad_checkpointing.enable(module, mcfg["gradient_checkpointing"])
+    grad_checkpointing.enable(module, mc.gradient_checkpointing)
     return module, adapted
 
 

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from rloo.config.sections import EvaluateConfig, ServeConfig
 from rloo.errors import UserError
 from rloo.reward.judges import LLMJudge, PairwiseJudge, build_judge
 
@@ -234,17 +235,17 @@ def _fail(message: str, log_path: Path) -> None:
     raise JudgeServerError(f"{message}; its log: {log_path}")
 
 
-def command_for(serve_cfg: dict, name: str, port: int, host: str = HOST) -> list[str]:
+def command_for(serve: ServeConfig, name: str, port: int, host: str = HOST) -> list[str]:
     """The server's command line for `evaluate.llm_judge.serve`: vLLM's OpenAI server with the model
     served as `name` on host:port (tensor-parallel over serve.gpus GPUs unless args say otherwise), or
     `serve.command` with {model} {name} {host} {port} filled in."""
-    if serve_cfg.get("command"):
-        fields = {"model": serve_cfg["model"], "name": name, "host": host, "port": port}
-        return [part.format(**fields) for part in serve_cfg["command"]]
-    args = list(serve_cfg["args"])
-    if serve_cfg["gpus"] > 1 and tensor_parallel(args) is None:
-        args += ["--tensor-parallel-size", str(serve_cfg["gpus"])]
-    return vllm_command(serve_cfg["model"], ["--host", host, "--port", str(port), "--served-model-name", name, *args])
+    if serve.command:
+        fields = {"model": serve.model, "name": name, "host": host, "port": port}
+        return [part.format(**fields) for part in serve.command]
+    args = list(serve.args)
+    if serve.gpus > 1 and tensor_parallel(args) is None:
+        args += ["--tensor-parallel-size", str(serve.gpus)]
+    return vllm_command(serve.model, ["--host", host, "--port", str(port), "--served-model-name", name, *args])
 
 
 @contextlib.contextmanager
@@ -252,22 +253,23 @@ def open_judge(cfg: dict, log_path: str | Path, reserved_gpus: int = 1) -> Itera
     """The configured judge for a block: with `evaluate.llm_judge.serve`, the model served on a free local
     port for the block's duration (`serve`, its output in `log_path`), on the GPUs after the stage's own
     `reserved_gpus`; else `build_judge`."""
-    j = cfg["evaluate"]["llm_judge"]
-    if cfg["evaluate"]["judge"] != "llm" or not j["serve"]:
+    ec = EvaluateConfig.from_config(cfg["evaluate"])
+    j = ec.llm_judge
+    if ec.judge != "llm" or j.serve is None:
         yield build_judge(cfg)
         return
-    s = j["serve"]
+    s = j.serve
     env = dict(os.environ)
-    devices = judge_devices(s["gpus"], reserved=reserved_gpus)
+    devices = judge_devices(s.gpus, reserved=reserved_gpus)
     if devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = devices
     # A one-run key: another user of the node cannot call this judge; it never leaves the two processes.
     key = env["VLLM_API_KEY"] = secrets.token_urlsafe(24)
     port = free_port()
-    with serve(command_for(s, j["model"], port), log_path, what=s["model"], port=port,
-               startup_timeout_s=s["startup_timeout_s"], stop_grace_s=s["stop_grace_s"], env=env) as server:
-        judge = LLMJudge.from_config(cfg, base_url=server.base_url, api_key=key)
+    with serve(command_for(s, j.model, port), log_path, what=s.model, port=port,
+               startup_timeout_s=s.startup_timeout_s, stop_grace_s=s.stop_grace_s, env=env) as server:
+        judge = LLMJudge.from_config(j, base_url=server.base_url, api_key=key)
         # What the results record: the served model and its flags, not the port of one run.
-        judge.description = {"type": "llm", "model": j["model"],
-                             "served": {"model": s["model"], "args": list(s["args"]), "gpus": s["gpus"]}}
+        judge.description = {"type": "llm", "model": j.model,
+                             "served": {"model": s.model, "args": list(s.args), "gpus": s.gpus}}
         yield judge

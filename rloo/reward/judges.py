@@ -15,6 +15,7 @@ from typing import Protocol
 
 import torch
 
+from rloo.config.sections import EvaluateConfig, LlmJudgeConfig
 from rloo.errors import UserError
 from rloo.reward.verifier import is_correct
 
@@ -147,18 +148,18 @@ class LLMJudge:
         return {"calls": self.calls, "failed_calls": self.failed, "failed_share": share, "unparsed_replies": self.unparsed}
 
     @classmethod
-    def from_config(cls, cfg: dict, base_url: str | None = None, api_key: str | None = None) -> LLMJudge:
+    def from_config(cls, j: LlmJudgeConfig, base_url: str | None = None, api_key: str | None = None) -> LLMJudge:
         """The judge of `evaluate.llm_judge`; `base_url`/`api_key`: a served judge's, instead of the config's."""
-        j = cfg["evaluate"]["llm_judge"]
-        structured = j["structured_verdict"]
+        structured = j.structured_verdict
         if structured == "auto":  # vLLM's own server understands it; an external endpoint may not
-            structured = bool(j["serve"]) and not j["serve"]["command"]
-        return cls(base_url or j["base_url"], j["model"], j["api_key_env"], j["timeout_s"], j["max_retries"],
-                   j["max_failed_share"], structured=structured, api_key=api_key)
+            structured = j.serve is not None and not j.serve.command
+        return cls(base_url or j.base_url, j.model, j.api_key_env, j.timeout_s, j.max_retries,
+                   j.max_failed_share, structured=structured, api_key=api_key)
 
 
 def build_judge(cfg: dict) -> PairwiseJudge:
-    return LLMJudge.from_config(cfg) if cfg["evaluate"]["judge"] == "llm" else VerifierJudge()
+    ec = EvaluateConfig.from_config(cfg["evaluate"])
+    return LLMJudge.from_config(ec.llm_judge) if ec.judge == "llm" else VerifierJudge()
 
 
 @dataclass

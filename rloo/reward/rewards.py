@@ -13,6 +13,7 @@ from typing import Protocol
 
 import torch
 
+from rloo.config.sections import Sections
 from rloo.data.prompting import PromptFormat
 from rloo.errors import UserError
 from rloo.reward.verifier import is_correct
@@ -92,20 +93,20 @@ def score_texts(model, fmt: PromptFormat, texts: list[str], batch_size: int, max
 
 def build_reward(cfg: dict, reward_model_dir: str | None = None) -> RewardSource:
     """The training reward named by `reward.source`."""
-    source = cfg["reward"]["source"]
-    if source == "verifier":
+    sections = Sections.from_config(cfg)
+    if sections.reward.source == "verifier":
         return VerifierReward()
-    if source == "model":
+    if sections.reward.source == "model":
         if not reward_model_dir:
             raise ValueError("reward.source is 'model' but no reward model folder was given (--reward-model)")
         from rloo.model import models
 
-        m = cfg["model"]
+        mc = sections.model
         return RewardModelReward(
-            models.load_reward_model(reward_model_dir, **models.load_options(m)),
-            models.load_tokenizer(reward_model_dir, m["trust_remote_code"]),
-            batch_size=cfg["reward"]["batch_size_score"],
-            max_length=m["max_length"],
+            models.load_reward_model(reward_model_dir, **models.load_options(mc)),
+            models.load_tokenizer(reward_model_dir, mc.trust_remote_code),
+            batch_size=sections.reward.batch_size_score,
+            max_length=mc.max_length,
             prompt_cfg=cfg["prompt"],
         )
     from rloo.reward.judges import JudgeReward

@@ -1,6 +1,6 @@
 """Sampling completions from a policy. `hf` is the default backend; `vllm` is an optional extra.
 
-`make_rollout(cfg, policy_dir, policy)` gives the configured sampler behind one interface:
+`make_rollout(sections, seed, policy_dir, policy)` gives the configured sampler behind one interface:
 `generate(prompts, *, max_new_tokens, eos_id, pad_id, greedy, temperature, top_p, top_k, generator)
 -> Rollout` and `sync_weights(model)` (call it after each optimizer step; a no-op for `hf`, which
 samples from the live policy).
@@ -9,11 +9,15 @@ samples from the live policy).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from rloo.rollout.hf import generate
 from rloo.rollout.sampling import Rollout
+
+if TYPE_CHECKING:
+    from rloo.config.sections import Sections
 
 __all__ = ["HFRollout", "Rollout", "generate", "logprob_gap", "make_rollout"]
 
@@ -37,12 +41,12 @@ class HFRollout:
         pass
 
 
-def make_rollout(cfg: dict, policy_dir: str | Path, policy: torch.nn.Module):
+def make_rollout(sections: Sections, seed: int, policy_dir: str | Path, policy: torch.nn.Module):
     """The sampler of `rollout.backend`; the vLLM engine is built once here, from `policy_dir`."""
-    if cfg["rollout"]["backend"] == "vllm":
+    if sections.rollout.backend == "vllm":
         from rloo.rollout.vllm import VLLMRollout  # imports vllm, an optional dependency
 
-        return VLLMRollout.from_config(cfg, policy_dir)
+        return VLLMRollout.from_config(sections, seed, policy_dir)
     return HFRollout(policy)
 
 

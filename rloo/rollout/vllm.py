@@ -24,11 +24,15 @@ import contextlib
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from rloo.model.logprobs import left_pad
 from rloo.rollout.sampling import Rollout
+
+if TYPE_CHECKING:
+    from rloo.config.sections import Sections
 
 log = logging.getLogger("rloo.rollout.vllm")
 
@@ -156,7 +160,7 @@ class VLLMRollout:
             return vllm.LLM(policy_dir, **kwargs)
 
     @classmethod
-    def from_config(cls, cfg: dict, policy_dir: str | Path) -> VLLMRollout:
+    def from_config(cls, sections: Sections, seed: int, policy_dir: str | Path) -> VLLMRollout:
         """The engine of an RLOO run. On a GPU, `rollout.gpu_memory_utilization` sizes it as in vLLM.
 
         On a CPU, vLLM reads that fraction as a share of host RAM for the whole process, the trainer's
@@ -165,14 +169,14 @@ class VLLMRollout:
         rollouts (prompts_per_step x k sequences of model.max_length tokens, twice over), unless
         VLLM_CPU_KVCACHE_SPACE (GiB, vLLM's own CPU setting) is set.
         """
-        m, r = cfg["model"], cfg["rloo"]
+        mc, rc = sections.model, sections.rloo
         extra = {}
         if not torch.cuda.is_available():
-            tokens = r["prompts_per_step"] * r["k"] * m["max_length"]
-            extra["kv_cache_memory_bytes"] = kv_cache_bytes(policy_dir, tokens, m["dtype"], m["trust_remote_code"])
+            tokens = rc.prompts_per_step * rc.k * mc.max_length
+            extra["kv_cache_memory_bytes"] = kv_cache_bytes(policy_dir, tokens, mc.dtype, mc.trust_remote_code)
         return cls(
-            policy_dir, dtype=m["dtype"], gpu_memory_utilization=cfg["rollout"]["gpu_memory_utilization"],
-            max_model_len=m["max_length"], seed=cfg["seed"], trust_remote_code=m["trust_remote_code"], **extra,
+            policy_dir, dtype=mc.dtype, gpu_memory_utilization=sections.rollout.gpu_memory_utilization,
+            max_model_len=mc.max_length, seed=seed, trust_remote_code=mc.trust_remote_code, **extra,
         )
 
     # -- sampling ---------------------------------------------------------------------------------

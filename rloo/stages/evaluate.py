@@ -20,6 +20,7 @@ import yaml
 from safetensors.torch import load_file
 
 from rloo.config import config_hash, stage_config
+from rloo.config.sections import Sections
 from rloo.errors import InputError
 from rloo.eval.at_k import maj_at_k, pass_at_k
 from rloo.eval.evaluation import evaluate_policy, spec_for, write_completions
@@ -42,12 +43,13 @@ def policy_report(
     """Metrics of one policy (evaluation.evaluate_policy: sampled accuracy is the mean over
     `evaluate.samples_per_prompt` draws, since one draw moves by about two points from one sampling
     seed to the next on 500 problems), and its completions by decoding mode for the pairwise judge."""
-    e, m = cfg["evaluate"], cfg["model"]
-    policy = models.load_causal_lm(policy_dir, **models.load_options(m))
-    spec = spec_for(cfg, "evaluate", e["max_new_tokens"], e["samples_per_prompt"], stream=21)
+    sections = Sections.from_config(cfg)
+    ec, mc = sections.evaluate, sections.model
+    policy = models.load_causal_lm(policy_dir, **models.load_options(mc))
+    spec = spec_for(cfg, "evaluate", ec.max_new_tokens, ec.samples_per_prompt, stream=21)
     proxy = None
     if reward is not None:  # what the learned reward model thinks of these completions
-        proxy = RewardModelReward(reward[0], reward[1], batch_size=e["batch_size"], max_length=m["max_length"],
+        proxy = RewardModelReward(reward[0], reward[1], batch_size=ec.batch_size, max_length=mc.max_length,
                                   prompt_cfg=cfg["prompt"])
     report, texts = evaluate_policy(policy, tok, rows, spec, reference=reference, proxy=proxy, label=policy_dir.name)
     report.pop("examples")  # one figure for the whole result
@@ -81,19 +83,20 @@ def judge_log_path(cfg: dict, out_json: str | Path) -> Path:
 
 def _evaluate(cfg: dict, judge, data_dir, sft_dir, policies: dict[str, str], out_json, reward_model_dir,
               plot_dir, base_dir=None) -> dict:
-    m, e = cfg["model"], cfg["evaluate"]
+    sections = Sections.from_config(cfg)
+    mc, ec = sections.model, sections.evaluate
     data_dir = Path(data_dir)
     # A diverged model (NaN or infinite weights) is refused before anything is sampled.
     for folder in [sft_dir, *policies.values(), *(f for f in (reward_model_dir, base_dir) if f)]:
         if bad := nonfinite_weights(Path(folder)):
             raise InputError(f"{folder}: weight {bad} is not finite (a diverged run?): not evaluated")
-    rows = [r for _, r in read_jsonl(data_dir / "test.jsonl")][: e["examples"]]
-    tok = models.load_tokenizer(sft_dir, m["trust_remote_code"])
-    reference = models.load_causal_lm(sft_dir, **models.load_options(m))
+    rows = [r for _, r in read_jsonl(data_dir / "test.jsonl")][: ec.examples]
+    tok = models.load_tokenizer(sft_dir, mc.trust_remote_code)
+    reference = models.load_causal_lm(sft_dir, **models.load_options(mc))
     reward = None
     if reward_model_dir:
-        reward = (models.load_reward_model(reward_model_dir, **models.load_options(m)),
-                  models.load_tokenizer(reward_model_dir, m["trust_remote_code"]))
+        reward = (models.load_reward_model(reward_model_dir, **models.load_options(mc)),
+                  models.load_tokenizer(reward_model_dir, mc.trust_remote_code))
     reports, texts = {}, {}
     for name, folder in {"sft": str(sft_dir), **policies}.items():
         reports[name], texts[name] = policy_report(cfg, Path(folder), reference, tok, rows, reward)
@@ -104,7 +107,7 @@ def _evaluate(cfg: dict, judge, data_dir, sft_dir, policies: dict[str, str], out
         evaluated["base"], texts["base"] = policy_report(cfg, Path(base_dir), reference, tok, rows, reward)
         log.info("base: %s", evaluated["base"])
     questions, golds = [r["question"] for r in rows], [r["answer"] for r in rows]
-    mode = e["win_rate_decoding"]
+    mode = ec.win_rate_decoding
     wins = {name: win_rate(judge, questions, golds, texts[name][mode], texts["sft"][mode]).as_dict()
             for name in policies}
     for detail in wins.values():

@@ -12,6 +12,7 @@ import torch
 
 from rloo import tracking
 from rloo.algo.losses import bradley_terry_loss
+from rloo.config.sections import ModelConfig, Sections
 from rloo.data.prompting import PromptFormat
 from rloo.errors import InputError
 from rloo.io import read_jsonl
@@ -33,12 +34,13 @@ def sample_pairs(cfg: dict, policy_dir: Path, train: list[dict]) -> tuple[list[P
     Data-parallel, each process samples its contiguous share of every batch's prompts, with the noise
     one process sampling the whole batch would give those rows (`noise_rows`); the samples are then
     gathered, so every process pairs exactly what one process pairs."""
-    rcfg, mcfg = cfg["reward"], cfg["model"]
-    tok = models.load_tokenizer(policy_dir, mcfg["trust_remote_code"])
-    policy = models.load_causal_lm(policy_dir, **models.load_options(mcfg))
+    sections = Sections.from_config(cfg)
+    reward_cfg, mc = sections.reward, sections.model
+    tok = models.load_tokenizer(policy_dir, mc.trust_remote_code)
+    policy = models.load_causal_lm(policy_dir, **models.load_options(mc))
     fmt = PromptFormat(tok, cfg["prompt"])
-    rows = train[: rcfg["prompts"]]
-    k = rcfg["samples_per_prompt"]
+    rows = train[: reward_cfg.prompts]
+    k = reward_cfg.samples_per_prompt
     rng = random.Random(cfg["seed"])
     pairs: list[Pair] = []
     n_correct = n_samples = 0
@@ -51,8 +53,8 @@ def sample_pairs(cfg: dict, policy_dir: Path, train: list[dict]) -> tuple[list[P
         ids = [fmt.encode(p) for p in prompts[lo:hi] for _ in range(k)]
         mine: list[tuple[str, bool]] = []
         if ids:  # a share may be empty: a last batch with fewer prompts than processes
-            with autocast(mcfg["autocast"], model_device(policy)):
-                ro = generate(policy, ids, max_new_tokens=rcfg["max_new_tokens"], eos_id=tok.eos_token_id,
+            with autocast(mc.autocast, model_device(policy)):
+                ro = generate(policy, ids, max_new_tokens=reward_cfg.max_new_tokens, eos_id=tok.eos_token_id,
                               pad_id=tok.pad_token_id, generator=step_generator(cfg["seed"], start, stream=3),
                               **({"noise_rows": (lo * k, len(chunk) * k)} if distributed.enabled() else {}))
             mine = list(zip(ro.texts(tok), ro.finished.tolist(), strict=True))
@@ -85,18 +87,18 @@ def pair_scores(model, fmt: PromptFormat, pairs: list[Pair] | list[tuple[list[in
     return s[: len(encoded)], s[len(encoded) :]
 
 
-def step_loss(model, wrapped, fmt: PromptFormat, pairs: list[Pair], budget: int, mcfg: dict) -> tuple[float, float]:
+def step_loss(model, wrapped, fmt: PromptFormat, pairs: list[Pair], budget: int, mc: ModelConfig) -> tuple[float, float]:
     """Backward of one step's Bradley-Terry loss (the mean over its pairs), the pairs packed by length
     into micro-batches under `reward.micro_batch_tokens` (a pair, both its texts, is never split); each
     micro-batch's loss is its pairs' sum over the step's pair count. Data-parallel: weighed by this
     rank's share of the step's pairs. Returns (the loss, the pairs whose chosen text scored higher)."""
     scale = distributed.loss_scale(len(pairs)) if distributed.enabled() else 1.0
-    encoded = pair_ids(fmt, pairs, mcfg["max_length"])  # once a step: the lengths and the passes read them
+    encoded = pair_ids(fmt, pairs, mc.max_length)  # once a step: the lengths and the passes read them
     lengths = [2 * max(len(c), len(r)) for c, r in encoded]  # a pair costs two rows as long as its longer text
     parts = microbatch.even(microbatch.pack(lengths, budget))
 
     def loss_of(rows: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        c, r = pair_scores(model, fmt, [encoded[i] for i in rows.tolist()], mcfg["max_length"], mcfg["autocast"], wrapped)
+        c, r = pair_scores(model, fmt, [encoded[i] for i in rows.tolist()], mc.max_length, mc.autocast, wrapped)
         loss = bradley_terry_loss(c, r, None if len(parts) == 1 else len(pairs))
         return (loss * scale if distributed.enabled() else loss), {"wins": float((c > r).sum())}
 
@@ -104,11 +106,11 @@ def step_loss(model, wrapped, fmt: PromptFormat, pairs: list[Pair], budget: int,
     return loss, counts.get("wins", 0.0)
 
 
-def accuracy(model, fmt: PromptFormat, pairs: list[Pair], mcfg: dict) -> float:
+def accuracy(model, fmt: PromptFormat, pairs: list[Pair], mc: ModelConfig) -> float:
     """`pairwise_accuracy` of a model that may be data-parallel: rank 0 computes it with the whole
     parameters (FSDP: gathered), every rank gets it."""
     with distributed.gathered(model):
-        return distributed.on_main(lambda: pairwise_accuracy(model, fmt, pairs, mcfg["max_length"], mcfg["autocast"]))
+        return distributed.on_main(lambda: pairwise_accuracy(model, fmt, pairs, mc.max_length, mc.autocast))
 
 
 @torch.no_grad()
@@ -135,49 +137,50 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
     averaged gradient is the single-process one); rank 0 evaluates and writes."""
     distributed.init(cfg)
     threads = setup(distributed.threads(cfg["threads"]), cfg["seed"])
-    rcfg, mcfg = cfg["reward"], cfg["model"]
+    sections = Sections.from_config(cfg)
+    reward_cfg, mc = sections.reward, sections.model
     policy_dir, out_dir = Path(policy_dir), Path(out_dir)
     train = [r for _, r in read_jsonl(Path(data_dir) / "train.jsonl")]
     t0 = time.perf_counter()
     pairs, sample_info = sample_pairs(cfg, policy_dir, train)
-    tr_pairs, val_pairs = split_by_prompt(pairs, rcfg["val_fraction"], cfg["seed"])
+    tr_pairs, val_pairs = split_by_prompt(pairs, reward_cfg.val_fraction, cfg["seed"])
     if not tr_pairs:
         raise InputError("reward: no preference pairs could be built (every sample was correct, or none)")
     t_pairs = time.perf_counter() - t0
 
-    init = rcfg["init"] or policy_dir
-    tok = models.load_tokenizer(policy_dir, mcfg["trust_remote_code"])
+    init = reward_cfg.init or policy_dir
+    tok = models.load_tokenizer(policy_dir, mc.trust_remote_code)
     # With LoRA: adapters on the backbone, the new score head trained whole (peft's SEQ_CLS task).
-    model, adapted = models.for_training(models.load_reward_model(init, trained=False, **models.load_options(mcfg), trainable=True),
-                                         mcfg, "SEQ_CLS")
+    model, adapted = models.for_training(models.load_reward_model(init, trained=False, **models.load_options(mc), trainable=True),
+                                         mc, "SEQ_CLS")
     model.config.pad_token_id = tok.pad_token_id
     fmt = PromptFormat(tok, cfg["prompt"])
     train_model = distributed.wrap(model)  # DDP around it, or the model sharded in place by FSDP
-    opt = torch.optim.AdamW(lora.trainable(model), lr=rcfg["lr"])
-    val_before = accuracy(model, fmt, val_pairs, mcfg)
+    opt = torch.optim.AdamW(lora.trainable(model), lr=reward_cfg.lr)
+    val_before = accuracy(model, fmt, val_pairs, mc)
     work_dir = Path(work_dir) if work_dir is not None else out_dir.parent / "work" / out_dir.name
     # Not part of the run: the checkpoint interval, and what the stage does not read (pipeline.STAGES).
     fingerprint = distributed.fingerprint(run_fingerprint(
         cfg, ["seed", "model", "prompt", "reward"], data_dir, policy_dir,
         ignore=("reward.checkpoint_every", *STAGES["reward"].excluded)))
-    loop = TrainingLoop("reward", rcfg["steps"], work_dir / "checkpoints", model, opt, None, fingerprint,
-                        rcfg["checkpoint_every"], max_nonfinite_steps=rcfg["max_nonfinite_steps"])
+    loop = TrainingLoop("reward", reward_cfg.steps, work_dir / "checkpoints", model, opt, None, fingerprint,
+                        reward_cfg.checkpoint_every, max_nonfinite_steps=reward_cfg.max_nonfinite_steps)
     loop.resume()
     t_train = time.perf_counter()
     for step in loop:
         batch_rng = np.random.default_rng([cfg["seed"], step])  # the batch of step N depends on (seed, N) only
-        idx = batch_rng.choice(len(tr_pairs), size=min(rcfg["batch_size"], len(tr_pairs)), replace=False)
+        idx = batch_rng.choice(len(tr_pairs), size=min(reward_cfg.batch_size, len(tr_pairs)), replace=False)
         if distributed.enabled():  # this rank's contiguous share of the step's pairs, through DDP / FSDP
             lo, hi = distributed.shard(len(idx))
             idx = idx[lo:hi]
         with grad_checkpointing.active(model):  # the model stays in eval mode (no dropout)
             loss_value, wins = step_loss(model, train_model if distributed.enabled() else None, fmt,
-                                         [tr_pairs[i] for i in idx], rcfg["micro_batch_tokens"], mcfg)
+                                         [tr_pairs[i] for i in idx], reward_cfg.micro_batch_tokens, mc)
         grad_norm = float(distributed.clip_grad_norm_(model.parameters(), 1.0))
         if loop.finite(step, loss=loss_value, grad_norm=grad_norm):
             opt.step()
         opt.zero_grad(set_to_none=True)
-        if step % 10 == 0 or step == rcfg["steps"] - 1:
+        if step % 10 == 0 or step == reward_cfg.steps - 1:
             # The whole step's figures: the ranks' mean of the weighted losses is the step's mean loss.
             value = distributed.mean_over_ranks({"loss": loss_value})["loss"]
             wins, n = distributed.all_sum(wins, len(idx))
@@ -188,9 +191,9 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
         "train_pairs": len(tr_pairs),
         "val_pairs": len(val_pairs),
         "val_prompts": len({p.prompt_id for p in val_pairs}),
-        "val_accuracy": accuracy(model, fmt, val_pairs, mcfg),
+        "val_accuracy": accuracy(model, fmt, val_pairs, mc),
         "val_accuracy_before_training": val_before,
-        "train_accuracy": accuracy(model, fmt, tr_pairs[:128], mcfg),
+        "train_accuracy": accuracy(model, fmt, tr_pairs[:128], mc),
         **sample_info,
         "resumed_from_step": loop.start,
         "threads": threads,
@@ -198,7 +201,7 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
     }
     timings = loop.record_timings(pair_seconds=t_pairs, train_seconds=time.perf_counter() - t_train)
     tracking.log_metrics({f"reward/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
-    loop.check_weights(rcfg["steps"], "the output")
+    loop.check_weights(reward_cfg.steps, "the output")
     write_model_output(out_dir, adapted, model, tok, {"metrics.json": metrics, "history.json": loop.history})
     log.info("reward model: %s", {**metrics, **timings})
     return {**metrics, **timings}

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from rloo import tracking
 from rloo.algo.schedules import lr_multiplier
+from rloo.config.sections import Sections
 from rloo.data.prompting import PromptFormat, align_eos
 from rloo.errors import InputError
 from rloo.eval.evaluation import evaluate_policy, spec_for
@@ -117,42 +118,43 @@ def run(cfg: dict, data_dir: str | Path, base_dir: str | Path, out_dir: str | Pa
     (so the averaged gradient is the single-process one); rank 0 evaluates and writes."""
     distributed.init(cfg)
     threads = setup(distributed.threads(cfg["threads"]), cfg["seed"])
-    scfg, mcfg = cfg["sft"], cfg["model"]
+    sections = Sections.from_config(cfg)
+    sc, mc = sections.sft, sections.model
     data_dir, out_dir, work_dir = Path(data_dir), Path(out_dir), Path(work_dir)
     train = [r for _, r in read_jsonl(data_dir / "train.jsonl")]
     test = [r for _, r in read_jsonl(data_dir / "test.jsonl")]
-    if scfg["max_train_examples"]:
-        train = train[: scfg["max_train_examples"]]
+    if sc.max_train_examples:
+        train = train[: sc.max_train_examples]
 
     init = Path(base_dir)
-    tokenizer = models.load_tokenizer(init, mcfg["trust_remote_code"])
+    tokenizer = models.load_tokenizer(init, mc.trust_remote_code)
     # With LoRA the model trained is the loaded one with adapters injected, only they train.
-    model, adapted = models.for_training(models.load_causal_lm(init, **models.load_options(mcfg), trainable=True), mcfg)
+    model, adapted = models.for_training(models.load_causal_lm(init, **models.load_options(mc), trainable=True), mc)
     if eos := align_eos(tokenizer, cfg["prompt"]):  # saved with the policy: every later stage stops there
         models.set_generation_ids(model, tokenizer)
         log.info("EOS set to the chat template's end-of-turn token %s", eos)
     device = model_device(model)
-    examples, too_long = tokenize(train, tokenizer, cfg["prompt"], mcfg["max_length"])
-    if too_long / len(train) > scfg["max_dropped_share"]:
+    examples, too_long = tokenize(train, tokenizer, cfg["prompt"], mc.max_length)
+    if too_long / len(train) > sc.max_dropped_share:
         raise InputError(
             f"{data_dir / 'train.jsonl'}: {too_long} of {len(train)} training examples "
-            f"({too_long / len(train):.0%}) are longer than model.max_length={mcfg['max_length']} tokens, more than "
-            f"sft.max_dropped_share={scfg['max_dropped_share']}; raise model.max_length (or that share)")
+            f"({too_long / len(train):.0%}) are longer than model.max_length={mc.max_length} tokens, more than "
+            f"sft.max_dropped_share={sc.max_dropped_share}; raise model.max_length (or that share)")
     if not examples:
-        raise InputError(f"{data_dir / 'train.jsonl'}: no example fits model.max_length={mcfg['max_length']}")
+        raise InputError(f"{data_dir / 'train.jsonl'}: no example fits model.max_length={mc.max_length}")
     if too_long:
         log.warning("dropped %d of %d training examples longer than model.max_length", too_long, len(train))
     lengths = np.array([len(e.ids) for e in examples])
-    batch_size = min(scfg["batch_size"], len(examples))
+    batch_size = min(sc.batch_size, len(examples))
     train_model = distributed.wrap(model)  # DDP around it, or the model sharded in place by FSDP
 
     optimizer = torch.optim.AdamW(
-        lora.trainable(model), lr=scfg["lr"], weight_decay=scfg["weight_decay"], betas=(0.9, scfg["adam_beta2"])
+        lora.trainable(model), lr=sc.lr, weight_decay=sc.weight_decay, betas=(0.9, sc.adam_beta2)
     )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(scfg["warmup_steps"], scfg["steps"], "cosine", floor=0.1))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(sc.warmup_steps, sc.steps, "cosine", floor=0.1))
     fingerprint = distributed.fingerprint(run_fingerprint(cfg, ["seed", "model", "prompt", "sft"], data_dir))
-    loop = TrainingLoop("sft", scfg["steps"], work_dir / "checkpoints", model, optimizer, scheduler, fingerprint,
-                        scfg["checkpoint_every"], max_nonfinite_steps=scfg["max_nonfinite_steps"])
+    loop = TrainingLoop("sft", sc.steps, work_dir / "checkpoints", model, optimizer, scheduler, fingerprint,
+                        sc.checkpoint_every, max_nonfinite_steps=sc.max_nonfinite_steps)
     loop.resume()
 
     t0 = time.perf_counter()
@@ -164,29 +166,29 @@ def run(cfg: dict, data_dir: str | Path, base_dir: str | Path, out_dir: str | Pa
             lo, hi = distributed.shard(len(idx))
             idx = idx[lo:hi]
         batch = [examples[i] for i in idx]
-        loss_value = step_loss(train_model, batch, tokenizer.pad_token_id, scfg["micro_batch_tokens"], mcfg["autocast"],
-                               device, mcfg["logits_chunk_tokens"])
-        grad_norm = distributed.clip_grad_norm_(model.parameters(), scfg["grad_clip"])
+        loss_value = step_loss(train_model, batch, tokenizer.pad_token_id, sc.micro_batch_tokens, mc.autocast,
+                               device, mc.logits_chunk_tokens)
+        grad_norm = distributed.clip_grad_norm_(model.parameters(), sc.grad_clip)
         if loop.finite(step, loss=loss_value, grad_norm=float(grad_norm)):
             optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         tokens += sum(len(e.ids) for e in batch)
-        if step % scfg["log_every"] == 0 or step == scfg["steps"] - 1:
+        if step % sc.log_every == 0 or step == sc.steps - 1:
             value = distributed.mean_over_ranks({"loss": loss_value})["loss"]  # the whole batch's loss
             loop.log({"step": step, "sft/loss": value, "sft/grad_norm": float(grad_norm),
                       "sft/lr": scheduler.get_last_lr()[0]}, step, loss=f"{value:.3f}")
     train_seconds = time.perf_counter() - t0
     (tokens,) = distributed.all_sum(tokens) if distributed.enabled() else (tokens,)
     model.eval()
-    spec = spec_for(cfg, "sft", scfg["eval_max_new_tokens"], scfg["eval_draws"], stream=7)
+    spec = spec_for(cfg, "sft", sc.eval_max_new_tokens, sc.eval_draws, stream=7)
     with distributed.gathered(model):  # rank 0 evaluates, every rank gets its report
-        report = distributed.on_main(lambda: evaluate_policy(model, tokenizer, test[: scfg["eval_examples"]], spec,
+        report = distributed.on_main(lambda: evaluate_policy(model, tokenizer, test[: sc.eval_examples], spec,
                                                              label="sft")[0])
     metrics = {k: v for k, v in report.items() if v is not None}  # no reference, no proxy here
     metrics.update(
         {
-            "steps": scfg["steps"],
+            "steps": sc.steps,
             "resumed_from_step": loop.start,
             "threads": threads,
             "train_examples": len(examples),
@@ -197,8 +199,8 @@ def run(cfg: dict, data_dir: str | Path, base_dir: str | Path, out_dir: str | Pa
     )
     # Tokens of this process's steps (a resumed run counts from its checkpoint).
     timings = loop.record_timings(train_seconds=train_seconds, tokens_per_second=tokens / max(train_seconds, 1e-9))
-    tracking.log_metrics({f"sft/eval_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}, scfg["steps"])
-    loop.check_weights(scfg["steps"], "the output")
+    tracking.log_metrics({f"sft/eval_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}, sc.steps)
+    loop.check_weights(sc.steps, "the output")
     write_model_output(out_dir, adapted, model, tokenizer, {"metrics.json": metrics, "history.json": loop.history})
     log.info("sft done: %s", {**{k: metrics[k] for k in ("accuracy", "accuracy_sampled")}, **timings})
     return {**metrics, **timings}

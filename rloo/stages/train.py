@@ -17,6 +17,7 @@ import numpy as np
 
 from rloo import tracking
 from rloo.algo.estimators import MovingBaseline
+from rloo.config.sections import RlooConfig, RolloutCorrectionConfig
 from rloo.data.gsm8k import read_split
 from rloo.errors import MissingInputError
 from rloo.eval import report
@@ -35,15 +36,15 @@ __all__ = ["Trainer", "check_sampling", "make_trainer", "prompt_indices", "run",
 log = logging.getLogger("rloo.train")
 
 
-def check_sampling(rcfg: dict) -> list[str]:
+def check_sampling(rc: RlooConfig) -> list[str]:
     """Loud warnings for sampling settings that bias the estimator (the article's sampling mismatch)."""
     problems = []
-    if rcfg["temperature"] != 1.0:
-        problems.append(f"rloo.temperature={rcfg['temperature']}")
-    if rcfg["top_p"] < 1.0:
-        problems.append(f"rloo.top_p={rcfg['top_p']}")
-    if rcfg["top_k"]:
-        problems.append(f"rloo.top_k={rcfg['top_k']}")
+    if rc.temperature != 1.0:
+        problems.append(f"rloo.temperature={rc.temperature}")
+    if rc.top_p < 1.0:
+        problems.append(f"rloo.top_p={rc.top_p}")
+    if rc.top_k:
+        problems.append(f"rloo.top_k={rc.top_k}")
     for p in problems:
         log.warning(
             "!!! %s: training samples no longer come from the policy whose log-probabilities are "
@@ -52,9 +53,9 @@ def check_sampling(rcfg: dict) -> list[str]:
     return problems
 
 
-def _samples(history: list[dict], r: dict) -> int:
+def _samples(history: list[dict], rc: RlooConfig) -> int:
     """Samples drawn over these steps: B * k each, plus dynamic sampling's extra rounds."""
-    return sum(r["prompts_per_step"] * r["k"] + x.get("train/extra_samples", 0) for x in history)
+    return sum(rc.prompts_per_step * rc.k + x.get("train/extra_samples", 0) for x in history)
 
 
 # The per-step figures `rloo summary` reports the run's mean of (rloo/algo/rollout_correction.py).
@@ -62,7 +63,7 @@ MISMATCH_KEYS = ("mismatch_abs_mean", "mismatch_abs_max", "mismatch_k3_token", "
                  "mismatch_out_of_band", "correction_truncated_share", "correction_masked_share")
 
 
-def _mismatch_summary(history: list[dict], correction: dict) -> dict | None:
+def _mismatch_summary(history: list[dict], correction: RolloutCorrectionConfig) -> dict | None:
     """The run's mean of each train/mismatch_* and train/correction_* figure and the correction applied;
     None when the sampler reported no log-probabilities."""
     means = {}
@@ -70,19 +71,20 @@ def _mismatch_summary(history: list[dict], correction: dict) -> dict | None:
         values = [x[f"train/{key}"] for x in history if math.isfinite(x.get(f"train/{key}", math.nan))]
         if values:
             means[key] = float(np.mean(values))
-    return {**means, "mode": correction["mode"], "cap": correction["cap"]} if means else None
+    return {**means, "mode": correction.mode, "cap": correction.cap} if means else None
 
 
 def make_trainer(cfg: dict, policy_dir: str | Path, reward: RewardSource, train: list[dict],
                  reward_model_dir: str | Path | None) -> Trainer:
     """The trainer of `rloo.estimator`: PPO (its critic grown from the policy or the reward model), or
     the critic-free Trainer for every other estimator."""
-    if cfg["rloo"]["estimator"] != "ppo":
+    rc = RlooConfig.from_config(cfg["rloo"])
+    if rc.estimator != "ppo":
         return Trainer(cfg, policy_dir, reward, train)
     from rloo.train.ppo import PPOTrainer
 
     critic_dir = policy_dir
-    if cfg["rloo"]["ppo"]["critic_init"] == "reward_model":
+    if rc.ppo.critic_init == "reward_model":
         if not reward_model_dir:
             raise MissingInputError("rloo.ppo.critic_init=reward_model: no reward model folder given (--reward-model)")
         critic_dir = reward_model_dir
@@ -109,10 +111,10 @@ def run(
     """
     distributed.init(cfg)
     threads = setup(distributed.threads(cfg["threads"]), cfg["seed"])
-    r = cfg["rloo"]
-    check_sampling(r)
+    rc = RlooConfig.from_config(cfg["rloo"])
+    check_sampling(rc)
     data_dir, out_dir, work_dir = Path(data_dir), Path(out_dir), Path(work_dir)
-    train = training_prompts([row for _, row in read_jsonl(data_dir / "train.jsonl")], r["min_solution_steps"])
+    train = training_prompts([row for _, row in read_jsonl(data_dir / "train.jsonl")], rc.min_solution_steps)
     val = read_split(data_dir, "val")
     reward = build_reward(cfg, str(reward_model_dir) if reward_model_dir else None)
     trainer = make_trainer(cfg, policy_dir, reward, train, reward_model_dir)
@@ -124,16 +126,16 @@ def run(
         # and stopping rules change what is written, not the training trajectory.
         bookkeeping = ("rloo.checkpoint_every", "rloo.keep_checkpoints", "rloo.eval_every", "rloo.eval_examples",
                        "rloo.eval_draws", "rloo.eval_batch_size", "rloo.select", "rloo.stop_on", "rloo.alarms")
-        if r["estimator"] != "ppo":
+        if rc.estimator != "ppo":
             bookkeeping += ("rloo.ppo",)  # PPO's settings do not touch the other estimators' runs
-        if cfg["rloo"]["lr_schedule"] == "constant":
+        if rc.lr_schedule == "constant":
             bookkeeping += ("rloo.steps",)
         fingerprint = distributed.fingerprint(run_fingerprint(
             cfg, ["seed", "model", "prompt", "reward", "rloo"], data_dir, policy_dir, ignore=bookkeeping))
-        loop = TrainingLoop("rloo", r["steps"], ckpt_dir, trainer.policy, trainer.optimizer, trainer.scheduler,
-                            fingerprint, r["checkpoint_every"], keep=r["keep_checkpoints"],
+        loop = TrainingLoop("rloo", rc.steps, ckpt_dir, trainer.policy, trainer.optimizer, trainer.scheduler,
+                            fingerprint, rc.checkpoint_every, keep=rc.keep_checkpoints,
                             state=lambda: {"evals": trainer.evals, "baseline": asdict(trainer.baseline)},
-                            companions=trainer.companions(), max_nonfinite_steps=r["max_nonfinite_steps"])
+                            companions=trainer.companions(), max_nonfinite_steps=rc.max_nonfinite_steps)
         trainer.guard = loop.finite  # the trainer asks before every optimizer step
         # The step-0 evaluation is the only record logged outside the history.
         extra = loop.resume(replay=lambda extra: [e for e in extra.get("evals", []) if e["step"] == 0])
@@ -145,14 +147,14 @@ def run(
         elif distributed.is_main():
             shutil.rmtree(best_dir, ignore_errors=True)  # a best snapshot of another run
         distributed.barrier()
-        select = checkpoint.Selection(best_dir, r["select"] == "best" and r["eval_every"] > 0)
+        select = checkpoint.Selection(best_dir, rc.select == "best" and rc.eval_every > 0)
 
         def evaluate(done: int) -> dict:
-            e = {"step": done, **trainer.evaluate(val, r["eval_examples"], r["eval_draws"])}
+            e = {"step": done, **trainer.evaluate(val, rc.eval_examples, rc.eval_draws)}
             trainer.evals.append(e)
             e["alarm/reward_hacking"] = int(alarms.reward_hacking(
                 [x["eval/accuracy_sampled"] for x in trainer.evals], [x["eval/proxy_reward"] for x in trainer.evals],
-                min(r["eval_examples"], len(val)) * r["eval_draws"], trainer.alarm_cfg.hacking_z))
+                min(rc.eval_examples, len(val)) * rc.eval_draws, trainer.alarm_cfg.hacking_z))
             select.offer(e, trainer.policy)
             log.info("eval after %d steps: %s", done, {k: round(v, 4) for k, v in e.items() if k != "step"})
             return e
@@ -164,10 +166,10 @@ def run(
         for step in loop:
             m = trainer.step(step)
             done = step + 1
-            if r["eval_every"] and (done % r["eval_every"] == 0 or done == r["steps"]):
+            if rc.eval_every and (done % rc.eval_every == 0 or done == rc.steps):
                 m.update({k: v for k, v in evaluate(done).items() if k != "step"})
             loop.log(m, step, reward=f"{m['train/reward_mean']:.3f}", kl=f"{m['train/kl']:.3f}")
-            if fired := [a for a in r["stop_on"] if m.get(f"alarm/{a}")]:
+            if fired := [a for a in rc.stop_on if m.get(f"alarm/{a}")]:
                 stopped = {"step": done, "alarm": fired[0]}
                 log.warning("rloo.stop_on: alarm/%s fired after %d steps; stopping here", fired[0], done)
                 loop.finish()
@@ -180,14 +182,14 @@ def run(
             checkpoint.load_snapshot(best_dir, trainer.policy)
         last10 = h[-10:]
         summary = {
-            "steps": r["steps"],
+            "steps": rc.steps,
             "steps_trained": trained,
-            "samples_per_step": r["prompts_per_step"] * r["k"],
+            "samples_per_step": rc.prompts_per_step * rc.k,
             "resumed_from_step": loop.start,
             "threads": threads,
-            "estimator": r["estimator"],
+            "estimator": rc.estimator,
             "reward_source": reward.name,
-            "select": r["select"],
+            "select": rc.select,
             "selected_step": chosen["step"],
             "selected_val_accuracy_sampled": chosen.get("eval/accuracy_sampled"),
             "stopped_early": stopped,
@@ -195,9 +197,9 @@ def run(
             "final_kl": float(np.mean([x["train/kl"] for x in last10])) if last10 else math.nan,
             # Samples drawn in all (dynamic sampling draws more than B*k a step) and the share of trained
             # groups without signal, over the whole run.
-            "samples_generated": _samples(h, r),
+            "samples_generated": _samples(h, rc),
             "zero_adv_frac_mean": float(np.mean([x["train/zero_adv_frac"] for x in h])) if h else math.nan,
-            "sampling_mismatch": _mismatch_summary(h, r["rollout_correction"]),
+            "sampling_mismatch": _mismatch_summary(h, rc.rollout_correction),
             "alarms": alarms.first_alarms(h),
             "evals": trainer.evals,
             "networks": trainer.networks(),  # parameters of every network the stage holds
@@ -205,7 +207,7 @@ def run(
         timings = loop.record_timings(
             train_seconds=seconds,
             # the samples this process drew (dynamic sampling's extra rounds included), per second
-            samples_per_second=_samples([x for x in h if x["step"] >= loop.start], r) / max(seconds, 1e-9),
+            samples_per_second=_samples([x for x in h if x["step"] >= loop.start], rc) / max(seconds, 1e-9),
             seconds_per_step=seconds / max(trained - loop.start, 1))
         tracking.log_metrics({"rloo/selected_step": chosen["step"]}, trained)
         loop.check_weights(trained, "the output")

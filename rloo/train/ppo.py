@@ -39,11 +39,10 @@ class PPOTrainer(Trainer):
     def __init__(self, cfg: dict, policy_dir: str | Path, reward: RewardSource, train: list[dict],
                  critic_dir: str | Path) -> None:
         super().__init__(cfg, policy_dir, reward, train)
-        self.ppo = self.rcfg["ppo"]
-        self.critic = models.load_critic(critic_dir, **models.load_options(self.mcfg), trainable=True)
+        self.critic = models.load_critic(critic_dir, **models.load_options(self.mc), trainable=True)
         self.critic.config.pad_token_id = self.tokenizer.pad_token_id
-        self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=self.ppo["critic_lr"],
-                                                  weight_decay=self.rcfg["weight_decay"])
+        self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=self.rc.ppo.critic_lr,
+                                                  weight_decay=self.rc.weight_decay)
 
     def companions(self) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]]:
         return {"critic": (self.critic, self.critic_optimizer)}
@@ -62,13 +61,13 @@ class PPOTrainer(Trainer):
 
     def values(self, batch: SeqBatch) -> torch.Tensor:
         """[B, T] the critic's value of the state before each completion token (aligned with log-probs)."""
-        with autocast(self.mcfg["autocast"], self.device):
+        with autocast(self.mc.autocast, self.device):
             out = self.critic(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                               position_ids=batch.position_ids, use_cache=False)
         return out.logits[:, batch.prompt_len - 1 : -1, 0].float()
 
     def step(self, step: int) -> dict:
-        r, p = self.rcfg, self.ppo
+        rc, ppo = self.rc, self.rc.ppo
         t0 = time.perf_counter()
         got = self.collect(step)  # the same groups RLOO would train on (dynamic sampling included)
         ro, scores = got.rollout, got.scores
@@ -80,15 +79,15 @@ class PPOTrainer(Trainer):
         # rloo.micro_batch_tokens: the log-probabilities and values before any update are computed on
         # exactly the batches the updates see, so the first update's ratio is exactly 1 and its value
         # clip inactive (other batch shapes round differently in bf16).
-        g = step_generator(self.cfg["seed"], step, stream=31)  # resume-exact
-        minibatches = torch.randperm(len(mask), generator=g).to(self.device).chunk(p["minibatches"])
+        g = step_generator(self.seed, step, stream=31)  # resume-exact
+        minibatches = torch.randperm(len(mask), generator=g).to(self.device).chunk(ppo.minibatches)
         micro = [self._micro(batch, rows) for rows in minibatches]
         ref_lp, old_lp, old_values = (torch.zeros_like(mask) for _ in range(3))
         with torch.no_grad():
             for parts in micro:
                 for rows, mb in parts:
                     n = mb.completion_len
-                    with autocast(self.mcfg["autocast"], self.device):
+                    with autocast(self.mc.autocast, self.device):
                         with self.reference_model() as reference:  # under LoRA: the policy, adapters off
                             ref_lp[rows, :n] = self._logprobs(reference, mb, self.chunk_rows)[0]
                         old_lp[rows, :n] = self._logprobs(self.policy, mb, self.chunk_rows)[0]
@@ -99,19 +98,19 @@ class PPOTrainer(Trainer):
         weights = correction.weights
 
         valid = torch.isfinite(scores)
-        kl = token_kl(old_lp, ref_lp, r["kl_estimator"]) * mask
-        rewards = token_rewards(torch.where(valid, scores, torch.zeros_like(scores)), kl, mask, r["beta"])
-        adv, returns = gae(rewards, old_values, mask, p["gamma"], p["lam"])
+        kl = token_kl(old_lp, ref_lp, rc.kl_estimator) * mask
+        rewards = token_rewards(torch.where(valid, scores, torch.zeros_like(scores)), kl, mask, rc.beta)
+        adv, returns = gae(rewards, old_values, mask, ppo.gamma, ppo.lam)
         # A sample without a reward (NaN) is left out of both losses rather than trained on a made-up 0.
         train_mask = mask * valid[:, None].to(mask.dtype)
-        if p["whiten_advantages"]:
+        if ppo.whiten_advantages:
             adv = whiten(adv, train_mask)
         adv_abs_max = float(adv.abs().max())  # for the finiteness guard of every minibatch update
 
         stats = {"clip_frac": 0.0, "approx_kl": 0.0, "value_loss": 0.0, "value_clip_frac": 0.0, "loss": 0.0}
-        grad_norm, entropy, n_updates = 0.0, math.nan, p["epochs"] * p["minibatches"]
+        grad_norm, entropy, n_updates = 0.0, math.nan, ppo.epochs * ppo.minibatches
         lr = self.scheduler.get_last_lr()[0]
-        for epoch in range(p["epochs"]):
+        for epoch in range(ppo.epochs):
             order = range(len(micro)) if epoch == 0 else torch.randperm(len(micro), generator=g).tolist()
             for j in order:
                 # One minibatch: its loss is a token mean over all of its micro-batches' tokens.
@@ -121,7 +120,7 @@ class PPOTrainer(Trainer):
                     m = train_mask[rows, : mb.completion_len]
                     lp, ent = self._policy_pass(mb, torch.arange(len(rows), device=self.device))
                     loss, st = policy_loss(lp, m, adv[rows, : mb.completion_len], norm="token",
-                                           old_token_logp=old_lp[rows, : mb.completion_len], clip_eps=r["clip_eps"],
+                                           old_token_logp=old_lp[rows, : mb.completion_len], clip_eps=rc.clip_eps,
                                            denominator=None if len(micro[j]) == 1 else tokens,
                                            weights=None if weights is None else weights[rows, : mb.completion_len])
                     loss.backward()
@@ -132,7 +131,7 @@ class PPOTrainer(Trainer):
                     if epoch == 0:  # the entropy of the policy that sampled (before this batch's updates)
                         entropy = (0.0 if math.isnan(entropy) else entropy) + float(
                             (ent * mb.completion_mask).sum() / mask.sum().clamp(min=1))
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), r["grad_clip"]))
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), rc.grad_clip))
                 if self.guard(step, loss=acc["loss"], grad_norm=grad_norm, kl=acc["kl"],
                               advantages=adv_abs_max):
                     self.optimizer.step()
@@ -140,12 +139,12 @@ class PPOTrainer(Trainer):
                 for rows, mb in micro[j]:
                     n = mb.completion_len
                     m = train_mask[rows, :n]
-                    vloss, vst = value_loss(self.values(mb), old_values[rows, :n], returns[rows, :n], m, p["value_clip"],
+                    vloss, vst = value_loss(self.values(mb), old_values[rows, :n], returns[rows, :n], m, ppo.value_clip,
                                             denominator=None if len(micro[j]) == 1 else tokens)
                     vloss.backward()
                     acc["vloss"] += float(vloss.detach())
                     acc["vclipped"] += float(vst["value_clip_frac"]) * float(m.sum())
-                torch.nn.utils.clip_grad_norm_(self.critic.parameters(), r["grad_clip"])
+                torch.nn.utils.clip_grad_norm_(self.critic.parameters(), rc.grad_clip)
                 self.critic_optimizer.step()
                 self.critic_optimizer.zero_grad(set_to_none=True)
                 per_token = max(tokens, 1.0)
@@ -159,7 +158,7 @@ class PPOTrainer(Trainer):
 
         metrics = {
             "step": step,
-            **sample_metrics(scores, kl.sum(1), ro, r["k"]),
+            **sample_metrics(scores, kl.sum(1), ro, rc.k),
             "train/clip_frac": stats["clip_frac"],
             "train/entropy": entropy,
             "train/grad_norm": grad_norm,

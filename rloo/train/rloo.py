@@ -24,6 +24,7 @@ from rloo.algo import rollout_correction
 from rloo.algo.estimators import MovingBaseline, compute_advantages
 from rloo.algo.losses import kl_loss_term, policy_loss, sequence_kl, shaped_reward
 from rloo.algo.schedules import lr_multiplier
+from rloo.config.sections import Sections, k_problems
 from rloo.data.prompting import PromptFormat
 from rloo.errors import InputError
 from rloo.eval.evaluation import evaluate_policy, spec_for
@@ -118,33 +119,34 @@ class Trainer:
     on the scored groups of `collect(step)`."""
 
     def __init__(self, cfg: dict, policy_dir: str | Path, reward: RewardSource, train: list[dict]) -> None:
-        self.cfg, self.rcfg, self.mcfg = cfg, cfg["rloo"], cfg["model"]
-        r = self.rcfg
+        self.cfg = cfg  # the validated dict: the prompt format and the evaluation spec read it
+        sections = Sections.from_config(cfg)
+        self.rc, self.mc, self.seed = sections.rloo, sections.model, cfg["seed"]
+        rc = self.rc
         # Asked before every optimizer step with the step's loss, KL, advantages and gradient norm; the
         # RLOO stage hands in its TrainingLoop's (which may skip a step); alone, any non-finite one stops.
         self.guard: Callable[..., bool] = _stop_if_not_finite
-        if r["estimator"] in ("rloo", "grpo", "grpo_std") and r["k"] < 2:
-            raise InputError(f"rloo.k={r['k']}: the {r['estimator']} estimator needs k >= 2 samples per prompt")
-        if r["dynamic_sampling"] and r["k"] < 2:
-            raise InputError(f"rloo.k={r['k']}: rloo.dynamic_sampling keeps groups whose rewards differ; needs k >= 2")
-        if r["prompts_per_step"] > len(train):
+        if problems := k_problems(rc.estimator, rc.k, rc.dynamic_sampling):
+            raise InputError(f"rloo.k={rc.k}: {problems[0]}")
+        if rc.prompts_per_step > len(train):
             raise InputError(
-                f"rloo.prompts_per_step={r['prompts_per_step']} exceeds the {len(train)} training prompts"
+                f"rloo.prompts_per_step={rc.prompts_per_step} exceeds the {len(train)} training prompts"
             )
-        for what, unsupported in (("rloo.estimator=ppo", r["estimator"] == "ppo"),
+        vllm = sections.rollout.backend == "vllm"
+        for what, unsupported in (("rloo.estimator=ppo", rc.estimator == "ppo"),
                                   ("rloo.estimator=moving_average (a baseline over the whole batch)",
-                                   r["estimator"] == "moving_average"),
-                                  ("rloo.dynamic_sampling", r["dynamic_sampling"]),
-                                  ("rollout.backend=vllm", cfg["rollout"]["backend"] == "vllm")):
+                                   rc.estimator == "moving_average"),
+                                  ("rloo.dynamic_sampling", rc.dynamic_sampling),
+                                  ("rollout.backend=vllm", vllm)):
             if unsupported:
                 distributed.refuse(what)
-        if lora.enabled(self.mcfg) and cfg["rollout"]["backend"] == "vllm":
+        if lora.enabled(self.mc) and vllm:
             raise InputError("model.lora with rollout.backend=vllm: the engine would sample from the base weights "
                              "(no adapter sync); use rollout.backend hf with LoRA, or turn model.lora off")
-        self.tokenizer = models.load_tokenizer(policy_dir, self.mcfg["trust_remote_code"])
+        self.tokenizer = models.load_tokenizer(policy_dir, self.mc.trust_remote_code)
         # With LoRA (`self.adapted`) the policy is the model with adapters injected, only they train.
         self.policy, self.adapted = models.for_training(
-            models.load_causal_lm(policy_dir, **models.load_options(self.mcfg), trainable=True), self.mcfg)
+            models.load_causal_lm(policy_dir, **models.load_options(self.mc), trainable=True), self.mc)
         # A checkpointed decoder layer drops the KV cache, so the gradient pass runs the plain forward.
         self.checkpointed = grad_checkpointing.on(self.policy)
         # The module the gradient pass runs through: the policy, DDP around it, or the policy sharded
@@ -156,22 +158,22 @@ class Trainer:
         # the measured KL before the first update is exactly 0. With LoRA the reference is the policy with
         # its adapters off (`reference_model`): no second copy.
         self.reference = None if self.adapted else models.load_causal_lm(
-            policy_dir, **models.load_options(self.mcfg), trainable=True)
+            policy_dir, **models.load_options(self.mc), trainable=True)
         self.device = model_device(self.policy)
         self.reward = reward
         self.train = train
         self.prompts, self.prompt_ids = self._render_prompts(train)  # texts for the reward, ids to sample from
-        self.optimizer = torch.optim.AdamW(lora.trainable(self.policy), lr=r["lr"], weight_decay=r["weight_decay"])
+        self.optimizer = torch.optim.AdamW(lora.trainable(self.policy), lr=rc.lr, weight_decay=rc.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_multiplier(r["warmup_steps"], r["steps"], r["lr_schedule"], r["min_lr_ratio"])
+            self.optimizer, lr_multiplier(rc.warmup_steps, rc.steps, rc.lr_schedule, rc.min_lr_ratio)
         )
-        self.baseline = MovingBaseline(None, r["moving_average_decay"])
+        self.baseline = MovingBaseline(None, rc.moving_average_decay)
         self.history: list[dict] = []
         self.evals: list[dict] = []  # validation evaluations, {"step": updates done, "eval/...": ...}
         self._warned: set[str] = set()  # alarms already announced in the log
-        self.alarm_cfg = alarms.AlarmConfig.from_config(r["alarms"])
+        self.alarm_cfg = alarms.AlarmConfig.from_config(rc.alarms)
         # rollout backend (issue 8): `rollout.backend` hf | vllm; a vLLM engine is built once, here.
-        self.rollout = make_rollout(cfg, policy_dir, self.policy)
+        self.rollout = make_rollout(sections, self.seed, policy_dir, self.policy)
         # Rows per chunk of the forward passes over the samples (batching._completion_pass), and whether
         # a completion sampled twice for a prompt is passed forward once (bench/rloo_step.py turns both off).
         self.chunk_rows = 16
@@ -203,8 +205,8 @@ class Trainer:
     def _render_prompts(self, rows: list[dict]) -> tuple[list[str], list[list[int]]]:
         """Each row's prompt text and ids (rloo.data.prompting: as SFT, the reward model and the evaluation)."""
         fmt = PromptFormat(self.tokenizer, self.cfg["prompt"])
-        limit = self.mcfg["max_length"] - self.rcfg["max_new_tokens"]
-        texts = [fmt.prompt(r["question"]) for r in rows]
+        limit = self.mc.max_length - self.rc.max_new_tokens
+        texts = [fmt.prompt(row["question"]) for row in rows]
         ids = [fmt.encode(p) for p in texts]
         too_long = [i for i, p in enumerate(ids) if len(p) > limit]
         if too_long:
@@ -216,16 +218,16 @@ class Trainer:
 
     # -- one step ---------------------------------------------------------------------------------
     def _generate(self, prompts: list[list[int]], **kwargs) -> Rollout:
-        ro = self.rollout.generate(prompts, max_new_tokens=self.rcfg["max_new_tokens"],
+        ro = self.rollout.generate(prompts, max_new_tokens=self.rc.max_new_tokens,
                                    eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id, **kwargs)
         return ro.to(self.device)  # vLLM hands its samples back on the CPU
 
     def _sample(self, idx: np.ndarray, step: int, round_: int = 0, noise_rows: tuple[int, int] | None = None) -> Rollout:
-        k = self.rcfg["k"]
+        k = self.rc.k
         return self._generate(
             [self.prompt_ids[i] for i in idx for _ in range(k)],
-            temperature=self.rcfg["temperature"], top_p=self.rcfg["top_p"], top_k=self.rcfg["top_k"],
-            generator=step_generator(self.cfg["seed"], step, stream=(REFILL_STREAM + round_) if round_ else 0),
+            temperature=self.rc.temperature, top_p=self.rc.top_p, top_k=self.rc.top_k,
+            generator=step_generator(self.seed, step, stream=(REFILL_STREAM + round_) if round_ else 0),
             **({"noise_rows": noise_rows} if noise_rows else {}),
         )
 
@@ -245,18 +247,18 @@ class Trainer:
         Data-parallel, a process takes its contiguous share of the B prompts with their k samples each
         (a group's leave-one-out baseline stays within the process) and samples only those rows, with
         the noise one process sampling all B * k rows would give them (`noise_rows`)."""
-        r = self.rcfg
-        idx, noise_rows = prompt_indices(len(self.train), step, r["prompts_per_step"], self.cfg["seed"]), None
+        rc = self.rc
+        idx, noise_rows = prompt_indices(len(self.train), step, rc.prompts_per_step, self.seed), None
         if distributed.enabled():
             lo, hi = distributed.shard(len(idx))
-            idx, noise_rows = idx[lo:hi], (lo * r["k"], len(idx) * r["k"])
+            idx, noise_rows = idx[lo:hi], (lo * rc.k, len(idx) * rc.k)
         with distributed.gathered(self.policy):
             return gather(
                 idx, lambda idx, round_: self._sample(idx, step, round_, noise_rows),
-                lambda idx, ro: self._score(idx, ro, r["k"])[0],
-                k=r["k"], n_prompts=len(self.train), seed=self.cfg["seed"], step=step,
-                pad_id=self.tokenizer.pad_token_id, dynamic=r["dynamic_sampling"],
-                max_rounds=r["dynamic_sampling_max_rounds"],
+                lambda idx, ro: self._score(idx, ro, rc.k)[0],
+                k=rc.k, n_prompts=len(self.train), seed=self.seed, step=step,
+                pad_id=self.tokenizer.pad_token_id, dynamic=rc.dynamic_sampling,
+                max_rounds=rc.dynamic_sampling_max_rounds,
             )
 
     def _greedy_baseline(self, idx: np.ndarray) -> torch.Tensor:
@@ -265,17 +267,17 @@ class Trainer:
             ro = self._generate([self.prompt_ids[i] for i in idx], greedy=True)
             scores, _ = self._score(idx, ro, 1)
             batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
-            with torch.no_grad(), autocast(self.mcfg["autocast"], self.device):
+            with torch.no_grad(), autocast(self.mc.autocast, self.device):
                 lp = self._logprobs(self.policy, batch, self.chunk_rows)[0]
                 with self.reference_model() as reference:
                     lp_ref = self._logprobs(reference, batch, self.chunk_rows)[0]
-        kl = sequence_kl(lp, lp_ref, batch.completion_mask, self.rcfg["kl_estimator"])
-        return shaped_reward(scores, kl, self.rcfg["beta"]) if self.rcfg["kl_in"] == "reward" else scores
+        kl = sequence_kl(lp, lp_ref, batch.completion_mask, self.rc.kl_estimator)
+        return shaped_reward(scores, kl, self.rc.beta) if self.rc.kl_in == "reward" else scores
 
     def _logprobs(self, model: torch.nn.Module, batch: SeqBatch, chunk_rows: int,
                   entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Token log-probabilities of `batch`'s completions under `model` (and its entropies)."""
-        chunk = self.mcfg["logits_chunk_tokens"]  # the head's tokens per chunk: no [rows, T, V] logits
+        chunk = self.mc.logits_chunk_tokens  # the head's tokens per chunk: no [rows, T, V] logits
         if entropy:
             return completion_logprobs_and_entropy(model, batch, chunk_rows, logits_chunk_tokens=chunk)
         return completion_logprobs(model, batch, chunk_rows, logits_chunk_tokens=chunk), None
@@ -285,20 +287,20 @@ class Trainer:
         every row: computed once per distinct row and indexed out (the gradient sums over the copies).
         Data-parallel, one forward call through DDP / FSDP (`chunk_rows=0`), the same count on every rank."""
         model, chunk_rows = (self.policy_train, 0) if distributed.enabled() else (self.policy, self.chunk_rows)
-        with autocast(self.mcfg["autocast"], self.device), grad_checkpointing.active(self.policy):
+        with autocast(self.mc.autocast, self.device), grad_checkpointing.active(self.policy):
             lp, ent = self._logprobs(model, distinct, 0 if self.checkpointed else chunk_rows, entropy=True)
         return lp[inverse], ent[inverse]
 
     def parts(self, batch: SeqBatch, budget: int | None = None) -> list[microbatch.Part]:
         """`batch`'s rows in micro-batches under `rloo.micro_batch_tokens` (rows x (prompt block + their
         longest completion)), as many on every rank."""
-        budget = self.rcfg["micro_batch_tokens"] if budget is None else budget
+        budget = self.rc.micro_batch_tokens if budget is None else budget
         lengths = batch.prompt_len + batch.completion_mask.sum(1).long()
         return microbatch.even(microbatch.pack(lengths, budget))
 
     def _reference_logprobs(self, batch: SeqBatch, parts: list[microbatch.Part]) -> torch.Tensor:
         """The frozen reference's token log-probabilities of `batch`, a micro-batch at a time."""
-        with torch.no_grad(), autocast(self.mcfg["autocast"], self.device), self.reference_model() as reference:
+        with torch.no_grad(), autocast(self.mc.autocast, self.device), self.reference_model() as reference:
             if len(parts) == 1:
                 return self._logprobs(reference, batch, self.chunk_rows)[0]
             return microbatch.no_grad_map(
@@ -329,7 +331,7 @@ class Trainer:
         policy-gradient pass (micro-batched under rloo.micro_batch_tokens), each token's term weighted
         by the rollout correction (`correction`; none by default); then the step's metrics."""
         t0 = time.perf_counter() if t0 is None else t0
-        greedy = self._greedy_baseline(got.idx) if self.rcfg["estimator"] == "remax" else None
+        greedy = self._greedy_baseline(got.idx) if self.rc.estimator == "remax" else None
         t_score = time.perf_counter()
         rows = self._step_rows(got.rollout)
         t_ref = time.perf_counter()
@@ -375,7 +377,7 @@ class Trainer:
         """The sampler-trainer mismatch of these rows (train/mismatch_*, whenever the sampler reported its
         log-probabilities) and the weights of `rloo.rollout_correction` (None under mode none, the
         default: the update then runs exactly the computation it ran before the correction existed)."""
-        mode, cap = self.rcfg["rollout_correction"]["mode"], self.rcfg["rollout_correction"]["cap"]
+        mode, cap = self.rc.rollout_correction.mode, self.rc.rollout_correction.cap
         if ro.logprobs is None:
             if mode != "none":
                 raise InputError(f"rloo.rollout_correction.mode={mode}: the {self.rollout.name} sampler reported "
@@ -393,11 +395,11 @@ class Trainer:
     def _advantages(self, scores: torch.Tensor, rows: StepRows, greedy: torch.Tensor | None) -> StepAdvantages:
         """R̃_i = r_i - β KL_i (β here only under `kl_in: reward`), then A from R̃ by the configured
         estimator (rloo: A_i = R̃_i - mean_{j≠i} R̃_j)."""
-        r = self.rcfg
-        seq_kl = sequence_kl(rows.old_lp, rows.ref_lp, rows.mask, r["kl_estimator"])
-        shaped = shaped_reward(scores, seq_kl, r["beta"] if r["kl_in"] == "reward" else 0.0)
-        adv = compute_advantages(r["estimator"], shaped.view(-1, r["k"]), state=self.baseline,
-                                 greedy_rewards=greedy, decay=r["moving_average_decay"])
+        rc = self.rc
+        seq_kl = sequence_kl(rows.old_lp, rows.ref_lp, rows.mask, rc.kl_estimator)
+        shaped = shaped_reward(scores, seq_kl, rc.beta if rc.kl_in == "reward" else 0.0)
+        adv = compute_advantages(rc.estimator, shaped.view(-1, rc.k), state=self.baseline,
+                                 greedy_rewards=greedy, decay=rc.moving_average_decay)
         if adv.state is not None:
             self.baseline = adv.state
         return StepAdvantages(seq_kl, shaped, adv.advantages.reshape(-1), adv.zero_adv_frac, adv.n_degenerate_groups)
@@ -410,25 +412,25 @@ class Trainer:
         (`sequence`) or response tokens (`token`). One normaliser: D is this process's rows or tokens;
         data-parallel, the loss is also multiplied by W·D/D_all (`distributed.loss_scale`), so that the
         ranks' averaged gradients are those of L over all D_all rows or tokens."""
-        r = self.rcfg
+        rc = self.rc
         mask = rows.mask
-        denominator = float(mask.sum()) if r["loss_norm"] == "token" else float(len(mask))
+        denominator = float(mask.sum()) if rc.loss_norm == "token" else float(len(mask))
         scale = distributed.loss_scale(denominator) if distributed.enabled() else 1.0
         # One micro-batch holds every row: the loss's own mean over them is the same normaliser D.
         step_denominator = None if rows.one_pass else denominator
-        clipped = r["updates_per_batch"] > 1
+        clipped = rc.updates_per_batch > 1
 
         def loss_of(lp: torch.Tensor, sel: torch.Tensor | slice, width: int) -> tuple[torch.Tensor, dict[str, float]]:
             """The loss of the step's rows `sel`, whose log-probabilities with gradient are `lp`, and
             how many of their tokens the ratio clipped."""
             m = mask[sel, :width]
-            loss, stats = policy_loss(lp, m, adv.advantages[sel], norm=r["loss_norm"],
+            loss, stats = policy_loss(lp, m, adv.advantages[sel], norm=rc.loss_norm,
                                       old_token_logp=rows.old_lp[sel, :width] if clipped else None,
-                                      clip_eps=r["clip_eps"], denominator=step_denominator,
+                                      clip_eps=rc.clip_eps, denominator=step_denominator,
                                       weights=None if weights is None else weights[sel, :width])
-            if r["kl_in"] == "loss":
-                loss = loss + kl_loss_term(lp, rows.ref_lp[sel, :width], m, r["beta"], r["kl_estimator"],
-                                           r["loss_norm"], denominator=step_denominator)
+            if rc.kl_in == "loss":
+                loss = loss + kl_loss_term(lp, rows.ref_lp[sel, :width], m, rc.beta, rc.kl_estimator,
+                                           rc.loss_norm, denominator=step_denominator)
             return loss * scale, {"clipped_tokens": float(stats["clip_frac"]) * float(m.sum())}
 
         def micro_loss(part_rows: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
@@ -438,7 +440,7 @@ class Trainer:
             return loss_of(self._policy_pass(sub, at)[0], sel, sub.completion_len)
 
         clip_frac, grad_norm, loss_value = 0.0, 0.0, 0.0
-        for update in range(r["updates_per_batch"]):
+        for update in range(rc.updates_per_batch):
             if rows.one_pass:
                 if update > 0:  # (the entropy logged stays the sampling policy's, as with micro-batches)
                     rows.lp, _ = self._policy_pass(rows.distinct, rows.inverse)
@@ -447,12 +449,12 @@ class Trainer:
                 loss_value = float(loss.detach())
             else:
                 loss_value, counts = microbatch.accumulate(self.policy_train, rows.parts, micro_loss)
-            grad_norm = float(distributed.clip_grad_norm_(self.policy.parameters(), r["grad_clip"]))
+            grad_norm = float(distributed.clip_grad_norm_(self.policy.parameters(), rc.grad_clip))
             if self.guard(step, loss=loss_value, grad_norm=grad_norm, kl=float(adv.seq_kl.mean()),
                           advantages=float(adv.advantages.abs().max())):
                 self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-            clip_frac += counts.get("clipped_tokens", 0.0) / max(float(mask.sum()), 1.0) / r["updates_per_batch"]
+            clip_frac += counts.get("clipped_tokens", 0.0) / max(float(mask.sum()), 1.0) / rc.updates_per_batch
         return GradientStep(loss_value, grad_norm, clip_frac)
 
     def _step_metrics(self, step: int, got: Collected, rows: StepRows, adv: StepAdvantages, grad: GradientStep,
@@ -532,7 +534,7 @@ class Trainer:
         """Validation accuracy (greedy, and sampled as the mean of `draws` draws per problem) and the
         training reward's mean over the sampled completions (the proxy the policy is optimised for).
         Data-parallel, rank 0 evaluates (the whole parameters gathered) and every rank gets its figures."""
-        spec = spec_for(self.cfg, "rloo", self.rcfg["max_new_tokens"], draws, stream=11)
+        spec = spec_for(self.cfg, "rloo", self.rc.max_new_tokens, draws, stream=11)
         with distributed.gathered(self.policy):
             report = distributed.on_main(lambda: evaluate_policy(
                 self.policy, self.tokenizer, rows[:n], spec, proxy=self.reward, label="validation")[0])

@@ -16,11 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.record import command_line, provenance  # noqa: E402
+
 FIGURES = ROOT / "docs" / "figures"
 PAGES = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]
 
@@ -313,7 +316,7 @@ def memory_table() -> str:
     m, w = data["model"], data["work"]
     rows += ["", f"Embedded Llama of {base['policy_parameters']:,} parameters (hidden {m['hidden_size']}, {m['num_layers']} "
              f"layers), {w['prompts_per_step']} prompts × k = {w['k']}, {w['max_new_tokens']} new tokens, {w['steps']} steps, "
-             f"{w['dtype']}, mean of {data['rounds']} rounds; {data['machine']}"
+             f"{w['dtype']}, mean of {data['rounds']} rounds; {_machine(data)}"
              + (f", glibc MALLOC_MMAP_THRESHOLD_={data['malloc_mmap_threshold']}." if data.get("malloc_mmap_threshold") else ".")]
     return "\n".join(rows)
 
@@ -336,9 +339,15 @@ def memory_rows_table() -> str:
              f"k = {w['k']} samples of {w['prompt_tokens']} prompt + up to {w['max_completion_tokens']} completion tokens, "
              f"{w['autocast']} autocast; bounded: rloo.micro_batch_tokens {b['rloo.micro_batch_tokens']}, "
              f"model.logits_chunk_tokens {b['model.logits_chunk_tokens']}; today: both 0. Peak RSS of a fresh process "
-             f"(in brackets: its rise during the update), mean of {data['rounds']} round(s); {data['machine']}, "
+             f"(in brackets: its rise during the update), mean of {data['rounds']} round(s); {_machine(data)}, "
              f"glibc MALLOC_MMAP_THRESHOLD_={data['malloc_mmap_threshold']}."]
     return "\n".join(rows)
+
+
+def _machine(data: dict) -> str:
+    """The machine a measurement ran on, and what its memory figure is (files made before bench/record.py
+    wrote both into `machine`)."""
+    return f"{data['machine']} ({data['measured']})" if data.get("measured") else data["machine"]
 
 
 def _mean(xs: list[float]) -> float:
@@ -462,10 +471,10 @@ def collect(run_dir: Path, out: Path, command: str, result: str | None = None) -
         header, values = tsv.read_text().splitlines()[:2]
         stage_seconds[str(tsv.relative_to(bench_dir).with_suffix(""))] = float(dict(zip(header.split("\t"), values.split("\t"), strict=False))["s"])
     wall = run_dir / "wall_seconds"
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=run_dir, capture_output=True, text=True).stdout.strip()
     record = {
-        "command": command,
-        "commit": commit or None,
+        # the run's command, and the commit and rloo/ state of the checkout it ran in (RUN_DIR); the
+        # machine and versions are this process's: collect where the run ran
+        **provenance(command, root=run_dir), "collected_by": command_line(),
         "wall_seconds": float(wall.read_text()) if wall.exists() else sum(stage_seconds.values()),
         "stage_seconds": stage_seconds,
         "results": json.loads(results[0].read_text()),

@@ -493,6 +493,107 @@ def collect(run_dir: Path, out: Path, command: str, result: str | None = None) -
     out.write_text(json.dumps(record, indent=1) + "\n")
 
 
+# ---------------------------------------------------------------------------------------------------
+# Numbers in prose. A measured figure in README.md, BENCHMARKS.md or docs/*.md stands only where it is
+# rendered from a file (a `<!-- figures:NAME -->` block above) or where its paragraph says where it comes
+# from, with one of these markers (HTML comments, not shown on the page):
+#
+#   <!-- figure: docs/figures/x.json[, docs/figures/y.json] -->   measured: the figures are in these files
+#   <!-- quoted: SOURCE -->      quoted from outside this project (a paper, a model card, a vendor's spec)
+#   <!-- setting: WHAT -->       not a measurement: a configured value, a tolerance, a version required,
+#                                a constant of the method or of a computed example
+#
+# A link to a docs/figures/*.json file in the paragraph counts as a figure marker. A marker covers the
+# paragraph it is in (text between blank lines) or, in a list, the item it is on; a heading is a unit
+# of its own. What counts as a measured figure is what a measurement looks like, see _measured: a
+# number with a decimal point, a number with a unit of time, memory, throughput, a ratio (an attached
+# × or x: 1.7×; `2 x 8` is a product), a share (%), points or standard errors, or a p-value. Plain integers (counts, steps,
+# settings such as k = 4, issue numbers, dates, line numbers) are not checked, nor is anything in code
+# (fenced or `inline`), in link targets, or in commit ids.
+
+_MARKER = re.compile(r"<!--\s*(figure|quoted|setting):\s*(.*?)\s*-->", re.S)
+_FIGURE_LINK = re.compile(r"\]\(((?:\.\./|\./)*(?:docs/)?figures/[\w.-]+\.json)\)")
+_NUMBER = re.compile(r"(?<![\w.@/#§-])([−+-]?\d[\d,]*(?:\.\d+)*)")
+_UNIT = re.compile(r"×|x(?![\w])|\s?(?:%|s\b|ms\b|min\b|minutes?\b|seconds?\b|hours?\b|MiB\b|KiB\b|GiB\b|"
+                   r"MB\b|GB\b|kB\b|TB\b|[GT]FLOP|tokens/s|samples/s|points?\b|SE\b|standard errors?\b|nats?\b)")
+# a number right after these is a setting or a name, not a measurement
+_SETTING_BEFORE = re.compile(r"(?:(?<![\w])(?:k|T|β|γ|λ|lr|r|ε)\s*(?:=|≥|≤)?\s*|(?:Python|python)\s*(?:≥|>=)\s*|"
+                             r"(?:Section|section|Eq\.|eq\.|equation|§)\s*)$")
+_SIZE_AFTER = re.compile(r"\s?[BM](?:\b|-)")  # 0.5B, 7B, 135M, 1.8 M-parameter: a model's name or size
+
+
+def _blank(m: re.Match) -> str:
+    return re.sub(r"[^\n]", " ", m.group(0))
+
+
+def _measured(text: str) -> list[str]:
+    """The numbers in `text` (code, links and comments already blanked) that look like measurements."""
+    found = []
+    for m in _NUMBER.finditer(text):
+        num, before, after = m.group(1), text[:m.start()], text[m.end():]
+        if _SETTING_BEFORE.search(before[-24:]) or _SIZE_AFTER.match(after):
+            continue
+        if num.strip("−+-") in ("95",) and re.match(r"\s?%", after):  # the intervals' level, a definition
+            continue
+        decimal = "." in num
+        unit = _UNIT.match(after)
+        p_value = re.search(r"\bp\s?[=<>≤]\s?$", before[-6:])
+        if decimal or unit or p_value:
+            found.append(num + (unit.group(0) if unit else ""))
+    return found
+
+
+def _units(text: str) -> list[tuple[int, str]]:
+    """(first line, text) of each paragraph, list item and heading."""
+    units, cur, start = [], [], 0
+    for i, line in enumerate(text.split("\n"), 1):
+        item = re.match(r"\s*(?:[-*+]|\d+\.)\s", line) and not (cur and cur[0].lstrip().startswith("|"))
+        heading = line.startswith("#")
+        if not line.strip() or item or heading:
+            if cur:
+                units.append((start, "\n".join(cur)))
+            cur, start = [], i
+        if heading:
+            units.append((i, line))
+        elif line.strip():
+            if not cur:
+                start = i
+            cur.append(line)
+    if cur:
+        units.append((start, "\n".join(cur)))
+    return units
+
+
+def unbacked_numbers(page: Path, text: str | None = None) -> list[str]:
+    """Each measured-looking number of `page` (or of `text`, named `page`) outside rendered blocks whose
+    paragraph has no marker, and each marker that names no file or no source: 'page:line: problem'.
+    A marker's files are named from the repository's root."""
+    text = page.read_text() if text is None else text
+    text = _BLOCK.sub(_blank, text)
+    text = re.sub(r"^(```|~~~).*?^\1", _blank, text, flags=re.S | re.M)  # fenced code
+    rel = page.relative_to(ROOT) if page.is_absolute() and page.is_relative_to(ROOT) else page
+    problems = []
+    for line, unit in _units(text):
+        markers = _MARKER.findall(unit)
+        for kind, what in markers:
+            if not what:
+                problems.append(f"{rel}:{line}: an empty `{kind}:` marker (say which file or source)")
+            elif kind == "figure":
+                for f in (x.strip() for x in what.split(",")):
+                    if not (ROOT / f).is_file():
+                        problems.append(f"{rel}:{line}: `figure: {f}` names no file")
+        backed = bool(markers) or bool(_FIGURE_LINK.search(unit))
+        plain = re.sub(r"<!--.*?-->", _blank, unit, flags=re.S)
+        plain = re.sub(r"`[^`\n]*`", _blank, plain)  # inline code: keys, commands, paths
+        plain = re.sub(r"\]\([^)\s]*\)", "]", plain)  # link targets
+        plain = re.sub(r"https?://\S+|\b\d+\.\d+\.\d+\.\d+(?::\d+)?\b", " ", plain)  # addresses
+        plain = re.sub(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b", " ", plain)  # commit ids
+        if not backed and (nums := _measured(plain)):
+            excerpt = " ".join(unit.split())[:90]
+            problems.append(f"{rel}:{line}: {', '.join(nums)} with no file: \"{excerpt}...\"")
+    return problems
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd")
@@ -519,10 +620,14 @@ def main() -> int:
             stale.append(str(page.relative_to(ROOT)))
             if not a.check:
                 page.write_text(new)
+    unbacked = [p for page in PAGES for p in unbacked_numbers(page)]
     if a.check and stale:
         print(f"figures out of date in {', '.join(stale)}: run `python scripts/figures.py`", file=sys.stderr)
-        return 1
-    return 0
+    if unbacked:
+        print(f"{len(unbacked)} measured figures in prose with no file (mark each paragraph `<!-- figure: FILE -->`, "
+              "`<!-- quoted: SOURCE -->` or `<!-- setting: WHAT -->`, or render it; scripts/figures.py says how):\n  "
+              + "\n  ".join(unbacked), file=sys.stderr)
+    return 1 if (a.check and stale) or unbacked else 0
 
 
 if __name__ == "__main__":

@@ -14,8 +14,10 @@ Snakemake's logs/benchmarks/*.tsv) into one file: the figures, the command and t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -594,6 +596,52 @@ def unbacked_numbers(page: Path, text: str | None = None) -> list[str]:
     return problems
 
 
+def code_paths(record: dict) -> list[str]:
+    """The repository paths a figure file's command runs: a bench script with the rloo modules it
+    imports (rloo.code_inputs, as the stages' own inputs are found); a pipeline run
+    (snakemake, scripts/pipeline.sh) every stage's sources, the rules and the configs."""
+    from rloo.code_inputs import _imports, module_sources, stage_sources
+    from rloo.pipeline import STAGES
+
+    command = record.get("command") or ""
+    paths = set()
+    if m := re.search(r"\b(bench/\w+\.py)", command):
+        script = ROOT / m.group(1)
+        paths.add(m.group(1))
+        for mod in _imports(script):
+            with contextlib.suppress(ValueError):  # `from rloo.x import name`: the name is no module
+                paths.update(module_sources(mod))
+        if "alarms" in m.group(1):
+            paths.add("tests/data/trajectories")
+        if "rloo.cli" in script.read_text():  # it runs stages in subprocesses: their code too
+            for stage in STAGES.values():
+                paths.update(stage_sources(stage.verb))
+    else:
+        paths.update(["Snakefile", "workflow", "scripts/pipeline.sh", "config"])
+        for stage in STAGES.values():
+            paths.update(stage_sources(stage.verb))
+    return sorted(paths)
+
+
+def stale_report() -> list[dict]:
+    """For each figure file: the commit it records, and the commits since then on the code it runs (for
+    a file with no commit: the commit that last wrote it, an upper bound, not the tree it ran on)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    out = []
+    for f in sorted(FIGURES.glob("*.json")):
+        record = json.loads(f.read_text())
+        commit = record.get("commit")
+        since = commit or git("log", "-1", "--format=%H", "--", str(f.relative_to(ROOT)))
+        paths = code_paths(record)
+        commits = git("log", "--no-merges", "--format=%h %s", f"{since}..HEAD", "--", *paths).splitlines()
+        out.append({"file": f.name, "commit": commit[:7] if commit else None, "last_written": since[:7],
+                    "commits_since": len(commits), "latest": commits[:3], "command": record.get("command"),
+                    "wall_seconds": record.get("wall_seconds")})
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd")
@@ -603,8 +651,15 @@ def main() -> int:
     c.add_argument("--command", required=True)
     c.add_argument("--result", default=None, help="the results file, relative to RUN_DIR (default: the only one)")
     c.add_argument("--comparison", action="store_true", help="record results/comparison.json (and results/gsm8k_rloo.json)")
+    sub.add_parser("stale", help="each figure file's commit and the commits since on the code it runs")
     ap.add_argument("--check", action="store_true")
     a = ap.parse_args()
+    if a.cmd == "stale":
+        print("| file | recorded commit | commits since on its code | latest |\n| --- | --- | --- | --- |")
+        for r in stale_report():
+            rec = r["commit"] or f"none (last written at {r['last_written']})"
+            print(f"| {r['file']} | {rec} | {r['commits_since']} | {'; '.join(c[:60] for c in r['latest'])} |")
+        return 0
     if a.cmd == "collect":
         collect(a.run_dir, a.out, a.command, "results/gsm8k_rloo.json" if a.comparison else a.result)
         if a.comparison:

@@ -53,10 +53,13 @@ def _cpu_model() -> str | None:
 
 
 def _gpus() -> str | None:
-    """The GPUs torch sees, if torch is already imported (a figure that used no torch needs none)."""
-    torch = sys.modules.get("torch")
+    """The GPUs torch sees (a script whose work runs in subprocesses sees the same devices)."""
     try:
-        if torch is not None and torch.cuda.is_available():
+        import torch
+    except ImportError:
+        return None
+    try:
+        if torch.cuda.is_available():
             names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
             return ", ".join(f"{names.count(n)} x {n}" for n in dict.fromkeys(names))
     except Exception:  # a broken CUDA install: say nothing rather than fail the figure

@@ -147,3 +147,28 @@ def test_a_marker_must_name_a_file_or_a_source():
 def test_figures_check_runs_both_checks():
     res = subprocess.run([sys.executable, "scripts/figures.py", "--check"], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
+
+
+def test_collect_stamps_the_checkout_the_run_ran_in(tmp_path):
+    run = tmp_path / "clone"
+    (run / "results").mkdir(parents=True)
+    (run / "results" / "gsm8k_rloo.json").write_text(json.dumps({"policies": {}}))
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(run)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    figures.collect(run, tmp_path / "out.json", "bash scripts/pipeline.sh")
+    record = json.loads((tmp_path / "out.json").read_text())
+    assert record["commit"] == head and record["command"] == "bash scripts/pipeline.sh", record
+    assert record["rloo_clean"] is True and record["machine"] and record["versions"]["python"]
+    assert not provenance_problems(record)
+    (run / "rloo").mkdir()
+    (run / "rloo" / "edited.py").write_text("")  # an untracked package file: not the commit's code
+    figures.collect(run, tmp_path / "out.json", "bash scripts/pipeline.sh")
+    assert json.loads((tmp_path / "out.json").read_text())["rloo_clean"] is False
+    plain = tmp_path / "not-a-checkout"
+    (plain / "results").mkdir(parents=True)
+    (plain / "results" / "gsm8k_rloo.json").write_text("{}")
+    figures.collect(plain, tmp_path / "out.json", "bash scripts/pipeline.sh")
+    assert provenance_problems(json.loads((tmp_path / "out.json").read_text()))  # no commit: refused

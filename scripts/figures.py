@@ -4,7 +4,9 @@ Each table in those pages sits between `<!-- figures:NAME -->` and `<!-- /figure
 written by this script from the files it names, never by hand:
 
     python scripts/figures.py              # rewrite the tables from docs/figures/*.json
-    python scripts/figures.py --check      # exit 1 if a table differs from its files (a test runs this)
+    python scripts/figures.py --check      # exit 1 if a table differs from its files, or a measured number
+                                           # in prose names no file (see unbacked_numbers; a test runs this)
+    python scripts/figures.py stale        # each file's commit and the commits since on the code it runs
     python scripts/figures.py collect RUN_DIR OUT.json --command "..."   # record a pipeline run
 
 `collect` reads a finished pipeline run (its results/gsm8k_*.json, the stages' metrics.json and
@@ -576,7 +578,7 @@ def unbacked_numbers(page: Path, text: str | None = None) -> list[str]:
     rel = page.relative_to(ROOT) if page.is_absolute() and page.is_relative_to(ROOT) else page
     problems = []
     for line, unit in _units(text):
-        markers = _MARKER.findall(unit)
+        markers = _MARKER.findall(re.sub(r"`[^`\n]*`", _blank, unit))  # a marker quoted in code is no marker
         for kind, what in markers:
             if not what:
                 problems.append(f"{rel}:{line}: an empty `{kind}:` marker (say which file or source)")

@@ -142,6 +142,7 @@ def test_a_marker_covers_its_paragraph_or_list_item_only():
 def test_a_marker_must_name_a_file_or_a_source():
     assert _check("0.9 s <!-- figure: docs/figures/no_such.json -->\n")
     assert _check("0.9 s <!-- quoted: -->\n")
+    assert _check("0.9 s, as `<!-- figure: docs/figures/rloo_step.json -->` marks it\n")  # quoted in code
 
 
 def test_figures_check_runs_both_checks():

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -35,6 +34,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.record import provenance  # noqa: E402
 from rloo.train import alarms  # noqa: E402
 
 TRAJECTORIES = ROOT / "tests" / "data" / "trajectories"
@@ -287,14 +287,13 @@ def main() -> None:
               f"({t['false_positive_steps']} of {t['healthy_steps']} steps); failing runs' first firing step "
               f"{t['first_firing_step']}")
     if args.json:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
         runs_out = {n: {**{k: v for k, v in r.items() if k not in ("history", "evals")}, "evaluations": len(r["evals"]),
                         "mismatch_recorded": _has_mismatch(r)}
                     for n, r in runs.items()}
         for n, r in runs_out.items():  # how far short of the default a known miss falls
             if (miss := r.get("known_miss")) and miss["alarm"] == "reward_hacking":
                 miss["fires_below_z"] = miss_margin(runs[n])
-        args.json.write_text(json.dumps({"command": "python bench/alarms.py --json " + str(args.json), "commit": commit,
+        args.json.write_text(json.dumps({**provenance(),
                                          "defaults": asdict(cfg), "runs": runs_out, "table": chosen, "grid": rows,
                                          "mismatch": mm},
                                         indent=1) + "\n")

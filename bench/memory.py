@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -41,6 +40,10 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.record import provenance  # noqa: E402
+
 MICRO = str(ROOT / "config" / "micro.yaml")
 
 # name -> (processes, --set overrides)
@@ -162,8 +165,7 @@ def rows_main(a) -> None:
             for p, by in figures.items()}
     lo, hi = str(min(a.rows)), str(max(a.rows))
     result = {
-        "command": "python bench/memory.py " + " ".join(sys.argv[1:]),
-        "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores (CPU, peak RSS of the process)",
+        **provenance(), "measured": "peak RSS of the process",
         "model": {**QWEN05, "num_hidden_layers": a.layers, "random": True},
         "work": {"k": 4, "prompt_tokens": a.prompt_tokens, "max_completion_tokens": a.completion_tokens,
                  "autocast": "bfloat16", "bounded": {"rloo.micro_batch_tokens": a.budget,
@@ -202,9 +204,7 @@ def gpu_check(config: str, layers: int, rows: int, prompt: int, completion: int,
           f"{got['logits_chunk_tokens']}) on {got['device']}: measured peak {got['peak_mb'] / 1024:.2f} GB, "
           f"planned {got['planned_update_mb'] / 1024:.2f} GB ({got['update_s']:.1f} s)")
     if out is not None:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-        out.write_text(json.dumps({"command": "python bench/memory.py " + " ".join(sys.argv[1:]), "commit": commit,
-                                   "config": config, "layers": layers, "rows": rows, "prompt_tokens": prompt,
+        out.write_text(json.dumps({**provenance(), "config": config, "layers": layers, "rows": rows, "prompt_tokens": prompt,
                                    "completion_tokens": completion, **got}, indent=1) + "\n")
 
 
@@ -294,8 +294,7 @@ def main() -> None:
                       "policy_parameters": rows[0]["parameters"]}
                for name, rows in figures.items()}
     result = {
-        "command": "python bench/memory.py " + " ".join(sys.argv[1:]),
-        "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores (CPU, peak RSS of rank 0)",
+        **provenance(), "measured": "peak RSS of rank 0",
         "model": {"hidden_size": a.hidden, "num_layers": a.layers, "intermediate_size": a.intermediate},
         "work": {"prompts_per_step": a.prompts, "k": 4, "steps": a.steps, "max_new_tokens": a.max_new_tokens, "dtype": "float32"},
         "rounds": a.rounds, "malloc_mmap_threshold": a.mmap_threshold or None, "wall_seconds": round(time.time() - t0, 1),

@@ -21,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.record import provenance  # noqa: E402
 from rloo.config import load_config, parse_set  # noqa: E402
 from rloo.memory_plan import GB, MARGIN_GB, MARGIN_SHARE, Shape, plan, problem, usable_gb  # noqa: E402
 
@@ -70,7 +71,7 @@ def main() -> None:
         for size, r in row["per_policy"].items():
             print(f"  {size:5s} " + "  ".join(f"{s} {v['total']:6.1f}" for s, v in r["stages"].items())
                   + (f"  -- {r['problem']}" if r["problem"] else ""))
-    result = {"command": "python bench/memory_budget.py " + " ".join(sys.argv[1:]), "computed": True,
+    result = {**provenance(), "computed": True,
               "gpu_gb": GPU_GB, "usable_gb": usable_gb(GPU_GB), "margin": {"gb": MARGIN_GB, "share": MARGIN_SHARE},
               "policies": {k: {**vars(s), "parameters": s.parameters()} for k, s in POLICIES.items()}, "rows": rows}
     if a.json:

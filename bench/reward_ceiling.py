@@ -16,7 +16,6 @@ them from. With --reward-model, the trained Bradley-Terry model's accuracy on th
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from pathlib import Path
@@ -26,6 +25,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.record import write  # noqa: E402
 from rloo.config import load_config  # noqa: E402
 from rloo.config.sections import ModelConfig  # noqa: E402
 from rloo.data.prompting import PromptFormat  # noqa: E402
@@ -94,11 +94,10 @@ def main() -> None:
     for name, acc in scores.items():
         print(f"held-out pairwise accuracy, {name:<31} {acc:.3f}")
     if args.json:
-        out = {"command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
-               "pairs": len(pairs), "held_out_pairs": len(val), "held_out_prompts": len({p.prompt_id for p in val}),
+        out = {"pairs": len(pairs), "held_out_pairs": len(val), "held_out_prompts": len({p.prompt_id for p in val}),
                "samples": info["samples"], "sample_accuracy": info["sample_accuracy"],
                "reward_prompts": cfg["reward"]["prompts"], "held_out_pairwise_accuracy": scores}
-        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+        write(args.json, out, indent=2)
 
 
 if __name__ == "__main__":

@@ -17,12 +17,15 @@ and noise per round), in alternating order, so machine drift hits both alike.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.record import write
 
 PHASES = ("time/generation_s", "time/scoring_s", "time/reference_s", "time/update_s", "time/step_s")
 
@@ -89,8 +92,7 @@ def main() -> None:
     per_round = [o["time/step_s"] / n["time/step_s"] for o, n in zip(results["old"], results["new"], strict=True)]
     print(f"\nspeed-up (old s/step / new s/step): {ratio:.2f}x (rounds: {', '.join(f'{x:.2f}' for x in per_round)})")
     if a.json:
-        Path(a.json).write_text(json.dumps({"command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
-                                            "summary": summary, "rounds": results, "ratio": ratio}, indent=2))
+        write(a.json, {"summary": summary, "rounds": results, "ratio": ratio}, indent=2)
 
 
 if __name__ == "__main__":

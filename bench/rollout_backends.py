@@ -27,6 +27,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.record import command_line, provenance  # noqa: E402
 from rloo.config import load_config  # noqa: E402
 from rloo.data import synthetic  # noqa: E402
 from rloo.data.gsm8k import format_completion, format_prompt  # noqa: E402
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> dict:
         sync_s = (time.perf_counter() - t0) / 5
 
     out = {
-        "command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]) if argv is None else None,
+        **provenance(None if argv is None else command_line(["bench/rollout_backends.py", *argv])),
         "policy": origin,
         "parameters": models.count_parameters(model),
         "sequences": len(prompts),

@@ -19,7 +19,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.record import command_line, provenance  # noqa: E402
+
 MISMATCH = ("train/mismatch_abs_mean", "train/mismatch_abs_max", "train/mismatch_k3_token", "train/mismatch_k3_seq",
             "train/mismatch_out_of_band")
 
@@ -106,21 +109,8 @@ def main(argv: list[str] | None = None) -> dict:
                 }
                 print(json.dumps({mode: runs[mode]}), flush=True)
 
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "rloo"], cwd=ROOT,
-                           capture_output=True, text=True).stdout.strip()
-    import torch
-
-    try:
-        import vllm
-        vllm_version = vllm.__version__
-    except ImportError:
-        vllm_version = None
     out = {
-        "command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]) if argv is None else None,
-        "commit": commit, "rloo_dirty": bool(dirty),
-        "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores",
-        "versions": {"torch": torch.__version__, "vllm": vllm_version, "python": platform.python_version()},
+        **provenance(None if argv is None else command_line(["bench/rollout_correction.py", *argv])),
         "config": args.config, "policy": args.policy, "cap": cfg["rloo"]["rollout_correction"]["cap"],
         "samples_per_step": cfg["rloo"]["prompts_per_step"] * cfg["rloo"]["k"],
         "max_new_tokens": cfg["rloo"]["max_new_tokens"],

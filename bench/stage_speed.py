@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -27,6 +26,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.record import write  # noqa: E402
 
 
 def _rloo(tree: Path, *args: str) -> None:
@@ -81,13 +83,11 @@ def main() -> None:
     ratio = {s: mean["this tree"][s] / mean["baseline"][s] for s in ("sft", "rloo")}
     print(json.dumps({"mean_seconds": mean, "this_tree_over_baseline": ratio}, indent=1))
     if a.json:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-        Path(a.json).write_text(json.dumps({
-            "command": "python bench/stage_speed.py " + " ".join(sys.argv[1:]), "commit": commit,
-            "baseline": a.baseline, "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores",
+        write(a.json, {
+            "baseline": a.baseline,
             "work": {"sft_steps": a.sft_steps, "rloo_steps": a.rloo_steps, "rounds": a.rounds},
             "mean_seconds": mean, "this_tree_over_baseline": ratio, "per_round": figures,
-            "wall_seconds": round(time.time() - t0, 1)}, indent=1) + "\n")
+            "wall_seconds": round(time.time() - t0, 1)})
 
 
 if __name__ == "__main__":

@@ -27,6 +27,10 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.record import write
+
 
 def _common(a: argparse.Namespace) -> dict:
     return {"k": a.k, "prompts": a.prompts, "max_new": a.max_new, "lr": a.lr, "beta": a.beta, "steps": a.steps,
@@ -218,8 +222,7 @@ def main() -> None:
     if a.json:
         settings = {k: getattr(a, k) for k in ("k", "prompts", "max_new", "lr", "beta", "threads", "rounds", "steps",
                                                 "precision", "seed")}
-        Path(a.json).write_text(json.dumps({"command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
-                                            "settings": settings, "summary": summary, "runs": runs}, indent=2))
+        write(a.json, {"settings": settings, "summary": summary, "runs": runs}, indent=2, extra=("trl", "accelerate"))
 
 
 if __name__ == "__main__":

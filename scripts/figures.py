@@ -4,7 +4,9 @@ Each table in those pages sits between `<!-- figures:NAME -->` and `<!-- /figure
 written by this script from the files it names, never by hand:
 
     python scripts/figures.py              # rewrite the tables from docs/figures/*.json
-    python scripts/figures.py --check      # exit 1 if a table differs from its files (a test runs this)
+    python scripts/figures.py --check      # exit 1 if a table differs from its files, or a measured number
+                                           # in prose names no file (see unbacked_numbers; a test runs this)
+    python scripts/figures.py stale        # each file's commit and the commits since on the code it runs
     python scripts/figures.py collect RUN_DIR OUT.json --command "..."   # record a pipeline run
 
 `collect` reads a finished pipeline run (its results/gsm8k_*.json, the stages' metrics.json and
@@ -14,6 +16,7 @@ Snakemake's logs/benchmarks/*.tsv) into one file: the figures, the command and t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import subprocess
@@ -21,6 +24,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.record import command_line, provenance  # noqa: E402
+
 FIGURES = ROOT / "docs" / "figures"
 PAGES = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]
 
@@ -313,7 +320,7 @@ def memory_table() -> str:
     m, w = data["model"], data["work"]
     rows += ["", f"Embedded Llama of {base['policy_parameters']:,} parameters (hidden {m['hidden_size']}, {m['num_layers']} "
              f"layers), {w['prompts_per_step']} prompts × k = {w['k']}, {w['max_new_tokens']} new tokens, {w['steps']} steps, "
-             f"{w['dtype']}, mean of {data['rounds']} rounds; {data['machine']}"
+             f"{w['dtype']}, mean of {data['rounds']} rounds; {_machine(data)}"
              + (f", glibc MALLOC_MMAP_THRESHOLD_={data['malloc_mmap_threshold']}." if data.get("malloc_mmap_threshold") else ".")]
     return "\n".join(rows)
 
@@ -336,9 +343,15 @@ def memory_rows_table() -> str:
              f"k = {w['k']} samples of {w['prompt_tokens']} prompt + up to {w['max_completion_tokens']} completion tokens, "
              f"{w['autocast']} autocast; bounded: rloo.micro_batch_tokens {b['rloo.micro_batch_tokens']}, "
              f"model.logits_chunk_tokens {b['model.logits_chunk_tokens']}; today: both 0. Peak RSS of a fresh process "
-             f"(in brackets: its rise during the update), mean of {data['rounds']} round(s); {data['machine']}, "
+             f"(in brackets: its rise during the update), mean of {data['rounds']} round(s); {_machine(data)}, "
              f"glibc MALLOC_MMAP_THRESHOLD_={data['malloc_mmap_threshold']}."]
     return "\n".join(rows)
+
+
+def _machine(data: dict) -> str:
+    """The machine a measurement ran on, and what its memory figure is (files made before bench/record.py
+    wrote both into `machine`)."""
+    return f"{data['machine']} ({data['measured']})" if data.get("measured") else data["machine"]
 
 
 def _mean(xs: list[float]) -> float:
@@ -483,10 +496,10 @@ def collect(run_dir: Path, out: Path, command: str, result: str | None = None) -
         header, values = tsv.read_text().splitlines()[:2]
         stage_seconds[str(tsv.relative_to(bench_dir).with_suffix(""))] = float(dict(zip(header.split("\t"), values.split("\t"), strict=False))["s"])
     wall = run_dir / "wall_seconds"
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=run_dir, capture_output=True, text=True).stdout.strip()
     record = {
-        "command": command,
-        "commit": commit or None,
+        # the run's command, and the commit and rloo/ state of the checkout it ran in (RUN_DIR); the
+        # machine and versions are this process's: collect where the run ran
+        **provenance(command, root=run_dir), "collected_by": command_line(),
         "wall_seconds": float(wall.read_text()) if wall.exists() else sum(stage_seconds.values()),
         "stage_seconds": stage_seconds,
         "results": json.loads(results[0].read_text()),
@@ -505,6 +518,153 @@ def collect(run_dir: Path, out: Path, command: str, result: str | None = None) -
     out.write_text(json.dumps(record, indent=1) + "\n")
 
 
+# ---------------------------------------------------------------------------------------------------
+# Numbers in prose. A measured figure in README.md, BENCHMARKS.md or docs/*.md stands only where it is
+# rendered from a file (a `<!-- figures:NAME -->` block above) or where its paragraph says where it comes
+# from, with one of these markers (HTML comments, not shown on the page):
+#
+#   <!-- figure: docs/figures/x.json[, docs/figures/y.json] -->   measured: the figures are in these files
+#   <!-- quoted: SOURCE -->      quoted from outside this project (a paper, a model card, a vendor's spec)
+#   <!-- setting: WHAT -->       not a measurement: a configured value, a tolerance, a version required,
+#                                a constant of the method or of a computed example
+#
+# A link to a docs/figures/*.json file in the paragraph counts as a figure marker. A marker covers the
+# paragraph it is in (text between blank lines) or, in a list, the item it is on; a heading is a unit
+# of its own. What counts as a measured figure is what a measurement looks like, see _measured: a
+# number with a decimal point, a number with a unit of time, memory, throughput, a ratio (an attached
+# × or x: 1.7×; `2 x 8` is a product), a share (%), points or standard errors, or a p-value. Plain integers (counts, steps,
+# settings such as k = 4, issue numbers, dates, line numbers) are not checked, nor is anything in code
+# (fenced or `inline`), in link targets, or in commit ids.
+
+_MARKER = re.compile(r"<!--\s*(figure|quoted|setting):\s*(.*?)\s*-->", re.S)
+_FIGURE_LINK = re.compile(r"\]\(((?:\.\./|\./)*(?:docs/)?figures/[\w.-]+\.json)\)")
+_NUMBER = re.compile(r"(?<![\w.@/#§-])([−+-]?\d[\d,]*(?:\.\d+)*)")
+_UNIT = re.compile(r"×|x(?![\w])|\s?(?:%|s\b|ms\b|min\b|minutes?\b|seconds?\b|hours?\b|MiB\b|KiB\b|GiB\b|"
+                   r"MB\b|GB\b|kB\b|TB\b|[GT]FLOP|tokens/s|samples/s|points?\b|SE\b|standard errors?\b|nats?\b)")
+# a number right after these is a setting or a name, not a measurement
+_SETTING_BEFORE = re.compile(r"(?:(?<![\w])(?:k|T|β|γ|λ|lr|r|ε)\s*(?:=|≥|≤)?\s*|(?:Python|python)\s*(?:≥|>=)\s*|"
+                             r"(?:Section|section|Eq\.|eq\.|equation|§)\s*)$")
+_SIZE_AFTER = re.compile(r"\s?[BM](?:\b|-)")  # 0.5B, 7B, 135M, 1.8 M-parameter: a model's name or size
+
+
+def _blank(m: re.Match) -> str:
+    return re.sub(r"[^\n]", " ", m.group(0))
+
+
+def _measured(text: str) -> list[str]:
+    """The numbers in `text` (code, links and comments already blanked) that look like measurements."""
+    found = []
+    for m in _NUMBER.finditer(text):
+        num, before, after = m.group(1), text[:m.start()], text[m.end():]
+        if _SETTING_BEFORE.search(before[-24:]) or _SIZE_AFTER.match(after):
+            continue
+        if num.strip("−+-") in ("95",) and re.match(r"\s?%", after):  # the intervals' level, a definition
+            continue
+        decimal = "." in num
+        unit = _UNIT.match(after)
+        p_value = re.search(r"\bp\s?[=<>≤]\s?$", before[-6:])
+        if decimal or unit or p_value:
+            found.append(num + (unit.group(0) if unit else ""))
+    return found
+
+
+def _units(text: str) -> list[tuple[int, str]]:
+    """(first line, text) of each paragraph, list item and heading."""
+    units, cur, start = [], [], 0
+    for i, line in enumerate(text.split("\n"), 1):
+        item = re.match(r"\s*(?:[-*+]|\d+\.)\s", line) and not (cur and cur[0].lstrip().startswith("|"))
+        heading = line.startswith("#")
+        if not line.strip() or item or heading:
+            if cur:
+                units.append((start, "\n".join(cur)))
+            cur, start = [], i
+        if heading:
+            units.append((i, line))
+        elif line.strip():
+            if not cur:
+                start = i
+            cur.append(line)
+    if cur:
+        units.append((start, "\n".join(cur)))
+    return units
+
+
+def unbacked_numbers(page: Path, text: str | None = None) -> list[str]:
+    """Each measured-looking number of `page` (or of `text`, named `page`) outside rendered blocks whose
+    paragraph has no marker, and each marker that names no file or no source: 'page:line: problem'.
+    A marker's files are named from the repository's root."""
+    text = page.read_text() if text is None else text
+    text = _BLOCK.sub(_blank, text)
+    text = re.sub(r"^(```|~~~).*?^\1", _blank, text, flags=re.S | re.M)  # fenced code
+    rel = page.relative_to(ROOT) if page.is_absolute() and page.is_relative_to(ROOT) else page
+    problems = []
+    for line, unit in _units(text):
+        markers = _MARKER.findall(re.sub(r"`[^`\n]*`", _blank, unit))  # a marker quoted in code is no marker
+        for kind, what in markers:
+            if not what:
+                problems.append(f"{rel}:{line}: an empty `{kind}:` marker (say which file or source)")
+            elif kind == "figure":
+                for f in (x.strip() for x in what.split(",")):
+                    if not (ROOT / f).is_file():
+                        problems.append(f"{rel}:{line}: `figure: {f}` names no file")
+        backed = bool(markers) or bool(_FIGURE_LINK.search(unit))
+        plain = re.sub(r"<!--.*?-->", _blank, unit, flags=re.S)
+        plain = re.sub(r"`[^`\n]*`", _blank, plain)  # inline code: keys, commands, paths
+        plain = re.sub(r"\]\([^)\s]*\)", "]", plain)  # link targets
+        plain = re.sub(r"https?://\S+|\b\d+\.\d+\.\d+\.\d+(?::\d+)?\b", " ", plain)  # addresses
+        plain = re.sub(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b", " ", plain)  # commit ids
+        if not backed and (nums := _measured(plain)):
+            excerpt = " ".join(unit.split())[:90]
+            problems.append(f"{rel}:{line}: {', '.join(nums)} with no file: \"{excerpt}...\"")
+    return problems
+
+
+def code_paths(record: dict) -> list[str]:
+    """The repository paths a figure file's command runs: a bench script with the rloo modules it
+    imports (rloo.code_inputs, as the stages' own inputs are found); a pipeline run
+    (snakemake, scripts/pipeline.sh) every stage's sources, the rules and the configs."""
+    from rloo.code_inputs import _imports, module_sources, stage_sources
+    from rloo.pipeline import STAGES
+
+    command = record.get("command") or ""
+    paths = set()
+    if m := re.search(r"\b(bench/\w+\.py)", command):
+        script = ROOT / m.group(1)
+        paths.add(m.group(1))
+        for mod in _imports(script):
+            with contextlib.suppress(ValueError):  # `from rloo.x import name`: the name is no module
+                paths.update(module_sources(mod))
+        if "alarms" in m.group(1):
+            paths.add("tests/data/trajectories")
+        if "rloo.cli" in script.read_text():  # it runs stages in subprocesses: their code too
+            for stage in STAGES.values():
+                paths.update(stage_sources(stage.verb))
+    else:
+        paths.update(["Snakefile", "workflow", "scripts/pipeline.sh", "config"])
+        for stage in STAGES.values():
+            paths.update(stage_sources(stage.verb))
+    return sorted(paths)
+
+
+def stale_report() -> list[dict]:
+    """For each figure file: the commit it records, and the commits since then on the code it runs (for
+    a file with no commit: the commit that last wrote it, an upper bound, not the tree it ran on)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    out = []
+    for f in sorted(FIGURES.glob("*.json")):
+        record = json.loads(f.read_text())
+        commit = record.get("commit")
+        since = commit or git("log", "-1", "--format=%H", "--", str(f.relative_to(ROOT)))
+        paths = code_paths(record)
+        commits = git("log", "--no-merges", "--format=%h %s", f"{since}..HEAD", "--", *paths).splitlines()
+        out.append({"file": f.name, "commit": commit[:7] if commit else None, "last_written": since[:7],
+                    "commits_since": len(commits), "latest": commits[:3], "command": record.get("command"),
+                    "wall_seconds": record.get("wall_seconds")})
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd")
@@ -514,8 +674,15 @@ def main() -> int:
     c.add_argument("--command", required=True)
     c.add_argument("--result", default=None, help="the results file, relative to RUN_DIR (default: the only one)")
     c.add_argument("--comparison", action="store_true", help="record results/comparison.json (and results/gsm8k_rloo.json)")
+    sub.add_parser("stale", help="each figure file's commit and the commits since on the code it runs")
     ap.add_argument("--check", action="store_true")
     a = ap.parse_args()
+    if a.cmd == "stale":
+        print("| file | recorded commit | commits since on its code | latest |\n| --- | --- | --- | --- |")
+        for r in stale_report():
+            rec = r["commit"] or f"none (last written at {r['last_written']})"
+            print(f"| {r['file']} | {rec} | {r['commits_since']} | {'; '.join(c[:60] for c in r['latest'])} |")
+        return 0
     if a.cmd == "collect":
         collect(a.run_dir, a.out, a.command, "results/gsm8k_rloo.json" if a.comparison else a.result)
         if a.comparison:
@@ -531,10 +698,14 @@ def main() -> int:
             stale.append(str(page.relative_to(ROOT)))
             if not a.check:
                 page.write_text(new)
+    unbacked = [p for page in PAGES for p in unbacked_numbers(page)]
     if a.check and stale:
         print(f"figures out of date in {', '.join(stale)}: run `python scripts/figures.py`", file=sys.stderr)
-        return 1
-    return 0
+    if unbacked:
+        print(f"{len(unbacked)} measured figures in prose with no file (mark each paragraph `<!-- figure: FILE -->`, "
+              "`<!-- quoted: SOURCE -->` or `<!-- setting: WHAT -->`, or render it; scripts/figures.py says how):\n  "
+              + "\n  ".join(unbacked), file=sys.stderr)
+    return 1 if (a.check and stale) or unbacked else 0
 
 
 if __name__ == "__main__":

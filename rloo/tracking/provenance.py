@@ -23,7 +23,8 @@ from rloo.io import file_digest
 DVC_IGNORED = {".snakemake_timestamp"}
 
 
-def _git(args: list[str], cwd: Path) -> str | None:
+def git_output(args: list[str], cwd: Path) -> str | None:
+    """`git ARGS`'s output in `cwd`, stripped; None where git is missing or fails."""
     try:
         res = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
@@ -34,9 +35,9 @@ def _git(args: list[str], cwd: Path) -> str | None:
 def git_info(cwd: Path | None = None) -> dict[str, str]:
     """Commit (and whether tracked files differ from it) of the project run from, else of the package."""
     for where in (cwd or Path.cwd(), Path(__file__).resolve().parent):
-        commit = _git(["rev-parse", "HEAD"], where)
+        commit = git_output(["rev-parse", "HEAD"], where)
         if commit:
-            dirty = _git(["status", "--porcelain", "--untracked-files=no"], where)
+            dirty = git_output(["status", "--porcelain", "--untracked-files=no"], where)
             return {"git_commit": commit, "git_dirty": str(bool(dirty)).lower()}
     return {}
 

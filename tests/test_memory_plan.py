@@ -17,14 +17,8 @@ from workflow_helpers import ROOT, make_copy, snakemake
 from rloo import cli
 from rloo.config import load_config, parse_set
 from rloo.errors import UserError
-from rloo.memory_plan import (
-    GB,
-    Shape,
-    micro_batch_tokens,
-    model_shape,
-    plan,
-    update_bytes,
-)
+from rloo.memory_plan import GB, micro_batch_tokens, plan, update_bytes
+from rloo.model_shape import Shape, model_shape
 
 CONFIGS = sorted(p.name for p in (ROOT / "config").glob("*.yaml"))
 QWEN_05B = Shape(896, 24, 14, 2, 4864, 151936, True)

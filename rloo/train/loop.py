@@ -45,6 +45,14 @@ class NonFiniteError(UserError, RuntimeError):
     """A training run diverged: a loss, KL, advantage, gradient norm or weight is NaN or infinite."""
 
 
+def stop_if_not_finite(step: int, **quantities: float) -> bool:
+    """The guard of a Trainer used outside a TrainingLoop: stop at the first non-finite quantity."""
+    for name, value in quantities.items():
+        if not math.isfinite(value):
+            raise NonFiniteError(f"rloo: step {step}: {name} is {value} before the optimizer step: the run diverged")
+    return True
+
+
 class TrainingLoop:
     def __init__(
         self,

@@ -5,6 +5,9 @@ Per step: sample k completions for each of B prompts at T = 1 and score them (`T
 shape the reward with the sequence KL to the reference, turn rewards into advantages with the configured
 estimator, and take one (or a few, ratio-clipped) optimizer steps on -mean_i A_i log π(y_i). PPO's
 trainer (rloo/train/ppo.py) keeps all of this but the advantage and the update.
+
+Beside it: the settings it refuses (preflight.py), the records the update's named steps hand on
+(step_records.py), the rollout correction (correction.py) and the step's metrics (step_metrics.py).
 """
 
 from __future__ import annotations
@@ -14,17 +17,15 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from rloo.algo import rollout_correction
 from rloo.algo.estimators import MovingBaseline, compute_advantages
 from rloo.algo.losses import kl_loss_term, policy_loss, sequence_kl, shaped_reward
 from rloo.algo.schedules import lr_multiplier
-from rloo.config.sections import Sections, k_problems
+from rloo.config.sections import Sections
 from rloo.data.prompting import PromptFormat
 from rloo.errors import InputError
 from rloo.eval.evaluation import evaluate_policy, spec_for
@@ -37,81 +38,17 @@ from rloo.model.logprobs import (
     model_device,
 )
 from rloo.reward.rewards import RewardSource
-from rloo.rollout import Rollout, logprob_gap, make_rollout
+from rloo.rollout import Rollout, make_rollout
 from rloo.rollout.collect import REFILL_STREAM, Collected, gather, prompt_indices
 from rloo.runtime import autocast, step_generator
 from rloo.train import alarms
-from rloo.train.loop import NonFiniteError
+from rloo.train.correction import StepCorrection, step_correction
+from rloo.train.loop import stop_if_not_finite
+from rloo.train.preflight import check_settings
+from rloo.train.step_metrics import collection_metrics, update_metrics
+from rloo.train.step_records import GradientStep, StepAdvantages, StepRows
 
 log = logging.getLogger("rloo.train")
-
-
-def _stop_if_not_finite(step: int, **quantities: float) -> bool:
-    """The guard of a Trainer used outside a TrainingLoop: stop at the first non-finite quantity."""
-    for name, value in quantities.items():
-        if not math.isfinite(value):
-            raise NonFiniteError(f"rloo: step {step}: {name} is {value} before the optimizer step: the run diverged")
-    return True
-
-
-def mismatch_metrics(sampler_lp: torch.Tensor, trainer_lp: torch.Tensor, mask: torch.Tensor,
-                     cap: float) -> dict[str, float]:
-    """train/mismatch_* of these rows (rloo.algo.rollout_correction, eqs. 1-4); data-parallel, over all
-    ranks' tokens, as one process would compute them."""
-    s = rollout_correction.mismatch_sums(trainer_lp, sampler_lp, mask, cap)
-    if distributed.enabled():
-        tokens, sequences, abs_sum, k3_sum, out = distributed.all_sum(
-            s.tokens, s.sequences, s.abs_sum, s.k3_sum, s.out_of_band)
-        s = rollout_correction.MismatchSums(tokens, sequences, abs_sum, distributed.all_max(s.abs_max), k3_sum, out)
-    return rollout_correction.mismatch_metrics(s)
-
-
-@dataclass
-class StepRows:
-    """One step's rows as the update reads them: the rollout, its completion mask, the distinct rows
-    (`first`: their index among all rows; `inverse`: each row's distinct row) in micro-batches, and the
-    per-token log-probabilities: the reference's, the policy's before the update and its entropies,
-    and, in one pass, the policy's with gradient."""
-
-    rollout: Rollout
-    mask: torch.Tensor
-    distinct: SeqBatch
-    first: torch.Tensor
-    inverse: torch.Tensor
-    parts: list[microbatch.Part]
-    ref_lp: torch.Tensor
-    old_lp: torch.Tensor | None = None
-    token_ent: torch.Tensor | None = None
-    lp: torch.Tensor | None = None
-
-    @property
-    def one_pass(self) -> bool:
-        return len(self.parts) == 1
-
-
-@dataclass(frozen=True)
-class StepAdvantages:
-    seq_kl: torch.Tensor  # [rows] KL to the reference, summed over each completion's tokens
-    shaped: torch.Tensor  # [rows] R̃ = r - β KL (β = 0 unless kl_in: reward)
-    advantages: torch.Tensor  # [rows]
-    zero_adv_frac: float
-    n_degenerate_groups: int
-
-
-@dataclass(frozen=True)
-class StepCorrection:
-    """The rollout correction of a step's rows: the weights w_t [rows, T] that multiply each token's
-    policy-gradient term (None under mode none: nothing is applied), and what they truncated or masked."""
-
-    weights: torch.Tensor | None
-    metrics: dict[str, float]
-
-
-@dataclass(frozen=True)
-class GradientStep:
-    loss: float  # the last update's loss (this process's)
-    grad_norm: float  # the last update's, before clipping
-    clip_frac: float  # the share of response tokens whose ratio was clipped, averaged over the updates
 
 
 class Trainer:
@@ -125,24 +62,8 @@ class Trainer:
         rc = self.rc
         # Asked before every optimizer step with the step's loss, KL, advantages and gradient norm; the
         # RLOO stage hands in its TrainingLoop's (which may skip a step); alone, any non-finite one stops.
-        self.guard: Callable[..., bool] = _stop_if_not_finite
-        if problems := k_problems(rc.estimator, rc.k, rc.dynamic_sampling):
-            raise InputError(f"rloo.k={rc.k}: {problems[0]}")
-        if rc.prompts_per_step > len(train):
-            raise InputError(
-                f"rloo.prompts_per_step={rc.prompts_per_step} exceeds the {len(train)} training prompts"
-            )
-        vllm = sections.rollout.backend == "vllm"
-        for what, unsupported in (("rloo.estimator=ppo", rc.estimator == "ppo"),
-                                  ("rloo.estimator=moving_average (a baseline over the whole batch)",
-                                   rc.estimator == "moving_average"),
-                                  ("rloo.dynamic_sampling", rc.dynamic_sampling),
-                                  ("rollout.backend=vllm", vllm)):
-            if unsupported:
-                distributed.refuse(what)
-        if lora.enabled(self.mc) and vllm:
-            raise InputError("model.lora with rollout.backend=vllm: the engine would sample from the base weights "
-                             "(no adapter sync); use rollout.backend hf with LoRA, or turn model.lora off")
+        self.guard: Callable[..., bool] = stop_if_not_finite
+        check_settings(sections, len(train))
         self.tokenizer = models.load_tokenizer(policy_dir, self.mc.trust_remote_code)
         # With LoRA (`self.adapted`) the policy is the model with adapters injected, only they train.
         self.policy, self.adapted = models.for_training(
@@ -343,7 +264,7 @@ class Trainer:
         self.scheduler.step()
         self.rollout.sync_weights(self.policy)  # rollout backend (issue 8): in-place push; no-op for hf
         t_upd = time.perf_counter()
-        metrics = {**self._step_metrics(step, got, rows, adv, grad, lr), **correction.metrics}
+        metrics = {**update_metrics(step, got, rows, adv, grad, lr), **correction.metrics}
         return self._complete(metrics, got, (t0, t_score, t_ref, t_upd))
 
     def _step_rows(self, ro: Rollout) -> StepRows:
@@ -374,23 +295,9 @@ class Trainer:
             rows.old_lp, rows.token_ent = old_d[rows.inverse], ent_d[rows.inverse]
 
     def correction(self, ro: Rollout, old_lp: torch.Tensor, mask: torch.Tensor) -> StepCorrection:
-        """The sampler-trainer mismatch of these rows (train/mismatch_*, whenever the sampler reported its
-        log-probabilities) and the weights of `rloo.rollout_correction` (None under mode none, the
-        default: the update then runs exactly the computation it ran before the correction existed)."""
-        mode, cap = self.rc.rollout_correction.mode, self.rc.rollout_correction.cap
-        if ro.logprobs is None:
-            if mode != "none":
-                raise InputError(f"rloo.rollout_correction.mode={mode}: the {self.rollout.name} sampler reported "
-                                 "no log-probabilities of its tokens; set mode none")
-            return StepCorrection(None, {})
-        metrics = mismatch_metrics(ro.logprobs, old_lp, mask, cap)
-        if mode == "none":
-            return StepCorrection(None, metrics)
-        c = rollout_correction.correction_weights(old_lp, ro.logprobs, mask, mode, cap)
-        n = float(rollout_correction.valid_tokens(ro.logprobs, mask).sum())
-        truncated, masked, tokens = distributed.all_sum(c.truncated_share * n, c.masked_share * n, n)
-        return StepCorrection(c.weights, {**metrics, "train/correction_truncated_share": truncated / max(tokens, 1.0),
-                                          "train/correction_masked_share": masked / max(tokens, 1.0)})
+        """The sampler-trainer mismatch of these rows and the weights of `rloo.rollout_correction` (None
+        under mode none, the default): rloo/train/correction.py."""
+        return step_correction(ro, old_lp, mask, self.rc.rollout_correction, self.rollout.name)
 
     def _advantages(self, scores: torch.Tensor, rows: StepRows, greedy: torch.Tensor | None) -> StepAdvantages:
         """R̃_i = r_i - β KL_i (β here only under `kl_in: reward`), then A from R̃ by the configured
@@ -457,67 +364,10 @@ class Trainer:
             clip_frac += counts.get("clipped_tokens", 0.0) / max(float(mask.sum()), 1.0) / rc.updates_per_batch
         return GradientStep(loss_value, grad_norm, clip_frac)
 
-    def _step_metrics(self, step: int, got: Collected, rows: StepRows, adv: StepAdvantages, grad: GradientStep,
-                      lr: float) -> dict:
-        """The step's `train/*` figures (and the sampler's log-prob gap); data-parallel, over all ranks'
-        rows, as one process would compute them."""
-        ro, mask, token_ent = rows.rollout, rows.mask, rows.token_ent
-        rollout_metrics = logprob_gap(ro, rows.old_lp, mask)  # rollout backend (issue 8): vLLM vs trainer
-        scores, shaped, seq_kl, advantages = got.scores, adv.shaped, adv.seq_kl, adv.advantages
-        lengths, finished = ro.lengths.float(), ro.finished
-        entropy = float((token_ent * mask).sum() / mask.sum().clamp(min=1))
-        clip_frac, loss_value = grad.clip_frac, grad.loss
-        zero_adv_frac, degenerate = adv.zero_adv_frac, adv.n_degenerate_groups
-        distinct_frac = len(rows.first) / len(rows.inverse)
-        if distributed.enabled():
-            scores, shaped, seq_kl, advantages, lengths, finished = distributed.gather_rows(
-                scores, shaped, seq_kl, advantages, lengths, finished)
-            totals = dict(zip(
-                ("entropy", "tokens", "clipped", "distinct", "rows", "zero", "degenerate", "groups"),
-                distributed.all_sum(float((token_ent * mask).sum()), float(mask.sum()), clip_frac * float(mask.sum()),
-                                    len(rows.first), len(rows.inverse), adv.zero_adv_frac * len(got.idx),
-                                    adv.n_degenerate_groups, len(got.idx)), strict=True))
-            entropy = totals["entropy"] / max(totals["tokens"], 1.0)
-            clip_frac = totals["clipped"] / max(totals["tokens"], 1.0)
-            zero_adv_frac, degenerate = totals["zero"] / totals["groups"], int(totals["degenerate"])
-            distinct_frac = totals["distinct"] / totals["rows"]
-            loss_value = distributed.mean_over_ranks({"loss": loss_value})["loss"]
-        valid = torch.isfinite(scores)
-        return {
-            "step": step,
-            "train/reward_mean": float(scores[valid].mean()) if valid.any() else math.nan,
-            "train/reward_std": float(scores[valid].std()) if int(valid.sum()) > 1 else 0.0,
-            "train/shaped_reward_mean": float(shaped[valid].mean()) if valid.any() else math.nan,
-            "train/kl": float(seq_kl.mean()),
-            "train/zero_adv_frac": zero_adv_frac,
-            "train/degenerate_groups": degenerate,
-            "train/missing_rewards": int((~valid).sum()),
-            "train/response_length": float(lengths.mean()),
-            "train/distinct_frac": distinct_frac,
-            "train/truncated_frac": float((~finished).float().mean()),
-            "train/adv_mean": float(advantages.mean()),
-            "train/adv_std": float(advantages.std()),
-            "train/adv_abs_max": float(advantages.abs().max()),
-            "train/clip_frac": clip_frac,
-            "train/entropy": entropy,
-            "train/grad_norm": grad.grad_norm,
-            "train/loss": loss_value,
-            "train/lr": lr,
-            **rollout_metrics,
-        }
-
     def _complete(self, metrics: dict, got: Collected, times: tuple[float, float, float, float]) -> dict:
-        """A step's metrics plus what every trainer adds: the dynamic-sampling stats, the time of each
-        phase (start, scored, reference done, updated) and the alarms the metrics raise."""
-        t0, t_score, t_ref, t_upd = times
-        metrics.update(distributed.mean_over_ranks({  # data-parallel: the ranks' mean
-            **got.stats,
-            "time/generation_s": got.timings["generation_s"],
-            "time/scoring_s": t_score - t0 - got.timings["generation_s"],
-            "time/reference_s": t_ref - t_score,
-            "time/update_s": t_upd - t_ref,
-            "time/step_s": t_upd - t0,
-        }))
+        """A step's metrics plus what every trainer adds (`step_metrics.collection_metrics`: the
+        dynamic-sampling stats, the time of each phase) and the alarms the metrics raise."""
+        metrics.update(collection_metrics(got, times))
         metrics.update(self._alarms(metrics))
         return metrics
 

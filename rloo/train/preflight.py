@@ -1,0 +1,29 @@
+"""What the RLOO (and PPO) trainer refuses before it loads a model: settings that cannot run together
+(too few samples per prompt, more prompts per step than there are, LoRA with the vLLM sampler), and
+the features that do not run data-parallel yet (`distributed.refuse`)."""
+
+from __future__ import annotations
+
+from rloo.config.sections import Sections, k_problems
+from rloo.errors import InputError
+from rloo.model import distributed, lora
+
+
+def check_settings(sections: Sections, n_train: int) -> None:
+    """Raise InputError for the first setting of `sections` a trainer on `n_train` prompts cannot run."""
+    rc = sections.rloo
+    if problems := k_problems(rc.estimator, rc.k, rc.dynamic_sampling):
+        raise InputError(f"rloo.k={rc.k}: {problems[0]}")
+    if rc.prompts_per_step > n_train:
+        raise InputError(f"rloo.prompts_per_step={rc.prompts_per_step} exceeds the {n_train} training prompts")
+    vllm = sections.rollout.backend == "vllm"
+    for what, unsupported in (("rloo.estimator=ppo", rc.estimator == "ppo"),
+                              ("rloo.estimator=moving_average (a baseline over the whole batch)",
+                               rc.estimator == "moving_average"),
+                              ("rloo.dynamic_sampling", rc.dynamic_sampling),
+                              ("rollout.backend=vllm", vllm)):
+        if unsupported:
+            distributed.refuse(what)
+    if lora.enabled(sections.model) and vllm:
+        raise InputError("model.lora with rollout.backend=vllm: the engine would sample from the base weights "
+                         "(no adapter sync); use rollout.backend hf with LoRA, or turn model.lora off")

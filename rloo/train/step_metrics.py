@@ -1,0 +1,78 @@
+"""What a training step reports: the `train/*` figures of an RLOO update (`update_metrics`, from the
+records its named parts hand on: rloo/train/step_records.py), and what every trainer adds to its own
+figures, the dynamic-sampling stats and the time of each phase (`collection_metrics`)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from rloo.model import distributed
+from rloo.rollout import logprob_gap
+from rloo.rollout.collect import Collected
+from rloo.train.step_records import GradientStep, StepAdvantages, StepRows
+
+
+def update_metrics(step: int, got: Collected, rows: StepRows, adv: StepAdvantages, grad: GradientStep,
+                   lr: float) -> dict:
+    """The `train/*` figures of an RLOO update (and the sampler's log-prob gap); data-parallel, over all
+    ranks' rows, as one process would compute them."""
+    ro, mask, token_ent = rows.rollout, rows.mask, rows.token_ent
+    rollout_metrics = logprob_gap(ro, rows.old_lp, mask)  # rollout backend (issue 8): vLLM vs trainer
+    scores, shaped, seq_kl, advantages = got.scores, adv.shaped, adv.seq_kl, adv.advantages
+    lengths, finished = ro.lengths.float(), ro.finished
+    entropy = float((token_ent * mask).sum() / mask.sum().clamp(min=1))
+    clip_frac, loss_value = grad.clip_frac, grad.loss
+    zero_adv_frac, degenerate = adv.zero_adv_frac, adv.n_degenerate_groups
+    distinct_frac = len(rows.first) / len(rows.inverse)
+    if distributed.enabled():
+        scores, shaped, seq_kl, advantages, lengths, finished = distributed.gather_rows(
+            scores, shaped, seq_kl, advantages, lengths, finished)
+        totals = dict(zip(
+            ("entropy", "tokens", "clipped", "distinct", "rows", "zero", "degenerate", "groups"),
+            distributed.all_sum(float((token_ent * mask).sum()), float(mask.sum()), clip_frac * float(mask.sum()),
+                                len(rows.first), len(rows.inverse), adv.zero_adv_frac * len(got.idx),
+                                adv.n_degenerate_groups, len(got.idx)), strict=True))
+        entropy = totals["entropy"] / max(totals["tokens"], 1.0)
+        clip_frac = totals["clipped"] / max(totals["tokens"], 1.0)
+        zero_adv_frac, degenerate = totals["zero"] / totals["groups"], int(totals["degenerate"])
+        distinct_frac = totals["distinct"] / totals["rows"]
+        loss_value = distributed.mean_over_ranks({"loss": loss_value})["loss"]
+    valid = torch.isfinite(scores)
+    return {
+        "step": step,
+        "train/reward_mean": float(scores[valid].mean()) if valid.any() else math.nan,
+        "train/reward_std": float(scores[valid].std()) if int(valid.sum()) > 1 else 0.0,
+        "train/shaped_reward_mean": float(shaped[valid].mean()) if valid.any() else math.nan,
+        "train/kl": float(seq_kl.mean()),
+        "train/zero_adv_frac": zero_adv_frac,
+        "train/degenerate_groups": degenerate,
+        "train/missing_rewards": int((~valid).sum()),
+        "train/response_length": float(lengths.mean()),
+        "train/distinct_frac": distinct_frac,
+        "train/truncated_frac": float((~finished).float().mean()),
+        "train/adv_mean": float(advantages.mean()),
+        "train/adv_std": float(advantages.std()),
+        "train/adv_abs_max": float(advantages.abs().max()),
+        "train/clip_frac": clip_frac,
+        "train/entropy": entropy,
+        "train/grad_norm": grad.grad_norm,
+        "train/loss": loss_value,
+        "train/lr": lr,
+        **rollout_metrics,
+    }
+
+
+def collection_metrics(got: Collected, times: tuple[float, float, float, float]) -> dict:
+    """The dynamic-sampling stats of the step's groups `got` and the time of each phase (start, scored,
+    reference done, updated); data-parallel, the ranks' mean."""
+    t0, t_score, t_ref, t_upd = times
+    return distributed.mean_over_ranks({
+        **got.stats,
+        "time/generation_s": got.timings["generation_s"],
+        "time/scoring_s": t_score - t0 - got.timings["generation_s"],
+        "time/reference_s": t_ref - t_score,
+        "time/update_s": t_upd - t_ref,
+        "time/step_s": t_upd - t0,
+    })

@@ -9,7 +9,7 @@ the stages run once per advantage estimator, `{estimator}` (a Snakemake wildcard
 
 Variants (`Variant`): the chain again on a config with some keys changed, a seed of the `seeds` target
 or a point of a sweep, its outputs in folders of its own (`SEED_FOLDER`, `SWEEP_FOLDER` below each of
-`paths.*`, and below the work folder), so that each variant's jobs run, and resume, on their own. A
+`paths.*`, and below the work folder; `parse_variant` reads a folder back), so that each variant's jobs run, and resume, on their own. A
 variant runs only the stages it changes (`Variant.varied`); the others are the main chain's.
 """
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,9 +81,26 @@ BY_VERB: dict[str, Stage] = {s.verb: s for s in STAGES.values()}
 # The chain a variant runs again, in order, and what each of its stages reads of the others' outputs
 # (`upstream`): a variant that changes a stage changes every stage downstream of it.
 CHAIN = ("prepare", "base", "sft", "reward", "rloo", "evaluate")
-# A variant's folder below each of paths.data, paths.models, paths.results and the work folder.
+# A variant's folder below each of paths.data, paths.models, paths.results and the work folder, by
+# kind: a seed of the `seeds` target, a point of a sweep. The workflow's variant rules take it as one
+# wildcard (`variant`, VARIANT_PATTERN) and read the variant back from it (`parse_variant`).
 SEED_FOLDER = "seeds/seed{seed}"
 SWEEP_FOLDER = "sweeps/{sweep}/{point}"
+VARIANT_FOLDERS = {"seed": SEED_FOLDER, "sweep": SWEEP_FOLDER}
+# The values the workflow accepts in a variant folder's fields (`point`: rloo.pipeline.point_id).
+VARIANT_FIELDS = {"seed": r"\d+", "sweep": r"[A-Za-z0-9_]+", "point": r"p[0-9a-f]{8}"}
+
+
+def _folder_regex(template: str, fields: dict[str, str] | None = None, named: bool = True) -> str:
+    """`template` as a regex: each `{field}` its pattern in `fields` (default: one folder name)."""
+    parts = re.split(r"\{(\w+)\}", template)  # literal, field, literal, ...
+    return "".join(re.escape(p) if i % 2 == 0 else
+                   f"({'?P<' + p + '>' if named else '?:'}{(fields or {}).get(p, '[^/]+')})"
+                   for i, p in enumerate(parts))
+
+
+# The variant folders the workflow's rules accept: the `variant` wildcard's constraint.
+VARIANT_PATTERN = "|".join(_folder_regex(t, VARIANT_FIELDS, named=False) for t in VARIANT_FOLDERS.values())
 # seeds.scope: the stages whose seed a seed of the `seeds` target sets (evaluate follows RLOO's seed).
 SEED_SCOPES = {"rloo": ("rloo", "evaluate"), "all": CHAIN}
 
@@ -132,6 +150,23 @@ def seed_variant(cfg: dict, seed: int | str) -> Variant:
     # only the scope's stages that read the seed (a pretrained base does not) and what follows them
     varied = downstream_closure({s for s in SEED_SCOPES[cfg["seeds"]["scope"]] if reads_key(cfg, s, "seed")}, cfg)
     return Variant(SEED_FOLDER.format(seed=seed), f"seed={seed}", {"seed": value}, varied)
+
+
+def variant_fields(folder: str) -> tuple[str, dict[str, str]]:
+    """(kind, fields) of a variant folder: `seeds/seed1` is ("seed", {"seed": "1"}), `sweeps/beta/p1234abcd`
+    ("sweep", {"sweep": "beta", "point": "p1234abcd"}); any other folder is an error naming the forms.
+    (A field may be any folder name here: the workflow's VARIANT_PATTERN narrows them.)"""
+    for kind, template in VARIANT_FOLDERS.items():
+        if m := re.fullmatch(_folder_regex(template), folder):
+            return kind, m.groupdict()
+    raise InputError(f"'{folder}' is not a variant folder: a seed's is {SEED_FOLDER}, a sweep point's {SWEEP_FOLDER}")
+
+
+def parse_variant(cfg: dict, folder: str) -> Variant:
+    """The variant whose folder is `folder` (`Variant.folder`): a seed (`seed_variant`) or a sweep's point
+    (`sweep_variant`: an error for a sweep or point not in the config)."""
+    kind, fields = variant_fields(folder)
+    return seed_variant(cfg, fields["seed"]) if kind == "seed" else sweep_variant(cfg, fields["sweep"], fields["point"])
 
 
 # Sweeps (`sweeps.<name>: {key.path: [values], ...}`): the grid's points, each a variant of the chain
@@ -199,7 +234,7 @@ def outputs(stage: str, cfg: dict, estimator: str | None = None, variant: Varian
 
 def rule_outputs(stage: str, cfg: dict, folder: str | None = None) -> dict[str, str]:
     """The output paths for the Snakemake rule: config folders filled in, `{estimator}` (and `{sweep}`)
-    left a wildcard; `folder`: a variant folder template (SEED_FOLDER: `{seed}` a wildcard too)."""
+    left a wildcard; `folder`: a variant folder, or a template of one (`{variant}`: a wildcard too)."""
     f = folders(cfg, Variant(folder, "") if folder else None)
     return {k: v.format(**f, estimator="{estimator}", sweep="{sweep}") for k, v in STAGES[stage].outputs.items()}
 

@@ -3,6 +3,7 @@ rules' outputs, dvc.yaml's outs and MLflow's output tags all derive from it, and
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from workflow_helpers import CONFIGFILES, make_copy, snakemake
 from rloo import cli, pipeline, tracking
 from rloo import dvc as rdvc
 from rloo.config import load_config, load_schema
+from rloo.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
 ESTIMATORS = load_schema()["properties"]["rloo"]["properties"]["estimator"]["enum"]
@@ -71,3 +73,20 @@ def test_dvc_yaml_outs_are_the_declared_ones():
     for name, body in stages.items():
         stage, _, estimator = name.partition("@")
         assert set(rdvc.stage_outs(body)) == set(pipeline.outputs(stage, cfg, estimator or None).values()), name
+
+
+def test_a_variant_folder_reads_back_as_its_variant():
+    # the variant rules' one wildcard is the variant's folder (workflow/rules/variants.smk)
+    cfg = load_config(ROOT / "config" / "micro.yaml", {"sweeps": {"beta": {"rloo.beta": [0.0, 0.1]}}})
+    points = pipeline.sweep_grid(cfg, "beta")
+    variants = [pipeline.seed_variant(cfg, 3), *(pipeline.sweep_variant(cfg, "beta", p) for p in points)]
+    for v in variants:
+        assert pipeline.parse_variant(cfg, v.folder) == v
+        assert re.fullmatch(pipeline.VARIANT_PATTERN, v.folder), v.folder  # the wildcard's constraint
+    assert pipeline.variant_fields("seeds/seed3") == ("seed", {"seed": "3"})
+    for folder in ("seeds/3", "sweeps/beta", "seeds/seed1/x"):
+        with pytest.raises(InputError, match=f"'{folder}' is not a variant folder: a seed's is seeds/seed"):
+            pipeline.parse_variant(cfg, folder)
+        assert not re.fullmatch(pipeline.VARIANT_PATTERN, folder)
+    with pytest.raises(InputError, match="no sweep named 'lr'"):
+        pipeline.parse_variant(cfg, "sweeps/lr/p8066cca7")

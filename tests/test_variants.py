@@ -23,6 +23,7 @@ from workflow_helpers import CONFIGFILES, ROOT, env_for, job_counts, make_copy, 
 
 from rloo import cli, pipeline, tracking
 from rloo.config import ConfigError, load_config, stage_config
+from rloo.dvc import dvcyaml as rdvc
 from rloo.errors import InputError
 from rloo.eval.seed_table import aggregate
 from rloo.eval.stats import t_interval
@@ -140,6 +141,20 @@ def test_sweep_best_is_chosen_by_validation_not_test():
 # --- dvc.yaml -----------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(("folder", "rule", "wildcards", "stage"), [
+    ("seeds/seed1", "rloo_seed", {"seed": "1"}, "rloo_seed@1"),
+    ("sweeps/beta/p8066cca7", "rloo_sweep", {"sweep": "beta", "point": "p8066cca7"}, "rloo_sweep-beta-p8066cca7"),
+])
+def test_a_variant_rules_dvc_stage_is_named_by_the_variants_kind(folder, rule, wildcards, stage):
+    # one rule per stage in the workflow (`rloo_variant`, wildcard: the folder, which a DVC stage name
+    # cannot hold); its DVC stages by kind: a seed's an item of a foreach stage, a sweep point's its own
+    assert rdvc.dvc_rule("rloo_variant", {"variant": folder}) == (rule, wildcards)
+    assert rdvc.stage_name("rloo_variant", {"variant": folder}) == stage
+    assert rdvc.variant_job(rule, "-".join(wildcards.values())) == ("rloo_variant", {"variant": folder})
+    assert rdvc.dvc_rule("rloo", {"estimator": "grpo"}) == ("rloo", {"estimator": "grpo"})
+    assert rdvc.variant_job("sweep", "beta") is None and rdvc.variant_job("rloo", "grpo") is None
+
+
 @pytest.mark.slow
 def test_dvc_yaml_for_the_seeds_and_sweep_targets(tmp_path):
     # `rloo dvc yaml` in a copy (its package, as the rules' code inputs), for both targets
@@ -171,18 +186,20 @@ def wf(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 def test_seeds_plan_shares_the_chain_up_to_rloo(wf):
-    assert planned(wf, SEEDS) == {"prepare": 1, "base": 1, "sft": 1, "reward": 1, "rloo_seed": 3, "evaluate_seed": 3,
-                                  "seeds": 1}
+    assert planned(wf, SEEDS) == {"prepare": 1, "base": 1, "sft": 1, "reward": 1, "rloo_variant": 3,
+                                  "evaluate_variant": 3, "seeds": 1}
     assert planned(wf, SEEDS, extra_config="seeds: {values: [0, 1], scope: all}") == {
-        "prepare_seed": 2, "base_seed": 2, "sft_seed": 2, "reward_seed": 2, "rloo_seed": 2, "evaluate_seed": 2, "seeds": 1}
+        "prepare_variant": 2, "base_variant": 2, "sft_variant": 2, "reward_variant": 2, "rloo_variant": 2,
+        "evaluate_variant": 2, "seeds": 1}
 
 
 @pytest.mark.slow
 def test_sweep_plans_run_only_the_changed_stages_per_point(wf):
     assert planned(wf, "results/sweeps/beta.json", extra_config="sweeps: {beta: {rloo.beta: [0.0, 0.1]}}") == {
-        "prepare": 1, "base": 1, "sft": 1, "reward": 1, "rloo_sweep": 2, "evaluate_sweep": 2, "sweep": 1}
+        "prepare": 1, "base": 1, "sft": 1, "reward": 1, "rloo_variant": 2, "evaluate_variant": 2, "sweep": 1}
     assert planned(wf, "results/sweeps/lr.json", extra_config="sweeps: {lr: {sft.lr: [1.0e-3, 2.0e-3]}}") == {
-        "prepare": 1, "base": 1, "sft_sweep": 2, "reward_sweep": 2, "rloo_sweep": 2, "evaluate_sweep": 2, "sweep": 1}
+        "prepare": 1, "base": 1, "sft_variant": 2, "reward_variant": 2, "rloo_variant": 2, "evaluate_variant": 2,
+        "sweep": 1}
 
 
 @pytest.mark.slow
@@ -223,7 +240,7 @@ def test_seeds_target_runs_each_seed_and_aggregates_its_files(ran):
     res = snakemake(wf, SEEDS, "--cores", "1", *CONFIGFILES, "--config", "seeds={values: [0, 1]}",
                     "tracking={enabled: true}", timeout=900)
     # scope rloo: the main chain's prepare, sft and reward (already run) are reused, not run again
-    assert job_counts(res.stdout + res.stderr) == {"rloo_seed": 2, "evaluate_seed": 2, "seeds": 1}
+    assert job_counts(res.stdout + res.stderr) == {"rloo_variant": 2, "evaluate_variant": 2, "seeds": 1}
     print(f"seeds target, 2 seeds, tracked: {time.monotonic() - t0:.1f} s")
     pipeline_run = json.loads((wf / "results/runs/pipeline.json").read_text())["run_id"]
     runs = {p.stem: json.loads(p.read_text()) for p in (wf / "results/runs").glob("*.json") if p.stem != "config"}
@@ -263,7 +280,7 @@ def test_sweep_target_runs_each_point_and_picks_the_best_by_validation(ran):
     res = snakemake(wf, sweep, "--cores", "1", *files, timeout=900)
     print(f"sweep target, 2 points: {time.monotonic() - t0:.1f} s")
     # a grid over rloo.* reuses prepare, sft and reward (and a seeds run before it changes nothing of them)
-    assert job_counts(res.stdout + res.stderr) == {"rloo_sweep": 2, "evaluate_sweep": 2, "sweep": 1}
+    assert job_counts(res.stdout + res.stderr) == {"rloo_variant": 2, "evaluate_variant": 2, "sweep": 1}
     cfg = load_config([*MICRO, wf / "config" / "sweep.yaml"])
     points = sweep_grid(cfg, "beta")
     for pid in points:

@@ -24,7 +24,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from rloo.dvc.dvcyaml import DvcError, covers, log, per_job, stage_name
+from rloo.dvc.dvcyaml import DvcError, covers, dvc_rule, log, per_job, stage_name, variant_job
 
 # The Snakemake minor version this module is tested with (pyproject.toml: snakemake>=9.27,<9.28).
 TESTED = "9.27"
@@ -80,7 +80,7 @@ def call(owner: str, obj: Any, name: str, *args: Any, **kwargs: Any) -> Any:
 
 @dataclass
 class Job:
-    rule: str
+    rule: str  # as DVC names it, with its wildcards (dvcyaml.dvc_rule: a variant rule's job by its kind)
     wildcards: dict[str, str]
     inputs: list[str]
     outputs: list[str]
@@ -123,9 +123,10 @@ def _job(job, needrun: bool) -> Job:
     params = attr("Job", job, "params")
     cfg = params.get("cfg") if hasattr(params, "get") else None
     benchmark = attr("Job", job, "benchmark")
+    rule, wildcards = dvc_rule(_rule_name(job), _wildcards(job))
     return Job(
-        rule=_rule_name(job),
-        wildcards=_wildcards(job),
+        rule=rule,
+        wildcards=wildcards,
         inputs=_flat(attr("Job", job, "input")),
         outputs=_flat(attr("Job", job, "output")),
         shellcmd=attr("Job", job, "shellcmd") or "",
@@ -147,15 +148,19 @@ def _stage_target(workflow, name: str) -> str | None:
     rule_name, _, value = name.partition("@") if "@" in name else name.partition("-")
     problem = f"no rule {rule_name} in the workflow any more"
     try:
-        rule = call("Workflow", workflow, "get_rule", rule_name)
+        variant = variant_job(rule_name, value)  # a variant rule's: `rloo_seed@1` is rloo_variant's seeds/seed1
+        rule = call("Workflow", workflow, "get_rule", variant[0] if variant else rule_name)
         product = call("Rule", rule, "get_some_product")
         if product is None:
             return None
         problem = f"does not match rule {rule_name}"
-        # the values in the order the wildcards appear in the output path (see dvcyaml.stage_name)
-        names = sorted(attr("Rule", rule, "wildcard_names"), key=lambda n: str(product).find("{" + n))
-        values = value.split("-", len(names) - 1) if value else []
-        wildcards = dict(zip(names, values, strict=True)) if value else {}
+        if variant:
+            wildcards = variant[1]
+        else:
+            # the values in the order the wildcards appear in the output path (see dvcyaml.stage_name)
+            names = sorted(attr("Rule", rule, "wildcard_names"), key=lambda n: str(product).find("{" + n))
+            values = value.split("-", len(names) - 1) if value else []
+            wildcards = dict(zip(names, values, strict=True)) if value else {}
         target = call("IOFile", product, "apply_wildcards", wildcards) if wildcards else str(product)
         problem = f"rule {rule_name} does not accept {value!r}"
         accepted = call("Rule", rule, "get_wildcards", target) is not None
@@ -170,12 +175,13 @@ def _stage_target(workflow, name: str) -> str | None:
 
 
 def _template(workflow, dag, rule_name: str) -> Job:
-    """The job of `rule_name` for the SENTINEL wildcard value."""
-    rule = call("Workflow", workflow, "get_rule", rule_name)
+    """The job of `rule_name` (as DVC names it: `Job.rule`) for the SENTINEL wildcard value."""
+    variant = variant_job(rule_name, SENTINEL)  # a seed's: the variant rule's job of folder seeds/seed<SENTINEL>
+    rule = call("Workflow", workflow, "get_rule", variant[0] if variant else rule_name)
     names = attr("Rule", rule, "wildcard_names")
     if len(names) != 1:
         raise DvcError(f"rule {rule_name}: only rules with one wildcard are supported")
-    wildcards = {next(iter(names)): SENTINEL}
+    wildcards = variant[1] if variant else {next(iter(names)): SENTINEL}
     target = call("IOFile", call("Rule", rule, "get_some_product"), "apply_wildcards", wildcards)
     # Built directly (the wildcard constraints would refuse the sentinel), with a job id so that its
     # shell command can be formatted.

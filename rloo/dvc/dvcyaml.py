@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from rloo.pipeline import VARIANT_FOLDERS, variant_fields
 
 DVC_YAML = "dvc.yaml"
 PARAMS = "params.yaml"
@@ -33,8 +36,41 @@ def venv_executable(name: str) -> str | None:
     return str(candidate) if candidate.exists() else shutil.which(name)
 
 
+# The variant rules (workflow/rules/variants.smk: `<stage>_variant`) have one wildcard, `variant`, the
+# variant's folder (seeds/seed1, sweeps/beta/p8066cca7), which no DVC stage name can hold (`/`), and a
+# seed's folder is not a value that `${item}` stands for in a command (`--set seed=1`). So their jobs
+# are named after the variant's kind and fields (rloo.pipeline.variant_fields): `<stage>_seed` with
+# wildcard `seed`, `<stage>_sweep` with `sweep` and `point`; a seed's jobs an item each of a foreach
+# stage (`rloo_seed@1`), a sweep point's a stage of its own (`rloo_sweep-beta-p8066cca7`).
+VARIANT_WILDCARD = "variant"
+VARIANT_SUFFIX = "_variant"
+
+
+def dvc_rule(rule: str, wildcards: dict[str, str]) -> tuple[str, dict[str, str]]:
+    """The rule name and wildcards a job's DVC stage is named after: a variant rule's job as its kind's
+    (`rloo_variant`, {variant: seeds/seed1} -> `rloo_seed`, {seed: 1}); any other job as it is."""
+    if VARIANT_WILDCARD not in wildcards:
+        return rule, wildcards
+    kind, fields = variant_fields(wildcards[VARIANT_WILDCARD])
+    return f"{rule.removesuffix(VARIANT_SUFFIX)}_{kind}", fields
+
+
+def variant_job(rule: str, value: str) -> tuple[str, dict[str, str]] | None:
+    """The inverse of `dvc_rule` for a variant stage: the workflow's rule and wildcards of DVC rule `rule`
+    (`<stage>_seed`, `<stage>_sweep`) and value (`1`, `beta-p8066cca7`: the fields joined by `-`);
+    None for another rule."""
+    stage, _, kind = rule.rpartition("_")
+    if not stage or kind not in VARIANT_FOLDERS:
+        return None
+    names = re.findall(r"\{(\w+)\}", VARIANT_FOLDERS[kind])
+    fields = dict(zip(names, value.split("-", len(names) - 1), strict=True))
+    return f"{stage}{VARIANT_SUFFIX}", {VARIANT_WILDCARD: VARIANT_FOLDERS[kind].format(**fields)}
+
+
 def stage_name(rule: str, wildcards: dict[str, str]) -> str:
-    """The DVC stage of a Snakemake job: the rule, `rule@value` for a rule with a wildcard."""
+    """The DVC stage of a Snakemake job: the rule, `rule@value` for a rule with a wildcard (a variant
+    rule's job: see `dvc_rule`)."""
+    rule, wildcards = dvc_rule(rule, wildcards)
     if not wildcards:
         return rule
     if per_job(wildcards):

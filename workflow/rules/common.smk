@@ -1,7 +1,6 @@
 # Shared helpers: the validated config, what each stage reads of it, stage source files, resources.
 import json
 import os
-import shlex
 from pathlib import Path
 
 from rloo.config import load_schema
@@ -10,8 +9,8 @@ from rloo.config import validate as _validate_config
 from rloo.config import with_overrides
 from rloo.launch import srun_command
 from rloo.model.base import gguf_file
-from rloo.pipeline import SEED_FOLDER, STAGES, SWEEP_FOLDER, outputs, rule_outputs, seed_variant, work_dir
-from rloo.pipeline import reads_reward_model, sweep_grid, sweep_variant, upstream
+from rloo.pipeline import STAGES, VARIANT_FIELDS, VARIANT_PATTERN, outputs, parse_variant, reads_reward_model
+from rloo.pipeline import rule_outputs, upstream, work_dir
 from rloo.code_inputs import PACKAGE_DIR, stage_sources
 
 # The same schema and validator as `rloo <stage>`: defaults filled in place, unknown keys named.
@@ -37,10 +36,10 @@ COMPARED = config["comparison"]["estimators"]
 
 wildcard_constraints:
     estimator="|".join(ESTIMATORS),
-    # a seed of the seeds target; a sweep (a key of `sweeps`) and a point of its grid (rloo.pipeline.point_id)
-    seed=r"\d+",
-    sweep="[A-Za-z0-9_]+",
-    point="p[0-9a-f]{8}",
+    # a sweep (a key of `sweeps`); a variant's folder: seeds/seed<N> or sweeps/<sweep>/<point id>
+    # (rloo.pipeline.VARIANT_FOLDERS, workflow/rules/variants.smk)
+    sweep=VARIANT_FIELDS["sweep"],
+    variant=VARIANT_PATTERN,
 
 
 def stage_config(stage, overrides=None):
@@ -79,9 +78,28 @@ def local_inputs(*values):
 WORKDIR_GUARD = _local(Path(workflow.basedir) / "workflow" / "scripts" / "workdir.py")
 
 
+# The main chain's jobs and a variant's (a seed or a sweep point: the variant rules' `variant` wildcard,
+# its folder) read the same inputs of their own config: these serve both.
+NO_VARIANT = ""  # the main chain's jobs' `variant` param: MLflow runs named after the stage alone
+
+
+def job_variant(wildcards):
+    """The job's variant (rloo.pipeline.parse_variant of its `variant` wildcard); None for the main chain's."""
+    return parse_variant(config, wildcards.variant) if "variant" in wildcards.keys() else None
+
+
+def job_config(wildcards):
+    """The job's whole config: the config, with its variant's keys set."""
+    v = job_variant(wildcards)
+    return with_overrides(config, v.overrides) if v else config
+
+
 def reward_model(wildcards):
-    """The reward model as a named input, where the RLOO stage reads it (rloo.pipeline.reads_reward_model)."""
-    return {"reward_model": OUT["reward"]["model"]} if reads_reward_model(config, wildcards.estimator) else {}
+    """The reward model as a named input of an rloo job, where it reads it (rloo.pipeline.reads_reward_model;
+    the estimator: the wildcard's, else the job's config's)."""
+    estimator = wildcards.estimator if "estimator" in wildcards.keys() else None
+    reads = reads_reward_model(job_config(wildcards), estimator)
+    return {"reward_model": outputs("reward", config, variant=job_variant(wildcards))["model"]} if reads else {}
 
 
 def reward_model_arg(wildcards, input):
@@ -89,8 +107,9 @@ def reward_model_arg(wildcards, input):
 
 
 def base_data(wildcards):
-    """The training split as a named input of the base rule where it builds the embedded model from it."""
-    return {"train": OUT["prepare"]["train"]} if "prepare" in upstream("base", config) else {}
+    """The training split as a named input of a base job where it builds the embedded model from it."""
+    reads = "prepare" in upstream("base", job_config(wildcards))
+    return {"train": outputs("prepare", config, variant=job_variant(wildcards))["train"]} if reads else {}
 
 
 def base_data_arg(wildcards, input):
@@ -157,81 +176,3 @@ if config["plan"]["gpu_memory_gb"]:
 
     if _problem := _memory_check(config):
         raise ValueError(f"memory plan (plan.gpu_memory_gb={config['plan']['gpu_memory_gb']:g}): {_problem}")
-
-
-# Seeds and sweeps (rloo.pipeline.Variant): the chain's rules again (workflow/rules/variants.smk), per
-# seed (wildcard `seed`) or per sweep point (`sweep`, `point`), outputs in folders of their own; a
-# variant's job reads the main chain's outputs for the stages it does not change.
-NO_VARIANT = ""  # the main chain's jobs: MLflow runs named after the stage alone
-SEEDS = config["seeds"]["values"]
-# The rule outputs of a seed's and of a sweep point's jobs (`{seed}`, `{sweep}`/`{point}` wildcards);
-# the estimator is the config's (the seeds target is results/seeds/gsm8k_<rloo.estimator>.json).
-SEED_OUT = {name: {k: v.replace("{estimator}", ESTIMATOR) for k, v in rule_outputs(name, config, SEED_FOLDER).items()}
-            for name in STAGES}
-SWEEP_OUT = {name: {k: v.replace("{estimator}", ESTIMATOR) for k, v in rule_outputs(name, config, SWEEP_FOLDER).items()}
-             for name in STAGES}
-
-
-def variant(wildcards):
-    """The seed (wildcard `seed`) or sweep point (`sweep`, `point`) of a variant rule's job."""
-    if "seed" in wildcards.keys():
-        return seed_variant(config, wildcards.seed)
-    return sweep_variant(config, wildcards.sweep, wildcards.point)
-
-
-def variant_config(wildcards):
-    """The whole config of the job's seed or point: the config with its keys set."""
-    return with_overrides(config, variant(wildcards).overrides)
-
-
-def v_input(stage, kind):
-    """An input function: `stage`'s output `kind` for the job's variant, the main chain's where the
-    variant does not change the stage (shared)."""
-    return lambda wildcards: outputs(stage, config, ESTIMATOR, variant(wildcards))[kind]
-
-
-def v_cfg(stage):
-    """A variant rule's `cfg` param: what `stage` reads of the variant's config (a key the stage does not
-    read, e.g. sft.lr for rloo, stays out of it, as in the main chain's rules)."""
-    def cfg(wildcards):
-        part = _stage_config(variant_config(wildcards), stage,
-                             {"rloo.estimator": variant_config(wildcards)["rloo"]["estimator"]} if stage == "rloo" else None)
-        return json.dumps(part, sort_keys=True, separators=(",", ":"))
-
-    return cfg
-
-
-def v_work(stage):
-    return lambda wildcards: work_dir(stage, config, ESTIMATOR, variant(wildcards))
-
-
-def v_label(wildcards):
-    """`--variant LABEL`: the job's MLflow run is named <stage>[LABEL] (rloo[seed=1])."""
-    return f"--variant {shlex.quote(variant(wildcards).label)}"
-
-
-def v_policy(wildcards):
-    """The trained policy's name in a variant's results: its estimator (a sweep may set rloo.estimator)."""
-    return variant_config(wildcards)["rloo"]["estimator"]
-
-
-def v_base_data(wildcards):
-    """A variant's base job reads its training split where it builds the embedded model (base_data)."""
-    reads = "prepare" in upstream("base", variant_config(wildcards))
-    return {"train": v_input("prepare", "train")(wildcards)} if reads else {}
-
-
-def v_reward_model(wildcards):
-    """The reward model as a named input of a variant's rloo job, where it reads it (rloo.pipeline.reads_reward_model)."""
-    reads = reads_reward_model(variant_config(wildcards))
-    return {"reward_model": v_input("reward", "model")(wildcards)} if reads else {}
-
-
-# The results file of every seed, and of every point of every sweep: the aggregate rules' inputs.
-SEED_RESULTS = {s: outputs("evaluate", config, ESTIMATOR, seed_variant(config, s))["result"] for s in SEEDS}
-
-
-def sweep_results(sweep):
-    """{point id: results file} of sweep `sweep`; an error naming the sweeps there are, for another name."""
-    return {p: outputs("evaluate", config, ESTIMATOR, sweep_variant(config, sweep, p))["result"]
-            for p in sweep_grid(config, sweep)}

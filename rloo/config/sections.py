@@ -135,8 +135,15 @@ class RewardConfig(Section):
 
 @dataclass(frozen=True)
 class RolloutCorrectionConfig(Section):
+    """rloo.rollout_correction: weights or masks from pi_trainer / pi_sampler (docs/rollout-correction.md)."""
+
     mode: str
     cap: float
+
+    @property
+    def applied(self) -> bool:
+        """Whether weights or masks enter the loss (every mode but `none`, which only measures)."""
+        return self.mode != "none"
 
 
 @dataclass(frozen=True)
@@ -217,6 +224,8 @@ def k_problems(estimator: str, k: int, dynamic_sampling: bool = False) -> list[s
 
 @dataclass(frozen=True)
 class RolloutConfig(Section):
+    """rollout: which engine samples the RLOO stage's completions (hf or vllm) and vLLM's memory share."""
+
     backend: str
     gpu_memory_utilization: float
 

@@ -45,12 +45,12 @@ def step_correction(ro: Rollout, old_lp: torch.Tensor, mask: torch.Tensor, setti
     rollout backend in the error of a correction it cannot feed."""
     mode, cap = settings.mode, settings.cap
     if ro.logprobs is None:
-        if mode != "none":
+        if settings.applied:
             raise InputError(f"rloo.rollout_correction.mode={mode}: the {sampler} sampler reported "
                              "no log-probabilities of its tokens; set mode none")
         return StepCorrection(None, {})
     metrics = mismatch_metrics(ro.logprobs, old_lp, mask, cap)
-    if mode == "none":
+    if not settings.applied:
         return StepCorrection(None, metrics)
     c = rollout_correction.correction_weights(old_lp, ro.logprobs, mask, mode, cap)
     n = float(rollout_correction.valid_tokens(ro.logprobs, mask).sum())

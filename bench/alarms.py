@@ -5,7 +5,7 @@ the trainer's own distribution) must stay silent; failing runs (the learned-rewa
 learning rate ten times the default without the KL term, a sampler at temperature 1.2) must fire the
 alarm their failure names. The trajectories are the stages' own steps.jsonl,
 trimmed to the metrics the alarms read, under tests/data/trajectories/ (index.json says what each run
-was and the command that made it); tests/test_alarms.py replays the same files.
+was and the command that made it); tests/unit/test_alarms.py replays the same files.
 
     python bench/alarms.py record seed0 results/models/rloo_rloo --kind healthy --command "..."
     python bench/alarms.py construct-length-climb              # the constructed length_climb run (below)

@@ -10,7 +10,7 @@ as `{**provenance(), **figures}` (or calls `write`), so each file says:
 - `machine`: architecture, usable cores, the CPU's model and the GPUs, if any;
 - `versions`: python, torch, transformers, and the other packages asked for, where installed.
 
-tests/test_figures.py fails on a figure file without a `command` and a `commit`.
+tests/unit/test_figures.py fails on a figure file without a `command` and a `commit`.
 """
 
 from __future__ import annotations

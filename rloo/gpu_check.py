@@ -2,7 +2,7 @@
 was not run, and the script passes only when every check ran and passed.
 
 - memory: the measured peak of one RLOO update (bench/memory.py --gpu-check --json) against the memory
-  plan's prediction of it, within ±20 % (the accuracy tests/test_memory_plan.py holds the plan to).
+  plan's prediction of it, within ±20 % (the accuracy tests/e2e/test_memory_plan.py holds the plan to).
   On a CPU the peak is the process's RSS, which counts the interpreter and its libraries the plan
   leaves out: not comparable, so the check is not run there;
 - results: the evaluate stage's results file is valid against its schema, and every policy's greedy

@@ -55,7 +55,7 @@ vLLM: rollout.gpu_memory_utilization x GPU memory in the rloo stage with rollout
 
 A stage fits when its peak is at most the GPU's memory less MARGIN_GB and MARGIN_SHARE of it: the CUDA
 context (about 0.5 GB), NCCL's buffers and the caching allocator's fragmentation. Validated on a CPU
-against measured peaks of one forward + backward (tests/test_memory_plan.py, docs/scaling.md); not
+against measured peaks of one forward + backward (tests/e2e/test_memory_plan.py, docs/scaling.md); not
 counted: no-grad passes (reference, old log-probs, reward scoring: one layer's temporaries at a time,
 less than the update's at the same tokens), the judge, which the evaluate job serves on its own GPU.
 """

@@ -2,7 +2,7 @@
 
 `rloo <verb>` (rloo/cli.py) takes its default outputs from here, the Snakemake rules
 (workflow/rules/*.smk) their output paths, MLflow its run names and output tags (rloo/tracking/);
-`dvc.yaml` is compiled from the Snakemake DAG. tests/test_pipeline.py checks that all four agree.
+`dvc.yaml` is compiled from the Snakemake DAG. tests/e2e/test_pipeline.py checks that all four agree.
 
 Output templates use the config's folders (`{data}`, `{models}`, `{results}`: `paths.*`) and, for
 the stages run once per advantage estimator, `{estimator}` (a Snakemake wildcard in the rules).

@@ -67,8 +67,8 @@ else
 fi
 stage evaluate --data "$W/data" --sft "$W/sft" --policy rloo="$W/rl" --reward-model "$W/rm" \
   --out "$W/eval.json" --plots "$W/plots"
-$PY -m pytest -q -p no:cacheprovider tests/test_models.py tests/test_train.py
-$PY -m pytest -q -p no:cacheprovider -m "not slow" tests/test_lora.py
+$PY -m pytest -q -p no:cacheprovider tests/integration/test_models.py tests/integration/test_train.py
+$PY -m pytest -q -p no:cacheprovider -m "not slow" tests/e2e/test_lora.py
 # config/gpu.yaml's chain at micro size: a tiny hub-style model folder (scripts/make_tiny_hub_model.py),
 # vLLM rollouts, and the judge served by the evaluate job on the same GPU (serve.gpus: 0), in a copy
 # of the workflow. Needs vLLM in $PY's environment (RLOO_VLLM_PACKAGE=vllm bash scripts/test_vllm.sh);

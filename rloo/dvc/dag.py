@@ -10,7 +10,7 @@ command, and none builds the job for a wildcard value that no target asks for (t
 it. Every attribute read beyond `snakemake.api` and `snakemake.settings` goes through `attr()` or
 `call()` and is listed in INTERNALS: when a Snakemake upgrade removes one or changes its arguments,
 the error names the call and the installed version. pyproject.toml pins Snakemake to the minor
-version tested (TESTED); tests/test_snakemake_api.py runs every call on a small workflow.
+version tested (TESTED); tests/integration/test_snakemake_api.py runs every call on a small workflow.
 """
 
 from __future__ import annotations

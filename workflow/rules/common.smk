@@ -23,7 +23,7 @@ RLOO_ENV = "../envs/rloo.yaml"
 RESULTS = config["paths"]["results"]
 LOGS = config["paths"]["logs"]
 # Each rule's output paths, from the pipeline's one declaration (rloo/pipeline.py): the CLI's defaults,
-# MLflow's output tags and dvc.yaml agree with these (tests/test_pipeline.py). `{estimator}` is a wildcard.
+# MLflow's output tags and dvc.yaml agree with these (tests/e2e/test_pipeline.py). `{estimator}` is a wildcard.
 OUT = {name: rule_outputs(name, config) for name in STAGES}
 
 # Every estimator of the RLOO stage (results/gsm8k_{estimator}.json); the default target uses the

@@ -1,0 +1,176 @@
+"""Preemption (SIGTERM), kill -9, atomic outputs, determinism: with real processes."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from rloo.config import load_config
+from rloo.model import checkpoint, models
+from rloo.stages import evaluate, reward
+from rloo.stages import train as rloo_stage
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _train_cmd(micro_run, tmp_path, out, work, steps=24):
+    # The micro reward model as the training reward: its scores differ between samples, so every
+    # step moves the weights (on the verifier the micro policy earns 0 everywhere and nothing moves).
+    return [
+        sys.executable, "-m", "rloo.cli", "train", "-c", str(ROOT / "config" / "micro.yaml"),
+        "--set", "reward.source=model", "--reward-model", str(micro_run["base"] / "reward"),
+        "--set", f"rloo.steps={steps}", "--set", "rloo.checkpoint_every=3", "--set", "tracking.enabled=false",
+        # Every step in 2-3 micro-batches (rloo/model/microbatch.py): a resume must repeat them exactly too.
+        "--set", "rloo.micro_batch_tokens=160",
+        "--data", str(micro_run["data"]), "--policy", str(micro_run["sft"]),
+        "--out", str(tmp_path / out), "--work", str(tmp_path / work),
+    ]
+
+
+def _wait_for_checkpoint(work: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.time() + timeout
+    while checkpoint.latest(work / "checkpoints") is None:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else "train exited early"
+        assert time.time() < deadline, "no checkpoint appeared"
+        time.sleep(0.05)
+
+
+def _weights(folder: Path) -> dict:
+    return models.load_causal_lm(folder).state_dict()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_run(micro_run, micro_reward, tmp_path_factory):
+    """The weights of an uninterrupted run, and its wall time (to aim a kill inside a run)."""
+    tmp = tmp_path_factory.mktemp("uninterrupted")
+    t0 = time.monotonic()
+    subprocess.run(_train_cmd(micro_run, tmp, "out", "work"), check=True, capture_output=True)
+    weights, sft = _weights(tmp / "out"), _weights(micro_run["sft"])
+    # The run must have trained: a resume test on unchanged weights would test nothing.
+    assert max(float((weights[k] - sft[k]).abs().max()) for k in sft) > 1e-4  # a zero update gives exactly 0
+    return weights, time.monotonic() - t0
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(uninterrupted_run):
+    return uninterrupted_run[0]
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_exits_nonzero_and_the_rerun_resumes(micro_run, tmp_path, uninterrupted):
+    proc = subprocess.Popen(_train_cmd(micro_run, tmp_path, "out", "work"), stderr=subprocess.PIPE, text=True)
+    _wait_for_checkpoint(tmp_path / "work", proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "SIGTERM received" in err
+    assert not (tmp_path / "out").exists()  # no output that looks complete
+    step = int(checkpoint.latest(tmp_path / "work" / "checkpoints").name.split("_")[1])
+    assert 0 < step < 24
+    done = subprocess.run(_train_cmd(micro_run, tmp_path, "out", "work"), capture_output=True, text=True, check=True)
+    assert "resumed from" in done.stderr
+    assert json.loads((tmp_path / "out" / "metrics.json").read_text())["resumed_from_step"] == step
+    b = _weights(tmp_path / "out")
+    assert all(torch.equal(uninterrupted[k], b[k]) for k in b)
+
+
+@pytest.mark.slow
+def test_kill_9_at_a_random_point_then_rerun_gives_the_same_weights(micro_run, tmp_path, uninterrupted_run):
+    uninterrupted, duration = uninterrupted_run
+    t0 = time.monotonic()
+    proc = subprocess.Popen(_train_cmd(micro_run, tmp_path, "out", "work"), stderr=subprocess.DEVNULL)
+    _wait_for_checkpoint(tmp_path / "work", proc)
+    # A random point in the first half of what is left of the run, so that the kill lands mid-run
+    # however fast the machine is.
+    left = max(0.0, duration - (time.monotonic() - t0))
+    time.sleep(random.Random(os.getpid()).uniform(0.0, 0.5 * left))
+    assert proc.poll() is None, "the run finished before the kill: nothing was tested"
+    proc.kill()
+    proc.wait()
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+    # What a kill during a save can leave: a temporary folder, and a step folder without its marker.
+    (tmp_path / "work" / "checkpoints" / ".step_00000099.abc.tmp").mkdir()
+    (tmp_path / "work" / "checkpoints" / "step_00000099").mkdir()
+    subprocess.run(_train_cmd(micro_run, tmp_path, "out", "work"), check=True, capture_output=True)
+    assert json.loads((tmp_path / "out" / "metrics.json").read_text())["resumed_from_step"] > 0
+    b = _weights(tmp_path / "out")
+    assert all(torch.equal(uninterrupted[k], b[k]) for k in b)
+
+
+def test_a_failing_stage_leaves_the_previous_output_untouched(micro_run, tmp_path):
+    cfg = json.loads(json.dumps(micro_run["cfg"]))
+    cfg["reward"]["source"] = "verifier"
+    cfg["rloo"]["steps"] = 2
+    rloo_stage.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / "out", tmp_path / "w1")
+    before = (tmp_path / "out" / "model.safetensors").read_bytes()
+    cfg["rloo"]["k"] = 1
+    with pytest.raises(ValueError, match="k >= 2"):
+        rloo_stage.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / "out", tmp_path / "w2")
+    assert (tmp_path / "out" / "model.safetensors").read_bytes() == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
+
+
+# What may differ between two runs with the same inputs: wall-clock figures, and the paths of the
+# two runs' own folders. Everything else, the headline metrics included, must be equal.
+VOLATILE = {"train_seconds", "pair_seconds", "samples_per_second", "tokens_per_second", "run_ids", "plots", "init"}
+
+
+def _strip_volatile(obj):
+    if isinstance(obj, dict):
+        return {k: _strip_volatile(v) for k, v in obj.items() if k not in VOLATILE and not k.startswith("time/")}
+    if isinstance(obj, list):
+        return [_strip_volatile(v) for v in obj]
+    return obj
+
+
+def test_same_config_and_seed_give_the_same_results(micro_run, tmp_path):
+    results = []
+    for rep in ("a", "b"):
+        base = tmp_path / rep
+        cfg = load_config(ROOT / "config" / "micro.yaml", {"tracking": {"enabled": False}})
+        reward.run(cfg, micro_run["data"], micro_run["sft"], base / "reward")
+        rloo_stage.run(cfg, micro_run["data"], micro_run["sft"], base / "rloo", base / "work", base / "reward")
+        results.append(evaluate.run(cfg, micro_run["data"], micro_run["sft"], {"rloo": str(base / "rloo")},
+                                    base / "gsm8k_rloo.json", base / "reward"))
+    assert _strip_volatile(results[0]) == _strip_volatile(results[1])
+    assert results[0]["policies"]["rloo"]["kl"] != 0.0
+    kept = _strip_volatile(results[0])
+    for key in ("accuracy_sampled", "accuracy_sampled_draws", "proxy_reward", "selected_step"):
+        assert key in kept["policies"]["rloo"]  # the headline figures are compared, not dropped
+    assert "data_manifest_sha256" in kept and kept["training"]["rloo"]["reward_source"] == "model"
+
+
+def _reward_cmd(micro_run, tmp_path):
+    return [
+        sys.executable, "-m", "rloo.cli", "reward", "-c", str(ROOT / "config" / "micro.yaml"),
+        "--set", "reward.steps=80", "--set", "reward.checkpoint_every=4", "--set", "tracking.enabled=false",
+        "--data", str(micro_run["data"]), "--policy", str(micro_run["sft"]),
+        "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"),
+    ]
+
+
+@pytest.mark.slow
+def test_reward_stage_killed_then_rerun_gives_the_same_model(micro_run, tmp_path_factory):
+    """The reward stage resumes like sft and rloo: kill -9 after a checkpoint, rerun, same weights."""
+    whole, cut = tmp_path_factory.mktemp("reward_whole"), tmp_path_factory.mktemp("reward_cut")
+    subprocess.run(_reward_cmd(micro_run, whole), check=True, capture_output=True)
+    expected = models.load_reward_model(whole / "out").state_dict()
+    start = models.load_reward_model(micro_run["sft"], trained=False).state_dict()
+    assert max(float((expected[k] - start[k]).abs().max()) for k in expected if k in start) > 1e-4  # it trained
+    proc = subprocess.Popen(_reward_cmd(micro_run, cut), stderr=subprocess.DEVNULL)
+    _wait_for_checkpoint(cut / "work", proc, timeout=120)
+    assert proc.poll() is None, "the run finished before the kill: nothing was tested"
+    proc.kill()
+    proc.wait()
+    assert not (cut / "out").exists()
+    subprocess.run(_reward_cmd(micro_run, cut), check=True, capture_output=True)
+    assert json.loads((cut / "out" / "metrics.json").read_text())["resumed_from_step"] > 0
+    got = models.load_reward_model(cut / "out").state_dict()
+    assert all(torch.equal(expected[k], got[k]) for k in expected)

@@ -1,0 +1,364 @@
+"""Hardening: no secret in any file or command line, config values that mean what they say, bad input
+files and a dead judge as one line and exit 2, Ctrl-C as a checkpoint and exit 130, mistyped targets."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from workflow_helpers import CONFIGFILES, make_copy, snakemake
+
+from rloo.config import ConfigError, load_config, parse_set
+from rloo.data import synthetic
+from rloo.model import checkpoint
+
+ROOT = Path(__file__).resolve().parents[2]
+MICRO = str(ROOT / "config" / "micro.yaml")
+SECRET = "S3cr3t-pw-7f2a9c"
+
+
+def _rloo(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rloo.cli", *args], cwd=cwd, env={**os.environ, **(env or {})},
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _last_line(res: subprocess.CompletedProcess) -> str:
+    return res.stderr.strip().splitlines()[-1]
+
+
+def _files_holding(root: Path, secret: str) -> list[str]:
+    return [str(p) for p in root.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- secrets ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("key", "url"), [
+    ("evaluate.llm_judge.base_url", f"http://user:{SECRET}@judge.example/v1"),
+    ("evaluate.llm_judge.base_url", f"https://judge.example/v1?api_key={SECRET}"),
+    ("tracking.tracking_uri", f"https://rloo:{SECRET}@mlflow.example"),
+])
+def test_credentials_in_a_url_are_refused_without_repeating_them(key, url):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, parse_set([f"{key}={url}"]))
+    message = str(info.value)
+    assert key in message and SECRET not in message
+    assert ("api_key_env" if key.startswith("evaluate") else "MLFLOW_TRACKING_PASSWORD") in message
+    # A URL without credentials is fine.
+    assert load_config(None, parse_set([f"{key}=https://judge.example:8000/v1"]))
+
+
+@pytest.fixture(scope="module")
+def workflow(tmp_path_factory) -> Path:
+    return make_copy(tmp_path_factory.mktemp("hardening") / "wf")
+
+
+@pytest.mark.slow
+def test_a_credential_given_to_snakemake_stops_it_and_reaches_no_file(workflow):
+    res = snakemake(workflow, "--cores", "1", *CONFIGFILES, "--config",
+                    f"evaluate={{llm_judge: {{base_url: 'http://judge:{SECRET}@judge.example/v1'}}}}", check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and "evaluate.llm_judge.base_url" in out and "api_key_env" in out, out[-3000:]
+    assert SECRET not in out
+    assert not _files_holding(workflow, SECRET)  # .snakemake/ (logs, metadata), data/, results/, logs/
+
+
+class _Judge(http.server.BaseHTTPRequestHandler):
+    """An OpenAI-compatible chat endpoint that always prefers answer A and records the keys it got."""
+
+    seen: list = []  # noqa: RUF012 - read by the test
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        type(self).seen.append(self.headers.get("Authorization"))
+        body = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "judge",
+                           "choices": [{"index": 0, "finish_reason": "stop",
+                                        "message": {"role": "assistant", "content": "A"}}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def judge_url():
+    pytest.importorskip("openai")
+    _Judge.seen = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Judge)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+    server.server_close()
+
+
+def _evaluate_args(micro_run, out: Path, *sets: str) -> list[str]:
+    args = ["evaluate", "-c", MICRO, "--set", "evaluate.judge=llm", "--set", "evaluate.examples=6",
+            "--set", "evaluate.llm_judge.api_key_env=RLOO_TEST_JUDGE_KEY", "--data", str(micro_run["data"]),
+            "--sft", str(micro_run["sft"]), "--policy", f"rloo={micro_run['sft']}", "--out", str(out)]
+    for s in sets:
+        args += ["--set", s]
+    return args
+
+
+def _cmdlines_holding(secret: str) -> list[str]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if secret.encode() in cmdline.read_bytes():
+                found.append(str(cmdline))
+        except OSError:
+            pass  # the process ended meanwhile
+    return found
+
+
+@pytest.mark.slow
+def test_the_judge_key_reaches_the_judge_and_no_file_or_command_line(micro_run, tmp_path, judge_url):
+    """Tracking on (a real MLflow store in tmp_path): every file the stage writes is searched."""
+    env = {**os.environ, "RLOO_TEST_JUDGE_KEY": SECRET, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
+    cmd = [sys.executable, "-m", "rloo.cli",
+           *_evaluate_args(micro_run, tmp_path / "results.json", f"evaluate.llm_judge.base_url={judge_url}")]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    on_command_lines = []
+    while proc.poll() is None:
+        on_command_lines += _cmdlines_holding(SECRET)
+        time.sleep(0.05)
+    out, err = proc.communicate()
+    assert proc.returncode == 0, err[-3000:]
+    assert _Judge.seen and set(_Judge.seen) == {f"Bearer {SECRET}"}  # the judge got the key...
+    assert not on_command_lines  # ...no command line held it...
+    assert SECRET not in out + err
+    assert (tmp_path / "mlflow.db").exists()
+    assert not _files_holding(tmp_path, SECRET)  # ...nor any file: results, plots, the MLflow store
+    judge = json.loads((tmp_path / "results.json").read_text())["judge"]
+    assert judge["calls"] == len(_Judge.seen) and judge["failed_calls"] == 0
+
+
+# -- a judge that does not answer --------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_an_unreachable_judge_fails_the_stage_in_one_line(micro_run, tmp_path):
+    pytest.importorskip("openai")
+    closed = f"http://127.0.0.1:{_free_port()}/v1"
+    sets = [f"evaluate.llm_judge.base_url={closed}", "evaluate.llm_judge.max_retries=0", "tracking.enabled=false"]
+    res = _rloo(*_evaluate_args(micro_run, tmp_path / "results.json", *sets), cwd=tmp_path)
+    assert res.returncode == 2, res.stderr[-3000:]
+    last = _last_line(res)
+    assert last.startswith("rloo evaluate: error:") and closed in last and "evaluate.judge: verifier" in last
+    assert "Traceback" not in res.stderr
+    assert not (tmp_path / "results.json").exists()  # no win rate of nothing
+    # When failures are allowed, the stage finishes and the results say how many calls failed.
+    res = _rloo(*_evaluate_args(micro_run, tmp_path / "results.json", *sets, "evaluate.llm_judge.max_failed_share=1"),
+                cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    result = json.loads((tmp_path / "results.json").read_text())
+    assert result["judge"]["failed_share"] == 1.0 and result["judge"]["calls"] == result["judge"]["failed_calls"] > 0
+    assert result["win_rate"]["invalid"] == 6
+
+
+# -- config values ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["nan", ".nan", "inf", "-.inf", "1e999"])
+def test_non_finite_numbers_are_refused(value, tmp_path):
+    with pytest.raises(ConfigError, match=r"key 'rloo\.beta': must be a finite number"):
+        load_config(None, parse_set([f"rloo.beta={value}"]))
+    f = tmp_path / "c.yaml"
+    f.write_text(f"rloo:\n  beta: {value}\n")
+    with pytest.raises(ConfigError, match=r"rloo\.beta"):
+        load_config(f)
+
+
+def test_numbers_written_as_strings_are_numbers(tmp_path):
+    """YAML 1.1 reads 5e-5 as a string; Snakemake's --config passes nested values as strings."""
+    f = tmp_path / "c.yaml"
+    f.write_text("rloo:\n  lr: 5e-5\n  k: '8'\ntracking:\n  enabled: 'false'\n")
+    cfg = load_config(f)
+    assert cfg["rloo"]["lr"] == 5e-5 and cfg["rloo"]["k"] == 8 and cfg["tracking"]["enabled"] is False
+    cfg = load_config(None, {"rloo": {"beta": "0.1", "steps": "12"}})
+    assert cfg["rloo"]["beta"] == 0.1 and cfg["rloo"]["steps"] == 12
+    with pytest.raises(ConfigError, match=r"rloo\.beta"):
+        load_config(None, {"rloo": {"beta": "a lot"}})
+    with pytest.raises(ConfigError, match=r"rloo\.k"):
+        load_config(None, {"rloo": {"k": "4.5"}})
+
+
+@pytest.mark.slow
+def test_snakemake_config_values_are_typed_and_checked_before_any_job(workflow):
+    res = snakemake(workflow, "-n", "--cores", "1", *CONFIGFILES, "--config", "rloo={beta: 0.1, lr: 5e-5}")
+    assert "rloo" in res.stdout
+    res = snakemake(workflow, "-n", "--cores", "1", *CONFIGFILES, "--config", "rloo={k: 1}", check=False)
+    assert res.returncode != 0 and "key 'rloo.k'" in res.stdout + res.stderr
+
+
+def test_an_overlay_read_alone_says_what_it_misses():
+    res = _rloo("validate-config", "-c", MICRO, cwd=ROOT)
+    assert res.returncode == 0 and "warning" in res.stderr and "reward.source" in res.stderr
+    # An overlay that names its base is read on top of it, with no warning.
+    res = _rloo("validate-config", "-c", str(ROOT / "config" / "reward_model.yaml"), cwd=ROOT)
+    cfg, base = json.loads(res.stdout), load_config(ROOT / "config" / "config.yaml")
+    assert "warning" not in res.stderr
+    assert cfg["model"] == base["model"] and cfg["reward"]["source"] == "model"
+
+
+@pytest.mark.slow
+def test_a_mistyped_target_names_the_estimators(workflow):
+    res = snakemake(workflow, "results/gsm8k_rlooo.json", "-n", "--cores", "1", *CONFIGFILES, check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and "no estimator named 'rlooo'" in out and "grpo, grpo_std" in out
+
+
+# -- bad input files ------------------------------------------------------------------------------------
+
+
+def _records(n: int, seed: int = 3) -> list[str]:
+    train, _, _ = synthetic.generate(n, 1, seed=seed)
+    return [json.dumps({"question": r["question"], "answer": r["answer"]}) for r in train]
+
+
+def _prepare_jsonl(tmp_path: Path, train: bytes, *sets: str) -> subprocess.CompletedProcess:
+    (tmp_path / "train.jsonl").write_bytes(train)
+    (tmp_path / "test.jsonl").write_text("\n".join(_records(8, seed=4)) + "\n")
+    return _rloo("prepare", "-c", MICRO, "--set", "data.source=jsonl", "--set", f"data.train_file={tmp_path}/train.jsonl",
+                 "--set", f"data.test_file={tmp_path}/test.jsonl", "--set", "tracking.enabled=false",
+                 *[x for s in sets for x in ("--set", s)], "--out", str(tmp_path / "data"), cwd=tmp_path)
+
+
+@pytest.mark.parametrize(("content", "expected"), [
+    (b"", "train.jsonl: no usable GSM8K records: the file holds no records"),
+    ("\n".join(_records(30)).encode() + b"\n{\"question\": \"caf\xe9?\", \"answer\": \"#### 1\"}\n",
+     "train.jsonl:31: not UTF-8 text (byte 0xe9 at column 18)"),
+    ("\n".join(_records(30)).encode() + b'\n{"question": "Half of 3?", "answer": "3/2\\n#### 3/2"}\n',
+     "train.jsonl:31: answer has no parseable final '#### N'"),
+])
+def test_a_bad_data_file_is_one_line_and_exit_2(tmp_path, content, expected):
+    res = _prepare_jsonl(tmp_path, content)
+    assert res.returncode == 2
+    assert _last_line(res).startswith("rloo prepare: error:") and expected in _last_line(res), res.stderr[-2000:]
+    assert "Traceback" not in res.stderr and not (tmp_path / "data").exists()
+    debug = _rloo("prepare", "--debug", "-c", MICRO, "--set", "data.source=jsonl", "--set",
+                  f"data.train_file={tmp_path}/train.jsonl", "--set", f"data.test_file={tmp_path}/test.jsonl",
+                  "--set", "tracking.enabled=false", "--out", str(tmp_path / "data"), cwd=tmp_path)
+    assert debug.returncode == 2 and "Traceback" in debug.stderr
+
+
+def test_skipped_records_are_counted_and_shown(tmp_path):
+    good = "\n".join(_records(30)).encode()
+    res = _prepare_jsonl(tmp_path, good + b"\n\xff\xfe\n" + good[:20] + b"\n", "data.on_bad_record=skip")
+    assert res.returncode == 0, res.stderr[-2000:]
+    manifest = json.loads((tmp_path / "data" / "manifest.json").read_text())
+    assert manifest["skipped"]["train"] == 2
+    summary = _rloo("summary", str(tmp_path / "data" / "manifest.json"), cwd=tmp_path)
+    assert "!! prepare: skipped 2 bad records" in summary.stderr and "not UTF-8" in summary.stderr
+
+
+@pytest.mark.slow
+def test_sft_stops_when_the_context_would_drop_the_data(micro_run, tmp_path):
+    res = _rloo("sft", "-c", MICRO, "--set", "model.max_length=40", "--set", "tracking.enabled=false",
+                "--data", str(micro_run["data"]), "--base", str(micro_run["base_model"]), "--out", str(tmp_path / "sft"),
+                "--work", str(tmp_path / "work"), cwd=tmp_path)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "longer than model.max_length=40" in _last_line(res) and "sft.max_dropped_share" in _last_line(res)
+
+
+# -- Ctrl-C ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_ctrl_c_checkpoints_exits_130_and_ends_the_mlflow_run(micro_run, micro_reward, tmp_path):
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cmd = [sys.executable, "-m", "rloo.cli", "train", "-c", MICRO, "--set", "reward.source=model",
+           "--reward-model", str(micro_reward), "--set", "rloo.steps=400", "--set", "rloo.checkpoint_every=3",
+           "--data", str(micro_run["data"]), "--policy", str(micro_run["sft"]),
+           "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env={**os.environ, "MLFLOW_TRACKING_URI": uri},
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while (first := checkpoint.latest(tmp_path / "work" / "checkpoints")) is None:
+        assert proc.poll() is None and time.time() < deadline, "no checkpoint appeared"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert "SIGINT received" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+    step = int(checkpoint.latest(tmp_path / "work" / "checkpoints").name.split("_")[1])
+    assert int(first.name.split("_")[1]) <= step < 400
+    client = mlflow.MlflowClient(uri)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    assert [r.info.status for r in client.search_runs(experiments)] == ["KILLED"]
+    # The rerun resumes, and its run holds the whole metric history (the steps before the interrupt too).
+    cmd[cmd.index("rloo.steps=400")] = f"rloo.steps={step + 2}"
+    done = subprocess.run(cmd, cwd=tmp_path, env={**os.environ, "MLFLOW_TRACKING_URI": uri}, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    resumed = next(r for r in client.search_runs(experiments) if r.info.status == "FINISHED")
+    assert resumed.data.tags["rloo.resumed_from_step"] == str(step)
+    history = client.get_metric_history(resumed.info.run_id, "train/zero_adv_frac")
+    assert sorted(m.step for m in history) == list(range(step + 2))
+
+
+# -- the terminal under Snakemake ---------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_stage_logging_to_a_file_reports_progress_in_the_terminal(micro_run, tmp_path):
+    """A Snakemake job's stderr is its log file and its stdout the terminal: the terminal gets plain
+    progress lines (not the bar's redraws), the log keeps the bar."""
+    import pty
+
+    master, slave = pty.openpty()
+    with open(tmp_path / "sft.log", "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rloo.cli", "sft", "-c", MICRO, "--set", "tracking.enabled=false",
+             "--set", "sft.steps=12", "--data", str(micro_run["data"]), "--base", str(micro_run["base_model"]),
+             "--out", str(tmp_path / "sft"),
+             "--work", str(tmp_path / "work")], cwd=tmp_path, stdout=slave, stderr=log)
+        os.close(slave)
+        out = b""
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+        proc.wait(timeout=300)
+    os.close(master)
+    assert proc.returncode == 0, (tmp_path / "sft.log").read_text()[-2000:]
+    terminal = out.decode().replace("\r\n", "\n")
+    assert "sft: 12/12 steps (100%)" in terminal and "\r" not in terminal, terminal
+    assert "step/s" in (tmp_path / "sft.log").read_text()
+
+
+def test_the_mlflow_experiment_opens_on_its_training_runs(tmp_path):
+    """MLflow 3's UI shows an experiment without a kind as a GenAI app (traces); ours is model training."""
+    import mlflow
+
+    from rloo import tracking
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    experiment = mlflow.MlflowClient(uri).get_experiment(tracking.ensure_experiment(uri, "rloo-test"))
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"

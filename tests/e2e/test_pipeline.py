@@ -1,0 +1,92 @@
+"""The pipeline's shape is declared once (rloo/pipeline.py). The CLI's default outputs, the Snakemake
+rules' outputs, dvc.yaml's outs and MLflow's output tags all derive from it, and agree."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from workflow_helpers import CONFIGFILES, make_copy, snakemake
+
+from rloo import cli, pipeline, tracking
+from rloo import dvc as rdvc
+from rloo.config import load_config, load_schema
+from rloo.errors import InputError
+
+ROOT = Path(__file__).resolve().parents[2]
+ESTIMATORS = load_schema()["properties"]["rloo"]["properties"]["estimator"]["enum"]
+
+
+def _declared(cfg: dict) -> dict[str, set[str]]:
+    """Every output path of every stage (for every estimator, where a stage runs once per estimator)."""
+    out = {}
+    for name, stage in pipeline.STAGES.items():
+        estimators = ESTIMATORS if stage.per_estimator else [None]
+        out[name] = {p for e in estimators for p in pipeline.outputs(name, cfg, e).values()}
+    return out
+
+
+@pytest.mark.parametrize("estimator", ["rloo", "grpo"])
+def test_the_cli_and_mlflow_use_the_declared_outputs_and_names(estimator):
+    cfg = load_config(ROOT / "config" / "config.yaml", {"rloo": {"estimator": estimator}})
+    declared = _declared(cfg)
+    extra = {"compare": ["--result", "a=b"], "seeds": ["--result", "0=b"], "sweep": ["--name", "x", "--result", "p=b"]}
+    for verb, stage in pipeline.BY_VERB.items():
+        args = cli.build_parser().parse_args([verb, *extra.get(verb, [])])
+        outs = list(pipeline.cli_outputs(args, cfg).values())
+        ctx = tracking.cli_context(args, cfg)
+        assert ctx["outputs"] == outs  # MLflow tags the md5 of exactly what the CLI writes
+        if stage.name == "prepare":  # the CLI's --out is the folder of the declared files
+            assert {str(Path(p).parent) for p in declared["prepare"]} == set(outs)
+        elif stage.name == "evaluate":  # the results file, and the folder of its plots
+            assert outs[0] == pipeline.outputs("evaluate", cfg)["result"]
+            assert {str(Path(p).parent) for p in pipeline.outputs("evaluate", cfg).values()} - {"results"} == {outs[1]}
+        elif stage.name == "sweep":  # the sweep named by --name
+            assert set(outs) == set(pipeline.outputs("sweep", cfg, sweep="x").values())
+        else:
+            assert set(outs) == set(pipeline.outputs(stage.name, cfg).values()) <= declared[stage.name]
+        suffix = estimator if stage.per_estimator and estimator != "rloo" else None
+        assert ctx["stage"] == (f"{stage.name}_{suffix}" if suffix else stage.name)
+
+
+@pytest.mark.slow
+def test_the_snakemake_rules_write_the_declared_outputs(tmp_path):
+    copy = make_copy(tmp_path / "wf")
+    res = snakemake(copy, "all", "results/comparison.json", "--summary", *CONFIGFILES)
+    assert "Exception" not in res.stdout + res.stderr  # no rule's input function failed on the way
+    lines = res.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("output_file\t"))
+    by_rule: dict[str, set[str]] = {}
+    for line in lines[header + 1 :]:
+        path, _, rule, *_ = line.split("\t")
+        by_rule.setdefault(rule, set()).add(path)
+    # the seeds and sweep aggregates are other targets' (tests/e2e/test_variants.py)
+    declared = {k: v for k, v in _declared(load_config(ROOT / "config" / "micro.yaml")).items() if k not in ("seeds", "sweep")}
+    assert by_rule == declared
+
+
+def test_dvc_yaml_outs_are_the_declared_ones():
+    cfg = load_config(ROOT / "config" / "config.yaml")
+    stages = rdvc.expand_stages(rdvc.load_pipeline(ROOT))
+    assert stages
+    for name, body in stages.items():
+        stage, _, estimator = name.partition("@")
+        assert set(rdvc.stage_outs(body)) == set(pipeline.outputs(stage, cfg, estimator or None).values()), name
+
+
+def test_a_variant_folder_reads_back_as_its_variant():
+    # the variant rules' one wildcard is the variant's folder (workflow/rules/variants.smk)
+    cfg = load_config(ROOT / "config" / "micro.yaml", {"sweeps": {"beta": {"rloo.beta": [0.0, 0.1]}}})
+    points = pipeline.sweep_grid(cfg, "beta")
+    variants = [pipeline.seed_variant(cfg, 3), *(pipeline.sweep_variant(cfg, "beta", p) for p in points)]
+    for v in variants:
+        assert pipeline.parse_variant(cfg, v.folder) == v
+        assert re.fullmatch(pipeline.VARIANT_PATTERN, v.folder), v.folder  # the wildcard's constraint
+    assert pipeline.variant_fields("seeds/seed3") == ("seed", {"seed": "3"})
+    for folder in ("seeds/3", "sweeps/beta", "seeds/seed1/x"):
+        with pytest.raises(InputError, match=f"'{folder}' is not a variant folder: a seed's is seeds/seed"):
+            pipeline.parse_variant(cfg, folder)
+        assert not re.fullmatch(pipeline.VARIANT_PATTERN, folder)
+    with pytest.raises(InputError, match="no sweep named 'lr'"):
+        pipeline.parse_variant(cfg, "sweeps/lr/p8066cca7")

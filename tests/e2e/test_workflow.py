@@ -1,0 +1,384 @@
+"""The Snakemake workflow, run for real on the micro config in an isolated working copy.
+
+One full run (the session's `micro_workflow`, tests/conftest.py: the default target, i.e.
+results/gsm8k_rloo.json and the toy experiment, plus results/gsm8k_grpo.json, a second estimator
+sharing prepare/sft/reward; this file works on its own copy) is reused by every check: nothing left to do afterwards; which jobs a changed parameter or an edited source file
+plans (dry runs); lint; the HTML report; and, last, SIGTERM -> retry -> resume of a longer rloo
+job. See tests/helpers/workflow_helpers.py for how outputs are isolated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import copy_tree
+from workflow_helpers import (
+    CONFIGFILES,
+    CPU_RULES,
+    PIPELINE,
+    ROOT,
+    env_for,
+    job_counts,
+    make_copy,
+    planned,
+    snakemake,
+    snakemake_bin,
+)
+
+from rloo.config import load_config
+from rloo.reward.judge_server import tensor_parallel
+from rloo.stages import compare
+
+pytestmark = pytest.mark.slow
+
+RLOO = "results/gsm8k_rloo.json"
+GRPO = "results/gsm8k_grpo.json"
+
+
+@pytest.fixture(scope="module")
+def run(micro_workflow, tmp_path_factory) -> dict:
+    """This file's own copy of the session's full micro run (tests/conftest.py `micro_workflow`)."""
+    copy = copy_tree(micro_workflow["copy"], tmp_path_factory.mktemp("workflow") / "wf")
+    print(f"full micro pipeline (default target + {GRPO}): {micro_workflow['seconds']:.1f} s")
+    return {"copy": copy, "output": micro_workflow["output"], "seconds": micro_workflow["seconds"]}
+
+
+def test_full_run_shares_prepare_sft_reward(run):
+    # one prepare/sft/reward feeding two estimators, and the toy experiment
+    assert job_counts(run["output"]) == {"prepare": 1, "base": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 2, "toy": 1}
+
+
+def test_full_run_outputs(run):
+    c = run["copy"]
+    for f in ("data/gsm8k/train.jsonl", "data/gsm8k/test.jsonl", "data/gsm8k/manifest.json",
+              "results/toy_variance.json", "results/toy_variance.png"):
+        assert (c / f).is_file(), f
+    for d in ("sft", "reward", "rloo_rloo", "rloo_grpo"):
+        assert (c / "results/models" / d / "config.json").is_file(), d
+    for estimator in ("rloo", "grpo"):
+        result = json.loads((c / f"results/gsm8k_{estimator}.json").read_text())
+        assert set(result["policies"]) == {"sft", estimator}
+        assert result["examples"] == 16  # evaluate.examples of config/micro.yaml
+        assert result["training"][estimator]["estimator"] == estimator
+        # the gain over SFT with its uncertainty, and the win rate's interval (rloo.eval.gains)
+        gains = result["gains"][estimator]
+        for mode in ("sampled", "greedy"):
+            assert len(gains[mode]["ci95"]) == 2 and 0 < gains[mode]["p_value"] <= 1
+        assert len(result["win_rates"][estimator]["ci95"]) == 2
+        for png in ("policies.png", "proxy_vs_judge.png"):
+            assert (c / f"results/gsm8k_{estimator}" / png).stat().st_size > 1000
+        assert (c / f"logs/rloo_{estimator}.log").is_file()
+        assert (c / f"logs/benchmarks/rloo_{estimator}.tsv").is_file()
+    # checkpoints live outside the outputs, stamped with the job they belong to
+    assert list((c / "results/work/rloo_rloo/checkpoints").iterdir())
+    assert (c / "results/work/rloo_rloo/job.stamp").is_file()
+
+
+def test_nothing_to_do_after_full_run(run):
+    assert planned(run["copy"]) == {}
+    assert planned(run["copy"], RLOO, GRPO) == {}
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        # RLOO parameters: exactly rloo + evaluate (of every estimator asked for)
+        ("rloo: {lr: 1.0e-4}", {"rloo": 1, "evaluate": 1}),
+        ("rollout: {gpu_memory_utilization: 0.5}", {"rloo": 1, "evaluate": 1}),
+        ("reward: {source: model}", {"rloo": 1, "evaluate": 1}),
+        # a prepare parameter: everything downstream of prepare
+        ("data: {synthetic: {n_train: 200}}", {"prepare": 1, "base": 1, "sft": 1, "reward": 1, "rloo": 1, "evaluate": 1}),
+        ("sft: {lr: 1.0e-3}", {"sft": 1, "reward": 1, "rloo": 1, "evaluate": 1}),
+        # the reward model: evaluate's proxy (RLOO trains on the verifier by default)
+        ("reward: {lr: 1.0e-2}", {"reward": 1, "evaluate": 1}),
+        ("evaluate: {examples: 8}", {"evaluate": 1}),
+        # the estimator comes from the target, not from the config
+        ("rloo: {estimator: grpo}", {}),
+        # how a run is observed or scheduled, and where logs go: no rerun
+        ("tracking: {enabled: true}", {}),
+        ("name: renamed", {}),
+        ("threads: 2", {}),
+        ("paths: {logs: other_logs}", {}),
+        # the seeds and sweeps targets' own keys: no stage of the main chain reads them
+        ("seeds: {values: [5, 6], scope: all}", {}),
+        ("sweeps: {beta: {rloo.beta: [0.0, 0.1]}}", {}),
+    ],
+)
+def test_changed_parameter_plans_exactly_the_affected_stages(run, change, expected):
+    assert planned(run["copy"], RLOO, extra_config=change) == expected
+
+
+def test_changed_parameter_with_two_estimators_and_toy(run):
+    # default target (+ grpo): a prepare parameter does not touch the toy experiment ...
+    assert planned(run["copy"], "all", GRPO, extra_config="data: {synthetic: {n_train: 200}}") == {
+        "prepare": 1, "base": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 2}
+    # ... the seed reaches everything, the toy experiment included
+    assert planned(run["copy"], "all", GRPO, extra_config="seed: 1") == {
+        "prepare": 1, "base": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 2, "toy": 1}
+    assert planned(run["copy"], "all", GRPO, extra_config="rloo: {beta: 0.1}") == {"rloo": 2, "evaluate": 2}
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("rloo/stages/train.py", {"rloo": 2, "evaluate": 2}),
+        ("rloo/stages/sft.py", {"sft": 1, "reward": 1, "rloo": 2, "evaluate": 2}),
+        ("rloo/stages/evaluate.py", {"evaluate": 2}),
+        ("rloo/algo/bandit.py", {"toy": 1}),
+        # a library module imported by several stages
+        ("rloo/algo/estimators.py", {"rloo": 2, "evaluate": 2, "toy": 1}),
+        ("rloo/data/synthetic.py", {"prepare": 1, "base": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 2}),
+        ("rloo/model/base.py", {"base": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 2}),
+    ],
+)
+def test_edited_source_reruns_its_stage_and_descendants(run, source, expected):
+    path = run["copy"] / source
+    original = path.read_text()
+    try:
+        path.write_text(original + "\n# edited by test_workflow\n")
+        assert planned(run["copy"], "all", GRPO) == expected
+    finally:
+        path.write_text(original)
+    if source == "rloo/stages/train.py":
+        # the same content again, only the mtime is newer: not a change (checksums are compared)
+        assert planned(run["copy"], "all", GRPO) == {}
+
+
+def test_gpu_config_plans_the_whole_pipeline_with_cluster_resources(tmp_path):
+    """The README's cluster command: each rule's GPUs, threads, memory and time for config/gpu.yaml."""
+    # A dry run caps threads at --cores (1 unless given); a Slurm run has no such cap.
+    res = snakemake(make_copy(tmp_path / "workflow"), RLOO, "-n", "--cores", "64", "--profile", "slurm", "--workflow-profile", "profiles/gpu",
+                    "--configfile", "config/gpu.yaml")
+    out = res.stdout + res.stderr
+    assert job_counts(out) == dict.fromkeys(PIPELINE, 1)
+    blocks = {m.group(1): m.group(2) for m in re.finditer(r"^rule (\w+):\n(.*?)(?=^\S|\Z)", out, re.M | re.S)}
+    resources = {rule: dict(kv.split("=", 1) for kv in re.search(r"resources: (.*)", blocks[rule]).group(1).split(", "))
+                 for rule in PIPELINE}
+    profile = yaml.safe_load((ROOT / "profiles" / "gpu" / "config.yaml").read_text())["set-resources"]
+    gpu_cfg = load_config(ROOT / "config" / "gpu.yaml")
+    judge_gpus = gpu_cfg["evaluate"]["llm_judge"]["serve"]["gpus"]
+    for rule in PIPELINE - CPU_RULES:
+        r = resources[rule]
+        # the evaluate job serves the judge on GPUs of its own, beside the policies' one
+        assert r["gpu"] == str(1 + judge_gpus if rule == "evaluate" else 1), (rule, r)
+        assert r["cpus_per_task"] == "8"  # threads: null in the config -> 8 threads for the torch stages
+        assert (r["mem_mb"], r["runtime"]) == (str(profile[rule]["mem_mb"]), str(profile[rule]["runtime"])), (rule, r)
+        assert r["slurm_extra"] == "--signal=TERM@300"  # the cluster profile's keys are kept
+    assert "gpu" not in resources["prepare"] and "gpu" not in resources["base"]  # a download and a copy: CPU jobs
+    # the judge's tensor-parallel size, when its flags give one, is the GPU count the job asks for
+    assert tensor_parallel(gpu_cfg["evaluate"]["llm_judge"]["serve"]["args"]) in (None, judge_gpus)
+    assert gpu_cfg["evaluate"]["judge"] == "llm" and gpu_cfg["rollout"]["backend"] == "vllm"
+    assert gpu_cfg["prompt"]["chat_template"] is True and gpu_cfg["prompt"]["system"]
+    assert gpu_cfg["sft"]["max_dropped_share"] == 0  # an over-long example is an error, never dropped
+
+
+@pytest.mark.parametrize("overlay, nodes", [("fsdp-1x8.yaml", 1), ("fsdp-2x8.yaml", 2)])
+def test_scale_out_overlays_plan_one_task_per_gpu(tmp_path, overlay, nodes):
+    """The README's "Scaling out" commands: sft, reward and rloo ask Slurm for `nodes` nodes of 8 GPUs and 8
+    tasks each, started by the srun line in `mpi`; evaluate keeps its policy GPU and the judge's."""
+    res = snakemake(make_copy(tmp_path / "workflow"), RLOO, "-n", "--cores", "64", "--profile", "slurm",
+                    "--workflow-profile", "profiles/gpu", "--configfile", "config/gpu.yaml", f"config/{overlay}",
+                    "--set-resources", "sft:mem_mb=256000", "reward:mem_mb=256000", "rloo:mem_mb=256000")
+    out = res.stdout + res.stderr
+    assert job_counts(out) == dict.fromkeys(PIPELINE, 1), out[-3000:]
+    resources = dict(re.findall(r"^rule (\w+):\n(?:    .*\n)*?    resources: (.*)$", out, re.M))
+    srun = (f"mpi=srun --nodes={nodes} --ntasks={8 * nodes} --ntasks-per-node=8 --cpus-per-task=8 "
+            "--kill-on-bad-exit=1")
+    for rule in ("sft", "reward", "rloo"):
+        for part in (f"nodes={nodes}", "gres=gpu:8", "tasks_per_node=8", "mem_mb=256000", srun):
+            assert part in resources[rule], (rule, part, resources[rule])
+    assert "gpu=2" in resources["evaluate"] and "mpi=" not in resources["evaluate"], resources["evaluate"]
+    cfg = load_config(ROOT / "config" / overlay)  # its base chain: gpu.yaml, config.yaml
+    assert cfg["model"]["name_or_path"] == load_config(ROOT / "config" / "gpu.yaml")["model"]["name_or_path"]
+    world = 8 * nodes
+    for key in ("sft.batch_size", "reward.batch_size", "rloo.prompts_per_step"):  # each process gets a share
+        section, name = key.split(".")
+        assert cfg[section][name] >= world, key
+
+
+def test_gpu_check_script_parses():
+    """scripts/gpu_check.sh runs only where a GPU is lent: here it is checked as bash (its verdicts'
+    logic: tests/integration/test_gpu_check.py)."""
+    res = subprocess.run(["bash", "-n", str(ROOT / "scripts" / "gpu_check.sh")], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+
+
+def test_comparison_target_reuses_shared_stages(run):
+    # 7 estimators (PPO among them): the 5 not run yet get rloo + evaluate; prepare/sft/reward are shared
+    assert planned(run["copy"], "results/comparison.json") == {"rloo": 5, "evaluate": 5, "comparison": 1}
+
+
+def test_compare_stage_on_real_results(run, tmp_path):
+    c = run["copy"]
+    table = compare.run({e: c / f"results/gsm8k_{e}.json" for e in ("rloo", "grpo")},
+                        tmp_path / "comparison.json", tmp_path / "comparison.png")
+    assert set(table["estimators"]) == {"rloo", "grpo"}
+    assert table["checks"] == dict.fromkeys(("same_data", "same_examples", "same_sft_accuracy", "same_steps",
+                                             "same_samples_per_step"), True)
+    for e in ("rloo", "grpo"):  # each estimator's paired comparison with SFT, from its evaluation
+        gains = json.loads((c / f"results/gsm8k_{e}.json").read_text())["gains"][e]
+        assert table["estimators"][e]["gain_vs_sft"] == gains and "ci95" in gains["sampled"]
+    assert (tmp_path / "comparison.png").stat().st_size > 1000
+    accuracy = {e: json.loads((c / f"results/gsm8k_{e}.json").read_text())["policies"][e]["accuracy"]
+                for e in ("rloo", "grpo")}
+    best = max(accuracy, key=lambda e: (accuracy[e], e == "rloo"))  # ties: the first one listed
+    assert json.loads((tmp_path / "comparison.json").read_text())["best_by_accuracy"] == best
+
+
+def test_comparison_target_has_a_ppo_row_judged_against_rloo(run):
+    # comparison.estimators narrows the table to RLOO, GRPO (both run already) and PPO: one more RLOO
+    # stage and evaluation instead of five (the default's seven are planned above)
+    c = run["copy"]
+    (c / "config" / "compared.yaml").write_text("comparison: {estimators: [rloo, grpo, ppo]}\n")
+    res = snakemake(c, "results/comparison.json", "--cores", "1", *CONFIGFILES, "config/compared.yaml", timeout=1200)
+    assert job_counts(res.stdout + res.stderr) == {"rloo": 1, "evaluate": 1, "comparison": 1}
+    table = json.loads((c / "results/comparison.json").read_text())
+    rows = table["estimators"]
+    assert set(rows) == {"rloo", "grpo", "ppo"}
+    ppo, rloo = rows["ppo"], rows["rloo"]
+    # The memory argument: PPO holds a critic beside the policy, the reference and the reward model.
+    assert set(ppo["training"]["networks"]) == set(rloo["training"]["networks"]) | {"critic"}
+    assert ppo["parameters_held"] > rloo["parameters_held"]
+    nets = ppo["training"]["networks"]
+    frozen = sum(n for name, n in nets.items() if name not in ("policy", "critic"))
+    assert ppo["model_state_bytes"] == 16 * (nets["policy"] + nets["critic"]) + 2 * frozen
+    for row in (ppo, rloo):
+        assert row["training"]["seconds_per_step"] > 0 and row["training"]["peak_memory_mb"] > 0
+        assert row["samples_to_target"]["samples"] > 0
+    # Every policy but RLOO's is judged against RLOO's by the evaluation's judge, in both orders.
+    assert "win_rate_vs_rloo" not in rloo
+    for name, row in rows.items():
+        if name != "rloo":
+            wr = row["win_rate_vs_rloo"]
+            assert wr["wins"] + wr["losses"] + wr["ties"] + wr["invalid"] == table["examples"], name
+    assert table["judge_vs_baseline"]["baseline"] == "rloo"
+
+
+def test_lint_only_asks_for_conda_or_containers(run):
+    res = snakemake(run["copy"], "--lint", *CONFIGFILES, check=False)
+    out = res.stdout + res.stderr
+    lints = set(re.findall(r"^\s+\* (.+?):?$", out, flags=re.M))
+    assert lints <= {"Specify a conda environment or container for each rule."}, out
+
+
+def test_lint_is_clean(run):
+    # Every rule names workflow/envs/rloo.yaml (used with --software-deployment-method conda only).
+    res = snakemake(run["copy"], "--lint", *CONFIGFILES, check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0 and "Lints for" not in out and "good condition" in out, out
+
+
+def test_report_includes_the_plots(run):
+    res = snakemake(run["copy"], "all", GRPO, "--report", "report.html", *CONFIGFILES)
+    html = (run["copy"] / "report.html").read_text()
+    for plot in ("results/gsm8k_rloo/policies.png", "results/gsm8k_rloo/proxy_vs_judge.png",
+                 "results/gsm8k_grpo/policies.png", "results/toy_variance.png"):
+        assert plot in html, plot
+    # the images are embedded, not linked
+    assert html.count("iVBORw0KGgo") >= 5, res.stderr[-2000:]
+
+
+def test_slurm_profile_resolves_from_the_repository_root(run):
+    """`--profile slurm` finds ./slurm; GPU stages ask for a GPU; every job gets the SIGTERM warning."""
+    profile = yaml.safe_load((ROOT / "slurm" / "config.yaml").read_text())
+    assert profile["executor"] == "slurm"
+    assert profile["rerun-incomplete"] is True
+    res = snakemake(run["copy"], RLOO, "-n", "-F", "--profile", "slurm", *CONFIGFILES)
+    out = res.stdout + res.stderr
+    blocks = {m.group(1): m.group(2) for m in re.finditer(r"^rule (\w+):\n(.*?)(?=^\S|\Z)", out, re.M | re.S)}
+    assert set(blocks) >= PIPELINE, out[-3000:]
+    for rule in PIPELINE:
+        resources = re.search(r"resources: (.*)", blocks[rule]).group(1)
+        assert "slurm_extra=--signal=TERM@300" in resources, resources
+        assert ("gpu=1" in resources) == (rule not in CPU_RULES), resources
+        if rule not in CPU_RULES:
+            assert "cpus_per_task=1" in resources and "runtime=" in resources and "mem_mb=" in resources
+
+
+def test_workdir_guard_keeps_checkpoints_of_the_same_job_only(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("workdir", ROOT / "workflow" / "scripts" / "workdir.py")
+    workdir = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(workdir)
+
+    data = tmp_path / "data.jsonl"
+    data.write_text("x\n")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "w.safetensors").write_text("w")
+    work = tmp_path / "work"
+
+    assert workdir.guard(work, '{"lr":1}', [str(data), str(model)]) is False  # first run
+    (work / "checkpoints").mkdir()
+    assert workdir.guard(work, '{"lr":1}', [str(data), str(model)]) is True  # interrupted: resume
+    assert (work / "checkpoints").is_dir()
+    assert workdir.guard(work, '{"lr":2}', [str(data), str(model)]) is False  # other parameters
+    assert not (work / "checkpoints").exists()
+    (work / "checkpoints").mkdir()
+    time.sleep(0.01)
+    (model / "w.safetensors").write_text("w2")  # an upstream output was rebuilt
+    assert workdir.guard(work, '{"lr":2}', [str(data), str(model)]) is False
+    assert not (work / "checkpoints").exists()
+    assert workdir.main([]) == 2
+
+
+def _stage_pids(copy: Path, work: str) -> list[int]:
+    """Processes of `rloo train ... --work WORK` running in `copy` (started by this test's snakemake)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            cwd = Path(os.readlink(proc / "cwd"))
+        except OSError:
+            continue
+        args = [a.decode(errors="replace") for a in argv]
+        if "train" in args and work in args and any(a.endswith("/rloo") for a in args) and cwd == copy:
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_sigterm_checkpoint_retry_resumes(run):
+    """The preemption path without Slurm: SIGTERM to the running rloo stage -> checkpoint + exit 143
+    -> Snakemake retries the job (--retries, as the slurm profile does) -> the work folder guard sees
+    the same job -> the stage resumes from its checkpoint instead of starting over."""
+    c = run["copy"]
+    work = "results/work/rloo_reinforce"
+    # a longer run (another estimator, so the other tests' outputs stay as they are)
+    (c / "config" / "resume.yaml").write_text("rloo: {steps: 100, checkpoint_every: 5}\n")
+    cmd = [snakemake_bin(), "results/models/rloo_reinforce", "--cores", "1", "--retries", "1",
+           *CONFIGFILES, "config/resume.yaml"]
+    proc = subprocess.Popen(cmd, cwd=c, env=env_for(c), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 300
+        signalled = None
+        while signalled is None and time.monotonic() < deadline and proc.poll() is None:
+            if list((c / work / "checkpoints").glob("step_*/checkpoint.json")):
+                pids = _stage_pids(c.resolve(), work)
+                if pids:
+                    for pid in pids:
+                        os.kill(pid, signal.SIGTERM)
+                    signalled = pids
+            time.sleep(0.1)
+        output, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert signalled, f"never saw a checkpoint and a running stage:\n{output[-3000:]}"
+    assert proc.returncode == 0, output[-5000:]
+    assert "Trying to restart job" in output, output[-3000:]
+    metrics = json.loads((c / "results/models/rloo_reinforce/metrics.json").read_text())
+    assert metrics["steps"] == 100
+    assert metrics["resumed_from_step"] > 0, metrics
+    assert "same job, resuming" in (c / "logs/rloo_reinforce.log").read_text()

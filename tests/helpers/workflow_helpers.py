@@ -1,0 +1,152 @@
+"""Helpers for the Snakemake tests: an isolated working copy of the workflow, and running `snakemake`.
+
+Isolation: the tests never run Snakemake in the repository. `make_copy` copies what the workflow
+needs (Snakefile, workflow/, config/, the profiles slurm/ and profiles/default/, the `rloo` package
+sources) into a temporary folder; Snakemake runs there (`cwd`), so data/, results/, logs/,
+.snakemake/ and the MLflow store all land in the copy. PYTHONPATH points at the copy, so the
+Snakefile and every `rloo <stage>` job import the copied package: the code inputs (rloo.code_inputs)
+are the copy's files, and editing one of them really changes the code the stage runs, without
+touching the repository.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+
+# Tracking is another stage's concern; the workflow tests run untracked (one MLflow run per job
+# would cost a few seconds each). Passed after config/micro.yaml: `--configfile micro.yaml test.yaml`.
+TEST_CONFIG = "tracking: {enabled: false}\n"
+CONFIGFILES = ["--configfile", "config/micro.yaml", "config/test.yaml"]
+
+# Every stage of results/gsm8k_rloo.json (rule names).
+PIPELINE = {"prepare", "base", "sft", "reward", "rloo", "evaluate"}
+# The stages that ask for no GPU: a data build, and a download/copy/dequantisation of the starting model.
+CPU_RULES = {"prepare", "base"}
+
+
+def make_copy(dest: Path) -> Path:
+    """A working copy of the workflow in `dest` (see the module docstring)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".snakemake")
+    shutil.copy2(ROOT / "Snakefile", dest / "Snakefile")
+    for name in ("workflow", "config", "slurm", "profiles", "rloo"):
+        shutil.copytree(ROOT / name, dest / name, ignore=ignore)
+    (dest / "config" / "test.yaml").write_text(TEST_CONFIG)
+    return dest
+
+
+def env_for(copy: Path) -> dict[str, str]:
+    """The environment of a Snakemake run in `copy`: the venv's tools first, the copy's package."""
+    env = dict(os.environ)
+    env.update(
+        PATH=str(VENV_BIN) + os.pathsep + env.get("PATH", ""),
+        VIRTUAL_ENV=sys.prefix,
+        PYTHONPATH=str(copy),
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        PYTHONDONTWRITEBYTECODE="1",
+    )
+    env.pop("MLFLOW_RUN_ID", None)
+    return env
+
+
+GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@example.org", "GIT_CONFIG_GLOBAL": os.devnull}
+# What the project versions for DVC (the rest comes from make_copy).
+DVC_FILES = (".dvc/config", ".dvc/.gitignore", ".dvcignore", ".gitignore", "dvc.yaml", "params.yaml")
+
+
+def tool(repo: Path, *cmd: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run a tool of the venv (dvc, git, ...) in `repo` with the copy's environment and a throwaway git identity."""
+    exe = VENV_BIN / cmd[0]
+    argv = [str(exe) if exe.exists() else cmd[0], *cmd[1:]]
+    env = {**env_for(repo), **GIT_ENV, "DVC_NO_ANALYTICS": "1"}
+    res = subprocess.run(argv, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout)
+    if check and res.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {res.returncode}:\n{res.stdout[-3000:]}\n{res.stderr[-5000:]}")
+    return res
+
+
+def make_dvc_repo(copy: Path) -> Path:
+    """The working copy made a git repository with the project's DVC files: a run in it commits to DVC."""
+    for name in DVC_FILES:
+        (copy / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, copy / name)
+    tool(copy, "git", "init", "-q")
+    tool(copy, "git", "add", "-A")
+    tool(copy, "git", "commit", "-qm", "project")
+    return copy
+
+
+def snakemake_bin() -> str:
+    candidate = VENV_BIN / "snakemake"
+    return str(candidate) if candidate.exists() else (shutil.which("snakemake") or "snakemake")
+
+
+def snakemake(copy: Path, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
+    """Run `snakemake ARGS` in `copy`; with `check`, fail with its output if it exits non-zero."""
+    res = subprocess.run(
+        [snakemake_bin(), *args], cwd=copy, env=env_for(copy), capture_output=True, text=True, timeout=timeout
+    )
+    if check and res.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} exited {res.returncode}:\n{res.stdout[-4000:]}\n"
+                             f"{res.stderr[-8000:]}")
+    return res
+
+
+_STATS_ROW = re.compile(r"^(\w+)\s+(\d+)$")
+
+
+def job_counts(output: str) -> dict[str, int]:
+    """{rule: jobs} from the "Job stats" table Snakemake prints (without `all` and `total`)."""
+    counts: dict[str, int] = {}
+    lines = output.splitlines()
+    for i, line in enumerate(lines):
+        if line.strip() == "Job stats:":
+            for row in lines[i + 1 :]:
+                m = _STATS_ROW.match(row.strip())
+                if row.strip().startswith("job") or set(row.strip()) <= {"-", " "}:
+                    continue
+                if not m:
+                    break
+                if m.group(1) not in ("all", "total"):
+                    counts[m.group(1)] = int(m.group(2))
+            break
+    return counts
+
+
+def planned(copy: Path, *targets: str, extra_config: str | None = None) -> dict[str, int]:
+    """The jobs a dry run for `targets` (default: the default target) would run; {} if none.
+
+    `extra_config`: YAML merged on top of the test config (written to config/extra.yaml).
+    """
+    configfiles = list(CONFIGFILES)
+    if extra_config is not None:
+        (copy / "config" / "extra.yaml").write_text(extra_config)
+        configfiles.append("config/extra.yaml")
+    # Targets first: --quiet and --configfile take several values.
+    res = snakemake(copy, *targets, "-n", "--quiet", "rules", *configfiles)
+    out = res.stdout + res.stderr
+    if "Nothing to be done" in out:
+        return {}
+    counts = job_counts(out)
+    assert counts, f"no job table in the dry run's output:\n{out[-3000:]}"
+    return counts
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    """Whether two saved policies hold exactly the same weights (a resumed run against an uninterrupted one)."""
+    import torch
+
+    from rloo.model import models
+
+    sa, sb = models.load_causal_lm(a).state_dict(), models.load_causal_lm(b).state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)

@@ -1,0 +1,124 @@
+"""Canary for the Snakemake internals behind dvc.yaml (rloo/dvc/dag.py).
+
+Snakemake has no public route to a job's wildcards, formatted shell command and benchmark file, nor to
+the job of a wildcard value no target asks for, so rloo.dvc.dag reads them off Snakemake's objects:
+every such attribute is declared in `dag.INTERNALS` and read through `attr()`/`call()`, which raise
+SnakemakeApiError naming the call and the installed Snakemake version. These tests run every one of
+them on a small workflow (seconds, no pipeline), so a Snakemake upgrade that breaks one fails here
+with that message; pyproject.toml pins Snakemake to the minor version they passed with.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+import snakemake.api  # noqa: F401  (first: snakemake.workflow imports it back)
+from snakemake.rules import Rule
+from snakemake.workflow import Workflow
+
+from rloo.dvc import dag as smk
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SNAKEFILE = """\
+import json
+
+configfile: "config.yaml"
+
+wildcard_constraints:
+    name="x|y",
+
+rule all:
+    default_target: True
+    input: "out/x.txt"
+
+rule a:
+    output: "a.txt"
+    params: cfg=lambda wildcards: json.dumps(config, sort_keys=True)
+    shell: "echo {params.cfg:q} > {output}"
+
+rule b:
+    input: "a.txt"
+    output: "out/{name}.txt"
+    benchmark: "bench/b_{name}.tsv"
+    shell: "cp {input} {output} 2> logs/b_{wildcards.name}.log"
+"""
+
+
+@pytest.fixture
+def workflow_dir(tmp_path) -> Path:
+    (tmp_path / "Snakefile").write_text(SNAKEFILE)
+    (tmp_path / "config.yaml").write_text("k: 1\n")
+    return tmp_path
+
+
+def _declared() -> set[tuple[str, str]]:
+    return {(owner, name) for owner, names in smk.INTERNALS.items() for name in names}
+
+
+def test_every_internal_works_with_the_installed_snakemake(workflow_dir, capsys):
+    smk.USED.clear()
+    cwd = os.getcwd()
+    dag = smk.snakemake_dag(workflow_dir, [], stages=["b@y", "gone", "b@z"])
+    assert os.getcwd() == cwd
+    err = capsys.readouterr().err
+    assert "stage gone: no rule gone" in err and "stage b@z: rule b does not accept 'z'" in err, err
+    jobs = {j.stage: j for j in dag.jobs}
+    assert [j.stage for j in dag.jobs] == ["a", "b@x", "b@y"]
+    assert jobs["a"].cfg == '{"k": 1}' and jobs["a"].outputs == ["a.txt"] and jobs["a"].inputs == []
+    assert jobs["a"].shellcmd == """echo '{"k": 1}' > a.txt"""
+    assert jobs["b@x"].wildcards == {"name": "x"} and jobs["b@x"].inputs == ["a.txt"]
+    assert jobs["b@x"].shellcmd == "cp a.txt out/x.txt 2> logs/b_x.log"
+    assert jobs["b@x"].benchmark == "bench/b_x.tsv" and jobs["b@x"].cfg is None
+    assert all(j.needrun for j in dag.jobs)
+    template = dag.templates["b"]  # the sentinel the wildcard constraint would refuse
+    assert list(dag.templates) == ["b"] and template.outputs == [f"out/{smk.SENTINEL}.txt"]
+    assert template.shellcmd == f"cp a.txt out/{smk.SENTINEL}.txt 2> logs/b_{smk.SENTINEL}.log"
+    assert dag.config == {"k": 1}
+
+    # which jobs Snakemake would run: none once every output exists, newest last
+    for i, path in enumerate(["a.txt", "out/x.txt", "bench/b_x.tsv"]):
+        (workflow_dir / path).parent.mkdir(exist_ok=True)
+        (workflow_dir / path).write_text("")
+        os.utime(workflow_dir / path, (1e9 + i, 1e9 + i))
+    assert {j.stage: j.needrun for j in smk.snakemake_dag(workflow_dir, [], forceall=False).jobs} == {
+        "a": False, "b@x": False}
+
+    # what commit_run reads of the workflow Snakemake hands its onsuccess handler
+    with smk.built_dag(workflow_dir, [], targets=["out/y.txt"]) as workflow:
+        assert smk.run_stages(workflow) == ["a", "b@x", "b@y"]
+
+    unused = _declared() - smk.USED
+    assert not unused, f"declared in rloo.dvc.dag.INTERNALS but not exercised here: {sorted(unused)}"
+
+
+@pytest.mark.parametrize(("owner", "cls", "name"), [
+    ("Workflow", Workflow, "_build_dag"),
+    ("Rule", Rule, "get_wildcards"),
+])
+def test_a_missing_internal_is_named_with_the_installed_version(workflow_dir, monkeypatch, owner, cls, name):
+    monkeypatch.delattr(cls, name)
+    with pytest.raises(smk.SnakemakeApiError) as e:
+        smk.snakemake_dag(workflow_dir, [], stages=["b@y"])
+    assert f"Snakemake {version('snakemake')}: {owner}.{name} is gone" in str(e.value)
+
+
+def test_an_internal_with_other_arguments_is_named(workflow_dir, monkeypatch):
+    monkeypatch.setattr(Workflow, "_prepare_dag", lambda self, forceall, nolock: None)
+    with pytest.raises(smk.SnakemakeApiError, match=r"Workflow\._prepare_dag takes other arguments"):
+        smk.snakemake_dag(workflow_dir, [])
+
+
+def test_pyproject_pins_snakemake_to_the_tested_minor_version():
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    (pin,) = [d for d in deps if d.split(">")[0].split("<")[0].split("=")[0].strip() == "snakemake"]
+    major, minor = (int(x) for x in smk.TESTED.split("."))
+    assert pin.replace(" ", "") == f"snakemake>={major}.{minor},<{major}.{minor + 1}", pin
+    installed = version("snakemake")
+    assert installed.split(".")[:2] == [str(major), str(minor)], (
+        f"Snakemake {installed} is installed; rloo/dvc/dag.py is tested with {smk.TESTED}.x ({pin}). "
+        "Run tests/integration/test_snakemake_api.py and tests/e2e/test_dvc.py with it, then move TESTED and the pin")

@@ -1,0 +1,94 @@
+from pathlib import Path
+
+import pytest
+
+from rloo.cli import main
+from rloo.config import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("name", ["config.yaml", "gpu.yaml", "micro.yaml", "qwen2-tiny.yaml", "reward_model.yaml"])
+def test_shipped_configs_validate(name):
+    cfg = load_config(ROOT / "config" / name)
+    assert cfg["rloo"]["k"] >= 2
+
+
+def test_defaults_are_filled_and_not_shared():
+    a = load_config(None)
+    b = load_config(None)
+    assert a["sft"]["steps"] == 500 and a["data"]["synthetic"]["n_test"] == 500
+    a["sft"]["steps"] = 1
+    assert b["sft"]["steps"] == 500
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"rloo": {"kk": 3}}, "unknown key 'rloo.kk'"),
+        ({"sfft": {}}, "unknown key 'sfft'"),
+        ({"sft": {"lr": "fast"}}, "key 'sft.lr': 'fast' is not of type 'number'"),
+        ({"rloo": {"estimator": "dpo"}}, "key 'rloo.estimator'"),
+        ({"rloo": {"k": 0}}, "key 'rloo.k': 0 is less than the minimum of 1"),
+        ({"prompt": {"chat_template": "yes"}}, "key 'prompt.chat_template': 'yes' is not one of"),
+        # rules across keys, caught at validation (before any stage runs)
+        ({"rloo": {"k": 1}}, "key 'rloo.k': the rloo estimator needs k >= 2"),
+        ({"rloo": {"eval_every": 0}}, "key 'rloo.select': 'best' picks a checkpoint by validation accuracy"),
+        ({"rloo": {"stop_on": ["reward_hack"]}}, "key 'rloo.stop_on.0'"),
+        # the comparison judges every estimator against RLOO's policy: RLOO must be among them
+        ({"comparison": {"estimators": ["grpo", "ppo"]}}, "key 'comparison.estimators': must include 'rloo'"),
+        ({"comparison": {"estimators": ["rloo", "dpo"]}}, "key 'comparison.estimators.1'"),
+    ],
+)
+def test_bad_config_names_the_key(override, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_config(None, override)
+
+
+def test_bad_yaml_file_is_named(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("sft: [unclosed\n")
+    with pytest.raises(ConfigError, match=str(p)):
+        load_config(p)
+
+
+def test_config_files_overlay_in_order(tmp_path, capsys):
+    """`--config base --config overlay` merges like Snakemake's --configfile; --set goes last."""
+    import json
+
+    base = load_config(ROOT / "config" / "config.yaml")
+    both = load_config([ROOT / "config" / "config.yaml", ROOT / "config" / "reward_model.yaml"])
+    assert base["reward"]["source"] == "verifier" and base["rloo"]["min_solution_steps"] == 2
+    assert both["reward"]["source"] == "model" and both["rloo"]["min_solution_steps"] == 0
+    assert both["model"] == base["model"] and both["rloo"]["k"] == base["rloo"]["k"]  # kept from the base
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- a list\n")
+    with pytest.raises(ConfigError, match=f"{bad}: the top level must be a mapping"):
+        load_config([ROOT / "config" / "config.yaml", bad])
+    assert main(["validate-config", "-c", str(ROOT / "config" / "config.yaml"), "-c",
+                 str(ROOT / "config" / "reward_model.yaml"), "--set", "rloo.steps=7"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["rloo"]["steps"] == 7 and printed["rloo"]["lr"] == both["rloo"]["lr"]
+    assert printed["model"]["tiny"] == base["model"]["tiny"]
+
+
+def test_cli_reports_config_errors(capsys):
+    assert main(["validate-config", "--set", "rloo.k=abc"]) == 2
+    assert "rloo.k" in capsys.readouterr().err
+
+
+def test_stage_config_is_what_each_stage_reads():
+    """One definition feeds Snakemake's rerun params and MLflow's: check what it selects."""
+    from rloo.config import stage_config
+
+    cfg = load_config(None, {"reward": {"source": "model"}})
+    reward = stage_config(cfg, "reward")
+    assert set(reward) == {"seed", "model", "prompt", "reward"}
+    assert "source" not in reward["reward"] and "batch_size_score" not in reward["reward"]
+    assert reward["reward"]["lr"] == cfg["reward"]["lr"]
+    rloo = stage_config(cfg, "rloo", {"rloo.estimator": "grpo"})
+    assert rloo["reward"] == {"source": "model", "batch_size_score": cfg["reward"]["batch_size_score"]}
+    assert rloo["rloo"]["estimator"] == "grpo" and cfg["rloo"]["estimator"] == "rloo"  # a copy
+    judged = stage_config(load_config(None, {"reward": {"source": "judge"}}), "rloo")
+    assert set(judged["evaluate"]) == {"judge", "llm_judge"} and judged["reward"] == {"source": "judge"}
+    assert stage_config(cfg, "toy") == {"seed": cfg["seed"]}

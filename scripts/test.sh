@@ -17,19 +17,40 @@ if [ "${1:-}" = "--fast" ]; then
   fast=1
   shift
 fi
-bash scripts/setup.sh
-. .venv/bin/activate
-export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 can_install=0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then can_install=1; fi
-started_slurm=0
-cleanup() { if [ "$started_slurm" = 1 ]; then bash tests/slurm/stop.sh || true; fi; }
-trap cleanup EXIT
 if [ "$fast" = 1 ]; then
   export RLOO_SLURM=0 RLOO_UI=0  # the fast tier has no Slurm or browser test
 fi
-if [ "${RLOO_SLURM:-auto}" != "0" ] && [ "$can_install" = 1 ]; then
-  if bash tests/slurm/start.sh; then
+want_slurm=0
+if [ "${RLOO_SLURM:-auto}" != "0" ] && [ "$can_install" = 1 ]; then want_slurm=1; fi
+want_ui=0
+if [ "${RLOO_UI:-auto}" != "0" ]; then want_ui=1; fi
+# The Slurm cluster and the UI test's browser come up while the venv installs (apt beside pip; the two
+# apt users one after the other, dpkg has one lock). Each writes its verdict to a file of its own.
+deps_dir=$(mktemp -d)
+started_slurm=0
+cleanup() {
+  if [ "$started_slurm" = 1 ] || [ -f "$deps_dir/slurm.ok" ]; then bash tests/slurm/stop.sh || true; fi
+  rm -rf "$deps_dir"
+}
+trap cleanup EXIT
+(
+  if [ "$want_slurm" = 1 ]; then
+    if bash tests/slurm/start.sh >"$deps_dir/slurm.log" 2>&1; then touch "$deps_dir/slurm.ok"; fi
+  fi
+  if [ "$want_ui" = 1 ]; then
+    if bash scripts/ui-test-deps.sh >"$deps_dir/ui.log" 2>&1; then touch "$deps_dir/ui.ok"; fi
+  fi
+) &
+deps=$!
+bash scripts/setup.sh
+wait "$deps" || true
+. .venv/bin/activate
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+if [ "$want_slurm" = 1 ]; then
+  cat "$deps_dir/slurm.log"
+  if [ -f "$deps_dir/slurm.ok" ]; then
     started_slurm=1
     export RLOO_SLURM=1
   else
@@ -37,13 +58,15 @@ if [ "${RLOO_SLURM:-auto}" != "0" ] && [ "$can_install" = 1 ]; then
     exit 1
   fi
 fi
-if [ "${RLOO_UI:-auto}" != "0" ]; then
-  if bash scripts/ui-test-deps.sh; then
+if [ "$want_ui" = 1 ]; then
+  if [ -f "$deps_dir/ui.ok" ]; then
     export RLOO_UI=1
   elif [ "$can_install" = 1 ]; then
+    cat "$deps_dir/ui.log" >&2
     echo "test.sh: could not install Chromium/playwright-core (scripts/ui-test-deps.sh); set RLOO_UI=0 to skip the UI test" >&2
     exit 1
   else
+    cat "$deps_dir/ui.log" >&2
     echo "test.sh: Chromium/playwright-core unavailable (not root with apt); the MLflow UI test will be skipped" >&2
   fi
 fi

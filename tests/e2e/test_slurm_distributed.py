@@ -4,32 +4,21 @@ Fast: Slurm's task variables become torchrun's (ranks, local world, the rendezvo
 srun line, and what the rules ask Slurm for, in a dry run of the literal cluster command with 2 nodes x
 8 GPUs (`snakemake --profile slurm -n -p`: nodes, tasks per node, GPUs per node, the srun line), and
 with `strategy: none` exactly the one-GPU request of before.
-Slurm (the cluster of tests/slurm/start.sh, selected as in test_slurm_smoke.py): the literal
-`snakemake --profile slurm` for the micro RLOO policy under `distributed: {strategy: ddp,
-nproc_per_node: 2}`: sft, reward and rloo each run as one Slurm job whose srun step has 2 tasks,
-COMPLETED in sacct, and the policy equals the one `rloo train --nproc 2` (torchrun) trains from the
-same SFT policy and reward model.
+On the test cluster, the literal `snakemake --profile slurm` runs the micro pipeline with its training
+stages as 2-task jobs: test_workflow_slurm.py (one run for both the every-stage-a-job and the
+data-parallel checks).
 """
 
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
-from test_slurm_smoke import run_on_slurm, slurm_env  # noqa: F401  (slurm_env is a fixture)
-from workflow_helpers import CONFIGFILES, env_for, make_copy, same_weights, snakemake, snakemake_bin
+from workflow_helpers import CONFIGFILES, make_copy, snakemake
 
 from rloo.config import load_config
 from rloo.launch import first_host, slurm_task_env, srun_command
-
-TARGET = "results/models/rloo_rloo"
-TRAINING = ("sft", "reward", "rloo")
-# RLOO trains on the reward model (the verifier pays the micro policy nothing: no update to compare)
-DDP2 = "distributed: {strategy: ddp, nproc_per_node: 2}\nreward: {source: model}\n"
 
 
 # -- fast -----------------------------------------------------------------------------------------
@@ -109,57 +98,3 @@ def test_strategy_none_asks_slurm_for_what_it_did_before(tmp_path):
     jobs = _dry_run_jobs(make_copy(tmp_path / "wf"), "distributed: {strategy: none, nproc_per_node: 8}\n")
     for rule in ("sft", "reward", "rloo", "evaluate"):
         assert "gpu=1" in jobs[rule] and not re.search(r"\b(mpi|nodes|tasks\w*|gres)=", jobs[rule]), jobs[rule]
-
-
-# -- on the test cluster --------------------------------------------------------------------------
-def _steps(job_id: str) -> dict[str, tuple[str, str]]:
-    """{JobID: (State, NTasks)} of a job and its steps (sacct -j <id> --format JobID,State,NTasks)."""
-    res = subprocess.run(["sacct", "-n", "-P", "-j", job_id, "--format", "JobID,State,NTasks,Comment"],
-                         capture_output=True, text=True, timeout=30, check=True)
-    rows = [line.split("|") for line in res.stdout.splitlines() if line.strip()]
-    return {r[0]: (r[1], r[2], r[3]) for r in rows}
-
-
-@pytest.mark.slurm
-@pytest.mark.slow
-def test_literal_slurm_command_runs_the_training_stages_as_two_task_jobs(slurm_env, tmp_path):  # noqa: F811
-    copy = make_copy(tmp_path / "wf")
-    (copy / "config" / "ddp.yaml").write_text(DDP2)
-    configs = [*CONFIGFILES, "config/ddp.yaml"]
-    cmd = [snakemake_bin(), "--profile", "slurm", TARGET,
-           "--slurm-init-seconds-before-status-checks", "2",
-           # fits the one-node test cluster: 2 tasks x 1 CPU, its one (fake) GPU shared, 2 GB
-           "--set-resources", *(f"{rule}:{res}" for rule in TRAINING for res in ("mem_mb=2000", "gres=gpu:1")),
-           *configs]
-    output, job_ids = run_on_slurm(copy, cmd, 600, f"snakemake --profile slurm {TARGET} (micro, ddp x 2)")
-    assert len(job_ids) == 5, output[-3000:]  # prepare, base and the training stages
-
-    deadline = time.monotonic() + 30  # sacct lags slurmctld by a second or two
-    while True:
-        jobs = {i: _steps(i) for i in job_ids}
-        done = all(rows.get(i, ("",))[0] == "COMPLETED" for i, rows in jobs.items())
-        if done or time.monotonic() > deadline:
-            break
-        time.sleep(1)
-    by_rule = {re.match(r"rule_([a-z]+)", rows[i][2]).group(1): (i, rows) for i, rows in jobs.items()}
-    assert set(by_rule) == {"prepare", "base", *TRAINING}, jobs
-    for rule in TRAINING:
-        job_id, rows = by_rule[rule]
-        # the job, its batch step (the rule's shell) and the one srun step of the stage's 2 processes
-        assert rows[job_id][0] == "COMPLETED", rows
-        assert rows[f"{job_id}.batch"][:2] == ("COMPLETED", "1"), rows
-        assert rows[f"{job_id}.0"][:2] == ("COMPLETED", "2"), rows
-    log = (copy / "logs" / "rloo_rloo.log").read_text()
-    assert "srun --nodes=1 --ntasks=2 --ntasks-per-node=2 --cpus-per-task=1" in log, log[-3000:]
-
-    # The same training under torchrun on this machine, from the cluster run's SFT policy.
-    local = tmp_path / "local"
-    train = [sys.executable, "-m", "rloo.cli", "train", *[a for c in ["config/config.yaml", *configs[1:]]
-                                                          for a in ("-c", str(copy / c))],
-             "--set", "threads=1", "--data", str(copy / "data" / "gsm8k"), "--policy", str(copy / "results/models/sft"),
-             "--reward-model", str(copy / "results/models/reward"),
-             "--out", str(local / "out"), "--work", str(local / "work")]
-    done = subprocess.run(train, env=env_for(copy), capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
-    assert same_weights(copy / TARGET, local / "out")
-    assert not same_weights(copy / TARGET, copy / "results/models/sft")  # RLOO moved the weights

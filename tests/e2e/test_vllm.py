@@ -305,7 +305,8 @@ def _serve_env() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def judge_server(micro_run, tmp_path_factory):
     """`vllm serve` of the micro SFT model on 127.0.0.1 with CPU-sized flags, through rloo.reward.judge_server
-    (the evaluate stage's path); stopped at the end, every process of its group with it."""
+    (the evaluate stage's path); at the end an error is raised inside its block, and the server must stop,
+    every process of its group with it (a failure there is reported as an error of the module's last test)."""
     if VLLM_MISSING:
         pytest.skip(VLLM_MISSING)
     d = tmp_path_factory.mktemp("serve")
@@ -314,26 +315,16 @@ def judge_server(micro_run, tmp_path_factory):
     flags = ["--host", "127.0.0.1", "--port", str(port), "--served-model-name", "judge", "--max-model-len", "192",
              *CPU_FLAGS, "--chat-template", str(d / "chat.jinja")]
     env = {**_serve_env(), "VLLM_API_KEY": SECRET}
-    with serve(vllm_command(str(micro_run["sft"]), flags), d / "server.log", what="the micro SFT model", port=port,
-               startup_timeout_s=240, env=env) as server:
-        assert group_members(server.pid), "the server runs in its own process group"
-        yield {"base_url": server.base_url, "log": server.log_path, "startup_s": server.startup_s}
-    assert group_members(server.pid) == []  # vLLM's API server and its engine core, all stopped
-
-
-@pytest.mark.slow
-@needs_vllm
-def test_served_vllm_judge_is_stopped_after_an_error_in_the_block(micro_run, tmp_path):
-    (tmp_path / "chat.jinja").write_text(CHAT_TEMPLATE)
-    port = free_port()
-    flags = ["--host", "127.0.0.1", "--port", str(port), "--max-model-len", "192", *CPU_FLAGS,
-             "--chat-template", str(tmp_path / "chat.jinja")]
+    # The tests judge inside the block; it then ends with an error, as judging that fails would: the
+    # server (vLLM's API server and its engine core) must be stopped all the same. One server start
+    # serves both checks (a vLLM start on this CPU costs about a minute).
     with pytest.raises(RuntimeError, match="judging failed"), \
-            serve(vllm_command(str(micro_run["sft"]), flags), tmp_path / "s.log", what="sft", port=port,
-                  startup_timeout_s=240, env=_serve_env()) as server:
-        assert len(group_members(server.pid)) >= 2  # the API server and its engine core
+            serve(vllm_command(str(micro_run["sft"]), flags), d / "server.log", what="the micro SFT model", port=port,
+                  startup_timeout_s=240, env=env) as server:
+        assert len(group_members(server.pid)) >= 2, "the API server and its engine core, in their own process group"
+        yield {"base_url": server.base_url, "log": server.log_path, "startup_s": server.startup_s}
         raise RuntimeError("judging failed")
-    assert group_members(server.pid) == []
+    assert group_members(server.pid) == []  # every process of the group stopped after the error
 
 
 @pytest.fixture(scope="module")

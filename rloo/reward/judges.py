@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -168,6 +168,7 @@ class WinRate:
     losses: float = 0.0
     ties: float = 0.0
     invalid: int = 0
+    scores: list[float | None] = field(default_factory=list)  # per pair, `combine`'s score
 
     @property
     def value(self) -> float:
@@ -197,6 +198,7 @@ def win_rate(judge: PairwiseJudge, questions: list[str], golds: list[str], candi
     out = WinRate()
     for q, g, c, b in zip(questions, golds, candidate, baseline, strict=True):
         s = combine(judge.judge(q, g, c, b), judge.judge(q, g, b, c))
+        out.scores.append(s)
         if s is None:
             out.invalid += 1
         elif s == 1.0:
@@ -206,6 +208,20 @@ def win_rate(judge: PairwiseJudge, questions: list[str], golds: list[str], candi
         else:
             out.ties += 1
     return out
+
+
+def agreement(scores: list[float | None], reference: list[float | None]) -> dict:
+    """How often a judge's per-pair verdicts (`combine`'s scores) match a reference judge's on the same
+    pairs: over the pairs the reference decides (one answer right, the other wrong, for the verifier),
+    where a tie or the other answer is a disagreement, and over every pair both judged (a tie matching a
+    tie). Pairs the judge left invalid are counted apart, never as agreement."""
+    decided = [(s, r) for s, r in zip(scores, reference, strict=True) if r in (0.0, 1.0)]
+    valid = [(s, r) for s, r in decided if s is not None]
+    both = [(s, r) for s, r in zip(scores, reference, strict=True) if s is not None and r is not None]
+    agree = sum(s == r for s, r in valid)
+    return {"decided_pairs": len(decided), "judged": len(valid), "agree": agree,
+            "value": agree / len(valid) if valid else None,
+            "all_pairs_judged": len(both), "all_pairs_agree": sum(s == r for s, r in both)}
 
 
 class JudgeReward:

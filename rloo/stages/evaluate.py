@@ -25,10 +25,11 @@ from rloo.errors import InputError
 from rloo.eval.at_k import maj_at_k, pass_at_k
 from rloo.eval.evaluation import evaluate_policy, spec_for, write_completions
 from rloo.eval.gains import correctness, gain, win_rate_ci95
+from rloo.eval.stats import wilson_interval
 from rloo.io import read_jsonl, sha256_file, write_json_atomic
 from rloo.model import checkpoint, models
 from rloo.reward.judge_server import open_judge
-from rloo.reward.judges import win_rate
+from rloo.reward.judges import VerifierJudge, agreement, win_rate
 from rloo.reward.rewards import RewardModelReward
 from rloo.reward.solution_check import ANSWER_FIGURES, WORK_FIGURES
 from rloo.reward.solution_check import summarize as check_solutions
@@ -108,10 +109,15 @@ def _evaluate(cfg: dict, judge, data_dir, sft_dir, policies: dict[str, str], out
         log.info("base: %s", evaluated["base"])
     questions, golds = [r["question"] for r in rows], [r["answer"] for r in rows]
     mode = ec.win_rate_decoding
-    wins = {name: win_rate(judge, questions, golds, texts[name][mode], texts["sft"][mode]).as_dict()
-            for name in policies}
-    for detail in wins.values():
+    judged = {name: win_rate(judge, questions, golds, texts[name][mode], texts["sft"][mode]) for name in policies}
+    wins = {name: w.as_dict() for name, w in judged.items()}
+    for name, detail in wins.items():
         detail["ci95"] = win_rate_ci95(detail)
+        if judge.name != VerifierJudge.name:  # how far to trust a judge: its verdicts beside the verifier's
+            ref = win_rate(VerifierJudge(), questions, golds, texts[name][mode], texts["sft"][mode])
+            agree = agreement(judged[name].scores, ref.scores)
+            interval = wilson_interval(agree["agree"], agree["judged"])
+            detail["agreement_with_verifier"] = {**agree, "ci95": list(interval) if interval else None}
     # An LLM judge that failed more often than allowed stops the stage here, before any output is written.
     calls = judge.check()
     # Every policy on the same problems: each one's gain over SFT with its uncertainty, per problem

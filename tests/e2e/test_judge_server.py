@@ -162,6 +162,10 @@ def test_evaluate_judges_with_the_served_model_and_stops_it(micro_run, tmp_path)
     assert result["win_rate"]["value"] == 0.5 and result["win_rate"]["ties"] == 4
     assert result["judge"]["served"] == {"model": "fake-judge", "args": [], "gpus": 1}
     assert result["judge"]["failed_calls"] == 0 and "base_url" not in result["judge"]
+    # beside the verifier on the same 4 pairs: a tie agrees only where the verifier ties too
+    agree = result["win_rate"]["agreement_with_verifier"]
+    assert agree["all_pairs_judged"] == 4 and agree["judged"] == agree["decided_pairs"], agree
+    assert agree["agree"] == 0 and agree["all_pairs_agree"] == 4 - agree["decided_pairs"], agree
     pids = pids_in_log(judge_log)
     assert group_members(pids["server"]) == [] and not Path(f"/proc/{pids['child']}").exists()
 

@@ -26,43 +26,19 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from tracking_helpers import BIN, SECRET_CFG, SECRET_ENV, pipeline_env
 
 from rloo import tracking
 from rloo.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 MICRO = ROOT / "config" / "micro.yaml"
-BIN = Path(sys.executable).parent
 SNAKEMAKE_STAGES = {"prepare", "base", "sft", "reward", "rloo", "evaluate", "toy"}  # the default target, micro
 CLI_STAGES = ["prepare", "base", "sft", "reward", "rloo", "evaluate"]
-# Secrets planted in the pipeline's environment and config: none may reach MLflow.
-SECRET_ENV = "sk-rlootest" + "0123456789abcdef0123456789"
-SECRET_CFG = "hf_" + "RlooTestToken0123456789abcdef"
 
 
 # --------------------------------------------------------------------------------------------------
 # helpers
-
-
-def _env(**extra: str) -> dict[str, str]:
-    """The environment of a pipeline subprocess: this venv first, no tracking state of the caller."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in {"MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", tracking.ENV_PARENT, tracking.ENV_RUNS_DIR,
-                        tracking.ENV_ENABLED}}
-    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-                "HF_DATASETS_OFFLINE": "1", "OPENAI_API_KEY": SECRET_ENV})
-    env.update(extra)
-    return env
-
-
-def _git_snapshot(path: Path) -> str:
-    """Make `path` a git repository with one commit (the commit the runs must be tagged with)."""
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
-    subprocess.run([*git, "init", "-q"], cwd=path, check=True)
-    subprocess.run([*git, "add", "-A"], cwd=path, check=True)
-    subprocess.run([*git, "commit", "-q", "-m", "copy"], cwd=path, check=True)
-    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=path, capture_output=True, text=True).stdout.strip()
 
 
 def _free_port() -> int:
@@ -82,7 +58,7 @@ def _mlflow_server(cwd: Path, backend: str, *extra: str, verb: str = "server"):
     proc = subprocess.Popen(
         [str(BIN / "mlflow"), verb, "--backend-store-uri", backend, "--host", "127.0.0.1", "--port", str(port),
          "--workers", "1", *extra],
-        cwd=cwd, stdout=logf, stderr=subprocess.STDOUT, env=_env(), start_new_session=True,
+        cwd=cwd, stdout=logf, stderr=subprocess.STDOUT, env=pipeline_env(), start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -388,7 +364,7 @@ def test_concurrent_first_use_of_a_new_sqlite_store(tmp_path):
 
     uri = f"sqlite:///{tmp_path / 'new' / 'mlflow.db'}"
     procs = [subprocess.Popen([sys.executable, "-c", _CONCURRENT_STAGE, str(MICRO), f"stage{i}", str(tmp_path / "r")],
-                              env=_env(MLFLOW_TRACKING_URI=uri), stderr=subprocess.PIPE, text=True)
+                              env=pipeline_env(MLFLOW_TRACKING_URI=uri), stderr=subprocess.PIPE, text=True)
              for i in range(4)]
     for p in procs:
         _, err = p.communicate(timeout=300)
@@ -407,40 +383,15 @@ def test_concurrent_first_use_of_a_new_sqlite_store(tmp_path):
 # the micro pipeline, end to end
 
 
-@pytest.fixture(scope="module")
-def snakemake_pipeline(tmp_path_factory) -> dict:
-    """The micro pipeline through Snakemake in the workflow tests' isolated copy, default store."""
-    from workflow_helpers import env_for, make_copy, snakemake_bin
-
-    wf = make_copy(tmp_path_factory.mktemp("tracking") / "wf")
-    commit = shutil.which("git") and _git_snapshot(wf)
-    cmd = [snakemake_bin(), "--cores", "1", "--configfile", "config/micro.yaml",
-           "--config", f"name=micro-{SECRET_CFG}"]
-    env = _env(**{k: v for k, v in env_for(wf).items() if k in {"PYTHONPATH", "VIRTUAL_ENV", "PATH"}})
-
-    dry = subprocess.run([*cmd, "-n"], cwd=wf, env=env, capture_output=True, text=True, timeout=300)
-    assert dry.returncode == 0, dry.stdout[-3000:] + dry.stderr[-3000:]
-    assert not (wf / "mlflow.db").exists() and not (wf / "results" / "runs").exists(), "a dry run created runs"
-
-    t0 = time.time()
-    res = subprocess.run(cmd, cwd=wf, env=env, capture_output=True, text=True, timeout=900)
-    elapsed = time.time() - t0
-    if res.returncode != 0:
-        logs = "\n".join(f"--- {p}\n{p.read_text()[-2000:]}" for p in sorted((wf / "logs").glob("*.log")))
-        pytest.fail(f"snakemake failed ({res.returncode})\n{res.stderr[-5000:]}\n{logs}")
-    print(f"micro pipeline through snakemake with tracking: {elapsed:.1f} s")
-    return {"wf": wf, "uri": f"sqlite:///{wf / 'mlflow.db'}", "commit": commit or None, "output": res.stderr}
-
-
 @pytest.mark.slow
-def test_snakemake_pipeline_logs_parent_and_stage_runs(snakemake_pipeline):
+def test_snakemake_pipeline_logs_parent_and_stage_runs(tracked_workflow, tmp_path):
     from mlflow import MlflowClient
 
-    wf = snakemake_pipeline["wf"]
+    wf = tracked_workflow["wf"]
     assert (wf / "mlflow.db").is_file(), "the default store is sqlite:///mlflow.db in the working directory"
-    assert "rloo: MLflow pipeline run" in snakemake_pipeline["output"]
-    client = MlflowClient(snakemake_pipeline["uri"])
-    runs = check_pipeline(client, "rloo", wf, SNAKEMAKE_STAGES, git_commit=snakemake_pipeline["commit"])
+    assert "rloo: MLflow pipeline run" in tracked_workflow["output"]
+    client = MlflowClient(tracked_workflow["uri"])
+    runs = check_pipeline(client, "rloo", wf, SNAKEMAKE_STAGES, git_commit=tracked_workflow["commit"])
     parent = runs["parent"]
     assert parent.data.tags["config_name"] == f"micro-{tracking.REDACTED}"
     parent_arts = _artifacts(client, parent.info.run_id)
@@ -461,7 +412,7 @@ def test_snakemake_pipeline_logs_parent_and_stage_runs(snakemake_pipeline):
     # micro values of sections it does not read, not the schema's defaults.
     for name in ("toy", "evaluate", "sft"):
         run_id = runs["children"][name].info.run_id
-        seen = json.loads(Path(client.download_artifacts(run_id, "provenance/config.json", str(wf / "dl-cfg" / name))).read_text())
+        seen = json.loads(Path(client.download_artifacts(run_id, "provenance/config.json", str(tmp_path / "dl-cfg" / name))).read_text())
         assert (seen["sft"]["steps"], seen["rloo"]["k"], seen["evaluate"]["examples"]) == (12, 2, 16), name
 
 
@@ -483,7 +434,7 @@ def test_cli_stages_against_mlflow_server(tmp_path, monkeypatch):
             monkeypatch.delenv(var, raising=False)  # start_pipeline sets them; restored after the test
         parent = tracking.start_pipeline(cfg, results_dir=work / "results", argv=["test", f"--token={SECRET_CFG}"])
         assert parent and os.environ[tracking.ENV_PARENT] == parent
-        env = _env(MLFLOW_TRACKING_URI=url, **{tracking.ENV_PARENT: parent,
+        env = pipeline_env(MLFLOW_TRACKING_URI=url, **{tracking.ENV_PARENT: parent,
                                                  tracking.ENV_RUNS_DIR: os.environ[tracking.ENV_RUNS_DIR]})
         t0 = time.time()
         for verb in ["prepare", "base", "sft", "reward", "train", "evaluate"]:
@@ -515,7 +466,7 @@ def _ui_problem() -> str | None:
 
 
 @pytest.mark.slow
-def test_mlflow_ui_lists_pipeline_and_stage_runs(snakemake_pipeline, tmp_path):
+def test_mlflow_ui_lists_pipeline_and_stage_runs(tracked_workflow, tmp_path):
     """`mlflow ui` on the pipeline's store, opened in headless Chromium: the runs are listed."""
     problem = _ui_problem()
     if problem:
@@ -524,12 +475,12 @@ def test_mlflow_ui_lists_pipeline_and_stage_runs(snakemake_pipeline, tmp_path):
         pytest.skip(f"{problem}: run `bash scripts/ui-test-deps.sh` (as root: apt chromium, npm playwright-core)")
     from mlflow import MlflowClient
 
-    wf = snakemake_pipeline["wf"]
-    experiment_id = MlflowClient(snakemake_pipeline["uri"]).get_experiment_by_name("rloo").experiment_id
+    wf = tracked_workflow["wf"]
+    experiment_id = MlflowClient(tracked_workflow["uri"]).get_experiment_by_name("rloo").experiment_id
     shots = Path(os.environ.get("RLOO_UI_SCREENSHOT_DIR") or tmp_path)
     shots.mkdir(parents=True, exist_ok=True)
     runs_png, rloo_png = shots / "mlflow-ui-runs.png", shots / "mlflow-ui-rloo-metrics.png"
-    with _mlflow_server(wf, snakemake_pipeline["uri"], verb="ui") as url:
+    with _mlflow_server(wf, tracked_workflow["uri"], verb="ui") as url:
         res = subprocess.run(
             ["node", str(ROOT / "tests" / "ui" / "mlflow_ui_check.mjs"), "--url", url, "--experiment", experiment_id,
              "--parent", "pipeline", "--children", ",".join(sorted(SNAKEMAKE_STAGES)), "--screenshot", str(runs_png),
@@ -559,7 +510,7 @@ def test_a_tracking_server_killed_mid_stage_costs_seconds_not_minutes(micro_run,
                 "--out", str(tmp_path / tag / "out"), "--work", str(tmp_path / tag / "work")]
 
     t0 = time.monotonic()
-    res = subprocess.run([*cmd("untracked"), "--set", "tracking.enabled=false"], env=_env(), capture_output=True,
+    res = subprocess.run([*cmd("untracked"), "--set", "tracking.enabled=false"], env=pipeline_env(), capture_output=True,
                          text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     untracked = time.monotonic() - t0
@@ -569,7 +520,7 @@ def test_a_tracking_server_killed_mid_stage_costs_seconds_not_minutes(micro_run,
     with _mlflow_server(server_dir, f"sqlite:///{server_dir / 'server.db'}",
                         "--artifacts-destination", str(server_dir / "artifacts")) as url:
         t0 = time.monotonic()
-        proc = subprocess.Popen(cmd("tracked"), env=_env(MLFLOW_TRACKING_URI=url), stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(cmd("tracked"), env=pipeline_env(MLFLOW_TRACKING_URI=url), stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 300
         while not list((tmp_path / "tracked" / "work" / "checkpoints").glob("step_*/checkpoint.json")):
             assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint before the kill"

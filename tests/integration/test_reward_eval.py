@@ -12,7 +12,7 @@ import yaml
 
 import rloo
 from rloo.algo.losses import bradley_terry_loss
-from rloo.reward.judges import VerifierJudge, combine, parse_verdict, win_rate
+from rloo.reward.judges import VerifierJudge, agreement, combine, parse_verdict, win_rate
 from rloo.reward.preferences import build_pairs, split_by_prompt
 
 
@@ -79,6 +79,19 @@ def test_win_rate_counts_position_bias_as_ties_and_invalid_separately():
     assert win_rate(_BiasedJudge(), qs, golds, cand, base).as_dict()["ties"] == 2
     bad = win_rate(_Garbled(), qs, golds, cand, base)
     assert bad.invalid == 2 and bad.losses == 0 and math.isnan(bad.value)
+
+
+def test_agreement_with_the_verifier_counts_decided_pairs_and_keeps_invalid_apart():
+    # four questions: the verifier decides the first three (candidate right, wrong, right), ties the last
+    qs, golds = ["q1", "q2", "q3", "q4"], ["#### 1", "#### 2", "#### 3", "#### 4"]
+    cand, base = ["#### 1", "#### 5", "#### 3", "#### 7"], ["#### 9", "#### 2", "#### 8", "#### 7"]
+    ref = win_rate(VerifierJudge(), qs, golds, cand, base).scores
+    assert ref == [1.0, 0.0, 1.0, 0.5]
+    # a judge that agrees on q1, calls q2 a tie, leaves q3 invalid and ties q4 as the verifier does
+    got = agreement([1.0, 0.5, None, 0.5], ref)
+    assert got == {"decided_pairs": 3, "judged": 2, "agree": 1, "value": 0.5, "all_pairs_judged": 3, "all_pairs_agree": 2}
+    assert agreement(ref, ref)["value"] == 1.0 and agreement([1 - s for s in ref], ref)["value"] == 0.0
+    assert agreement([None] * 4, ref)["value"] is None  # nothing judged: unknown, not zero
 
 
 @pytest.mark.parametrize(("reply", "verdict"), [("A", "A"), (" b.", "B"), ("Tie", "tie"), ("neither", None), ("", None)])

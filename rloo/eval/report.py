@@ -86,7 +86,7 @@ def evaluate_lines(result: dict) -> list[str]:
                             None: "judge's independence unknown: no training metrics"}[independent] + ")")
         if (agree := wr.get("agreement_with_verifier")) and agree["value"] is not None:
             ci = f" [{agree['ci95'][0]:.3f}, {agree['ci95'][1]:.3f}]" if agree.get("ci95") else ""
-            lines.append(f"evaluate: {name} vs sft judge agrees with the verifier on {agree["agree"]} of the "
+            lines.append(f"evaluate: {name} vs sft judge agrees with the verifier on {agree['agree']} of the "
                          f"{agree['judged']} pairs the verifier decides ({agree['value']:.3f}{ci}; "
                          f"{agree['decided_pairs'] - agree['judged']} left invalid)")
     return lines

@@ -569,6 +569,9 @@ def test_snakemake_chain_with_vllm_rollouts_and_the_served_judge(tmp_path):
     assert result["win_rate"]["value"] is not None and result["win_rate"]["invalid"] == 0
     assert judge["calls"] == 2 * result["examples"]
     assert result["judges"]["win_rate"]["graded_by"] == "llm"
+    # beside the verifier on the same pairs: every pair the verifier decides got a verdict
+    agree = result["win_rate"]["agreement_with_verifier"]
+    assert agree["judged"] == agree["decided_pairs"] and agree["all_pairs_judged"] == result["examples"], agree
     pid = _started_pid((copy / "logs" / "evaluate_rloo.log").read_text())
     assert group_members(pid) == []
     assert "/health" in (copy / "logs" / "evaluate_rloo.judge.log").read_text()

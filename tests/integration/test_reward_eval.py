@@ -92,6 +92,14 @@ def test_agreement_with_the_verifier_counts_decided_pairs_and_keeps_invalid_apar
     assert got == {"decided_pairs": 3, "judged": 2, "agree": 1, "value": 0.5, "all_pairs_judged": 3, "all_pairs_agree": 2}
     assert agreement(ref, ref)["value"] == 1.0 and agreement([1 - s for s in ref], ref)["value"] == 0.0
     assert agreement([None] * 4, ref)["value"] is None  # nothing judged: unknown, not zero
+    # `rloo summary` says it beside the win rate
+    from rloo.eval.report import evaluate_lines
+
+    policy = {"accuracy": 0.5, "accuracy_sampled": 0.5, "kl": 0.0}
+    wr = {"value": 0.5, "wins": 1, "losses": 1, "ties": 0, "invalid": 0, "ci95": [0.1, 0.9],
+          "agreement_with_verifier": {**got, "ci95": [0.1, 0.9]}}
+    lines = evaluate_lines({"policies": {"sft": policy, "rloo": policy}, "win_rates": {"rloo": wr}})
+    assert "evaluate: rloo vs sft judge agrees with the verifier on 1 of the 2 pairs the verifier decides (0.500 [0.100, 0.900]; 1 left invalid)" in lines, lines
 
 
 @pytest.mark.parametrize(("reply", "verdict"), [("A", "A"), (" b.", "B"), ("Tie", "tie"), ("neither", None), ("", None)])

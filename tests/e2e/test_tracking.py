@@ -58,7 +58,10 @@ def _mlflow_server(cwd: Path, backend: str, *extra: str, verb: str = "server"):
     proc = subprocess.Popen(
         [str(BIN / "mlflow"), verb, "--backend-store-uri", backend, "--host", "127.0.0.1", "--port", str(port),
          "--workers", "1", *extra],
-        cwd=cwd, stdout=logf, stderr=subprocess.STDOUT, env=pipeline_env(), start_new_session=True,
+        # MLflow 3's server also starts a job runner and its pool of huey worker processes (for jobs these
+        # tests never submit); on two cores their start-up competes with the stages under test
+        cwd=cwd, stdout=logf, stderr=subprocess.STDOUT, env=pipeline_env(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"),
+        start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
     try:

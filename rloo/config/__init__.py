@@ -4,6 +4,7 @@ The names below are what stages, the CLI and the Snakefile use."""
 from rloo.config.checks import validate
 from rloo.config.overlays import (
     RESOLVED_ENV,
+    config_base,
     declares_base,
     deep_merge,
     export_resolved,
@@ -15,7 +16,7 @@ from rloo.config.schema import SCHEMA_PATH, ConfigError, load_schema
 from rloo.config.selection import changed_keys, config_hash, select, stage_config, with_overrides
 
 __all__ = [
-    "RESOLVED_ENV", "SCHEMA_PATH", "ConfigError", "changed_keys", "config_hash", "declares_base", "deep_merge",
+    "RESOLVED_ENV", "SCHEMA_PATH", "ConfigError", "changed_keys", "config_base", "config_hash", "declares_base", "deep_merge",
     "export_resolved", "load_config", "load_schema", "parse_set", "resolved_base", "select", "stage_config",
     "validate", "with_overrides",
 ]

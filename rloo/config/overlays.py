@@ -117,6 +117,16 @@ def _read_yaml(path: str | Path, seen: tuple[Path, ...] = ()) -> dict:
     return deep_merge(_read_yaml(base_path, (*seen, base_path)), cfg)
 
 
+def config_base(path: str | Path) -> Path | None:
+    """The file a config overlays (its `base:`, resolved against its own folder), or None."""
+    try:
+        cfg = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    base = cfg.get("base") if isinstance(cfg, dict) else None
+    return (Path(path).parent / base).resolve() if isinstance(base, str) else None
+
+
 def declares_base(path: str | Path) -> bool:
     """Whether a config file names the config it overlays (`base:`)."""
     try:

@@ -382,3 +382,17 @@ def test_sigterm_checkpoint_retry_resumes(run):
     assert metrics["steps"] == 100
     assert metrics["resumed_from_step"] > 0, metrics
     assert "same job, resuming" in (c / "logs/rloo_reinforce.log").read_text()
+
+
+@pytest.mark.slow
+def test_an_overlay_whose_base_snakemake_did_not_read_is_an_error(tmp_path):
+    """Snakemake reads a --configfile as it is; `base:` is rloo's. An overlay given without its base
+    (config/qwen2-tiny.yaml overlays config/micro.yaml) would silently lose the base's keys: it stops the
+    run, naming both files; given in order, the same overlay plans."""
+    copy = make_copy(tmp_path / "wf")
+    res = snakemake(copy, "-n", "--configfile", "config/qwen2-tiny.yaml", check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0
+    assert "its base" in out and "--configfile config/micro.yaml config/qwen2-tiny.yaml" in out, out[-2000:]
+    ok = snakemake(copy, "-n", "--configfile", "config/micro.yaml", "config/qwen2-tiny.yaml", check=False)
+    assert ok.returncode == 0, (ok.stdout + ok.stderr)[-2000:]

@@ -3,6 +3,9 @@ import json
 import os
 from pathlib import Path
 
+from snakemake.exceptions import WorkflowError
+
+from rloo.config import config_base as _config_base
 from rloo.config import load_schema
 from rloo.config import stage_config as _stage_config
 from rloo.config import validate as _validate_config
@@ -13,6 +16,16 @@ from rloo.pipeline import STAGES, VARIANT_FIELDS, VARIANT_PATTERN, outputs, pars
 from rloo.pipeline import rule_outputs, upstream, work_dir
 from rloo.code_inputs import PACKAGE_DIR, stage_sources
 
+# Snakemake reads each --configfile as it is and knows nothing of an overlay's `base:` (the file it
+# overlays, which `rloo <stage> -c` reads first). The Snakefile's own configfile is config/config.yaml;
+# any other base must be given too, before its overlay, or its keys would be silently missing.
+_read = [Path("config/config.yaml").resolve(), *(Path(f).resolve() for f in workflow.overwrite_configfiles or [])]
+for _i, _file in enumerate(_read[1:], start=1):
+    _base = _config_base(_file)
+    if _base is not None and _base not in _read[:_i]:
+        raise WorkflowError(
+            f"{_file}: its base {_base} was not read: Snakemake does not follow `base:`; give both, the "
+            f"base first: --configfile {os.path.relpath(_base)} {os.path.relpath(_file)}")
 # The same schema and validator as `rloo <stage>`: defaults filled in place, unknown keys named.
 _validate_config(config, source="snakemake config")
 

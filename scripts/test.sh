@@ -71,8 +71,10 @@ if [ "$want_ui" = 1 ]; then
   fi
 fi
 ruff check rloo tests bench
+# pytest-xdist workers (RLOO_TEST_WORKERS; -n 0 in ARGS for one process)
+workers=${RLOO_TEST_WORKERS:-2}
 if [ "$fast" = 1 ]; then
-  python -m pytest -m "not slow" -n 2 --dist loadgroup -q "$@"
+  python -m pytest -m "not slow" -n "$workers" --dist loadgroup -q "$@"
 else
-  python -m pytest -n 2 --dist loadgroup --durations=25 "$@"
+  python -m pytest -n "$workers" --dist loadgroup --durations=25 "$@"
 fi

@@ -72,7 +72,7 @@ if [ "$want_ui" = 1 ]; then
 fi
 ruff check rloo tests bench
 # pytest-xdist workers (RLOO_TEST_WORKERS; -n 0 in ARGS for one process)
-workers=${RLOO_TEST_WORKERS:-2}
+workers=${RLOO_TEST_WORKERS:-3}
 if [ "$fast" = 1 ]; then
   python -m pytest -m "not slow" -n "$workers" --dist loadgroup -q "$@"
 else

@@ -44,8 +44,11 @@ trap cleanup EXIT
   fi
 ) &
 deps=$!
+t0=$SECONDS
 bash scripts/setup.sh
+echo "test.sh: .venv ready at $((SECONDS - t0)) s"
 wait "$deps" || true
+echo "test.sh: Slurm and browser steps done at $((SECONDS - t0)) s"
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 if [ "$want_slurm" = 1 ]; then

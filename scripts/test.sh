@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The project's test command: installs what the tests need, then runs the whole suite on two workers
-# (pytest-xdist, one file per worker at a time, the Slurm files together: tests/conftest.py).
+# The project's test command: installs what the tests need, then runs the whole suite on three workers
+# (pytest-xdist, one file per worker at a time, the Slurm files together: tests/conftest.py; three on
+# two cores, because much of the suite waits on servers, queues and process start-up).
 #   bash scripts/test.sh              the full suite (what CI runs), slowest 25 tests listed at the end
 #   bash scripts/test.sh --fast       the fast tier: unit and in-process tests (-m "not slow"), ~2 min,
 #                                     no Slurm cluster or browser needed

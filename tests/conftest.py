@@ -164,25 +164,15 @@ def tracked_workflow(tmp_path_factory) -> dict:
 UNMARKED_LIMIT_S = float(os.environ.get("RLOO_UNMARKED_LIMIT_S", "10"))
 WALL_FACTOR = 3  # ... or whose wall time passes 3 times that (it waits rather than works)
 
-# Files run in this order, heaviest first (their measured seconds in a CI run, summed over the file,
-# shared fixtures included), so that the workers finish together; the rest follow in collection order.
-# xdist keeps this order only with --no-loadscope-reorder (set in pytest_configure below): by default it
-# sends the files in order of how many tests each holds, which sent the Slurm files and test_smollm2 last.
-# Keep it roughly in step with `.ci/run`'s --durations list.
-HEAVY_FIRST = ("test_workflow", "test_dvc", "test_distributed", "test_tracking", "test_variants",
-               "test_smollm2", "test_hardening", "test_crash_safety", "test_memory_plan", "test_hub_models",
-               "test_judge_server", "test_reproducible")
-# Files that share the one-node Slurm cluster run on one worker, one after the other, the literal
-# cluster run first (it waits on the queue most; xdist hands a worker its next file while the last two
-# tests of the current one still run, and that file should not wait behind it).
-SLURM_FILES = ("test_workflow_slurm", "test_slurm_smoke", "test_slurm_distributed")
+# The order of the files is pytest-xdist's own (--loadscope-reorder, its default: files with more tests
+# first). A heaviest-first order (--no-loadscope-reorder and the files sorted by their seconds in CI)
+# was measured slower on two cores: 1,287 s of pytest against 1,148 s, one CI run each from a clean
+# clone. It starts the multi-process files (Slurm's two-task jobs, torchrun, the shared Snakemake runs)
+# together, and their processes then wait on each other for the cores; xdist's order mixes them with
+# unit files.
 
-
-def pytest_configure(config):
-    # pytest-xdist's --no-loadscope-reorder, set here rather than in addopts, where a run without xdist
-    # (`-p no:xdist`, tests/e2e/test_tiers.py) would refuse the option
-    if hasattr(config.option, "loadscopereorder"):
-        config.option.loadscopereorder = False
+# Files that share the one-node Slurm cluster run on one worker, one after the other.
+SLURM_FILES = ("test_slurm_smoke", "test_workflow_slurm", "test_slurm_distributed")
 
 
 def _group(item: pytest.Item) -> str:
@@ -195,16 +185,6 @@ def pytest_itemcollected(item):
     # here, while collecting: xdist reads the marks in its own pytest_collection_modifyitems.
     if not item.get_closest_marker("xdist_group"):
         item.add_marker(pytest.mark.xdist_group(_group(item)))
-
-
-def pytest_collection_modifyitems(config, items):
-    order = {g: i for i, g in enumerate(("slurm", *HEAVY_FIRST))}
-
-    def key(it: pytest.Item) -> tuple[int, int]:
-        stem = it.path.stem
-        return order.get(_group(it), len(order)), SLURM_FILES.index(stem) if stem in SLURM_FILES else 0
-
-    items.sort(key=key)  # stable: file order kept within
 
 
 def _cpu_seconds() -> float:

@@ -61,11 +61,3 @@ def test_an_unmarked_slow_test_fails_and_names_itself(tmp_path):
 def test_a_misspelt_marker_is_refused(tmp_path):
     res = _pytest(_suite(tmp_path, "import pytest\n\n@pytest.mark.slwo\ndef test_x():\n    pass\n"), "test_busy.py")
     assert res.returncode != 0 and "'slwo' not found in `markers`" in res.stdout + res.stderr, res.stdout + res.stderr
-
-
-def test_xdist_sends_the_files_in_the_conftests_order(pytestconfig):
-    """pytest-xdist sorts the files by their number of tests unless told not to; the heaviest-first order
-    of tests/conftest.py (which balances the workers) holds only with its reorder off."""
-    import xdist  # noqa: F401  (the suite's own runs use it: scripts/test.sh)
-
-    assert pytestconfig.getoption("loadscopereorder") is False

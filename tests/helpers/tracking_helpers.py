@@ -40,14 +40,16 @@ def git_snapshot(path: Path) -> str:
 
 def run_tracked_workflow(folder: Path) -> dict:
     """The micro pipeline (default target) through Snakemake with tracking on, into the default store
-    (sqlite:///mlflow.db in the copy), in a git repository of the copy, after a dry run that must create
-    no store and no run. Writes the copy to `folder/wf` and returns what the tests read."""
-    from workflow_helpers import env_for, make_copy, snakemake_bin
+    (sqlite:///mlflow.db in the copy), in a git repository of the copy with the project's DVC files (the
+    run commits every stage to DVC: tests/e2e/test_dvc.py works on a copy), after a dry run that must
+    create no store and no run. Writes the copy to `folder/wf` and returns what the tests read."""
+    from workflow_helpers import add_dvc_files, env_for, make_copy, snakemake_bin
 
-    wf = make_copy(folder / "wf")
+    wf = add_dvc_files(make_copy(folder / "wf"))
     commit = git_snapshot(wf)
     cmd = [snakemake_bin(), "--cores", "1", "--configfile", "config/micro.yaml", "--config", f"name=micro-{SECRET_CFG}"]
-    env = pipeline_env(**{k: v for k, v in env_for(wf).items() if k in {"PYTHONPATH", "VIRTUAL_ENV", "PATH"}})
+    env = pipeline_env(DVC_NO_ANALYTICS="1",
+                       **{k: v for k, v in env_for(wf).items() if k in {"PYTHONPATH", "VIRTUAL_ENV", "PATH"}})
 
     dry = subprocess.run([*cmd, "-n"], cwd=wf, env=env, capture_output=True, text=True, timeout=300)
     assert dry.returncode == 0, dry.stdout[-3000:] + dry.stderr[-3000:]

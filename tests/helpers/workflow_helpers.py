@@ -75,11 +75,17 @@ def tool(repo: Path, *cmd: str, check: bool = True, timeout: float = 600) -> sub
     return res
 
 
-def make_dvc_repo(copy: Path) -> Path:
-    """The working copy made a git repository with the project's DVC files: a run in it commits to DVC."""
+def add_dvc_files(copy: Path) -> Path:
+    """The project's DVC files in the working copy: once it is a git repository, a run in it commits to DVC."""
     for name in DVC_FILES:
         (copy / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / name, copy / name)
+    return copy
+
+
+def make_dvc_repo(copy: Path) -> Path:
+    """The working copy made a git repository with the project's DVC files: a run in it commits to DVC."""
+    add_dvc_files(copy)
     tool(copy, "git", "init", "-q")
     tool(copy, "git", "add", "-A")
     tool(copy, "git", "commit", "-qm", "project")

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import site
+import sys
 from pathlib import Path
 
 from rloo.io import atomic_path, file_digest
@@ -48,14 +50,22 @@ def outside(path: str | os.PathLike, root: Path) -> bool:
     return not Path(absolute(path, root)).is_relative_to(os.path.abspath(root))
 
 
+def in_environment(path: str | os.PathLike) -> bool:
+    """Whether `path` lies in the running Python environment (an installed package's file): the
+    quick start's venv sits inside the project, but what it holds is the machine's, not the project's."""
+    resolved = Path(os.path.abspath(path))
+    return any(resolved.is_relative_to(os.path.abspath(p)) for p in {sys.prefix, *site.getsitepackages()})
+
+
 def sources(config: dict, root: Path) -> dict[str, str]:
-    """{resolved absolute path: config key} of the model sources that lie outside the project."""
+    """{resolved absolute path: config key} of the model sources that lie outside the project or in
+    the Python environment (a GGUF file inside an installed package, wherever the venv is)."""
     found = {}
     for key in SOURCE_KEYS:
         value = _value(config, key)
         if isinstance(value, str) and value:
             path = _resolve(key, value)
-            if path is not None and outside(path, root):
+            if path is not None and (outside(path, root) or in_environment(absolute(path, root))):
                 found[absolute(path, root)] = key
     return found
 

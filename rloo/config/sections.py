@@ -84,6 +84,7 @@ class ModelConfig(Section):
     trust_remote_code: bool
     dtype: str
     autocast: str
+    inference_dtype: str | None
     device: str
     attn_implementation: str | None
     max_length: int

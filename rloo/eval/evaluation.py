@@ -17,7 +17,7 @@ from rloo.io import read_jsonl, write_jsonl_atomic
 from rloo.model.logprobs import completion_logprobs, join, model_device
 from rloo.reward.verifier import Mode, is_correct
 from rloo.rollout import generate
-from rloo.runtime import Progress, autocast, step_generator
+from rloo.runtime import Progress, autocast, inference_dtype, step_generator
 
 
 class Scorer(Protocol):
@@ -41,6 +41,7 @@ class EvalSpec:
     stream: int
     autocast: str = "none"
     logits_chunk_tokens: int = 0  # the KL pass's log-probabilities: the head applied this many tokens at a time
+    inference_dtype: str | None = None  # model.inference_dtype: the decoding's dtype (None: the weights')
 
 
 @dataclass
@@ -72,7 +73,7 @@ def decode(policy, tokenizer, ids: list[list[int]], spec: EvalSpec, greedy: bool
         rows = [p for p in ids[s : s + per_call] for _ in range(draws)]
         with autocast(spec.autocast, device):
             ro = generate(policy, rows, max_new_tokens=spec.max_new_tokens, eos_id=tokenizer.eos_token_id,
-                          pad_id=tokenizer.pad_token_id, greedy=greedy,
+                          pad_id=tokenizer.pad_token_id, greedy=greedy, dtype=inference_dtype(spec.inference_dtype),
                           generator=step_generator(spec.seed, s, stream=spec.stream))
             kl = None
             if not greedy and reference is not None:
@@ -139,7 +140,8 @@ def spec_for(cfg: dict, section: str, max_new_tokens: int, draws: int, stream: i
     batch = cfg[section]["batch_size" if section == "evaluate" else "eval_batch_size"]
     return EvalSpec(prompt=cfg["prompt"], max_new_tokens=max_new_tokens, draws=draws,
                     batch_size=batch, seed=cfg["seed"], stream=stream, autocast=cfg["model"]["autocast"],
-                    logits_chunk_tokens=cfg["model"]["logits_chunk_tokens"])
+                    logits_chunk_tokens=cfg["model"]["logits_chunk_tokens"],
+                    inference_dtype=cfg["model"]["inference_dtype"])
 
 
 def write_completions(path: Path, rows: list[dict], texts: dict[str, dict[str, list[str]]]) -> None:

@@ -53,8 +53,9 @@ class RewardModelReward:
     name = "model"
 
     def __init__(self, model, tokenizer, batch_size: int = 64, max_length: int = 512,
-                 prompt_cfg: dict | None = None) -> None:
+                 prompt_cfg: dict | None = None, inference_dtype: str | None = None) -> None:
         self.model, self.tokenizer = model, tokenizer
+        self.inference_dtype = inference_dtype  # model.inference_dtype: None scores in the enclosing precision
         self.format = PromptFormat(tokenizer, prompt_cfg)  # how the rendered prompts were made
         self.batch_size, self.max_length = batch_size, max_length
         self.nonfinite = 0  # running count of NaN/inf scores turned into missing rewards
@@ -62,7 +63,11 @@ class RewardModelReward:
     @torch.no_grad()
     def score(self, prompts, completions, golds, finished) -> torch.Tensor:
         texts = [p + c for p, c in zip(prompts, completions, strict=True)]
-        scores = score_texts(self.model, self.format, texts, self.batch_size, self.max_length)
+        from rloo.model.logprobs import model_device
+        from rloo.runtime import scoring_precision
+
+        with scoring_precision(self.inference_dtype, model_device(self.model)):
+            scores = score_texts(self.model, self.format, texts, self.batch_size, self.max_length)
         bad = ~torch.isfinite(scores)
         if len(scores) and bad.all():  # a broken model, not a few missing rewards: stop, do not train at zero advantage
             self.nonfinite += int(bad.sum())
@@ -108,6 +113,7 @@ def build_reward(cfg: dict, reward_model_dir: str | None = None) -> RewardSource
             batch_size=sections.reward.batch_size_score,
             max_length=mc.max_length,
             prompt_cfg=cfg["prompt"],
+            inference_dtype=mc.inference_dtype,
         )
     from rloo.reward.judges import JudgeReward
 

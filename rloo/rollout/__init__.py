@@ -15,6 +15,7 @@ import torch
 
 from rloo.rollout.hf import generate
 from rloo.rollout.sampling import Rollout
+from rloo.runtime import inference_dtype
 
 if TYPE_CHECKING:
     from rloo.config.sections import Sections
@@ -28,11 +29,11 @@ class HFRollout:
 
     name = "hf"
 
-    def __init__(self, model: torch.nn.Module, lean: bool = True) -> None:
-        self.model, self.lean = model, lean
+    def __init__(self, model: torch.nn.Module, lean: bool = True, dtype: torch.dtype | None = None) -> None:
+        self.model, self.lean, self.dtype = model, lean, dtype  # dtype: model.inference_dtype
 
     def generate(self, prompts: list[list[int]], **kwargs) -> Rollout:
-        return generate(self.model, prompts, lean=self.lean, **kwargs)
+        return generate(self.model, prompts, lean=self.lean, dtype=self.dtype, **kwargs)
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         self.model = model  # already the live weights: nothing to copy
@@ -47,7 +48,7 @@ def make_rollout(sections: Sections, seed: int, policy_dir: str | Path, policy: 
         from rloo.rollout.vllm import VLLMRollout  # imports vllm, an optional dependency
 
         return VLLMRollout.from_config(sections, seed, policy_dir)
-    return HFRollout(policy)
+    return HFRollout(policy, dtype=inference_dtype(sections.model.inference_dtype))
 
 
 def logprob_gap(ro: Rollout, token_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:

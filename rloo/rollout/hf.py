@@ -16,6 +16,7 @@ def generate(
     *, max_new_tokens: int, eos_id: int, pad_id: int, greedy: bool = False, temperature: float = 1.0,
     top_p: float = 1.0, top_k: int = 0, generator: torch.Generator | None = None,
     compact: bool = True, lean: bool = True, noise_rows: tuple[int, int] | None = None,
+    dtype: torch.dtype | None = None,
 ) -> Rollout:
     """Complete every prompt once; stops early when all rows have produced EOS.
 
@@ -30,11 +31,23 @@ def generate(
     process's share of a data-parallel step): each token's noise is drawn for all `total` rows, as one
     process sampling the whole batch draws it, and these rows read theirs, so that the processes
     together sample exactly what one would.
+
+    `dtype` (`model.inference_dtype`): the dtype the decoding runs in; None = the weights' own. The lean
+    loop casts the weights to it; HF's loop runs its forward passes under autocast to it.
     """
+    sampling = dict(max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id, greedy=greedy,
+                    temperature=temperature, top_p=top_p, top_k=top_k, generator=generator, compact=compact,
+                    noise_rows=noise_rows)
     if lean and decode.supports(model):
-        return decode.generate(model, prompts, max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id,
-                               greedy=greedy, temperature=temperature, top_p=top_p, top_k=top_k,
-                               generator=generator, compact=compact, noise_rows=noise_rows)
+        return decode.generate(model, prompts, dtype=dtype, **sampling)
+    if dtype is None or dtype == next(model.parameters()).dtype:
+        return _generate(model, prompts, **sampling)
+    with torch.autocast(model_device(model).type, dtype=dtype):
+        return _generate(model, prompts, **sampling)
+
+
+def _generate(model, prompts, *, max_new_tokens, eos_id, pad_id, greedy, temperature, top_p, top_k, generator,
+              compact, noise_rows) -> Rollout:
     device = model_device(model)
     noise = None if greedy else noise_generator(generator, device)
     prompt_ids, prompt_mask = (t.to(device) for t in left_pad(prompts, pad_id))

@@ -51,7 +51,7 @@ def policy_report(
     proxy = None
     if reward is not None:  # what the learned reward model thinks of these completions
         proxy = RewardModelReward(reward[0], reward[1], batch_size=ec.batch_size, max_length=mc.max_length,
-                                  prompt_cfg=cfg["prompt"])
+                                  prompt_cfg=cfg["prompt"], inference_dtype=mc.inference_dtype)
     report, texts = evaluate_policy(policy, tok, rows, spec, reference=reference, proxy=proxy, label=policy_dir.name)
     report.pop("examples")  # one figure for the whole result
     return report, texts

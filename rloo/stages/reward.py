@@ -22,7 +22,7 @@ from rloo.pipeline import STAGES
 from rloo.reward.preferences import Pair, build_pairs, split_by_prompt
 from rloo.reward.verifier import is_correct
 from rloo.rollout import generate
-from rloo.runtime import Progress, autocast, run_fingerprint, setup, step_generator
+from rloo.runtime import Progress, autocast, inference_dtype, run_fingerprint, setup, step_generator
 from rloo.train.loop import TrainingLoop, write_model_output
 
 log = logging.getLogger("rloo.reward")
@@ -56,6 +56,7 @@ def sample_pairs(cfg: dict, policy_dir: Path, train: list[dict]) -> tuple[list[P
             with autocast(mc.autocast, model_device(policy)):
                 ro = generate(policy, ids, max_new_tokens=reward_cfg.max_new_tokens, eos_id=tok.eos_token_id,
                               pad_id=tok.pad_token_id, generator=step_generator(cfg["seed"], start, stream=3),
+                              dtype=inference_dtype(mc.inference_dtype),
                               **({"noise_rows": (lo * k, len(chunk) * k)} if distributed.enabled() else {}))
             mine = list(zip(ro.texts(tok), ro.finished.tolist(), strict=True))
         all_texts, all_finished = (list(x) for x in zip(*distributed.gather_objects(mine), strict=True))

@@ -217,3 +217,47 @@ def test_a_trained_reward_model_without_its_head_is_refused(tmp_path):
     folder = tmp_path / "rm"
     grown.save_pretrained(folder)
     assert type(models.load_reward_model(folder)).__name__.endswith("ForSequenceClassification")
+
+
+def _sampler_gap(rollout, model, prompts, eos, pad) -> float:
+    """Mean |sampler log-prob − float32 trainer log-prob| over the sampled completion tokens."""
+    ro = rollout.generate(prompts, max_new_tokens=24, eos_id=eos, pad_id=pad, generator=torch.Generator().manual_seed(5))
+    batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
+    with torch.no_grad():
+        trainer = completion_logprobs(model, batch)
+    m = batch.completion_mask.bool()
+    return float((ro.logprobs - trainer)[m].abs().mean())
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_inference_dtype_decodes_in_bfloat16(micro_run, lean):
+    """model.inference_dtype reaches the sampler the config builds (make_rollout): bfloat16 samples with
+    log-probs off the float32 trainer's by bf16 rounding, the weights' own dtype (null) matches it."""
+    from rloo.config.checks import validate
+    from rloo.config.sections import Sections
+    from rloo.rollout import HFRollout, make_rollout
+
+    tok = models.load_tokenizer(micro_run["sft"])
+    model = models.load_causal_lm(micro_run["sft"])
+    prompts = [tok("Question: Ava has 12 apples and buys 7 more. How many?\nAnswer:")["input_ids"]] * 4
+    gaps = {}
+    for dtype in (None, "bfloat16"):
+        cfg = validate({**micro_run["cfg"], "model": {**micro_run["cfg"]["model"], "inference_dtype": dtype}})
+        sampler = make_rollout(Sections.from_config(cfg), 0, micro_run["sft"], model)
+        sampler.lean = lean
+        gaps[dtype] = _sampler_gap(sampler, model, prompts, tok.eos_token_id, tok.pad_token_id)
+    assert gaps[None] < 1e-4, gaps
+    assert 1e-3 < gaps["bfloat16"] < 0.2, gaps
+    assert isinstance(sampler, HFRollout) and sampler.dtype == torch.bfloat16
+
+
+def test_reward_model_scores_under_inference_dtype(micro_reward, micro_run):
+    """A reward model scores in bfloat16 under model.inference_dtype: close to, not equal to, float32."""
+    from rloo.reward.rewards import RewardModelReward
+
+    rm, tok = models.load_reward_model(micro_reward), models.load_tokenizer(micro_reward)
+    args = (["Question: 3 boxes of 9?\nAnswer:"] * 3, [" 3*9=<<3*9=27>>27\n#### 27", " 12\n#### 12", " 27"],
+            ["27"] * 3, [True] * 3)
+    full = RewardModelReward(rm, tok).score(*args)
+    half = RewardModelReward(rm, tok, inference_dtype="bfloat16").score(*args)
+    assert not torch.equal(full, half) and torch.allclose(full, half, atol=0.1), (full, half)

@@ -16,12 +16,15 @@ Snakemake's logs/benchmarks/*.tsv) into one file: the figures, the command and t
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import json
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -651,9 +654,31 @@ def code_paths(record: dict) -> list[str]:
     return sorted(paths)
 
 
+def same_meaning(path: str, before: str, after: str) -> bool:
+    """Two versions of a file that differ in comments only: YAML that parses to the same value, Python
+    whose syntax tree is the same (a docstring is part of the tree, so it counts as a change)."""
+    try:
+        if path.endswith((".yaml", ".yml")):
+            return yaml.safe_load(before) == yaml.safe_load(after)
+        if path.endswith(".py"):
+            return ast.dump(ast.parse(before)) == ast.dump(ast.parse(after))
+    except (yaml.YAMLError, SyntaxError, ValueError):
+        return False
+    return before == after
+
+
+def changes_code(git, commit: str, paths: list[str]) -> bool:
+    """Whether `commit` changes any of `paths` in more than its comments."""
+    for path in git("diff-tree", "--no-commit-id", "--name-only", "-r", commit, "--", *paths).splitlines():
+        if not same_meaning(path, git("show", f"{commit}^:{path}"), git("show", f"{commit}:{path}")):
+            return True
+    return False
+
+
 def stale_report() -> list[dict]:
     """For each figure file: the commit it records, and the commits since then on the code it runs (for
-    a file with no commit: the commit that last wrote it, an upper bound, not the tree it ran on)."""
+    a file with no commit: the commit that last wrote it, an upper bound, not the tree it ran on); a
+    commit that changes only comments there does not count."""
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
@@ -663,7 +688,8 @@ def stale_report() -> list[dict]:
         commit = record.get("commit")
         since = commit or git("log", "-1", "--format=%H", "--", str(f.relative_to(ROOT)))
         paths = code_paths(record)
-        commits = git("log", "--no-merges", "--format=%h %s", f"{since}..HEAD", "--", *paths).splitlines()
+        commits = [c for c in git("log", "--no-merges", "--format=%h %s", f"{since}..HEAD", "--", *paths).splitlines()
+                   if changes_code(git, c.split()[0], paths)]
         out.append({"file": f.name, "commit": commit[:7] if commit else None, "last_written": since[:7],
                     "commits_since": len(commits), "latest": commits[:3], "command": record.get("command"),
                     "wall_seconds": record.get("wall_seconds")})

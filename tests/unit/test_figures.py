@@ -172,3 +172,16 @@ def test_collect_stamps_the_checkout_the_run_ran_in(tmp_path):
     (plain / "results" / "gsm8k_rloo.json").write_text("{}")
     figures.collect(plain, tmp_path / "out.json", "bash scripts/pipeline.sh")
     assert provenance_problems(json.loads((tmp_path / "out.json").read_text()))  # no commit: refused
+
+
+def test_stale_counts_a_change_of_meaning_not_of_comments():
+    """`figures.py stale` skips a commit that only edits comments (a config's note, a code comment)."""
+    figures = _figures_module()
+    yml = "sft:\n  steps: 60   # enough\n"
+    assert figures.same_meaning("config/x.yaml", yml, "# a note\nsft:\n  steps: 60   # more than enough\n")
+    assert not figures.same_meaning("config/x.yaml", yml, "sft:\n  steps: 61\n")
+    py = "def f(x):\n    return x + 1  # why\n"
+    assert figures.same_meaning("rloo/x.py", py, "# header\ndef f(x):\n    return x + 1\n")
+    assert not figures.same_meaning("rloo/x.py", py, "def f(x):\n    return x + 2\n")
+    assert not figures.same_meaning("rloo/x.py", "", py)  # a file added
+    assert not figures.same_meaning("Snakefile", "rule a:\n", "rule a:  # note\n")  # other files: any change

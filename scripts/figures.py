@@ -145,9 +145,10 @@ def reward_model_chain_table() -> str:
     train = res["training"]["rloo"]
     evals = train["evals"]
     curve = ", ".join(f"{e['step']}: {e['eval/accuracy_sampled']:.3f} / {e['eval/proxy_reward']:+.2f}" for e in evals)
-    # The alarms as today's thresholds fire on the same steps (bench/alarms.py replays the run's trajectory,
-    # tests/data/trajectories/reward_model.jsonl); before it was recorded, the ones the run itself reported.
-    replayed = _load("alarms.json")["table"]["first_fired"].get("reward_model")
+    # A run that records its commit ran with that commit's thresholds: the alarms it reported. An older
+    # one: the alarms as today's thresholds fire on its trajectory (bench/alarms.py replays
+    # tests/data/trajectories/reward_model.jsonl).
+    replayed = None if run.get("commit") else _load("alarms.json")["table"]["first_fired"].get("reward_model")
     fired = replayed if replayed is not None else (rl.get("alarms") or {})
     alarms = ", ".join(f"{k} at step {v}" for k, v in fired.items() if v is not None) or "none"
     steps = _load("alarms.json")["runs"].get("reward_model", {}).get("steps")

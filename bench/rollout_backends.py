@@ -89,17 +89,20 @@ def main(argv: list[str] | None = None) -> dict:
         _, test, _ = synthetic.generate(10, args.prompts, seed=cfg["seed"] + 1)
         ids = [PromptFormat(tok, cfg["prompt"]).prompt_ids(r["question"]) for r in test]
         prompts = [p for p in ids for _ in range(args.k)]
+        # every backend decodes in model.inference_dtype (else the weights' dtype), as the stages do
+        dtype = cfg["model"]["inference_dtype"] or cfg["model"]["dtype"]
         kw = {"max_new_tokens": max_new, "eos_id": tok.eos_token_id, "pad_id": tok.pad_token_id}
+        hf_kw = {**kw, "dtype": getattr(torch, dtype)}
 
         from rloo.rollout.vllm import VLLMRollout, kv_cache_bytes
 
         engine_kw = {"gpu_memory_utilization": args.gpu_memory_utilization}
         if not torch.cuda.is_available():  # as the trainer does on a CPU: a KV cache sized for the batch
             engine_kw["kv_cache_memory_bytes"] = kv_cache_bytes(policy, len(prompts) * cfg["model"]["max_length"],
-                                                                cfg["model"]["dtype"])
+                                                                dtype)
         t0 = time.perf_counter()
         engines = {
-            lp: VLLMRollout(policy, dtype=cfg["model"]["dtype"], max_model_len=cfg["model"]["max_length"],
+            lp: VLLMRollout(policy, dtype=dtype, max_model_len=cfg["model"]["max_length"],
                             seed=cfg["seed"], logprobs=lp, **engine_kw)
             for lp in (True, False)
         }
@@ -107,14 +110,14 @@ def main(argv: list[str] | None = None) -> dict:
         torch.set_num_threads(args.threads)
 
         def hf():
-            return hf_generate(model, prompts, generator=torch.Generator().manual_seed(0), lean=False, **kw)
+            return hf_generate(model, prompts, generator=torch.Generator().manual_seed(0), lean=False, **hf_kw)
 
         def lean():
-            return hf_generate(model, prompts, generator=torch.Generator().manual_seed(0), lean=True, **kw)
+            return hf_generate(model, prompts, generator=torch.Generator().manual_seed(0), lean=True, **hf_kw)
 
         for e in engines.values():  # warm-up
             e.generate(prompts[: args.k], generator=torch.Generator().manual_seed(0), **kw)
-        hf_generate(model, prompts[: args.k], lean=False, **kw)
+        hf_generate(model, prompts[: args.k], lean=False, **hf_kw)
         hf_s, hf_tok = timed(hf, args.repeats)
         lean_s, lean_tok = timed(lean, args.repeats)
         res = {}
@@ -133,6 +136,7 @@ def main(argv: list[str] | None = None) -> dict:
         "sequences": len(prompts),
         "max_new_tokens": max_new,
         "threads": args.threads,
+        "dtype": dtype,
         "hf_tokens_per_s": hf_tok / hf_s,
         "lean_tokens_per_s": lean_tok / lean_s,
         "vllm_tokens_per_s": res[True][1] / res[True][0],
@@ -146,7 +150,7 @@ def main(argv: list[str] | None = None) -> dict:
     out["ratio_vllm_over_lean"] = out["vllm_tokens_per_s"] / out["lean_tokens_per_s"]
     out["ratio_vllm_no_logprobs_over_hf"] = out["vllm_no_logprobs_tokens_per_s"] / out["hf_tokens_per_s"]
     print(f"policy: {origin} ({out['parameters']:,} parameters); {len(prompts)} sequences "
-          f"({args.prompts} prompts x k={args.k}), up to {max_new} new tokens, T=1, {args.threads} thread(s)")
+          f"({args.prompts} prompts x k={args.k}), up to {max_new} new tokens, T=1, {args.threads} thread(s), {dtype}")
     print(f"HF    {out['hf_tokens_per_s']:10.0f} tokens/s  ({hf_tok} tokens in {hf_s:.2f} s)")
     print(f"lean  {out['lean_tokens_per_s']:10.0f} tokens/s  ({lean_tok} tokens in {lean_s:.2f} s; rloo/rollout/decode.py)")
     print(f"vLLM  {out['vllm_tokens_per_s']:10.0f} tokens/s  ({res[True][1]} tokens in {res[True][0]:.2f} s, "

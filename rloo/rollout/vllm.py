@@ -170,12 +170,13 @@ class VLLMRollout:
         VLLM_CPU_KVCACHE_SPACE (GiB, vLLM's own CPU setting) is set.
         """
         mc, rc = sections.model, sections.rloo
+        dtype = mc.inference_dtype or mc.dtype  # the engine samples where the HF sampler would
         extra = {}
         if not torch.cuda.is_available():
             tokens = rc.prompts_per_step * rc.k * mc.max_length
-            extra["kv_cache_memory_bytes"] = kv_cache_bytes(policy_dir, tokens, mc.dtype, mc.trust_remote_code)
+            extra["kv_cache_memory_bytes"] = kv_cache_bytes(policy_dir, tokens, dtype, mc.trust_remote_code)
         return cls(
-            policy_dir, dtype=mc.dtype, gpu_memory_utilization=sections.rollout.gpu_memory_utilization,
+            policy_dir, dtype=dtype, gpu_memory_utilization=sections.rollout.gpu_memory_utilization,
             max_model_len=mc.max_length, seed=seed, trust_remote_code=mc.trust_remote_code, **extra,
         )
 

@@ -270,6 +270,32 @@ def test_trainer_step_syncs_the_engine_and_logs_the_gap(micro_run, policy_dir, s
 
 @pytest.mark.slow
 @needs_vllm
+def test_the_engine_samples_in_the_inference_dtype(micro_run, policy_dir, monkeypatch):
+    """model.inference_dtype reaches the vLLM engine the trainer builds: with bfloat16 it holds bf16
+    weights, the float32 trainer's weights sync into it, and its log-probs sit off the trainer's by
+    bf16 rounding (the float32 engine's are within 1e-4, the test above)."""
+    from rloo.stages import train as rloo_stage
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    cfg = _vllm_cfg(micro_run)
+    cfg["model"]["inference_dtype"] = "bfloat16"
+    rows = [r for _, r in read_jsonl(micro_run["data"] / "train.jsonl")]
+    trainer = rloo_stage.Trainer(cfg, policy_dir, _LengthReward(), rows)
+    try:
+        assert trainer.rollout.llm.llm_engine.model_config.dtype == torch.bfloat16
+        m0 = trainer.step(0)
+        m1 = trainer.step(1)  # after the first sync of the trainer's float32 weights
+        assert trainer.rollout.syncs >= 1
+        for m in (m0, m1):
+            assert 1e-4 < m["rollout/logprob_gap"] < 0.2, m["rollout/logprob_gap"]
+    finally:
+        trainer.rollout.close()
+        del trainer
+        gc.collect()
+
+
+@pytest.mark.slow
+@needs_vllm
 def test_resumed_run_syncs_the_checkpoint_into_the_engine(micro_run, policy_dir, tmp_path, monkeypatch):
     """`run` builds the engine from the SFT folder, then resumes a checkpoint: the engine must follow it."""
     from rloo.stages import train as rloo_stage

@@ -67,11 +67,25 @@ def _gpus() -> str | None:
     return None
 
 
+def _cpu_isa() -> str | None:
+    """The vector instructions torch's CPU kernels use, and whether bf16 is native: a CPU figure in
+    bf16 depends on it many times over (docs/figures/bf16_cpu.json)."""
+    try:
+        import torch
+
+        from rloo.runtime import native_bf16
+    except ImportError:
+        return None
+    return f"{torch.backends.cpu.get_cpu_capability()} ({'native' if native_bf16('cpu') else 'emulated'} bf16)"
+
+
 def machine() -> str:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     parts = [platform.machine(), f"{cores} cores"]
     if cpu := _cpu_model():
         parts.append(cpu)
+    if isa := _cpu_isa():
+        parts.append(isa)
     parts.append(_gpus() or "no GPU")
     return ", ".join(parts)
 

@@ -34,6 +34,7 @@ from rloo.data.gsm8k import format_completion, format_prompt  # noqa: E402
 from rloo.data.prompting import PromptFormat  # noqa: E402
 from rloo.model import models  # noqa: E402
 from rloo.rollout.hf import generate as hf_generate  # noqa: E402
+from rloo.runtime import decode_dtype, resolve_device  # noqa: E402
 
 
 def policy_folder(cfg: dict, given: str | None, tmp: Path) -> tuple[Path, str]:
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
         ids = [PromptFormat(tok, cfg["prompt"]).prompt_ids(r["question"]) for r in test]
         prompts = [p for p in ids for _ in range(args.k)]
         # every backend decodes in model.inference_dtype (else the weights' dtype), as the stages do
-        dtype = cfg["model"]["inference_dtype"] or cfg["model"]["dtype"]
+        dtype = decode_dtype(cfg["model"]["inference_dtype"], cfg["model"]["dtype"], resolve_device(cfg["model"]["device"]))
         kw = {"max_new_tokens": max_new, "eos_id": tok.eos_token_id, "pad_id": tok.pad_token_id}
         hf_kw = {**kw, "dtype": getattr(torch, dtype)}
 

@@ -200,8 +200,10 @@ def _update(shape: Shape, cfg: dict, section: str, state: float, rows: int, unit
     if shards > 1:  # FSDP: the root stays gathered after forward, two layers gathered at a time
         state += (shape.root_params() + 2 * shape.layer_params()) * w * (world - 1) / world
     tokens = micro_batch_tokens(cfg[section]["micro_batch_tokens"], rows, m["max_length"], unit_rows)
-    acts, lg = update_bytes(shape, tokens, m["logits_chunk_tokens"], m["dtype"], m["autocast"],
-                            m["gradient_checkpointing"], m["attn_implementation"] == "eager", m["max_length"])
+    # `auto` resolves on the node that runs the job, not here: plan for the larger of its two outcomes
+    modes = ("none", "bfloat16") if m["autocast"] == "auto" else (m["autocast"],)
+    acts, lg = max(update_bytes(shape, tokens, m["logits_chunk_tokens"], m["dtype"], mode, m["gradient_checkpointing"],
+                                m["attn_implementation"] == "eager", m["max_length"]) for mode in modes)
     lg = lg if logits else 0  # the reward model's one-output score head: no vocabulary
     return Phase("update", state, acts, lg, keys={"activations": f"lower {section}.micro_batch_tokens",
                                                   "logits": "lower model.logits_chunk_tokens", "state": _state_key(cfg)})

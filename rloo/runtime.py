@@ -53,21 +53,52 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def native_bf16(device: torch.device | str = "cpu") -> bool:
+    """Whether `device` multiplies in bfloat16 in hardware: a CUDA GPU that supports it, a CPU with
+    AVX512-BF16 or AMX. Elsewhere torch emulates bf16, and a training pass is many times slower than in
+    float32 (docs/figures/bf16_cpu.json)."""
+    kind = torch.device(device).type
+    if kind not in _NATIVE_BF16:
+        _NATIVE_BF16[kind] = (torch.cuda.is_bf16_supported() if kind == "cuda"
+                              else torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+        log.info("bfloat16 on %s: %s; model.autocast / model.inference_dtype `auto` run in %s", kind,
+                 "native" if _NATIVE_BF16[kind] else "emulated", "bfloat16" if _NATIVE_BF16[kind] else "float32")
+    return _NATIVE_BF16[kind]
+
+
+_NATIVE_BF16: dict[str, bool] = {}
+
+
+def resolve_precision(name: str | None, device: torch.device | str = "cpu") -> str | None:
+    """`auto` in model.autocast / model.inference_dtype: bfloat16 where `device` computes it natively,
+    else off (none for autocast, null for the decoding dtype); any other value as given."""
+    if name != "auto":
+        return name
+    return "bfloat16" if native_bf16(device) else None
+
+
 def autocast(mode: str, device: torch.device | str = "cpu") -> contextlib.AbstractContextManager:
-    """bfloat16 autocast for forward passes on `device` (CPU: ~1.4x faster with AVX-512 bf16), or nothing."""
-    if mode == "none":
+    """bfloat16 autocast for forward passes on `device` (`model.autocast`: none, bfloat16 or auto), or nothing."""
+    if resolve_precision(mode, device) in ("none", None):
         return contextlib.nullcontext()
     return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
 
 
-def inference_dtype(name: str | None) -> torch.dtype | None:
-    """`model.inference_dtype` as a torch dtype; None (the weights' own) stays None."""
+def inference_dtype(name: str | None, device: torch.device | str = "cpu") -> torch.dtype | None:
+    """`model.inference_dtype` on `device` as a torch dtype; None (the weights' own) stays None."""
+    name = resolve_precision(name, device)
     return None if name is None else getattr(torch, name)
+
+
+def decode_dtype(inference: str | None, weights: str, device: torch.device | str = "cpu") -> str:
+    """The dtype decoding runs in, by name: `model.inference_dtype` resolved on `device`, else the
+    weights' own (`model.dtype`). The vLLM engine is built with it, so it samples where HF would."""
+    return resolve_precision(inference, device) or weights
 
 
 def scoring_precision(name: str | None, device: torch.device | str = "cpu") -> contextlib.AbstractContextManager:
     """Reward-model scoring under `model.inference_dtype`: bfloat16 autocast, or the weights' own dtype."""
-    return autocast("none" if name is None else name, device)
+    return autocast("none" if resolve_precision(name, device) is None else "bfloat16", device)
 
 
 def peak_memory_mb(device: torch.device | str = "cpu") -> float:

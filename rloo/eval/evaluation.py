@@ -73,7 +73,7 @@ def decode(policy, tokenizer, ids: list[list[int]], spec: EvalSpec, greedy: bool
         rows = [p for p in ids[s : s + per_call] for _ in range(draws)]
         with autocast(spec.autocast, device):
             ro = generate(policy, rows, max_new_tokens=spec.max_new_tokens, eos_id=tokenizer.eos_token_id,
-                          pad_id=tokenizer.pad_token_id, greedy=greedy, dtype=inference_dtype(spec.inference_dtype),
+                          pad_id=tokenizer.pad_token_id, greedy=greedy, dtype=inference_dtype(spec.inference_dtype, device),
                           generator=step_generator(spec.seed, s, stream=spec.stream))
             kl = None
             if not greedy and reference is not None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from rloo.model.logprobs import model_device
 from rloo.rollout.hf import generate
 from rloo.rollout.sampling import Rollout
 from rloo.runtime import inference_dtype
@@ -48,7 +49,7 @@ def make_rollout(sections: Sections, seed: int, policy_dir: str | Path, policy: 
         from rloo.rollout.vllm import VLLMRollout  # imports vllm, an optional dependency
 
         return VLLMRollout.from_config(sections, seed, policy_dir)
-    return HFRollout(policy, dtype=inference_dtype(sections.model.inference_dtype))
+    return HFRollout(policy, dtype=inference_dtype(sections.model.inference_dtype, model_device(policy)))
 
 
 def logprob_gap(ro: Rollout, token_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:

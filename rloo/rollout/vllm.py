@@ -30,6 +30,7 @@ import torch
 
 from rloo.model.logprobs import left_pad
 from rloo.rollout.sampling import Rollout
+from rloo.runtime import decode_dtype, resolve_device
 
 if TYPE_CHECKING:
     from rloo.config.sections import Sections
@@ -170,7 +171,7 @@ class VLLMRollout:
         VLLM_CPU_KVCACHE_SPACE (GiB, vLLM's own CPU setting) is set.
         """
         mc, rc = sections.model, sections.rloo
-        dtype = mc.inference_dtype or mc.dtype  # the engine samples where the HF sampler would
+        dtype = decode_dtype(mc.inference_dtype, mc.dtype, resolve_device(mc.device))  # where the HF sampler would
         extra = {}
         if not torch.cuda.is_available():
             tokens = rc.prompts_per_step * rc.k * mc.max_length

@@ -56,7 +56,7 @@ def sample_pairs(cfg: dict, policy_dir: Path, train: list[dict]) -> tuple[list[P
             with autocast(mc.autocast, model_device(policy)):
                 ro = generate(policy, ids, max_new_tokens=reward_cfg.max_new_tokens, eos_id=tok.eos_token_id,
                               pad_id=tok.pad_token_id, generator=step_generator(cfg["seed"], start, stream=3),
-                              dtype=inference_dtype(mc.inference_dtype),
+                              dtype=inference_dtype(mc.inference_dtype, model_device(policy)),
                               **({"noise_rows": (lo * k, len(chunk) * k)} if distributed.enabled() else {}))
             mine = list(zip(ro.texts(tok), ro.finished.tolist(), strict=True))
         all_texts, all_finished = (list(x) for x in zip(*distributed.gather_objects(mine), strict=True))

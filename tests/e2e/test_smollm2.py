@@ -12,15 +12,16 @@ from workflow_helpers import PIPELINE, job_counts, make_copy, snakemake
 
 pytestmark = pytest.mark.slow
 
-# micro.yaml's sizes, then the SmolLM2 overlay, then a few steps of each stage on its 134.5 M parameters
+# micro.yaml's sizes, then the SmolLM2 overlay, then a few steps of each stage on its 134.5 M parameters.
+# No validation inside RLOO and one evaluation draw: decoding the 134.5 M model is most of this chain's
+# time, and the micro chain's tests already check both paths
 MICRO = """\
 tracking: {enabled: false}
 data: {synthetic: {n_train: 64, n_test: 8}, val_examples: 4}
 sft: {steps: 2, batch_size: 4, eval_examples: 4, eval_max_new_tokens: 16, checkpoint_every: 2}
 reward: {prompts: 4, samples_per_prompt: 2, steps: 2, batch_size: 2, max_new_tokens: 16}
-rloo: {k: 2, prompts_per_step: 2, steps: 2, max_new_tokens: 16, eval_every: 2, eval_examples: 4, checkpoint_every: 2,
-       select: last}
-evaluate: {examples: 4, max_new_tokens: 16, batch_size: 16}
+rloo: {k: 2, prompts_per_step: 2, steps: 2, max_new_tokens: 16, eval_every: 0, checkpoint_every: 2, select: last}
+evaluate: {examples: 4, samples_per_prompt: 1, max_new_tokens: 16, batch_size: 16}
 """
 
 

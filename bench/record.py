@@ -73,10 +73,10 @@ def _cpu_isa() -> str | None:
     try:
         import torch
 
-        from rloo.runtime import native_bf16
+        from rloo.runtime import bf16_in_hardware
     except ImportError:
         return None
-    return f"{torch.backends.cpu.get_cpu_capability()} ({'native' if native_bf16('cpu') else 'emulated'} bf16)"
+    return f"{torch.backends.cpu.get_cpu_capability()} ({'native' if bf16_in_hardware('cpu') else 'emulated'} bf16)"
 
 
 def machine() -> str:

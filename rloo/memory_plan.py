@@ -202,9 +202,10 @@ def _update(shape: Shape, cfg: dict, section: str, state: float, rows: int, unit
     tokens = micro_batch_tokens(cfg[section]["micro_batch_tokens"], rows, m["max_length"], unit_rows)
     # `auto` resolves on the node that runs the job, not here: plan for the larger of its two outcomes
     modes = ("none", "bfloat16") if m["autocast"] == "auto" else (m["autocast"],)
-    acts, lg = max(update_bytes(shape, tokens, m["logits_chunk_tokens"], m["dtype"], mode, m["gradient_checkpointing"],
-                                m["attn_implementation"] == "eager", m["max_length"]) for mode in modes)
-    lg = lg if logits else 0  # the reward model's one-output score head: no vocabulary
+    # the reward model's one-output score head: no vocabulary, so no logits term
+    outcomes = [update_bytes(shape, tokens, m["logits_chunk_tokens"], m["dtype"], mode, m["gradient_checkpointing"],
+                             m["attn_implementation"] == "eager", m["max_length"]) for mode in modes]
+    acts, lg = max(((a, g if logits else 0) for a, g in outcomes), key=sum)
     return Phase("update", state, acts, lg, keys={"activations": f"lower {section}.micro_batch_tokens",
                                                   "logits": "lower model.logits_chunk_tokens", "state": _state_key(cfg)})
 

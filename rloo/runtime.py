@@ -53,20 +53,27 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+_NATIVE_BF16: dict[str, bool] = {}  # device type -> native, probed once per process
+
+
+def bf16_in_hardware(kind: str) -> bool:
+    """Whether devices of type `kind` multiply in bfloat16 in hardware: a CUDA GPU that supports it, a CPU
+    with AVX512-BF16 or AMX. Elsewhere torch emulates bf16, and a training pass is many times slower than
+    in float32 (docs/figures/bf16_cpu.json)."""
+    if kind == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return kind == "cpu" and (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
 def native_bf16(device: torch.device | str = "cpu") -> bool:
-    """Whether `device` multiplies in bfloat16 in hardware: a CUDA GPU that supports it, a CPU with
-    AVX512-BF16 or AMX. Elsewhere torch emulates bf16, and a training pass is many times slower than in
-    float32 (docs/figures/bf16_cpu.json)."""
+    """`bf16_in_hardware` for `device`, probed once per process; the job's log says what `auto` became."""
     kind = torch.device(device).type
     if kind not in _NATIVE_BF16:
-        _NATIVE_BF16[kind] = (torch.cuda.is_bf16_supported() if kind == "cuda"
-                              else torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+        _NATIVE_BF16[kind] = bf16_in_hardware(kind)
         log.info("bfloat16 on %s: %s; model.autocast / model.inference_dtype `auto` run in %s", kind,
                  "native" if _NATIVE_BF16[kind] else "emulated", "bfloat16" if _NATIVE_BF16[kind] else "float32")
     return _NATIVE_BF16[kind]
 
-
-_NATIVE_BF16: dict[str, bool] = {}
 
 
 def resolve_precision(name: str | None, device: torch.device | str = "cpu") -> str | None:

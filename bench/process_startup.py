@@ -28,7 +28,8 @@ from bench.record import write  # noqa: E402
 TARGETS = {
     "python": "pass",
     "torch": "import torch",
-    "transformers (AutoModelForCausalLM)": "from transformers import AutoModelForCausalLM",
+    # PreTrainedModel, not the lazy AutoModelForCausalLM name: its modeling code, what from_pretrained loads
+    "transformers (modeling)": "from transformers import PreTrainedModel",
     "rloo stage: prepare": "import rloo.stages.prepare",
     "rloo stage: sft": "import rloo.stages.sft",
     "rloo stage: train (RLOO)": "import rloo.stages.train",

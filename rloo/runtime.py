@@ -75,7 +75,6 @@ def native_bf16(device: torch.device | str = "cpu") -> bool:
     return _NATIVE_BF16[kind]
 
 
-
 def resolve_precision(name: str | None, device: torch.device | str = "cpu") -> str | None:
     """`auto` in model.autocast / model.inference_dtype: bfloat16 where `device` computes it natively,
     else off (none for autocast, null for the decoding dtype); any other value as given."""

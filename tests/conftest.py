@@ -29,7 +29,7 @@ from pathlib import Path
 # Threads that wait for work sleep rather than spin (libgomp reads this when torch loads it, so before
 # any import of torch). Three workers and their subprocesses share two cores: a spinning thread burns
 # the core another process needs, and its spin counts as CPU time to the fast tier's guard below. Under
-# a full CI's load the default doubled a 2 s test's CPU time, over the guard's 10 s; on the fast tier
+# a full CI's load the spin took a test of about 2 s of work over the guard's 10 s; on the fast tier
 # PASSIVE measured as fast or faster (docs/testing.md).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 

@@ -19,10 +19,17 @@ log = logging.getLogger("rloo")
 
 
 def setup(threads: int | None, seed: int) -> int:
-    """Set torch threads (explicit, else the job's CPU allotment) and every RNG; return the thread count."""
+    """Set torch threads (explicit, else the job's CPU allotment), deterministic kernels on CPU and every RNG;
+    return the thread count."""
     if threads is None:
         threads = int(os.environ.get("SLURM_CPUS_PER_TASK", 0)) or len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)
+    if not torch.cuda.is_available():
+        # Indexing's backward accumulates with index_put_, whose parallel CPU kernel adds colliding rows in
+        # the order its threads arrive: two float32 RLOO runs on 2 threads parted in the last bits within a
+        # few steps. The deterministic kernels make a CPU run the same bytes every time, at a cost within the noise of timed runs
+        # (docs/workflow.md#reproducibility); a GPU node's kernels are left as they are.
+        torch.use_deterministic_algorithms(True, warn_only=True)
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)

@@ -27,8 +27,8 @@ def setup(threads: int | None, seed: int) -> int:
     if not torch.cuda.is_available():
         # Indexing's backward accumulates with index_put_, whose parallel CPU kernel adds colliding rows in
         # the order its threads arrive: two float32 RLOO runs on 2 threads parted in the last bits within a
-        # few steps. The deterministic kernels make a CPU run the same bytes every time, at a cost within the noise of timed runs
-        # (docs/workflow.md#reproducibility); a GPU node's kernels are left as they are.
+        # few steps. The deterministic kernels make a CPU run the same bytes every time, at a cost within
+        # the noise of timed runs (docs/workflow.md#reproducibility); a GPU node's are left as they are.
         torch.use_deterministic_algorithms(True, warn_only=True)
     random.seed(seed)
     np.random.seed(seed)

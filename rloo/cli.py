@@ -15,7 +15,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from rloo import pipeline, tracking
+from rloo import pipeline, stage_server, tracking
 from rloo.config import (
     ConfigError,
     changed_keys,
@@ -196,6 +196,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def entry() -> int:
+    """The `rloo` command (console script, `python -m rloo.cli`): run in this process, or in one forked
+    by a stage server where RLOO_STAGE_SERVER names one (rloo/stage_server.py)."""
+    served = stage_server.delegate("rloo.cli", sys.argv[1:])
+    return main(sys.argv[1:]) if served is None else served
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
@@ -371,4 +378,4 @@ def _dispatch(stage, args: argparse.Namespace, cfg: dict, out: dict[str, str]) -
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

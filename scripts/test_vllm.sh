@@ -60,4 +60,7 @@ if [ "$setup_only" = 1 ]; then
 fi
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 MLFLOW_TRACKING_URI=
 export RLOO_REQUIRE_VLLM=1  # here a missing vLLM is an error, not a skip
+# No stage server (tests/conftest.py): importing vLLM puts LD_PRELOAD into the tests' environment, and a
+# process forked from an interpreter started without it cannot have it, so the server declines every command.
+export RLOO_TEST_STAGE_SERVER=0
 python -m pytest tests/e2e/test_vllm.py -ra -p no:cacheprovider "$@"

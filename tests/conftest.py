@@ -16,10 +16,12 @@ folder on sys.path when it loads this file."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import resource
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -198,11 +200,63 @@ def pytest_itemcollected(item):
         item.add_marker(pytest.mark.xdist_group(_group(item)))
 
 
+# -- the stage server ------------------------------------------------------------------------------------
+# Each pytest process starts one (rloo/stage_server.py): the `rloo <stage>` processes the tests start,
+# directly or through Snakemake, fork from an interpreter that has already imported torch, transformers
+# and MLflow, instead of spending ~6.6 CPU-s importing them each (docs/testing.md). A command whose
+# environment differs where it matters runs as before. RLOO_TEST_STAGE_SERVER=0 turns it off.
+_STAGE_SERVER: dict[str, object] = {}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def stage_server(tmp_path_factory):
+    from rloo import stage_server as ss
+
+    if os.environ.get("RLOO_TEST_STAGE_SERVER", "1") == "0":
+        os.environ.pop(ss.ENV_VAR, None)
+        yield None
+        return
+    # What rloo.runtime.setup puts into this process's environment once an in-process test runs a stage:
+    # set before the server starts, so that later commands' environments still match its own.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    folder = Path(tempfile.mkdtemp(prefix="rloo-stage-server-"))
+    sock = str(folder / "socket")
+    # Its log (the commands it declined, and why) beside the test run's temporary folders.
+    log_path = tmp_path_factory.getbasetemp() / f"stage_server_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.log"
+    with open(log_path, "w") as log:
+        # Commands sent before it listens run as before (the client falls back): no wait here.
+        proc = subprocess.Popen([sys.executable, "-u", "-m", "rloo.stage_server", sock], cwd=ROOT, stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT)
+    os.environ[ss.ENV_VAR] = sock
+    _STAGE_SERVER["socket"] = sock
+    yield sock
+    _STAGE_SERVER.clear()
+    os.environ.pop(ss.ENV_VAR, None)
+    proc.terminate()
+    proc.wait(timeout=30)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def without_stage_server() -> dict[str, str]:
+    """The environment less the stage server: for a test that walks the process tree of the command it
+    starts (a forked command's processes hang below the server, not below the client)."""
+    from rloo.stage_server import ENV_VAR
+
+    return {k: v for k, v in os.environ.items() if k != ENV_VAR}
+
+
 def _cpu_seconds() -> float:
-    """CPU time of this process and of its children waited for: unlike wall time, not stretched when
-    the other worker (or anything else) shares the cores."""
+    """CPU time of this process and of its children waited for, the stage server's forked processes
+    included: unlike wall time, not stretched when the other worker (or anything else) shares the cores."""
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+    served = 0.0
+    if sock := _STAGE_SERVER.get("socket"):
+        from rloo.stage_server import cpu_seconds
+
+        with contextlib.suppress(OSError):  # not listening yet: it has forked nothing
+            served = cpu_seconds(str(sock))
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime + served
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import without_stage_server
 
 from rloo import cli
 from rloo.config import load_config
@@ -394,7 +395,7 @@ def test_kill_9_of_a_two_process_run_then_rerun_gives_the_same_weights(micro_run
 
     cut = tmp_path_factory.mktemp("fsdp_cut")
     cmd = _rloo_cmd(micro_run, micro_reward, cut, *sets, steps=8, nproc=2)
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=without_stage_server())
     deadline = time.time() + 300
     while checkpoint.latest(cut / "work" / "checkpoints") is None:
         assert proc.poll() is None, "train exited before its first checkpoint"

@@ -1,5 +1,6 @@
-"""A stage-process server: one interpreter that has imported torch, transformers and MLflow forks each
-`rloo <stage>` process, so that the process skips their import (~6.6 CPU-s of the micro stages' 9–12).
+"""A stage-process server: one interpreter that has imported torch, transformers, MLflow and Snakemake
+forks each `rloo <stage>` process, so that the process skips their import (~6.6 CPU-s of the micro
+stages' 9–12); the tests' Snakemake runs go through it too (tests/helpers/served_snakemake.py).
 
 Opt-in. `python -u -m rloo.stage_server SOCKET` serves; where `RLOO_STAGE_SERVER` names that socket, the
 `rloo` command (`rloo.cli.entry`) hands its arguments, environment, working directory, sys.path and
@@ -24,6 +25,7 @@ What a fresh process would do, the forked one does, or the command does not go t
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import json
 import os
@@ -53,7 +55,8 @@ THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOT
 PRELOAD = ("numpy", "yaml", "jsonschema", "safetensors.torch", "torch", "torch.distributed",
            "transformers", "transformers.modeling_utils", "transformers.models.auto.modeling_auto",
            "transformers.models.llama.modeling_llama", "transformers.models.qwen2.modeling_qwen2",
-           "tokenizers", "mlflow", "mlflow.entities", "mlflow.tracking")
+           "tokenizers", "mlflow", "mlflow.entities", "mlflow.tracking",
+           "snakemake.cli")  # `rloo dvc`'s DAG, and the tests' own Snakemake runs (tests/helpers/served_snakemake.py)
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 _LEN = struct.Struct("!I")
 
@@ -205,6 +208,10 @@ def serve(path: str, parent: int, log=sys.stderr) -> dict:
     for name in PRELOAD:
         with contextlib.suppress(ImportError):  # a venv without it (the vLLM tests' has no MLflow)
             __import__(name)
+    # The imported modules' objects out of the collector's reach: a forked process's collections would
+    # otherwise walk (and, writing their headers, copy page by page) the whole pre-imported heap.
+    gc.collect()
+    gc.freeze()
     # What importing wrote into the environment (torch's compile cache folder): a fresh process has it too.
     written = {k: v for k, v in os.environ.items() if env.get(k) != v}
     me = os.getpid()

@@ -92,6 +92,9 @@ def make_dvc_repo(copy: Path) -> Path:
     return copy
 
 
+SERVED_SNAKEMAKE = Path(__file__).resolve().parent / "served_snakemake.py"
+
+
 def snakemake_bin() -> str:
     candidate = VENV_BIN / "snakemake"
     return str(candidate) if candidate.exists() else (shutil.which("snakemake") or "snakemake")
@@ -99,8 +102,11 @@ def snakemake_bin() -> str:
 
 def snakemake(copy: Path, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
     """Run `snakemake ARGS` in `copy`; with `check`, fail with its output if it exits non-zero."""
+    # snakemake.cli.main through the stage server (served_snakemake.py): the `snakemake` command's own
+    # function, without importing Snakemake and its plugins again for each of the suite's many runs
     res = subprocess.run(
-        [snakemake_bin(), *args], cwd=copy, env=env_for(copy), capture_output=True, text=True, timeout=timeout
+        [sys.executable, str(SERVED_SNAKEMAKE), *args], cwd=copy, env=env_for(copy), capture_output=True, text=True,
+        timeout=timeout
     )
     if check and res.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} exited {res.returncode}:\n{res.stdout[-4000:]}\n"

@@ -69,15 +69,7 @@ def main() -> int:
         server = subprocess.Popen([sys.executable, "-u", "-m", "rloo.stage_server", sock], cwd=ROOT, env=_env(None),
                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            deadline = time.time() + 300
-            while True:
-                try:
-                    stage_server.cpu_seconds(sock)
-                    break
-                except OSError:
-                    if time.time() > deadline or server.poll() is not None:
-                        raise SystemExit("the stage server did not start") from None
-                    time.sleep(0.2)
+            stage_server.wait_listening(sock, 300, server)
             runs: dict[str, list[dict]] = {"fresh": [], "served": []}
             for seed in range(args.rounds):
                 order = ("fresh", "served") if seed % 2 == 0 else ("served", "fresh")

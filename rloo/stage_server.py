@@ -33,6 +33,7 @@ import signal
 import socket
 import struct
 import sys
+import time
 
 ENV_VAR = "RLOO_STAGE_SERVER"
 # Prefixes of the variables read while the pre-imported modules load (libgomp's and MKL's threads,
@@ -43,19 +44,20 @@ ENV_VAR = "RLOO_STAGE_SERVER"
 IMPORT_ENV = ("PYTHON", "HF_", "HUGGINGFACE", "TRANSFORMERS", "TORCH", "PYTORCH", "OMP_", "MKL_", "KMP_",
               "GOMP_", "OPENBLAS", "CUDA", "NCCL", "LD_", "LANG", "LC_", "XDG_", "HOME", "TMPDIR",
               "TOKENIZERS", "SAFETENSORS", "ACCELERATE", "DATASETS", "KERNELS", "SCIPY", "NUMPY")
-SET_IN_FORK = ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED", "TMPDIR", "TORCHINDUCTOR_CACHE_DIR")
+# Thread counts, which Snakemake sets per job, are read when the libraries load (libgomp, OpenBLAS): the
+# forked process sets them as a fresh one would have them (`_match_threads`).
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS")
+SET_IN_FORK = frozenset(("PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED", "TMPDIR",
+                         "TORCHINDUCTOR_CACHE_DIR", *THREAD_ENV))
 # Read when a process group or torchrun's agent starts, not on import: torchrun's workers are served.
 AT_RUN_TIME = ("TORCHELASTIC_", "TORCH_NCCL_")
-# Thread counts, which Snakemake sets per job: read when the libraries load (libgomp, OpenBLAS), so the
-# forked process sets them as a fresh one would have them (`_match_threads`); OpenBLAS's through
-# threadpoolctl, and where that is missing they must match instead.
-THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS")
 # What a stage imports before its work, and not from `rloo`; each must not read the environment
 # beyond IMPORT_ENV when it loads (MLflow reads its variables when called).
 PRELOAD = ("numpy", "yaml", "jsonschema", "safetensors.torch", "torch", "torch.distributed",
            "transformers", "transformers.modeling_utils", "transformers.models.auto.modeling_auto",
            "transformers.models.llama.modeling_llama", "transformers.models.qwen2.modeling_qwen2",
            "tokenizers", "mlflow", "mlflow.entities", "mlflow.tracking",
+           "threadpoolctl",  # `_match_threads`; it sets KMP_DUPLICATE_LIB_OK on import (see `_refusal`)
            "snakemake.cli")  # `rloo dvc`'s DAG, and the tests' own Snakemake runs (tests/helpers/served_snakemake.py)
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 _LEN = struct.Struct("!I")
@@ -92,17 +94,8 @@ def _recv(sock: socket.socket, nfds: int = 0) -> tuple[dict | None, list[int]]:
 def import_env(env: dict[str, str]) -> dict[str, str]:
     """The variables of `env` that the pre-imported modules may have read while loading and that the
     forked process cannot set for itself."""
-    settable = SET_IN_FORK + (THREAD_ENV if _threadpoolctl() else ())
     return {k: v for k, v in env.items()
-            if k.startswith(IMPORT_ENV) and not k.startswith(AT_RUN_TIME) and k not in settable}
-
-
-def _threadpoolctl():
-    try:
-        import threadpoolctl
-    except ImportError:
-        return None
-    return threadpoolctl
+            if k.startswith(IMPORT_ENV) and not k.startswith(AT_RUN_TIME) and k not in SET_IN_FORK}
 
 
 def _env_threads(env: dict[str, str], names: tuple[str, ...]) -> int | None:
@@ -126,8 +119,10 @@ def _match_threads(server_env: dict[str, str]) -> None:
     if mine != theirs and "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(mine or len(os.sched_getaffinity(0)))
     mine, theirs = _env_threads(os.environ, blas_vars), _env_threads(server_env, blas_vars)
-    if mine != theirs and (tpc := _threadpoolctl()):
-        tpc.threadpool_limits(mine or len(os.sched_getaffinity(0)), user_api="blas")
+    if mine != theirs:
+        import threadpoolctl  # preloaded
+
+        threadpoolctl.threadpool_limits(mine or len(os.sched_getaffinity(0)), user_api="blas")
 
 
 # -- the client ------------------------------------------------------------------------------------------
@@ -186,14 +181,32 @@ def cpu_seconds(path: str) -> float:
     return float(reply["cpu_seconds"]) if reply else 0.0
 
 
+def wait_listening(path: str, timeout: float, server=None) -> None:
+    """Block until the server at `path` answers (it listens once its imports are done); TimeoutError
+    after `timeout` seconds, RuntimeError at once if `server` (its Popen) has exited."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            cpu_seconds(path)
+            return
+        except OSError:
+            if server is not None and server.poll() is not None:
+                raise RuntimeError(f"the stage server for {path} exited with {server.returncode}") from None
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the stage server at {path} did not listen within {timeout:.0f} s") from None
+            time.sleep(0.2)
+
+
 # -- the server ------------------------------------------------------------------------------------------
 
-def _refusal(req: dict, env: dict[str, str]) -> str | None:
-    """Why the server will not fork `req`'s command (its interpreter, or its environment while importing,
-    differs from the server's `env` before it imported anything), or None."""
+def _refusal(req: dict, env: dict[str, str], written: dict[str, str]) -> str | None:
+    """Why the server will not fork `req`'s command, or None: its interpreter differs, or its import
+    environment, once the imports have written theirs, differs from the server's (`env` before its imports,
+    `written` what they wrote: a client that has imported threadpoolctl already holds what it writes)."""
     if os.path.realpath(req["executable"]) != os.path.realpath(sys.executable) or req["prefix"] != sys.prefix:
         return f"another interpreter ({req['executable']})"
-    mine, theirs = import_env(env), import_env(req["env"])
+    # Imports write with setdefault: a fresh process of the client's ends up with {**written, **its env}.
+    mine, theirs = import_env({**env, **written}), import_env({**written, **req["env"]})
     if mine != theirs:
         keys = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
         return "a different import environment: " + ", ".join(keys)
@@ -234,7 +247,7 @@ def serve(path: str, parent: int, log=sys.stderr) -> dict:
             if key.data == "accept":
                 conn, _ = listener.accept()
                 req, fds = _recv(conn, nfds=3)
-                why = "" if req is None or req.get("stats") else _refusal(req, env)
+                why = "" if req is None or req.get("stats") else _refusal(req, env, written)
                 forked = bool(req) and why is None
                 if forked:
                     pid = os.fork()

@@ -217,11 +217,11 @@ def stage_server(tmp_path_factory):
         yield None
         return
     # What rloo.runtime.setup puts into this process's environment once an in-process test runs a stage,
-    # and threadpoolctl and scikit-learn once a test imports them: set before the server starts, so that
-    # later commands' environments still match its own (a CI run's worker was declined 14 commands).
+    # and scikit-learn once a test imports it: set before the server starts, so that later commands'
+    # environments still match its own (a CI run's worker was declined 14 commands). What the server's
+    # own imports write (threadpoolctl's KMP_DUPLICATE_LIB_OK) it allows for itself.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("KMP_DUPLICATE_LIB_OK", "True")
     os.environ.setdefault("KMP_INIT_AT_FORK", "FALSE")
     folder = Path(tempfile.mkdtemp(prefix="rloo-stage-server-"))
     sock = str(folder / "socket")

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("yaml", parents=[configfile], help="write dvc.yaml and params.yaml from the Snakemake DAG")
     p.add_argument("--target", action="append", default=[], metavar="FILE_OR_RULE",
                    help="add the stages of this Snakemake target (e.g. results/comparison.json)")
-    p.add_argument("--check", action="store_true", help="only check that dvc.yaml is in sync; exit 1 if not")
+    p.add_argument("--check", action="store_true", help="only check that dvc.yaml and params.yaml are in sync; exit 1 if not")
 
     p = sub.add_parser("commit", parents=[configfile], help="commit up-to-date stages to the DVC cache + dvc.lock")
     p.add_argument("--stage", nargs="+", default=None, help="these stages (default: every up-to-date one)")
@@ -85,10 +85,10 @@ def main(argv: list[str] | None = None) -> int:
                 for line in problems:
                     print(f"rloo dvc: {line}", file=sys.stderr)
                 if problems:
-                    print("rloo dvc: dvc.yaml is out of date with the Snakemake workflow: run `rloo dvc yaml`",
+                    print("rloo dvc: dvc.yaml or params.yaml is out of date with the Snakemake workflow: run `rloo dvc yaml`",
                           file=sys.stderr)
                     return 1
-                print("dvc.yaml is in sync with the Snakemake workflow")
+                print("dvc.yaml and params.yaml are in sync with the Snakemake workflow")
                 return 0
             _, pipeline, changed = generate(root, args.configfile, targets=args.target)
             stages = expand_stages(pipeline)

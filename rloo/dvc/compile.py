@@ -176,13 +176,23 @@ def generate(root: Path, configfiles: list[str], targets: list[str] = (), stages
 
 
 def check(root: Path, configfiles: list[str]) -> list[str]:
-    """Differences between dvc.yaml and a regeneration from the Snakemake DAG (empty: in sync)."""
+    """Differences between dvc.yaml and params.yaml and a regeneration from the Snakemake DAG and the
+    config (empty: in sync)."""
     root = Path(root)
     current = load_pipeline(root)
     if not current:
         return [f"{DVC_YAML}: missing"]
-    _, expected, _ = generate(root, configfiles, write=False)
+    dag, expected, _ = generate(root, configfiles, write=False)
     problems = []
+    # DVC decides what is outdated by params.yaml's values: a stale one hides a changed default.
+    params = root / PARAMS
+    if not params.is_file():
+        problems.append(f"{PARAMS}: missing")
+    else:
+        have = yaml.safe_load(params.read_text()) or {}
+        keys = sorted(_diff_leaves(have, dag.config) | _diff_leaves(dag.config, have))
+        if keys:
+            problems.append(f"{PARAMS}: differs from the config in {', '.join(keys)}")
     have, want = current.get("stages") or {}, expected["stages"]
     for name in sorted(set(have) | set(want), key=lambda n: (n not in want, n)):
         if name not in have:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -241,7 +242,8 @@ def test_the_repositorys_dvc_yaml_is_in_sync_with_the_rules():
 @pytest.mark.slow
 def test_dvc_yaml_check_names_the_stage_and_field_that_differ(tmp_path):
     copy = make_copy(tmp_path / "copy")
-    shutil.copy2(ROOT / "dvc.yaml", copy / "dvc.yaml")
+    for name in ("dvc.yaml", "params.yaml"):
+        shutil.copy2(ROOT / name, copy / name)
     res = run(copy, "rloo", "dvc", "yaml", "--check", check=False)
     assert res.returncode == 0, f"dvc.yaml is out of date: run `rloo dvc yaml`\n{res.stderr}"
     rule = copy / "workflow" / "rules" / "toy.smk"
@@ -252,6 +254,11 @@ def test_dvc_yaml_check_names_the_stage_and_field_that_differ(tmp_path):
     rule.write_text(original.replace('OUT["toy"]["plot"],', '"results/toy_variance_plot.png",'))  # a renamed output
     res = run(copy, "rloo", "dvc", "yaml", "--check", check=False)
     assert res.returncode == 1 and "stage toy: differs in cmd, outs" in res.stderr, res.stderr
+    rule.write_text(original)
+    config = copy / "config" / "config.yaml"  # a changed default that params.yaml does not carry yet
+    config.write_text(re.sub(r"(?m)^(  beta: )\S+", r"\g<1>0.125", config.read_text(), count=1))
+    res = run(copy, "rloo", "dvc", "yaml", "--check", check=False)
+    assert res.returncode == 1 and "params.yaml: differs from the config in rloo.beta" in res.stderr, res.stderr
 
 
 # --------------------------------------------------------------------------------------------------

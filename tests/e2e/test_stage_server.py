@@ -23,26 +23,17 @@ ROOT = Path(__file__).resolve().parents[2]
 PROBE = ROOT / "tests" / "helpers" / "served_probe.py"
 
 
-def wait_listening(sock: str, timeout: float = 180) -> None:
-    deadline = time.time() + timeout
-    while True:
-        try:
-            stage_server.cpu_seconds(sock)
-            return
-        except OSError:
-            assert time.time() < deadline, f"the stage server at {sock} did not listen"
-            time.sleep(0.2)
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """A server of this module's own (the session's may be off: RLOO_TEST_STAGE_SERVER=0)."""
+    """A server of this module's own (the session's may be off: RLOO_TEST_STAGE_SERVER=0), started without
+    what threadpoolctl writes on import, which this process holds (see the KMP test)."""
     folder = Path(tempfile_dir := tmp_path_factory.mktemp("server"))
     sock = f"/tmp/rloo-test-{os.getpid()}-{folder.name}.sock"
     log = open(folder / "server.log", "w")  # noqa: SIM115 (held open for the server's life)
+    env = {k: v for k, v in os.environ.items() if k != "KMP_DUPLICATE_LIB_OK"}
     proc = subprocess.Popen([sys.executable, "-u", "-m", "rloo.stage_server", sock], cwd=ROOT, stdin=subprocess.DEVNULL,
-                            stdout=log, stderr=subprocess.STDOUT)
-    wait_listening(sock)
+                            stdout=log, stderr=subprocess.STDOUT, env=env)
+    stage_server.wait_listening(sock, 180, proc)
     yield {"sock": sock, "pid": proc.pid, "log": Path(tempfile_dir) / "server.log"}
     proc.terminate()
     proc.wait(timeout=30)
@@ -136,6 +127,18 @@ def test_a_command_whose_import_environment_differs_runs_in_the_client(server, t
     assert info["ppid"] == os.getpid() and not info["preloaded"]  # the client ran it, importing for itself
     assert stage_server.cpu_seconds(server["sock"]) == cpu0
     assert "declined" in server["log"].read_text() and "HF_HOME" in server["log"].read_text()
+
+
+def test_what_the_servers_imports_write_is_allowed_for_and_nothing_else(server):
+    """threadpoolctl sets KMP_DUPLICATE_LIB_OK on import (setdefault): a client that holds the value it
+    writes, or none, would end up where the server is; one that holds another would not."""
+    for held in ("True", None):
+        drop = () if held else ("KMP_DUPLICATE_LIB_OK",)
+        info = json.loads(probe(server, "info", env={"KMP_DUPLICATE_LIB_OK": held or ""}, drop=drop).stdout)
+        assert info["ppid"] == server["pid"], held  # served
+    info = json.loads(probe(server, "info", env={"KMP_DUPLICATE_LIB_OK": "FALSE"}).stdout)
+    assert info["ppid"] == os.getpid()  # declined: the client ran it
+    assert "KMP_DUPLICATE_LIB_OK" in server["log"].read_text()
 
 
 def _alive(pid: int) -> bool:

@@ -69,21 +69,15 @@ def test_a_misspelt_marker_is_refused(tmp_path):
 
 
 SERVED = f'''
-import os, subprocess, sys, time
+import os, subprocess, sys
 import pytest
 from rloo import stage_server
 
 @pytest.fixture
 def sock():
     sock = os.environ[stage_server.ENV_VAR]
-    deadline = time.time() + 180
-    while True:  # the session's server listens once it has imported torch and transformers
-        try:
-            stage_server.cpu_seconds(sock)
-            return sock
-        except OSError:
-            assert time.time() < deadline
-            time.sleep(0.2)
+    stage_server.wait_listening(sock, 180)  # it listens once it has imported torch and transformers
+    return sock
 
 def test_unmarked_served_busy(sock):
     before = stage_server.cpu_seconds(sock)

@@ -632,8 +632,9 @@ def unbacked_numbers(page: Path, text: str | None = None) -> list[str]:
 
 def code_paths(record: dict) -> list[str]:
     """The repository paths a figure file's command runs: a bench script with the rloo modules it
-    imports (rloo.code_inputs, as the stages' own inputs are found); a pipeline run
-    (snakemake, scripts/pipeline.sh) every stage's sources, the rules and the configs."""
+    imports (rloo.code_inputs, as the stages' own inputs are found), and the configs it names; a pipeline
+    run (snakemake, scripts/pipeline.sh) every stage's sources, the rules, config/config.yaml and the
+    overlays its command names (another overlay's values are not what it ran)."""
     from rloo.code_inputs import _imports, module_sources, stage_sources
     from rloo.pipeline import STAGES
 
@@ -651,10 +652,32 @@ def code_paths(record: dict) -> list[str]:
             for stage in STAGES.values():
                 paths.update(stage_sources(stage.verb))
     else:
-        paths.update(["Snakefile", "workflow", "scripts/pipeline.sh", "config"])
+        paths.update(["Snakefile", "workflow", "scripts/pipeline.sh", "config/config.yaml"])
         for stage in STAGES.values():
             paths.update(stage_sources(stage.verb))
+    named = re.findall(r"\bconfig/[\w.-]+\.ya?ml\b", command)
+    if m and not named and "config/config.yaml" in script.read_text():
+        named = ["config/config.yaml"]  # the bench's default config
+    paths.update(config_chain(named))
     return sorted(paths)
+
+
+def config_chain(named: list[str]) -> set[str]:
+    """The config files `named` and those they overlay (`base:`, and its `base:` in turn), as repository
+    paths."""
+    from rloo.config import config_base
+
+    out: set[str] = set()
+    todo = [ROOT / n for n in named]
+    while todo:
+        path = todo.pop()
+        rel = str(path.resolve().relative_to(ROOT))
+        if rel in out:
+            continue
+        out.add(rel)
+        if (base := config_base(path)) is not None:
+            todo.append(base)
+    return out
 
 
 def same_meaning(path: str, before: str, after: str) -> bool:

@@ -172,6 +172,18 @@ def test_collect_stamps_the_checkout_the_run_ran_in(tmp_path):
     assert provenance_problems(json.loads((tmp_path / "out.json").read_text()))  # no commit: refused
 
 
+def test_a_pipeline_figure_runs_the_default_config_and_the_overlays_its_command_names():
+    figures = _figures_module()
+    paths = figures.code_paths({"command": "snakemake --cores all results/comparison.json --configfile "
+                                           "config/comparison.yaml   # after bash scripts/pipeline.sh"})
+    assert {"config/config.yaml", "config/comparison.yaml", "workflow", "rloo/stages/train.py"} <= set(paths)
+    assert not any(p == "config" or p.startswith("config/smollm2") for p in paths)  # another overlay: not run
+    # an overlay's base is read beneath it (smollm2-judge.yaml -> smollm2.yaml -> config.yaml)
+    bench = figures.code_paths({"command": "python bench/rollout_backends.py -c config/smollm2-judge.yaml"})
+    assert {"bench/rollout_backends.py", "config/smollm2-judge.yaml", "config/smollm2.yaml", "config/config.yaml"} <= set(bench)
+    assert "config/config.yaml" in figures.code_paths({"command": "python bench/rloo_step.py --rounds 3"})  # its default
+
+
 def test_stale_counts_a_change_of_meaning_not_of_comments():
     """`figures.py stale` skips a commit that only edits comments (a config's note, a code comment)."""
     figures = _figures_module()

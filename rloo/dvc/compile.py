@@ -15,6 +15,8 @@ from rloo.dvc.dag import SENTINEL, Dag, Job, snakemake_dag
 from rloo.dvc.dvcyaml import (
     DVC_YAML,
     ITEM,
+    KEY,
+    PARAM_SLOT,
     PARAMS,
     DvcError,
     expand_stages,
@@ -94,6 +96,33 @@ def _stage_body(job: Job, config: dict, overridden: set[str], pins: dict[str, st
     return body
 
 
+def _extra_params(stage: str, actual: dict, expected: dict) -> list[str]:
+    """The params a foreach item's job reads beyond its rule's template (PPO's `rloo.ppo`, which the
+    critic-free estimators leave out: rloo.pipeline.stage_keys); anything else that differs is an error."""
+    extra = [k for k in actual.get("params", []) if k not in expected.get("params", [])]
+    rest = {**actual, "params": [k for k in actual.get("params", []) if k not in extra]}
+    if "params" not in actual:
+        rest.pop("params")
+    if rest != expected or (extra and not expected.get("params")):
+        raise DvcError(f"stage {stage}: its job differs from the rule's template:\n"
+                       f"{yaml.safe_dump(actual)}\nvs\n{yaml.safe_dump(expected)}")
+    return extra
+
+
+def _foreach(template: dict, extras: dict[str, list[str]]) -> dict:
+    """A foreach stage over the wildcard's values; where some items read more params than the template,
+    over a mapping of value -> its extra keys (`${item.pN}` slots; a shorter item repeats the template's
+    first key, which DVC reads once), since DVC's `params` must be a list before it interpolates."""
+    slots = max(map(len, extras.values()), default=0)
+    if not slots:
+        return {"foreach": list(extras), "do": substitute(template, SENTINEL, ITEM)}
+    do = substitute(template, SENTINEL, KEY)
+    do["params"] = [*do["params"], *(f"${{item.{PARAM_SLOT}{i}}}" for i in range(slots))]
+    filler = template["params"][0]
+    return {"foreach": {value: {f"{PARAM_SLOT}{i}": (extra[i] if i < len(extra) else filler) for i in range(slots)}
+                        for value, extra in extras.items()}, "do": do}
+
+
 def build_pipeline(dag: Dag, root: Path) -> dict:
     """dvc.yaml as a dict: one stage per rule, in DAG order; `foreach` for a rule with a wildcard."""
     config = dag.config
@@ -117,15 +146,12 @@ def build_pipeline(dag: Dag, root: Path) -> dict:
                     stages[job.stage] = _stage_body(job, config, overridden, pins, root)
             continue
         template = _stage_body(dag.templates[rule], config, overridden, pins, root)
-        values = sorted(next(iter(j.wildcards.values())) for j in jobs)
-        for job in jobs:
+        extras: dict[str, list[str]] = {}
+        for job in sorted(jobs, key=lambda j: next(iter(j.wildcards.values()))):
             value = next(iter(job.wildcards.values()))
-            expected = substitute(template, SENTINEL, value)
-            actual = _stage_body(job, config, overridden, pins, root)
-            if expected != actual:
-                raise DvcError(f"stage {job.stage}: its job differs from the rule's template:\n"
-                               f"{yaml.safe_dump(actual)}\nvs\n{yaml.safe_dump(expected)}")
-        stages[rule] = {"foreach": values, "do": substitute(template, SENTINEL, ITEM)}
+            extras[value] = _extra_params(job.stage, _stage_body(job, config, overridden, pins, root),
+                                          substitute(template, SENTINEL, value))
+        stages[rule] = _foreach(template, extras)
     off = sorted({d for body in expand_stages({"stages": stages}).values()
                   for d in [*stage_deps(body), *stage_outs(body)] if os.path.isabs(d) or external.outside(d, root)})
     if off:

@@ -20,6 +20,10 @@ ENV_ENABLED = "RLOO_DVC"
 # Snakemake's mtime carrier inside directory outputs (also in .dvcignore: not part of an output).
 MARKER = ".snakemake_timestamp"
 ITEM = "${item}"
+# A foreach over a mapping (an item that reads more params than its rule's template: compile._foreach)
+# names the wildcard's value `${key}` and its extra params `${item.p0}`, `${item.p1}`, ...
+KEY = "${key}"
+PARAM_SLOT = "p"
 
 
 class DvcError(RuntimeError):
@@ -117,7 +121,14 @@ def expand_stages(pipeline: dict) -> dict[str, dict]:
     """{stage name: {deps, outs, ...}} with `foreach` stages expanded (`rule@value`)."""
     out: dict[str, dict] = {}
     for name, body in (pipeline.get("stages") or {}).items():
-        if "foreach" in body:
+        if isinstance(body.get("foreach"), dict):
+            for value, item in body["foreach"].items():
+                do = substitute(body["do"], KEY, str(value))
+                for slot, key in item.items():
+                    do = substitute(do, f"${{item.{slot}}}", key)
+                do["params"] = list(dict.fromkeys(do["params"]))  # the filler slots repeat a key
+                out[f"{name}@{value}"] = do
+        elif "foreach" in body:
             for value in body["foreach"]:
                 out[f"{name}@{value}"] = substitute(body["do"], ITEM, str(value))
         else:

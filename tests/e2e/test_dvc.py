@@ -261,6 +261,27 @@ def test_dvc_yaml_check_names_the_stage_and_field_that_differ(tmp_path):
     assert res.returncode == 1 and "params.yaml: differs from the config in rloo.beta" in res.stderr, res.stderr
 
 
+@pytest.mark.slow
+def test_a_foreach_item_that_reads_more_params_than_the_others_is_written_so_and_dvc_reads_it(tmp_path):
+    """The comparison's RLOO stage: PPO's job reads rloo.ppo, the critic-free estimators' do not
+    (rloo.pipeline.stage_keys). dvc.yaml carries that per item, and DVC itself resolves it so: PPO's
+    stage depends on rloo.ppo, the others' do not. (A comparison run's closing DVC commit failed on it.)"""
+    from dvc.dependency.param import ParamsDependency
+    from dvc.repo import Repo
+
+    copy = make_dvc_repo(make_copy(tmp_path / "copy"))
+    overlay = ("--configfile", "config/comparison.yaml")
+    run(copy, "rloo", "dvc", "yaml", *overlay, "--target", "results/comparison.json")
+    with Repo(str(copy)) as repo:
+        params = {s.name: {k for d in s.deps if isinstance(d, ParamsDependency) for k in d.params}
+                  for s in repo.index.stages if s.name.startswith("rloo@")}
+    assert set(params) == {f"rloo@{e}" for e in ("rloo", "grpo", "grpo_std", "moving_average", "ppo", "reinforce", "remax")}
+    assert params["rloo@ppo"] - params["rloo@grpo"] == {"rloo.ppo"}
+    assert all(ps == params["rloo@grpo"] for name, ps in params.items() if name != "rloo@ppo")
+    res = run(copy, "rloo", "dvc", "yaml", "--check", *overlay, check=False)
+    assert res.returncode == 0, res.stderr
+
+
 # --------------------------------------------------------------------------------------------------
 # Without Snakemake
 

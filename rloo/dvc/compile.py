@@ -99,11 +99,10 @@ def _stage_body(job: Job, config: dict, overridden: set[str], pins: dict[str, st
 def _extra_params(stage: str, actual: dict, expected: dict) -> list[str]:
     """The params a foreach item's job reads beyond its rule's template (PPO's `rloo.ppo`, which the
     critic-free estimators leave out: rloo.pipeline.stage_keys); anything else that differs is an error."""
-    extra = [k for k in actual.get("params", []) if k not in expected.get("params", [])]
-    rest = {**actual, "params": [k for k in actual.get("params", []) if k not in extra]}
-    if "params" not in actual:
-        rest.pop("params")
-    if rest != expected or (extra and not expected.get("params")):
+    have, want = actual.get("params", []), expected.get("params", [])
+    extra = [k for k in have if k not in want]
+    shared = [k for k in have if k in want]
+    if {**actual, "params": shared} != {**expected, "params": want} or (extra and not want):
         raise DvcError(f"stage {stage}: its job differs from the rule's template:\n"
                        f"{yaml.safe_dump(actual)}\nvs\n{yaml.safe_dump(expected)}")
     return extra

@@ -29,7 +29,8 @@ def main(args: list[str]) -> int:
             threads = {"torch": torch.get_num_threads(),
                        "blas": [p["num_threads"] for p in threadpoolctl.threadpool_info() if p["user_api"] == "blas"]}
         print(json.dumps({"threads": threads, "tempdir": tempfile.gettempdir(),
-                          "inductor_cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),"pid": os.getpid(), "ppid": os.getppid(), "pgid": os.getpgid(0), "cwd": os.getcwd(),
+                          "inductor_cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR"), "pid": os.getpid(),
+                          "ppid": os.getppid(), "pgid": os.getpgid(0), "cwd": os.getcwd(),
                           "argv": sys.argv, "probe_env": os.environ.get("PROBE_VALUE"), "preloaded": preloaded,
                           "rloo_file": rloo.__file__, "stdin": sys.stdin.read()}))
         return 0

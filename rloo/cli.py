@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
-import importlib
 import json
 import os
 import re
@@ -13,9 +12,11 @@ import shutil
 import stat
 import sys
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from rloo import pipeline, stage_server, tracking
+from rloo import launch, pipeline, stage_server, tracking
 from rloo.config import (
     ConfigError,
     changed_keys,
@@ -28,22 +29,8 @@ from rloo.config import (
 from rloo.errors import MissingInputError, UserError
 
 DEFAULT_CONFIG = "config/config.yaml"
-# The stages that train data-parallel under torchrun or srun (rloo/model/distributed.py, imported by name for
-# them only: `rloo.code_inputs` then does not count it as the code of the stages that run in one process).
+# The stages that train data-parallel under torchrun or srun (rloo/model/distributed.py).
 DATA_PARALLEL = tuple(s.verb for s in pipeline.STAGES.values() if s.data_parallel)
-
-
-def _launched_world() -> int:
-    """WORLD_SIZE as a launcher (torchrun, or srun: see `main`) set it; 1 outside one."""
-    return int(os.environ.get("WORLD_SIZE", "1") or 1)
-
-
-def _distributed():
-    return importlib.import_module("rloo.model.distributed")
-
-
-def _launch():
-    return importlib.import_module("rloo.launch")  # by name, as rloo.model.distributed (see DATA_PARALLEL)
 
 
 def _config(args: argparse.Namespace) -> dict:
@@ -190,6 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-memory-gb", type=float, default=None, metavar="N",
                    help="memory of one GPU in GB (default: plan.gpu_memory_gb; null there: print the plan only)")
     sub.add_parser("dvc", add_help=False, help="DVC: dvc.yaml from the Snakemake DAG, commit, pull (rloo dvc -h)")
+    sub.add_parser("why-rerun", add_help=False,
+                   help="which stages Snakemake would rerun and why: the code (file, function), config keys "
+                        "or inputs that changed (rloo why-rerun -h)")
     p = sub.add_parser("summary", help="print what a finished stage reports (an rloo metrics.json or a results JSON)")
     p.add_argument("files", nargs="+")
 
@@ -206,30 +196,29 @@ def entry() -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["dvc"]:
-        # Imported by name, like the stages: rloo.code_inputs does not count it as a stage's code.
-        return importlib.import_module("rloo.dvc").main(argv[1:])
+    if argv[:1] in (["dvc"], ["why-rerun"]):  # tools with a parser of their own
+        return COMMANDS[argv[0]](argv[1:])
     args = parser.parse_args(argv)
-    if args.stage == "summary":  # imported by name: no stage counts it as its code
-        return importlib.import_module("rloo.eval.report").main(args.files)
+    if args.stage == "summary":
+        return COMMANDS["summary"](args.files)
     try:
         cfg = _config(args)
     except ConfigError as e:
         print(f"rloo: {e}", file=sys.stderr)
         return 2
     if "SLURM_STEP_ID" in os.environ:  # a task of an srun step: its ranks become torchrun's variables
-        _launch().adopt_slurm_env()
-    if args.stage in DATA_PARALLEL and _launched_world() == 1:
+        launch.adopt_slurm_env()
+    if args.stage in DATA_PARALLEL and launch.launched_world() == 1:
         n = args.nproc if args.nproc is not None else cfg["distributed"]["nproc_per_node"]
         if n * cfg["distributed"]["nodes"] > 1:
             # Not yet under a launcher: become srun (inside a Slurm allocation) or torchrun, starting
             # the run's processes, each running this command.
-            if problem := _launch().launch_problem(cfg, n):
+            if problem := launch.launch_problem(cfg, n):
                 print(f"rloo {args.stage}: error: {problem}", file=sys.stderr)
                 return 2
-            _launch().relaunch(cfg, n, argv)
+            launch.relaunch(cfg, n, argv)
     try:
-        return _run_stage(args, cfg)
+        return _run(args, cfg)
     except UserError as e:
         # Bad input: one line a person can act on. The traceback helps only a developer: it goes where
         # stderr is a log file (a Snakemake job's log), or to the terminal with --debug.
@@ -256,9 +245,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rloo {args.stage}: error: no space left on the device writing {where} "
               f"({_free(where)} free there); nothing was written: free some space and rerun", file=sys.stderr)
         return 2
-    finally:
-        if args.stage in DATA_PARALLEL:
-            _distributed().shutdown()
 
 
 def _free(path: Path) -> str:
@@ -276,39 +262,35 @@ def _stderr_is_a_file() -> bool:
         return False
 
 
-def _run_stage(args: argparse.Namespace, cfg: dict) -> int:
-    if args.stage == "validate-config":
-        print(json.dumps(cfg, indent=2))
-        return 0
-    if args.stage == "plan":  # imported by name: no stage counts it as its code
-        return _plan(cfg, args.gpu_memory_gb)
-    if _launched_world() > 1 and args.stage not in DATA_PARALLEL:
-        raise UserError(f"{_launched_world()} processes were launched; rloo {args.stage} runs in one "
+def _run(args: argparse.Namespace, cfg: dict) -> int:
+    """A command that reads the config: a tool prints, a stage runs in its MLflow run (a child of the
+    pipeline's run under Snakemake: rloo/tracking/)."""
+    command = COMMANDS[args.stage]
+    if pipeline.BY_VERB.get(args.stage) is None:  # validate-config, plan
+        return command(args, cfg)
+    if launch.launched_world() > 1 and args.stage not in DATA_PARALLEL:
+        raise UserError(f"{launch.launched_world()} processes were launched; rloo {args.stage} runs in one "
                         f"(only {' and '.join(DATA_PARALLEL)} train data-parallel)")
-    # Stages are imported by name: `rloo.code_inputs` then counts only the one that runs as its code.
-    stage = importlib.import_module(f"rloo.stages.{args.stage}")
-    # One MLflow run per stage (a child of the pipeline's run under Snakemake): rloo/tracking/. Data-
-    # parallel, rank 0's: the other ranks log nothing (tracking.log_metrics has no run to log to).
-    tracked = args.stage not in DATA_PARALLEL or _distributed().is_main()
+    stage = pipeline.BY_VERB[args.stage]
+    # Data-parallel, rank 0 logs: the other ranks have no run (tracking.log_metrics logs nothing there).
+    tracked = launch.launched_rank() == 0
     with tracking.stage_run(cfg, **tracking.cli_context(args, cfg)) if tracked else contextlib.nullcontext():
-        _dispatch(stage, args, cfg, pipeline.cli_outputs(args, cfg))
+        data = args.data if getattr(args, "data", None) else pipeline.folders(cfg)["data"]
+        sft = pipeline.outputs("sft", cfg)["model"]
+        _inputs_exist(args, cfg, data, sft)
+        work = getattr(args, "work", None) or (pipeline.work_dir(stage.name, cfg) if stage.work else None)
+        command(args, cfg, _Job(data=data, sft=sft, out=pipeline.cli_outputs(args, cfg), work=work))
     return 0
 
 
-def _plan(cfg: dict, gpu_gb: float | None) -> int:
-    """`rloo plan`: the table of rloo.memory_plan; exit 2 with one line when a stage does not fit."""
-    memory_plan = importlib.import_module("rloo.memory_plan")  # by name, as the stages (rloo.code_inputs)
-    gpu_gb = gpu_gb or cfg["plan"]["gpu_memory_gb"]
-    shape, source = memory_plan.model_shape(cfg)
-    plans = memory_plan.plan(cfg, shape, gpu_gb)
-    print(f"policy {shape.parameters() / 1e9:.2f}B parameters (shape from {source}); GB per GPU"
-          + (f", {memory_plan.usable_gb(gpu_gb):.1f} usable of {gpu_gb:g} (margin: 1 GB + 10 %)" if gpu_gb else
-             " (no GPU size: plan.gpu_memory_gb or --gpu-memory-gb; vLLM's share left out)"))
-    print(memory_plan.table(plans, gpu_gb))
-    if gpu_gb and (problem := memory_plan.problem(plans, gpu_gb)):
-        print(f"rloo plan: {problem}", file=sys.stderr)
-        return 2
-    return 0
+@dataclass(frozen=True)
+class _Job:
+    """A stage's inputs and outputs: its options, else the pipeline's declared paths."""
+
+    data: str
+    sft: str
+    out: dict[str, str]
+    work: str | None
 
 
 def _inputs_exist(args: argparse.Namespace, cfg: dict, data: str, sft: str) -> None:
@@ -340,41 +322,135 @@ def _inputs_exist(args: argparse.Namespace, cfg: dict, data: str, sft: str) -> N
                                     f"(rloo {pipeline.STAGES[writer].verb}, or snakemake runs it)")
 
 
-def _dispatch(stage, args: argparse.Namespace, cfg: dict, out: dict[str, str]) -> None:
-    """Call the stage's `run` with the job's inputs (options, else the declared upstream outputs)."""
-    data = args.data if getattr(args, "data", None) else pipeline.folders(cfg)["data"]
-    sft = pipeline.outputs("sft", cfg)["model"]
-    work = getattr(args, "work", None) or (pipeline.work_dir(pipeline.BY_VERB[args.stage].name, cfg)
-                                           if pipeline.BY_VERB[args.stage].work else None)
-    _inputs_exist(args, cfg, data, sft)
-    if args.stage == "prepare":
-        stage.run(cfg, out["data"])
-    elif args.stage == "base":
-        stage.run(cfg, data, out["model"])
-    elif args.stage == "sft":
-        stage.run(cfg, data, args.base or pipeline.outputs("base", cfg)["model"], out["model"], work)
-    elif args.stage == "train":
-        reads = pipeline.reads_reward_model(cfg)
-        reward_model = args.reward_model or (pipeline.outputs("reward", cfg)["model"] if reads else None)
-        stage.run(cfg, data, args.policy or sft, out["model"], work, reward_model)
-    elif args.stage == "reward":
-        stage.run(cfg, data, args.policy or sft, out["model"], work)
-    elif args.stage == "evaluate":
-        base = args.base or pipeline.outputs("base", cfg)["model"]  # a missing --base is refused above
-        stage.run(cfg, data, args.sft or sft, pipeline.evaluated_policies(args, cfg), Path(out["result"]),
-                  args.reward_model, out["plots"], args.judge_log, base if args.base or Path(base).is_dir() else None)
-    elif args.stage == "toy":
-        stage.run(out["result"], out["plot"], seed=cfg["seed"])
-    elif args.stage == "compare":
-        results = dict(r.split("=", 1) for r in args.result)
-        timings = {name: f"{pipeline.work_dir('rloo', cfg, name)}/timings.json" for name in results}
-        timings.update(dict(t.split("=", 1) for t in args.timings))
-        stage.run(results, out["result"], out["plot"], timings, cfg, args.judge_log)
-    elif args.stage == "seeds":
-        stage.run(dict(r.split("=", 1) for r in args.result), cfg["rloo"]["estimator"], out["result"], out["plot"])
-    elif args.stage == "sweep":
-        stage.run(cfg, args.name, dict(r.split("=", 1) for r in args.result), cfg["rloo"]["estimator"],
-                  out["result"], out["plot"])
+# One handler per `rloo` sub-command. Each imports its module when it runs (`rloo summary` or
+# `rloo prepare` need not import torch), and each stage's code fingerprint (rloo/code_fingerprint.py)
+# counts its own handler, not the others'.
+
+
+def _prepare(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
+    from rloo.stages import prepare
+
+    prepare.run(cfg, job.out["data"])
+
+
+def _base(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
+    from rloo.stages import base
+
+    base.run(cfg, job.data, job.out["model"])
+
+
+def _data_parallel(run: Callable[[], None]) -> None:
+    """A stage that may train in a process group: the group is closed however the stage ends."""
+    from rloo.model import distributed
+
+    try:
+        run()
+    finally:
+        distributed.shutdown()
+
+
+def _sft(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
+    from rloo.stages import sft
+
+    base = args.base or pipeline.outputs("base", cfg)["model"]
+    _data_parallel(lambda: sft.run(cfg, job.data, base, job.out["model"], job.work))
+
+
+def _train(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
+    from rloo.stages import train
+
+    reads = pipeline.reads_reward_model(cfg)
+    reward_model = args.reward_model or (pipeline.outputs("reward", cfg)["model"] if reads else None)
+    _data_parallel(lambda: train.run(cfg, job.data, args.policy or job.sft, job.out["model"], job.work, reward_model))
+
+
+def _reward(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
+    from rloo.stages import reward
+
+    _data_parallel(lambda: reward.run(cfg, job.data, args.policy or job.sft, job.out["model"], job.work))
+
+
+def _evaluate(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
+    from rloo.stages import evaluate
+
+    base = args.base or pipeline.outputs("base", cfg)["model"]  # a missing --base is refused above
+    evaluate.run(cfg, job.data, args.sft or job.sft, pipeline.evaluated_policies(args, cfg), Path(job.out["result"]),
+                 args.reward_model, job.out["plots"], args.judge_log, base if args.base or Path(base).is_dir() else None)
+
+
+def _toy(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
+    from rloo.stages import toy
+
+    toy.run(job.out["result"], job.out["plot"], seed=cfg["seed"])
+
+
+def _compare(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
+    from rloo.stages import compare
+
+    results = dict(r.split("=", 1) for r in args.result)
+    timings = {name: f"{pipeline.work_dir('rloo', cfg, name)}/timings.json" for name in results}
+    timings.update(dict(t.split("=", 1) for t in args.timings))
+    compare.run(results, job.out["result"], job.out["plot"], timings, cfg, args.judge_log)
+
+
+def _seeds(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
+    from rloo.stages import seeds
+
+    seeds.run(dict(r.split("=", 1) for r in args.result), cfg["rloo"]["estimator"], job.out["result"], job.out["plot"])
+
+
+def _sweep(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
+    from rloo.stages import sweep
+
+    sweep.run(cfg, args.name, dict(r.split("=", 1) for r in args.result), cfg["rloo"]["estimator"],
+              job.out["result"], job.out["plot"])
+
+
+def _validate_config(args: argparse.Namespace, cfg: dict) -> int:
+    print(json.dumps(cfg, indent=2))
+    return 0
+
+
+def _plan(args: argparse.Namespace, cfg: dict) -> int:
+    """`rloo plan`: the table of rloo.memory_plan; exit 2 with one line when a stage does not fit."""
+    from rloo import memory_plan
+
+    gpu_gb = args.gpu_memory_gb or cfg["plan"]["gpu_memory_gb"]
+    shape, source = memory_plan.model_shape(cfg)
+    plans = memory_plan.plan(cfg, shape, gpu_gb)
+    print(f"policy {shape.parameters() / 1e9:.2f}B parameters (shape from {source}); GB per GPU"
+          + (f", {memory_plan.usable_gb(gpu_gb):.1f} usable of {gpu_gb:g} (margin: 1 GB + 10 %)" if gpu_gb else
+             " (no GPU size: plan.gpu_memory_gb or --gpu-memory-gb; vLLM's share left out)"))
+    print(memory_plan.table(plans, gpu_gb))
+    if gpu_gb and (problem := memory_plan.problem(plans, gpu_gb)):
+        print(f"rloo plan: {problem}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _dvc(argv: list[str]) -> int:
+    from rloo.dvc import cli
+
+    return cli.main(argv)
+
+
+def _summary(files: list[str]) -> int:
+    from rloo.eval import report
+
+    return report.main(files)
+
+
+def _why_rerun(argv: list[str]) -> int:
+    from rloo import why_rerun
+
+    return why_rerun.main(argv)
+
+
+COMMANDS: dict[str, Callable[..., int | None]] = {
+    "prepare": _prepare, "base": _base, "sft": _sft, "train": _train, "reward": _reward, "evaluate": _evaluate,
+    "toy": _toy, "compare": _compare, "seeds": _seeds, "sweep": _sweep,
+    "validate-config": _validate_config, "plan": _plan, "dvc": _dvc, "summary": _summary, "why-rerun": _why_rerun,
+}
 
 
 if __name__ == "__main__":

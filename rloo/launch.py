@@ -23,6 +23,11 @@ def launched_world() -> int:
     return int(os.environ.get("WORLD_SIZE", "1") or 1)
 
 
+def launched_rank() -> int:
+    """This process's RANK as its launcher set it; 0 outside a launcher."""
+    return int(os.environ.get("RANK", "0") or 0) if launched_world() > 1 else 0
+
+
 def first_host(nodelist: str) -> str:
     """The first host of a Slurm hostlist expression: "gpu[07-08,11],cpu1" -> "gpu07"."""
     head = nodelist.strip()

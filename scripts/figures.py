@@ -16,15 +16,11 @@ Snakemake's logs/benchmarks/*.tsv) into one file: the figures, the command and t
 from __future__ import annotations
 
 import argparse
-import ast
-import contextlib
 import json
 import re
 import subprocess
 import sys
 from pathlib import Path
-
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -631,11 +627,11 @@ def unbacked_numbers(page: Path, text: str | None = None) -> list[str]:
 
 
 def code_paths(record: dict) -> list[str]:
-    """The repository paths a figure file's command runs: a bench script with the rloo modules it
-    imports (rloo.code_inputs, as the stages' own inputs are found), and the configs it names; a pipeline
-    run (snakemake, scripts/pipeline.sh) every stage's sources, the rules, config/config.yaml and the
-    overlays its command names (another overlay's values are not what it ran)."""
-    from rloo.code_inputs import _imports, module_sources, stage_sources
+    """The repository paths a figure file's command runs: a bench script with the package files it
+    reaches (rloo.code_fingerprint, as the stages' own fingerprints are found), and the configs it names;
+    a pipeline run (snakemake, scripts/pipeline.sh) every stage's files, the rules, config/config.yaml and
+    the overlays its command names (another overlay's values are not what it ran)."""
+    from rloo.code_fingerprint import script_files, stage_fingerprint
     from rloo.pipeline import STAGES
 
     command = record.get("command") or ""
@@ -643,18 +639,16 @@ def code_paths(record: dict) -> list[str]:
     if m := re.search(r"\b(bench/\w+\.py)", command):
         script = ROOT / m.group(1)
         paths.add(m.group(1))
-        for mod in _imports(script):
-            with contextlib.suppress(ValueError):  # `from rloo.x import name`: the name is no module
-                paths.update(module_sources(mod))
+        paths.update(script_files(script))
         if "alarms" in m.group(1):
             paths.add("tests/data/trajectories")
         if "rloo.cli" in script.read_text():  # it runs stages in subprocesses: their code too
             for stage in STAGES.values():
-                paths.update(stage_sources(stage.verb))
+                paths.update(stage_fingerprint(stage.verb).files)
     else:
         paths.update(["Snakefile", "workflow", "scripts/pipeline.sh", "config/config.yaml"])
         for stage in STAGES.values():
-            paths.update(stage_sources(stage.verb))
+            paths.update(stage_fingerprint(stage.verb).files)
     named = re.findall(r"\bconfig/[\w.-]+\.ya?ml\b", command)
     if m and not named and "config/config.yaml" in script.read_text():
         named = ["config/config.yaml"]  # the bench's default config
@@ -680,21 +674,11 @@ def config_chain(named: list[str]) -> set[str]:
     return out
 
 
-def same_meaning(path: str, before: str, after: str) -> bool:
-    """Two versions of a file that differ in comments only: YAML that parses to the same value, Python
-    whose syntax tree is the same (a docstring is part of the tree, so it counts as a change)."""
-    try:
-        if path.endswith((".yaml", ".yml")):
-            return yaml.safe_load(before) == yaml.safe_load(after)
-        if path.endswith(".py"):
-            return ast.dump(ast.parse(before)) == ast.dump(ast.parse(after))
-    except (yaml.YAMLError, SyntaxError, ValueError):
-        return False
-    return before == after
-
-
 def changes_code(git, commit: str, paths: list[str]) -> bool:
-    """Whether `commit` changes any of `paths` in more than its comments."""
+    """Whether `commit` changes any of `paths` in more than its comments and docstrings (the stages'
+    code fingerprints compare code the same way: rloo.code_fingerprint.same_meaning)."""
+    from rloo.code_fingerprint import same_meaning
+
     for path in git("diff-tree", "--no-commit-id", "--name-only", "-r", commit, "--", *paths).splitlines():
         if not same_meaning(path, git("show", f"{commit}^:{path}"), git("show", f"{commit}:{path}")):
             return True

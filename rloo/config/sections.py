@@ -160,6 +160,29 @@ class PpoConfig(Section):
 
 
 @dataclass(frozen=True)
+class AlarmConfig(Section):
+    """`rloo.alarms`, the thresholds of rloo/train/alarms.py; the schema documents each key and holds the
+    defaults, the calibrated thresholds."""
+
+    window: int  # steps every windowed check reads; none fires before this many steps
+    z: float  # one-sided margin, in standard errors, that a level or a change must clear
+    zero_signal_share: float  # the seed's "above 50 %" of groups without signal
+    kl_rise: float  # nats: KL's rise from the window's first half to its second that counts as a climb
+    length_rise: float  # relative rise of the mean response length across the window
+    hacking_z: float  # reward_hacking: the accuracy drop, in standard errors of a difference
+    mismatch_kl: float  # sampling_mismatch: nats per token of KL(sampler || trainer) (k3) that counts as a mismatch
+
+    @classmethod
+    def from_config(cls, section: Mapping[str, Any] | None = None) -> AlarmConfig:
+        """`section` (a validated config's `rloo.alarms`, or part of one) over the schema's defaults."""
+        from rloo.config.schema import load_schema
+
+        schema = load_schema()["properties"]["rloo"]["properties"]["alarms"]["properties"]
+        values = {f.name: schema[f.name]["default"] for f in fields(cls)}
+        return cls(**{**values, **{k: v for k, v in (section or {}).items() if k in values}})
+
+
+@dataclass(frozen=True)
 class RlooConfig(Section):
     estimator: str
     k: int  # samples per prompt: the group; see `k_problems`
@@ -196,9 +219,7 @@ class RlooConfig(Section):
     rollout_correction: RolloutCorrectionConfig
     ppo: PpoConfig
     select: str
-    # rloo.train.alarms.AlarmConfig types them: importing it here would make every stage's code inputs
-    # count the alarms module (rloo/code_inputs.py)
-    alarms: Mapping[str, Any]
+    alarms: AlarmConfig
     stop_on: tuple[str, ...]
 
     def problems(self) -> list[str]:

@@ -1,7 +1,8 @@
 """DVC for the Snakemake workflow: `dvc.yaml` generated from the Snakemake DAG, every stage's outputs
 committed to the DVC cache after a run, and a pulled run that Snakemake sees as up to date.
 
-    rloo dvc yaml    [--configfile F ...] [--target T ...] [--check]   write (or check) dvc.yaml + params.yaml
+    rloo dvc yaml    [--configfile F ...] [--target T ...] [--check]   write (or check) dvc.yaml, params.yaml
+                                                                       and .rloo/fingerprints.yaml
     rloo dvc commit  [--configfile F ...]                 commit the stages Snakemake considers up to date
     rloo dvc pull    [--configfile F ...] [-r REMOTE]     `dvc pull`, then `restore`
     rloo dvc restore [--configfile F ...]                 after `dvc pull` / `dvc checkout` / `dvc repro`
@@ -11,9 +12,12 @@ committed to the DVC cache after a run, and a pulled run that Snakemake sees as 
 (`python -m rloo.dvc ...` is the same.) `--configfile` takes the files given to `snakemake --configfile`.
 
 dvc.yaml: one stage per Snakemake rule; a rule with a wildcard ({estimator}) is a `foreach` stage whose
-stage names are `rule@value` (`rloo@grpo`). Each stage has the rule's command, its inputs as deps (the
-package source files it runs, rloo.code_inputs, included), its outputs as outs, and as params exactly
-the config keys the rule passes the stage (`--config-json`, workflow/rules/common.smk). DVC reads
+stage names are `rule@value` (`rloo@grpo`). Each stage has the rule's command, its inputs as deps, its
+outputs as outs, and as params exactly the config keys the rule passes the stage (`--config-json`,
+workflow/rules/common.smk) and its code fingerprint (the rule's `code` param, rloo/code_fingerprint.py:
+what the stage computes, not how its files are spelled), which `yaml` writes to .rloo/fingerprints.yaml
+(not kept in git; every snakemake run and `restore` write it too: after editing code, run one of them
+before asking `dvc status`). DVC reads
 params from a file, so `params.yaml` holds the resolved config (config/config.yaml + --configfile
 files, every default filled in) and the stage command reads it (`--config params.yaml`) instead of the
 inline JSON; a key the rule sets per job (`rloo.estimator` from the wildcard) is a `--set` instead of a
@@ -26,7 +30,7 @@ adds the other estimators and the comparison.
 
 Timestamps: DVC does not restore mtimes, and DVC with hardlinks makes files read-only, which Snakemake
 refuses to overwrite. `restore` (also part of `pull`, and of `commit` after a run) asks DVC which
-stages are up to date (checksums of code, inputs, outputs; parameter values), unprotects single-file
+stages are up to date (checksums of inputs and outputs; parameter values and code fingerprints), unprotects single-file
 outputs, gives up-to-date outputs increasing mtimes in DAG order, gives outdated ones an old mtime so
 Snakemake reruns them, and drops Snakemake's own records for outputs DVC vouches for. Snakemake keeps
 all its rerun triggers (mtime included: editing a source file still reruns its stages).

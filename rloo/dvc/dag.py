@@ -9,12 +9,14 @@ command, and none builds the job for a wildcard value that no target asks for (t
 `foreach` stage). So the DAG is built with `snakemake.api` (public) and read off the objects behind
 it. Every attribute read beyond `snakemake.api` and `snakemake.settings` goes through `attr()` or
 `call()` and is listed in INTERNALS: when a Snakemake upgrade removes one or changes its arguments,
-the error names the call and the installed version. pyproject.toml pins Snakemake to the minor
+the error names the call and the installed version. `rerun_reasons` reads Snakemake's reason for running a
+job the same way (`rloo why-rerun`). pyproject.toml pins Snakemake to the minor
 version tested (TESTED); tests/integration/test_snakemake_api.py runs every call on a small workflow.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import inspect
 import json
@@ -38,7 +40,11 @@ INTERNALS: dict[str, tuple[str, ...]] = {
     "Workflow": ("get_rule", "_prepare_dag", "_build_dag", "dag", "async_run", "config"),
     "Rule": ("name", "wildcard_names", "get_some_product", "get_wildcards"),
     "IOFile": ("apply_wildcards",),
-    "DAG": ("jobs", "needrun", "job_factory", "_jobid"),
+    "DAG": ("jobs", "needrun", "job_factory", "_jobid", "reason"),
+    # why a job would run (rerun_reasons); ParamsChange is what Reason.params_changed holds
+    "Reason": ("missing_output", "updated_input", "updated_input_run", "params_changed", "code_changed",
+               "input_changed", "software_stack_changed"),
+    "ParamsChange": ("only_old", "only_new"),
     "JobFactory": ("new",),
     "Job": ("rule", "wildcards_dict", "input", "output", "shellcmd", "params", "benchmark"),
 }
@@ -87,6 +93,7 @@ class Job:
     shellcmd: str
     cfg: str | None
     needrun: bool = True
+    code: str | None = None  # the `code` param: the stage's code fingerprint (rloo/code_fingerprint.py)
     benchmark: str | None = None
 
     @property
@@ -122,6 +129,7 @@ def _wildcards(job) -> dict[str, str]:
 def _job(job, needrun: bool) -> Job:
     params = attr("Job", job, "params")
     cfg = params.get("cfg") if hasattr(params, "get") else None
+    code = params.get("code") if hasattr(params, "get") else None
     benchmark = attr("Job", job, "benchmark")
     rule, wildcards = dvc_rule(_rule_name(job), _wildcards(job))
     return Job(
@@ -132,6 +140,7 @@ def _job(job, needrun: bool) -> Job:
         shellcmd=attr("Job", job, "shellcmd") or "",
         cfg=str(cfg) if cfg is not None else None,
         needrun=needrun,
+        code=str(code) if code is not None else None,
         benchmark=str(benchmark) if benchmark else None,
     )
 
@@ -241,6 +250,60 @@ def snakemake_dag(root: Path, configfiles: list[str], stages: list[str] = (), ta
         templates = {rule: _template(workflow, dag, rule) for rule in sorted({j.rule for j in jobs if foreach(j)})}
         config = json.loads(json.dumps(attr("Workflow", workflow, "config")))
     return Dag(jobs=toposort(jobs), templates=templates, config=config)
+
+
+@dataclass
+class Rerun:
+    """Why Snakemake would run a job again (its Reason, read off): `params_before` / `params_now` are
+    the job's params that differ from its outputs' records (a code fingerprint, a config)."""
+
+    job: Job
+    missing: list[str]
+    updated_inputs: list[str]
+    rebuilt_inputs: list[str]
+    params_before: list[str]
+    params_now: list[str]
+    shell_changed: bool
+    inputs_changed: bool
+    software_changed: bool
+    words: str  # Snakemake's own sentence for it
+
+
+def _unrepr(values: Iterable[Any]) -> list[str]:
+    """Snakemake records a param as its repr(): the values back, as text."""
+    out = []
+    for v in values:
+        with contextlib.suppress(ValueError, SyntaxError):
+            v = ast.literal_eval(v) if isinstance(v, str) else v
+        out.append(v if isinstance(v, str) else json.dumps(v))
+    return sorted(out)
+
+
+def rerun_reasons(root: Path, configfiles: list[str], targets: list[str] = ()) -> list[Rerun]:
+    """Each job of the default target and `targets` that Snakemake would run, with its reason."""
+    out = []
+    with built_dag(root, configfiles, targets=targets, forceall=False) as workflow:
+        dag = attr("Workflow", workflow, "dag")
+        for j in attr("DAG", dag, "jobs"):
+            if _rule_name(j) == "all" or not attr("Job", j, "output") or not call("DAG", dag, "needrun", j):
+                continue
+            reason = call("DAG", dag, "reason", j)
+            params = attr("Reason", reason, "params_changed")
+            rebuilt = _flat(attr("Reason", reason, "updated_input_run") or ())
+            out.append(Rerun(
+                job=_job(j, True),
+                missing=_flat(attr("Reason", reason, "missing_output") or ()),
+                updated_inputs=[f for f in _flat(attr("Reason", reason, "updated_input") or ()) if f not in rebuilt],
+                rebuilt_inputs=rebuilt,
+                params_before=_unrepr(attr("ParamsChange", params, "only_old")) if params else [],
+                params_now=_unrepr(attr("ParamsChange", params, "only_new")) if params else [],
+                shell_changed=bool(attr("Reason", reason, "code_changed")),
+                inputs_changed=bool(attr("Reason", reason, "input_changed")),
+                software_changed=bool(attr("Reason", reason, "software_stack_changed")),
+                words=str(reason),
+            ))
+    by_stage = {r.job.stage: r for r in out}
+    return [by_stage[j.stage] for j in toposort([r.job for r in out])]
 
 
 def run_stages(workflow) -> list[str]:

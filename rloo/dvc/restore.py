@@ -2,7 +2,7 @@
 `dvc repro`, and after `dvc commit`): timestamps, and Snakemake's records of outputs DVC replaced.
 
 DVC does not restore mtimes, and a checkout leaves files in any order; on a fresh clone Snakemake has
-no records of the run. So DVC decides (checksums of code, inputs, outputs; parameter values): the
+no records of the run. So DVC decides (checksums of inputs and outputs; parameter values, code fingerprints): the
 outputs of up-to-date stages get increasing mtimes in DAG order, those of outdated stages an old one,
 so that Snakemake reruns them (keeping its own rerun triggers, mtime included).
 """
@@ -85,7 +85,7 @@ def dag_order(stages: dict[str, dict]) -> list[str]:
 def restore(root: Path, configfiles: list[str], regenerate: bool = True) -> dict[str, list[str]]:
     """Make Snakemake's view of the outputs agree with DVC's (after `dvc pull`, `dvc checkout`,
     `dvc repro`): outputs of up-to-date stages get increasing mtimes in DAG order and lose Snakemake's
-    stale records; outputs of outdated stages (code, inputs or params changed) get an old mtime, so
+    stale records; outputs of outdated stages (code fingerprint, inputs or params changed) get an old mtime, so
     that Snakemake reruns them. Returns {"current": [...], "outdated": [...], "missing": [...]}."""
     root = Path(root)
     benchmarks: dict[str, str] = {}

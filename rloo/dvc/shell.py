@@ -16,11 +16,14 @@ from typing import Any
 
 import yaml
 
+from rloo.code_fingerprint import FINGERPRINTS_FILE
 from rloo.dvc.dvcyaml import PARAMS, DvcError
 
-# The guard of the training stages stamps its checkpoints with the stage's parameters; under DVC those
-# are the resolved config file (any change there starts training afresh instead of resuming).
+# The guard of the training stages stamps its checkpoints with the stage's parameters and its code
+# fingerprint; under DVC those are the resolved config file and the fingerprints file (any change there
+# starts training afresh instead of resuming).
 GUARD_PARAMS = f'"$(cat {PARAMS})"'
+GUARD_CODE = f'"$(cat {FINGERPRINTS_FILE})"'
 # `--set KEY=...` of the Snakemake command that only say how a job runs.
 RUNTIME_KEYS = {"threads"}
 
@@ -113,7 +116,8 @@ def _set_value(value: Any) -> str:
     return json.dumps(value)
 
 
-def dvc_command(shellcmd: str, cfg: str | None, sets: dict[str, Any], rule: str | None = None) -> str:
+def dvc_command(shellcmd: str, cfg: str | None, sets: dict[str, Any], rule: str | None = None,
+                code: str | None = None) -> str:
     """The DVC command of a Snakemake job: its shell command with the config read from params.yaml
     (`--config params.yaml` + `--set` for per-job keys) instead of the inline `--config-json`, and
     without log redirections and `--set threads=` (how a job runs, not what it computes)."""
@@ -127,7 +131,7 @@ def dvc_command(shellcmd: str, cfg: str | None, sets: dict[str, Any], rule: str 
         raise DvcError(f"{where}unsupported shell syntax {bad} in its shell command (dvc.yaml carries over "
                        f"commands joined by `&&` and output redirections only; move the rest into a script): "
                        f"{shellcmd}")
-    segments: list[list[str | None]] = [[]]
+    segments: list[list[str]] = [[]]
     it = iter(tokens)
     for tok, op in it:
         seg = segments[-1]
@@ -137,16 +141,17 @@ def dvc_command(shellcmd: str, cfg: str | None, sets: dict[str, Any], rule: str 
             next(it, None)  # a redirection and its target
         elif tok == "--config-json":
             next(it, None)
-            seg += ["--config", PARAMS]
+            seg += ["--config", shlex.quote(PARAMS)]
             for key, value in sets.items():
-                seg += ["--set", f"{key}={_set_value(value)}"]
+                seg += ["--set", shlex.quote(f"{key}={_set_value(value)}")]
         elif tok == "--set":
             value = next(it, ("", False))[0]
             if value.split("=", 1)[0] not in RUNTIME_KEYS:
-                seg += [tok, value]
+                seg += [tok, shlex.quote(value)]
         elif cfg is not None and tok == cfg:
-            seg.append(None)  # the guard's stamp of the stage's parameters
+            seg.append(GUARD_PARAMS)  # the guard's stamp of the stage's parameters
+        elif code is not None and tok == code:
+            seg.append(GUARD_CODE)  # ... and of its code
         else:
-            seg.append(tok)
-    return " && ".join(" ".join(GUARD_PARAMS if t is None else shlex.quote(t) for t in seg)
-                       for seg in segments if seg)
+            seg.append(shlex.quote(tok))
+    return " && ".join(" ".join(seg) for seg in segments if seg)

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from rloo.errors import InputError
-from rloo.launch import adopt_slurm_env, launched_world
+from rloo.launch import adopt_slurm_env, launched_rank, launched_world
 from rloo.runtime import configure_logging
 
 log = logging.getLogger("rloo")
@@ -96,7 +96,7 @@ def rank() -> int:
     """This process's rank: the process group's, else the launcher's RANK (0 outside a launcher)."""
     if dist.is_initialized():
         return dist.get_rank()
-    return int(os.environ.get("RANK", "0") or 0) if launched_world() > 1 else 0
+    return launched_rank()
 
 
 def is_main() -> bool:

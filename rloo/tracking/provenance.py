@@ -1,8 +1,8 @@
 """What a run's tags say about where it came from: git commit, host, Slurm job, md5 of each output.
 
 Output md5s are computed the way DVC 3 does (a folder's ends in `.dir`), so a run's `dvc.md5.<path>`
-tag can be compared with dvc.lock without DVC installed. (Which *source files* a stage runs is
-rloo/code_inputs.py's job, not this one's.)
+tag can be compared with dvc.lock without DVC installed. (What code a stage runs is
+rloo/code_fingerprint.py's job, not this one's.)
 """
 
 from __future__ import annotations

@@ -13,33 +13,10 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
 
 import numpy as np
 
-from rloo.config import load_schema
-
-
-@dataclass(frozen=True)
-class AlarmConfig:
-    """`rloo.alarms`; the schema (rloo/schemas/config.schema.yaml) documents each key and holds the
-    defaults, the calibrated thresholds."""
-
-    window: int  # steps every windowed check reads; none fires before this many steps
-    z: float  # one-sided margin, in standard errors, that a level or a change must clear
-    zero_signal_share: float  # the seed's "above 50 %" of groups without signal
-    kl_rise: float  # nats: KL's rise from the window's first half to its second that counts as a climb
-    length_rise: float  # relative rise of the mean response length across the window
-    hacking_z: float  # reward_hacking: the accuracy drop, in standard errors of a difference
-    mismatch_kl: float  # sampling_mismatch: nats per token of KL(sampler || trainer) (k3) that counts as a mismatch
-
-    @classmethod
-    def from_config(cls, cfg: dict | None = None) -> AlarmConfig:
-        """`cfg` (a validated config's `rloo.alarms`, or part of one) over the schema's defaults."""
-        schema = load_schema()["properties"]["rloo"]["properties"]["alarms"]["properties"]
-        values = {f.name: schema[f.name]["default"] for f in fields(cls)}
-        return cls(**{**values, **{k: v for k, v in (cfg or {}).items() if k in values}})
-
+from rloo.config.sections import AlarmConfig
 
 DEFAULTS = AlarmConfig.from_config()
 

@@ -92,7 +92,7 @@ class Trainer:
         self.history: list[dict] = []
         self.evals: list[dict] = []  # validation evaluations, {"step": updates done, "eval/...": ...}
         self._warned: set[str] = set()  # alarms already announced in the log
-        self.alarm_cfg = alarms.AlarmConfig.from_config(rc.alarms)
+        self.alarm_cfg = rc.alarms
         # rollout backend (issue 8): `rollout.backend` hf | vllm; a vLLM engine is built once, here.
         self.rollout = make_rollout(sections, self.seed, policy_dir, self.policy)
         # Rows per chunk of the forward passes over the samples (batching._completion_pass), and whether

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from code_edits import append_comment, edit_descriptions, edit_module_docstring, semantic_edit
 from workflow_helpers import (
     CONFIGFILES,
     ROOT,
@@ -36,6 +37,7 @@ from workflow_helpers import (
 
 from rloo import dvc as rdvc
 from rloo import tracking
+from rloo.code_fingerprint import FINGERPRINTS_FILE
 from rloo.dvc import driver
 
 RLOO = "results/gsm8k_rloo.json"
@@ -91,8 +93,11 @@ def test_run_commits_every_stage(origin):
     assert dvc_status(repo) == {}
     lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
     assert set(lock) == ALL_STAGES
-    # deps include the code the stage runs; params the config keys it reads, with this run's values
-    assert any(d["path"] == "rloo/stages/sft.py" for d in lock["sft"]["deps"])
+    # params: the config keys the stage reads, with this run's values, and its code fingerprint
+    # (rloo/code_fingerprint.py), not the source files, whose comments would count
+    fingerprints = yaml.safe_load((repo / FINGERPRINTS_FILE).read_text())
+    assert lock["sft"]["params"][FINGERPRINTS_FILE] == {"sft": fingerprints["sft"]}
+    assert not any(d["path"].startswith("rloo/") for s in lock.values() for d in s.get("deps", []))
     assert lock["sft"]["params"]["params.yaml"]["sft"]["steps"] == 12  # config/micro.yaml
     assert "reward.source" not in lock["reward"]["params"]["params.yaml"]
     assert lock["rloo@rloo"]["params"]["params.yaml"]["reward.source"] == "verifier"
@@ -111,6 +116,36 @@ def test_run_commits_every_stage(origin):
         st = (repo / f).stat()
         assert st.st_mode & 0o200 and st.st_nlink == 1, f
     assert planned(repo) == {}
+
+
+@pytest.mark.slow
+def test_dvc_status_sees_a_change_of_what_a_stage_computes_and_not_a_comment(origin):
+    """`dvc status` reads each stage's code fingerprint (a param in .rloo/fingerprints.yaml, which
+    `rloo dvc yaml` and every snakemake run write): comments, docstrings and schema descriptions leave it
+    clean; a change to the reward stage's code names that stage (and Snakemake plans it and evaluate)."""
+    repo = origin["repo"]
+    files = [repo / f for f in ("rloo/reward/judge_server.py", "rloo/schemas/config.schema.yaml",
+                                "rloo/algo/estimators.py", "rloo/stages/reward.py", FINGERPRINTS_FILE, "dvc.yaml")]
+    saved = {p: p.read_text() for p in files}
+    try:
+        append_comment(repo / "rloo/reward/judge_server.py")
+        edit_descriptions(repo / "rloo/schemas/config.schema.yaml")
+        edit_module_docstring(repo / "rloo/algo/estimators.py")
+        append_comment(repo / "rloo/stages/reward.py")
+        run(repo, "rloo", "dvc", "yaml", "--configfile", *CONFIG)
+        assert dvc_status(repo) == {}
+        semantic_edit(repo / "rloo/stages/reward.py", "run")
+        res = run(repo, "rloo", "dvc", "yaml", "--check", "--configfile", *CONFIG)  # dvc.yaml is unchanged ...
+        assert f"{FINGERPRINTS_FILE} is out of date (the code of reward changed" in res.stderr, res.stderr  # ... this not
+        run(repo, "rloo", "dvc", "yaml", "--configfile", *CONFIG)
+        status = dvc_status(repo)
+        assert set(status) == {"reward"}, status
+        assert status["reward"] == [{"changed deps": {FINGERPRINTS_FILE: {"reward": "modified"}}}], status
+        assert planned(repo) == {"reward": 1, "evaluate": 1}
+    finally:
+        for path, text in saved.items():
+            path.write_text(text)
+    assert dvc_status(repo) == {}
 
 
 @pytest.mark.slow
@@ -248,7 +283,7 @@ def test_dvc_yaml_check_names_the_stage_and_field_that_differ(tmp_path):
     assert res.returncode == 0, f"dvc.yaml is out of date: run `rloo dvc yaml`\n{res.stderr}"
     rule = copy / "workflow" / "rules" / "toy.smk"
     original = rule.read_text()
-    rule.write_text(original.replace('code=code("toy"),', 'code=code("toy"),\n        extra="config/config.yaml",'))
+    rule.write_text(original.replace("    output:\n", '    input:\n        extra="config/config.yaml",\n    output:\n', 1))
     res = run(copy, "rloo", "dvc", "yaml", "--check", check=False)
     assert res.returncode == 1 and "stage toy: differs in deps" in res.stderr, res.stderr
     rule.write_text(original.replace('OUT["toy"]["plot"],', '"results/toy_variance_plot.png",'))  # a renamed output
@@ -288,11 +323,14 @@ def test_a_foreach_item_that_reads_more_params_than_the_others_is_written_so_and
 
 def test_dvc_command_reads_params_yaml_instead_of_inline_json():
     cfg = '{"rloo":{"estimator":"grpo","k":4},"seed":0}'
-    shell = (f"python workflow/scripts/workdir.py results/work/rloo_grpo '{cfg}' data/x > logs/r.log 2>&1 && "
+    code = "code:train:0123456789abcdef"
+    shell = (f"python workflow/scripts/workdir.py results/work/rloo_grpo '{cfg}' {code} data/x > logs/r.log 2>&1 && "
              f"rloo train --config-json '{cfg}' --set threads=4 --data data/gsm8k --out results/models/rloo_grpo "
              ">> logs/r.log 2>&1")
-    cmd = rdvc.dvc_command(shell, cfg, {"rloo.estimator": "grpo"})
-    assert cmd == ('python workflow/scripts/workdir.py results/work/rloo_grpo "$(cat params.yaml)" data/x && '
+    cmd = rdvc.dvc_command(shell, cfg, {"rloo.estimator": "grpo"}, code=code)
+    # the guard's stamp: the config and the code fingerprints DVC reads (dvc.yaml names no digest)
+    assert cmd == ('python workflow/scripts/workdir.py results/work/rloo_grpo "$(cat params.yaml)" '
+                   '"$(cat .rloo/fingerprints.yaml)" data/x && '
                    "rloo train --config params.yaml --set rloo.estimator=grpo --data data/gsm8k "
                    "--out results/models/rloo_grpo")
     with pytest.raises(rdvc.DvcError):

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from code_edits import append_comment, edit_descriptions, edit_module_docstring, semantic_edit
 from conftest import copy_tree
 from workflow_helpers import (
     CONFIGFILES,
@@ -126,30 +127,58 @@ def test_changed_parameter_with_two_estimators_and_toy(run):
     assert planned(run["copy"], "all", GRPO, extra_config="rloo: {beta: 0.1}") == {"rloo": 2, "evaluate": 2}
 
 
+def test_comments_docstrings_and_descriptions_rerun_nothing(run):
+    """The edits of issue 54, each of which used to rerun stages: a comment in a module no stage of the
+    default chain runs, a word in the schema's descriptions, the maths' module docstring; and a comment in
+    every stage's own module. Snakemake compares each stage's code fingerprint (rloo/code_fingerprint.py)."""
+    c = run["copy"]
+    saved = {p: p.read_text() for p in [c / "rloo/reward/judge_server.py", c / "rloo/schemas/config.schema.yaml",
+                                         c / "rloo/algo/estimators.py", *sorted((c / "rloo/stages").glob("*.py"))]}
+    try:
+        append_comment(c / "rloo/reward/judge_server.py")
+        edit_descriptions(c / "rloo/schemas/config.schema.yaml")
+        edit_module_docstring(c / "rloo/algo/estimators.py")
+        for stage in sorted((c / "rloo/stages").glob("*.py")):
+            append_comment(stage)
+        assert planned(c, "all", GRPO) == {}
+    finally:
+        for path, text in saved.items():
+            path.write_text(text)
+
+
 @pytest.mark.parametrize(
-    ("source", "expected"),
+    ("source", "function", "expected"),
     [
-        ("rloo/stages/train.py", {"rloo": 2, "evaluate": 2}),
-        ("rloo/stages/sft.py", {"sft": 1, "reward": 1, "rloo": 2, "evaluate": 2}),
-        ("rloo/stages/evaluate.py", {"evaluate": 2}),
-        ("rloo/algo/bandit.py", {"toy": 1}),
-        # a library module imported by several stages
-        ("rloo/algo/estimators.py", {"rloo": 2, "evaluate": 2, "toy": 1}),
-        ("rloo/data/synthetic.py", {"prepare": 1, "base": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 2}),
-        ("rloo/model/base.py", {"base": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 2}),
+        ("rloo/stages/reward.py", "run", {"reward": 1, "evaluate": 2}),
+        ("rloo/stages/train.py", "run", {"rloo": 2, "evaluate": 2}),
+        ("rloo/stages/evaluate.py", "run", {"evaluate": 2}),
+        ("rloo/algo/bandit.py", "run_toy", {"toy": 1}),
+        # the estimator: RLOO's stage (of both estimators: one fingerprint per stage) and the toy experiment
+        ("rloo/algo/estimators.py", "rloo_advantages", {"rloo": 2, "evaluate": 2, "toy": 1}),
+        # the SFT loop, and the loop the three training stages share: sft and every stage below it
+        ("rloo/stages/sft.py", "run", {"sft": 1, "reward": 1, "rloo": 2, "evaluate": 2}),
+        ("rloo/train/loop.py", "TrainingLoop.resume", {"sft": 1, "reward": 1, "rloo": 2, "evaluate": 2}),
+        ("rloo/data/synthetic.py", "generate", {"prepare": 1, "base": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 2}),
+        ("rloo/model/base.py", "source", {"base": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 2}),
     ],
 )
-def test_edited_source_reruns_its_stage_and_descendants(run, source, expected):
+def test_a_change_of_what_a_stage_computes_reruns_it_and_its_descendants(run, source, function, expected):
     path = run["copy"] / source
     original = path.read_text()
     try:
-        path.write_text(original + "\n# edited by test_workflow\n")
+        semantic_edit(path, function)
         assert planned(run["copy"], "all", GRPO) == expected
+        if source == "rloo/stages/reward.py":
+            # `rloo why-rerun` names the file and the function, and the stage below it
+            res = subprocess.run(["rloo", "why-rerun", *CONFIGFILES], cwd=run["copy"], env=env_for(run["copy"]),
+                                 capture_output=True, text=True, timeout=300)
+            assert res.returncode == 0, res.stderr
+            assert "reward: its code changed:\n    rloo/stages/reward.py: changed run\n" in res.stdout, res.stdout
+            assert "evaluate@rloo: its inputs are made again: results/models/reward" in res.stdout, res.stdout
+            assert "sft" not in res.stdout and "prepare" not in res.stdout
     finally:
         path.write_text(original)
-    if source == "rloo/stages/train.py":
-        # the same content again, only the mtime is newer: not a change (checksums are compared)
-        assert planned(run["copy"], "all", GRPO) == {}
+    assert planned(run["copy"], "all", GRPO) == {}  # the same code again: nothing
 
 
 def test_gpu_config_plans_the_whole_pipeline_with_cluster_resources(tmp_path):
@@ -317,16 +346,20 @@ def test_workdir_guard_keeps_checkpoints_of_the_same_job_only(tmp_path):
     (model / "w.safetensors").write_text("w")
     work = tmp_path / "work"
 
-    assert workdir.guard(work, '{"lr":1}', [str(data), str(model)]) is False  # first run
+    inputs = [str(data), str(model)]
+    assert workdir.guard(work, '{"lr":1}', "code:sft:a", inputs) is False  # first run
     (work / "checkpoints").mkdir()
-    assert workdir.guard(work, '{"lr":1}', [str(data), str(model)]) is True  # interrupted: resume
+    assert workdir.guard(work, '{"lr":1}', "code:sft:a", inputs) is True  # interrupted: resume
     assert (work / "checkpoints").is_dir()
-    assert workdir.guard(work, '{"lr":2}', [str(data), str(model)]) is False  # other parameters
+    assert workdir.guard(work, '{"lr":2}', "code:sft:a", inputs) is False  # other parameters
+    assert not (work / "checkpoints").exists()
+    (work / "checkpoints").mkdir()
+    assert workdir.guard(work, '{"lr":2}', "code:sft:b", inputs) is False  # the stage's code changed
     assert not (work / "checkpoints").exists()
     (work / "checkpoints").mkdir()
     time.sleep(0.01)
     (model / "w.safetensors").write_text("w2")  # an upstream output was rebuilt
-    assert workdir.guard(work, '{"lr":2}', [str(data), str(model)]) is False
+    assert workdir.guard(work, '{"lr":2}', "code:sft:b", inputs) is False
     assert not (work / "checkpoints").exists()
     assert workdir.main([]) == 2
 

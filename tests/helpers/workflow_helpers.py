@@ -4,9 +4,9 @@ Isolation: the tests never run Snakemake in the repository. `make_copy` copies w
 needs (Snakefile, workflow/, config/, the profiles slurm/ and profiles/default/, the `rloo` package
 sources) into a temporary folder; Snakemake runs there (`cwd`), so data/, results/, logs/,
 .snakemake/ and the MLflow store all land in the copy. PYTHONPATH points at the copy, so the
-Snakefile and every `rloo <stage>` job import the copied package: the code inputs (rloo.code_inputs)
-are the copy's files, and editing one of them really changes the code the stage runs, without
-touching the repository.
+Snakefile and every `rloo <stage>` job import the copied package: the code fingerprints
+(rloo.code_fingerprint) are the copy's, and editing a file of it really changes the code the stage runs,
+without touching the repository.
 """
 
 from __future__ import annotations

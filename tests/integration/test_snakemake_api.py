@@ -11,6 +11,8 @@ with that message; pyproject.toml pins Snakemake to the minor version they passe
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import tomllib
 from importlib.metadata import version
 from pathlib import Path
@@ -91,6 +93,19 @@ def test_every_internal_works_with_the_installed_snakemake(workflow_dir, capsys)
     # what commit_run reads of the workflow Snakemake hands its onsuccess handler
     with smk.built_dag(workflow_dir, [], targets=["out/y.txt"]) as workflow:
         assert smk.run_stages(workflow) == ["a", "b@x", "b@y"]
+
+    # why a job would run again (rloo why-rerun): the records of a real run, then a changed param
+    (workflow_dir / "logs").mkdir()
+    subprocess.run([str(Path(sys.executable).parent / "snakemake"), "--cores", "1", "--forceall"], cwd=workflow_dir,
+                   check=True, capture_output=True)
+    assert smk.rerun_reasons(workflow_dir, []) == []
+    (workflow_dir / "config.yaml").write_text("k: 2\n")
+    reasons = {r.job.stage: r for r in smk.rerun_reasons(workflow_dir, [])}
+    assert list(reasons) == ["a", "b@x"]
+    assert (reasons["a"].params_before, reasons["a"].params_now) == (['{"k": 1}'], ['{"k": 2}'])
+    assert reasons["b@x"].rebuilt_inputs == ["a.txt"] and not reasons["b@x"].params_now
+    (workflow_dir / "out/x.txt").unlink()
+    assert smk.rerun_reasons(workflow_dir, [])[1].missing == ["out/x.txt"]
 
     unused = _declared() - smk.USED
     assert not unused, f"declared in rloo.dvc.dag.INTERNALS but not exercised here: {sorted(unused)}"

@@ -185,13 +185,16 @@ def test_a_pipeline_figure_runs_the_default_config_and_the_overlays_its_command_
 
 
 def test_stale_counts_a_change_of_meaning_not_of_comments():
-    """`figures.py stale` skips a commit that only edits comments (a config's note, a code comment)."""
-    figures = _figures_module()
+    """`figures.py stale` skips a commit that only edits comments or docstrings (a config's note, a code
+    comment): the same comparison as the stages' code fingerprints (rloo.code_fingerprint.same_meaning)."""
+    from rloo.code_fingerprint import same_meaning
+
     yml = "sft:\n  steps: 60   # enough\n"
-    assert figures.same_meaning("config/x.yaml", yml, "# a note\nsft:\n  steps: 60   # more than enough\n")
-    assert not figures.same_meaning("config/x.yaml", yml, "sft:\n  steps: 61\n")
+    assert same_meaning("config/x.yaml", yml, "# a note\nsft:\n  steps: 60   # more than enough\n")
+    assert not same_meaning("config/x.yaml", yml, "sft:\n  steps: 61\n")
     py = "def f(x):\n    return x + 1  # why\n"
-    assert figures.same_meaning("rloo/x.py", py, "# header\ndef f(x):\n    return x + 1\n")
-    assert not figures.same_meaning("rloo/x.py", py, "def f(x):\n    return x + 2\n")
-    assert not figures.same_meaning("rloo/x.py", "", py)  # a file added
-    assert not figures.same_meaning("Snakefile", "rule a:\n", "rule a:  # note\n")  # other files: any change
+    assert same_meaning("rloo/x.py", py, "# header\ndef f(x):\n    return x + 1\n")
+    assert same_meaning("rloo/x.py", py, '"""A module."""\ndef f(x):\n    """Adds one."""\n    return x + 1\n')
+    assert not same_meaning("rloo/x.py", py, "def f(x):\n    return x + 2\n")
+    assert not same_meaning("rloo/x.py", "", py)  # a file added
+    assert not same_meaning("Snakefile", "rule a:\n", "rule a:  # note\n")  # other files: any change

@@ -4,12 +4,12 @@
 rule base:
     input:
         unpack(base_data),
-        code=code("base"),
         # model.name_or_path / model.tokenizer when they are local folders; the GGUF file itself
         start=local_inputs(config["model"]["name_or_path"], config["model"]["tokenizer"]) + gguf_input(config),
     output:
         model=directory(OUT["base"]["model"]),
     params:
+        code=code("base"),
         cfg=lambda wildcards: stage_config("base"),
         data=base_data_arg,
         variant=NO_VARIANT,

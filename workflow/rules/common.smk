@@ -1,4 +1,4 @@
-# Shared helpers: the validated config, what each stage reads of it, stage source files, resources.
+# Shared helpers: the validated config, what each stage reads of it, stage code fingerprints, resources.
 import json
 import os
 from pathlib import Path
@@ -14,7 +14,7 @@ from rloo.launch import srun_command
 from rloo.model.base import gguf_file
 from rloo.pipeline import STAGES, VARIANT_FIELDS, VARIANT_PATTERN, outputs, parse_variant, reads_reward_model
 from rloo.pipeline import rule_outputs, upstream, work_dir
-from rloo.code_inputs import PACKAGE_DIR, stage_sources
+from rloo.code_fingerprint import stage_code_param
 
 # Snakemake reads each --configfile as it is and knows nothing of an overlay's `base:` (the file it
 # overlays, which `rloo <stage> -c` reads first). The Snakefile's own configfile is config/config.yaml;
@@ -73,11 +73,12 @@ def _local(path):
         return str(path)
 
 
-def code(stage):
-    """The package source files `rloo <stage>` runs, as inputs: editing one reruns the stage and its
-    descendants (an input counts as changed when it is newer and its checksum differs). They are
-    the files of the package that `rloo` imports here (PYTHONPATH or the installed package)."""
-    return [_local(PACKAGE_DIR.parent / f) for f in stage_sources(stage)]
+def code(verb):
+    """The `code` param of `rloo <verb>`'s jobs: its code fingerprint (rloo/code_fingerprint.py), so that
+    a change to what the stage computes reruns it and its descendants, and a comment, a docstring or a
+    schema description reruns nothing. Computed from the package `rloo` is imported from here (PYTHONPATH
+    or the installed package); its manifest is kept for `rloo why-rerun`."""
+    return stage_code_param(verb, config)
 
 
 def local_inputs(*values):

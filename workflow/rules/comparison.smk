@@ -1,6 +1,5 @@
 rule comparison:
     input:
-        code=code("compare"),
         results=expand(OUT["evaluate"]["result"], estimator=COMPARED),
         completions=expand(OUT["evaluate"]["completions"], estimator=COMPARED),
         judge=JUDGE_MODEL,
@@ -12,6 +11,7 @@ rule comparison:
             category="Estimator comparison",
         ),
     params:
+        code=code("compare"),
         cfg=lambda wildcards: stage_config("comparison"),
         results=lambda wildcards, input: " ".join(
             f"--result {e}={f}" for e, f in zip(COMPARED, input.results, strict=True)

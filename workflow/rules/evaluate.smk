@@ -1,6 +1,5 @@
 rule evaluate:
     input:
-        code=code("evaluate"),
         # the trained reward model, the proxy every policy is scored by beside the judge
         reward_model=rules.reward.output.model,
         test=rules.prepare.output.test,
@@ -29,6 +28,7 @@ rule evaluate:
         # every policy's completions, for judging estimators against each other (rule comparison)
         completions=OUT["evaluate"]["completions"],
     params:
+        code=code("evaluate"),
         cfg=lambda wildcards: stage_config("evaluate"),
         data=data_dir,
         plots=lambda wildcards, output: os.path.dirname(output.policies),

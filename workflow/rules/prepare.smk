@@ -1,6 +1,5 @@
 rule prepare:
     input:
-        code=code("prepare"),
         # data.source=jsonl: the local files are inputs too (replacing one reruns prepare)
         files=local_inputs(config["data"]["train_file"], config["data"]["test_file"])
         if config["data"]["source"] == "jsonl"
@@ -8,6 +7,7 @@ rule prepare:
     output:
         **OUT["prepare"],
     params:
+        code=code("prepare"),
         cfg=lambda wildcards: stage_config("prepare"),
         out=lambda wildcards, output: os.path.dirname(output.manifest),
         variant=NO_VARIANT,

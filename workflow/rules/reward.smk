@@ -1,6 +1,5 @@
 rule reward:
     input:
-        code=code("reward"),
         train=rules.prepare.output.train,
         policy=rules.sft.output.model,
         # reward.init when it is a local folder
@@ -8,6 +7,7 @@ rule reward:
     output:
         model=directory(OUT["reward"]["model"]),
     params:
+        code=code("reward"),
         cfg=lambda wildcards: stage_config("reward"),
         data=data_dir,
         guard=WORKDIR_GUARD,
@@ -26,6 +26,6 @@ rule reward:
         runtime=120,
         cpus_per_task=cpus,
     shell:
-        "python {params.guard} {params.work} {params.cfg:q} {input} > {log} 2>&1 && "
+        "python {params.guard} {params.work} {params.cfg:q} {params.code} {input} > {log} 2>&1 && "
         "rloo reward --config-json {params.cfg:q} {params.variant} --set threads={threads} "
         "--data {params.data} --policy {input.policy} --out {output.model} --work {params.work} 2>> {log}"

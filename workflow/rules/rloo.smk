@@ -1,13 +1,13 @@
 rule rloo:
     input:
         unpack(reward_model),
-        code=code("train"),
         train=rules.prepare.output.train,
         val=rules.prepare.output.val,
         policy=rules.sft.output.model,
     output:
         model=directory(OUT["rloo"]["model"]),
     params:
+        code=code("train"),
         cfg=lambda wildcards: stage_config("rloo", {"rloo.estimator": wildcards.estimator}),
         data=data_dir,
         guard=WORKDIR_GUARD,
@@ -27,7 +27,7 @@ rule rloo:
         runtime=480,
         cpus_per_task=cpus,
     shell:
-        "python {params.guard} {params.work} {params.cfg:q} {input} > {log} 2>&1 && "
+        "python {params.guard} {params.work} {params.cfg:q} {params.code} {input} > {log} 2>&1 && "
         "rloo train --config-json {params.cfg:q} {params.variant} --set threads={threads} "
         "--data {params.data} --policy {input.policy} {params.reward_model} "
         "--out {output.model} --work {params.work} 2>> {log} && "

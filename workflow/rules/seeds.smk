@@ -2,12 +2,12 @@
 # stages run per seed: `seeds.scope`), then their results side by side with a t-interval across seeds.
 rule seeds:
     input:
-        code=code("seeds"),
         results=list(SEED_RESULTS.values()),
     output:
         result=outputs("seeds", config)["result"],
         plot=report(outputs("seeds", config)["plot"], caption="../report/seeds.rst", category="Seeds"),
     params:
+        code=code("seeds"),
         cfg=lambda wildcards: stage_config("seeds"),
         results=" ".join(f"--result {s}={f}" for s, f in SEED_RESULTS.items()),
     conda:

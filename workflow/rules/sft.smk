@@ -1,12 +1,12 @@
 rule sft:
     input:
-        code=code("sft"),
         train=rules.prepare.output.train,
         test=rules.prepare.output.test,
         base=rules.base.output.model,
     output:
         model=directory(OUT["sft"]["model"]),
     params:
+        code=code("sft"),
         cfg=lambda wildcards: stage_config("sft"),
         data=data_dir,
         guard=WORKDIR_GUARD,
@@ -25,6 +25,6 @@ rule sft:
         runtime=240,
         cpus_per_task=cpus,
     shell:
-        "python {params.guard} {params.work} {params.cfg:q} {input} > {log} 2>&1 && "
+        "python {params.guard} {params.work} {params.cfg:q} {params.code} {input} > {log} 2>&1 && "
         "rloo sft --config-json {params.cfg:q} {params.variant} --set threads={threads} "
         "--data {params.data} --base {input.base} --out {output.model} --work {params.work} 2>> {log}"

@@ -2,13 +2,13 @@
 # stages it changes (workflow/rules/variants.smk), then one table, the best point by validation accuracy.
 rule sweep:
     input:
-        code=code("sweep"),
         results=lambda wildcards: list(sweep_results(wildcards.sweep).values()),
     output:
         result=OUT["sweep"]["result"],
         plot=report(OUT["sweep"]["plot"], caption="../report/sweep.rst", category="Sweeps",
                     subcategory="{sweep}", labels={"sweep": "{sweep}"}),
     params:
+        code=code("sweep"),
         cfg=lambda wildcards: stage_config("sweep"),
         results=lambda wildcards: " ".join(f"--result {p}={f}" for p, f in sweep_results(wildcards.sweep).items()),
     conda:

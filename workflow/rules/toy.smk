@@ -1,6 +1,4 @@
 rule toy:
-    input:
-        code=code("toy"),
     output:
         result=OUT["toy"]["result"],
         plot=report(
@@ -9,6 +7,7 @@ rule toy:
             category="Toy variance experiment",
         ),
     params:
+        code=code("toy"),
         cfg=lambda wildcards: stage_config("toy"),
     conda:
         RLOO_ENV

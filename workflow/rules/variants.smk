@@ -10,11 +10,11 @@
 
 use rule prepare as prepare_variant with:
     input:
-        code=code("prepare"),
         files=rules.prepare.input.files,
     output:
         **VARIANT_OUT["prepare"],
     params:
+        code=code("prepare"),
         cfg=v_cfg("prepare"),
         out=lambda wildcards, output: os.path.dirname(output.manifest),
         variant=v_label,
@@ -27,11 +27,11 @@ use rule prepare as prepare_variant with:
 use rule base as base_variant with:
     input:
         unpack(base_data),
-        code=code("base"),
         start=rules.base.input.start,
     output:
         model=directory(VARIANT_OUT["base"]["model"]),
     params:
+        code=code("base"),
         cfg=v_cfg("base"),
         data=base_data_arg,
         variant=v_label,
@@ -43,13 +43,13 @@ use rule base as base_variant with:
 
 use rule sft as sft_variant with:
     input:
-        code=code("sft"),
         train=v_input("prepare", "train"),
         test=v_input("prepare", "test"),
         base=v_input("base", "model"),
     output:
         model=directory(VARIANT_OUT["sft"]["model"]),
     params:
+        code=code("sft"),
         cfg=v_cfg("sft"),
         data=data_dir,
         guard=WORKDIR_GUARD,
@@ -63,13 +63,13 @@ use rule sft as sft_variant with:
 
 use rule reward as reward_variant with:
     input:
-        code=code("reward"),
         train=v_input("prepare", "train"),
         policy=v_input("sft", "model"),
         start=rules.reward.input.start,
     output:
         model=directory(VARIANT_OUT["reward"]["model"]),
     params:
+        code=code("reward"),
         cfg=v_cfg("reward"),
         data=data_dir,
         guard=WORKDIR_GUARD,
@@ -84,13 +84,13 @@ use rule reward as reward_variant with:
 use rule rloo as rloo_variant with:
     input:
         unpack(reward_model),
-        code=code("train"),
         train=v_input("prepare", "train"),
         val=v_input("prepare", "val"),
         policy=v_input("sft", "model"),
     output:
         model=directory(VARIANT_OUT["rloo"]["model"]),
     params:
+        code=code("train"),
         cfg=v_cfg("rloo"),
         data=data_dir,
         guard=WORKDIR_GUARD,
@@ -105,7 +105,6 @@ use rule rloo as rloo_variant with:
 
 use rule evaluate as evaluate_variant with:
     input:
-        code=code("evaluate"),
         reward_model=v_input("reward", "model"),
         test=v_input("prepare", "test"),
         manifest=v_input("prepare", "manifest"),
@@ -116,6 +115,7 @@ use rule evaluate as evaluate_variant with:
     output:
         **VARIANT_OUT["evaluate"],
     params:
+        code=code("evaluate"),
         cfg=v_cfg("evaluate"),
         data=data_dir,
         plots=lambda wildcards, output: os.path.dirname(output.policies),

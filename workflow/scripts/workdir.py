@@ -1,13 +1,13 @@
 """Keep a stage's work folder (checkpoints) only if it belongs to the same job: same parameters, same inputs.
 
-    python workflow/scripts/workdir.py WORK_DIR PARAMS [INPUT ...]
+    python workflow/scripts/workdir.py WORK_DIR PARAMS CODE [INPUT ...]
 
 Training stages resume from the newest checkpoint under WORK_DIR. That is right after an interruption
 (preemption, a time limit, a killed run), and wrong when Snakemake reruns the stage because a
 parameter, an upstream output or the code changed: the old checkpoints would be resumed as if
-nothing had happened. This script writes a stamp of the job (PARAMS, and path, size and mtime of
-every file of every INPUT) to WORK_DIR/job.stamp, and empties WORK_DIR when the stamp differs from
-the one already there. Comparing mtimes errs on the safe side: a touched input costs a fresh start,
+nothing had happened. This script writes a stamp of the job (PARAMS, the stage's code fingerprint
+CODE (rloo/code_fingerprint.py), and path, size and mtime of every file of every INPUT) to
+WORK_DIR/job.stamp, and empties WORK_DIR when the stamp differs from the one already there. Comparing mtimes errs on the safe side: a touched input costs a fresh start,
 never a wrong resume.
 """
 
@@ -33,20 +33,20 @@ def _files(path: Path):
         yield path
 
 
-def job_stamp(params: str, inputs: list[str]) -> str:
+def job_stamp(params: str, code: str, inputs: list[str]) -> str:
     entries = []
     for item in inputs:
         for f in _files(Path(item)):
             st = f.stat()
             entries.append([str(f), st.st_size, st.st_mtime_ns])
-    blob = json.dumps({"params": params, "inputs": entries}, sort_keys=True)
+    blob = json.dumps({"params": params, "code": code, "inputs": entries}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def guard(work_dir: str | Path, params: str, inputs: list[str]) -> bool:
+def guard(work_dir: str | Path, params: str, code: str, inputs: list[str]) -> bool:
     """Prepare `work_dir` for the job; return True if its previous content was kept (a resume)."""
     work = Path(work_dir)
-    stamp = job_stamp(params, inputs)
+    stamp = job_stamp(params, code, inputs)
     stamp_file = work / STAMP
     kept = False
     if work.exists():
@@ -61,11 +61,11 @@ def guard(work_dir: str | Path, params: str, inputs: list[str]) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 2:
+    if len(argv) < 3:
         print(__doc__, file=sys.stderr)
         return 2
-    work, params, *inputs = argv
-    kept = guard(work, params, inputs)
+    work, params, code, *inputs = argv
+    kept = guard(work, params, code, inputs)
     print(f"workdir {work}: " + ("same job, resuming from its checkpoints" if kept else "fresh start"))
     return 0
 

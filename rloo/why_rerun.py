@@ -1,0 +1,105 @@
+"""`rloo why-rerun [STAGE ...]`: which jobs Snakemake would run, and why, in the pipeline's terms.
+
+Snakemake's dry run says "Params have changed since last execution" and prints two digests; this names
+what changed: for a stage's code, each file and function, class or method whose syntax tree differs
+from the code its outputs were made with (rloo/code_fingerprint.py keeps each fingerprint's manifest);
+for its config, the keys; for its inputs, the file and the stage that makes it again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rloo.code_fingerprint import changes, load_manifest, parse_param
+from rloo.config import changed_keys
+from rloo.dvc.dag import Rerun, rerun_reasons
+from rloo.dvc.dvcyaml import DvcError
+
+
+def _code_lines(root: Path, before: str, now: str) -> list[str]:
+    (_, old), (_, new) = parse_param(before), parse_param(now)
+    old_manifest, new_manifest = load_manifest(root, old), load_manifest(root, new)
+    if old_manifest is None or new_manifest is None:
+        return [f"its code changed (fingerprint {old} -> {new}; the manifest of {old} is not kept in "
+                f"{root}, so what changed cannot be named)"]
+    lines = changes(old_manifest, new_manifest)
+    return ["its code changed:", *(f"  {line}" for line in lines)] if lines else [
+        f"its code fingerprint changed ({old} -> {new})"]
+
+
+def _config(value: str) -> dict | None:
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def explain(root: Path, rerun: Rerun) -> list[str]:
+    """The reasons of one job, most specific first."""
+    lines: list[str] = []
+    if rerun.missing:
+        lines.append(f"its output is missing: {', '.join(rerun.missing)}")
+    before, now = list(rerun.params_before), list(rerun.params_now)
+    old_code = next((p for p in before if parse_param(p)), None)
+    new_code = next((p for p in now if parse_param(p)), None)
+    if old_code and new_code:
+        lines += _code_lines(root, old_code, new_code)
+        before.remove(old_code)
+        now.remove(new_code)
+    old_cfg = next((c for p in before if (c := _config(p)) is not None), None)
+    new_cfg = next((c for p in now if (c := _config(p)) is not None), None)
+    if old_cfg is not None and new_cfg is not None:
+        lines.append(f"its config changed: {', '.join(changed_keys(old_cfg, new_cfg))}")
+        before = [p for p in before if _config(p) is None]
+        now = [p for p in now if _config(p) is None]
+    if before or now:
+        lines.append(f"its params changed: before {before or '-'}, now {now or '-'}")
+    if rerun.rebuilt_inputs:
+        lines.append(f"its inputs are made again: {', '.join(rerun.rebuilt_inputs)}")
+    if rerun.updated_inputs:
+        lines.append(f"its inputs changed: {', '.join(rerun.updated_inputs)}")
+    if rerun.shell_changed:
+        lines.append("its rule's command changed")
+    if rerun.inputs_changed:
+        lines.append("its set of inputs changed")
+    if rerun.software_changed:
+        lines.append("its software environment changed")
+    return lines or [rerun.words]
+
+
+def _matches(rerun: Rerun, names: list[str]) -> bool:
+    job = rerun.job
+    return not names or any(n in (job.stage, job.rule, job.rule.split("_")[0]) for n in names)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rloo why-rerun", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("stage", nargs="*", help="only these stages (a rule, e.g. sft, or a job, e.g. rloo@grpo)")
+    parser.add_argument("--configfile", nargs="+", default=[], metavar="FILE",
+                        help="config files, as given to `snakemake --configfile`")
+    parser.add_argument("--target", action="append", default=[], metavar="FILE_OR_RULE",
+                        help="a Snakemake target besides the default one (e.g. results/comparison.json)")
+    args = parser.parse_args(argv)
+    root = Path.cwd()
+    if not (root / "Snakefile").is_file():
+        print(f"rloo why-rerun: run from the project root (no Snakefile in {root})", file=sys.stderr)
+        return 2
+    try:
+        reruns = [r for r in rerun_reasons(root, args.configfile, args.target) if _matches(r, args.stage)]
+    except DvcError as e:
+        print(f"rloo why-rerun: {e}", file=sys.stderr)
+        return 1
+    if not reruns:
+        print(f"nothing to rerun{' for ' + ', '.join(args.stage) if args.stage else ''}: its outputs are up to date")
+        return 0
+    for r in reruns:
+        first, *rest = explain(root, r)
+        print(f"{r.job.stage}: {first}")
+        for line in rest:
+            print(f"  {line}")
+    return 0

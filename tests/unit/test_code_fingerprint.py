@@ -1,0 +1,109 @@
+"""A stage's code fingerprint (rloo/code_fingerprint.py) changes with what the stage computes and with
+nothing else: computed here on a copy of the package (`Codebase`), edited as a person would edit it.
+What Snakemake and DVC then plan: tests/e2e/test_workflow.py and tests/e2e/test_dvc.py; that the walk
+misses no function a stage calls: tests/integration/test_code_fingerprint_sound.py."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from code_edits import append_comment, edit_descriptions, edit_module_docstring, semantic_edit
+
+from rloo.code_fingerprint import Codebase, changes, installed, parse_param, semantic_dump, semantic_tree
+from rloo.pipeline import STAGES
+
+ROOT = Path(__file__).resolve().parents[2]
+VERBS = [s.verb for s in STAGES.values()]
+
+
+@pytest.fixture
+def package(tmp_path) -> Path:
+    """A copy of the package (rloo/) to edit."""
+    shutil.copytree(ROOT / "rloo", tmp_path / "rloo", ignore=shutil.ignore_patterns("__pycache__"))
+    return tmp_path
+
+
+@pytest.fixture(scope="module")
+def baseline() -> dict[str, str]:
+    """Every stage's fingerprint of the package as it is (the copies start from it)."""
+    return digests(ROOT)
+
+
+def digests(root: Path) -> dict[str, str]:
+    code = Codebase(root)
+    return {s.verb: code.fingerprint(s.verb, s.keys).digest for s in STAGES.values()}
+
+
+def changed(before: dict[str, str], root: Path) -> set[str]:
+    after = digests(root)
+    return {v for v in before if before[v] != after[v]}
+
+
+def test_a_copy_has_the_same_fingerprints(package, baseline):
+    assert digests(package) == baseline
+
+
+def test_comments_docstrings_and_descriptions_change_no_stage(package, baseline):
+    # the issue's three edits: a comment in a module no stage of the default chain runs, a word in a
+    # schema description, a module docstring of the maths
+    append_comment(package / "rloo/reward/judge_server.py")
+    edit_descriptions(package / "rloo/schemas/config.schema.yaml")
+    edit_module_docstring(package / "rloo/algo/estimators.py")
+    # and in every stage's own module: a comment, a function's docstring, a line wrapped differently
+    for verb in VERBS:
+        stage = package / f"rloo/stages/{verb}.py"
+        text = stage.read_text().replace("\ndef run(", "\n# a note on run\ndef run(", 1)
+        stage.write_text(re.sub(r'(\ndef run\([^)]*\)[^:]*:\n    """)', r"\1Edited. ", text, count=1))
+    assert changed(baseline, package) == set()
+
+
+@pytest.mark.parametrize(("path", "function", "expected"), [
+    ("rloo/stages/reward.py", "run", {"reward"}),
+    ("rloo/algo/estimators.py", "rloo_advantages", {"train", "toy"}),
+    ("rloo/stages/sft.py", "run", {"sft"}),
+    # shared: every training stage's loop
+    ("rloo/train/loop.py", "TrainingLoop.resume", {"sft", "reward", "train"}),
+    # the CLI: what every stage runs, and what only `rloo summary` runs
+    ("rloo/cli.py", "main", set(VERBS)),
+    ("rloo/cli.py", "_summary", set()),
+])
+def test_a_change_of_what_runs_changes_exactly_the_stages_that_run_it(package, baseline, path, function, expected):
+    semantic_edit(package / path, function)
+    assert changed(baseline, package) == expected
+
+
+def test_a_schema_constraint_changes_the_stages_that_read_its_key(package, baseline):
+    schema = package / "rloo/schemas/config.schema.yaml"
+    line = "      k: {type: integer, minimum: 1, default: 4}\n"
+    assert schema.read_text().count(line) == 1
+    schema.write_text(schema.read_text().replace(line, line.replace("minimum: 1,", "minimum: 1, maximum: 1024,")))
+    assert changed(baseline, package) == {"train"}
+
+
+def test_changes_name_the_file_and_the_definition(package):
+    code = Codebase(package)
+    old = code.fingerprint("train").manifest
+    semantic_edit(package / "rloo/train/rloo.py", "Trainer.step")
+    new = Codebase(package).fingerprint("train").manifest
+    assert changes(old, new) == ["rloo/train/rloo.py: changed Trainer.step"]
+
+
+def test_a_docstring_or_comment_is_not_in_the_tree():
+    a = semantic_tree('"""Doc."""\nx = 1  # why\ndef f():\n    """Doc."""\n    return x\n')
+    b = semantic_tree("x = 1\ndef f():\n    return x\n")
+    assert semantic_dump(a) == semantic_dump(b)
+    assert semantic_dump(b) != semantic_dump(semantic_tree("x = 1\ndef f():\n    return x + 0\n"))
+
+
+def test_the_code_param_names_its_stage_and_digest():
+    fp = installed().fingerprint("sft")
+    assert parse_param(fp.param) == ("sft", fp.digest)
+    assert parse_param('{"sft": 1}') is None and parse_param(None) is None
+
+
+def test_a_command_the_cli_does_not_have_is_an_error_not_an_empty_fingerprint():
+    with pytest.raises(ValueError, match=r"rloo rloo: no such command"):
+        installed().stage_keys("rloo")

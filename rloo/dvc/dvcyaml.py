@@ -126,7 +126,8 @@ def expand_stages(pipeline: dict) -> dict[str, dict]:
                 do = substitute(body["do"], KEY, str(value))
                 for slot, key in item.items():
                     do = substitute(do, f"${{item.{slot}}}", key)
-                do["params"] = list(dict.fromkeys(do["params"]))  # the filler slots repeat a key
+                # the filler slots repeat a key (an entry may be a {params file: keys} mapping: unhashable)
+                do["params"] = [p for i, p in enumerate(do["params"]) if p not in do["params"][:i]]
                 out[f"{name}@{value}"] = do
         elif "foreach" in body:
             for value in body["foreach"]:

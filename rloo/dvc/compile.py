@@ -11,7 +11,6 @@ from typing import Any
 import yaml
 
 from rloo.code_fingerprint import FINGERPRINTS_FILE, parse_param
-from rloo.dvc import external
 from rloo.dvc.dag import SENTINEL, Dag, Job, snakemake_dag
 from rloo.dvc.dvcyaml import (
     DVC_YAML,
@@ -27,6 +26,7 @@ from rloo.dvc.dvcyaml import (
     stage_outs,
     substitute,
 )
+from rloo.dvc.external import SOURCE_KEYS, absolute, outside, pin_path, sources, write_pins
 from rloo.dvc.shell import dvc_command
 from rloo.io import atomic_path
 
@@ -90,8 +90,8 @@ def _stage_body(job: Job, config: dict, overridden: set[str], pins: dict[str, st
         keys, sets = split_params(json.loads(job.cfg), config, overridden)
     body: dict[str, Any] = {"cmd": dvc_command(job.shellcmd, job.cfg, sets, rule=job.rule, code=job.code)}
     if job.inputs:
-        # a model source off the project is its pin file (rloo/dvc/external.py)
-        body["deps"] = [external.pin_path(pins[external.absolute(d, root)]) if external.absolute(d, root) in pins
+        # a model source off the project is its pin file (rloo/dvc/py)
+        body["deps"] = [pin_path(pins[absolute(d, root)]) if absolute(d, root) in pins
                         else d for d in job.inputs]
     if code := parse_param(job.code):
         keys = [*keys, {FINGERPRINTS_FILE: [code[0]]}]
@@ -139,7 +139,7 @@ def _foreach(template: dict, extras: dict[str, list[str]]) -> dict:
 def build_pipeline(dag: Dag, root: Path) -> dict:
     """dvc.yaml as a dict: one stage per rule, in DAG order; `foreach` for a rule with a wildcard."""
     config = dag.config
-    pins = external.sources(config, root)
+    pins = sources(config, root)
     by_rule: dict[str, list[Job]] = {}
     for job in dag.jobs:
         by_rule.setdefault(job.rule, []).append(job)
@@ -166,11 +166,11 @@ def build_pipeline(dag: Dag, root: Path) -> dict:
                                           substitute(template, SENTINEL, value))
         stages[rule] = _foreach(template, extras)
     off = sorted({d for body in expand_stages({"stages": stages}).values()
-                  for d in [*stage_deps(body), *stage_outs(body)] if os.path.isabs(d) or external.outside(d, root)})
+                  for d in [*stage_deps(body), *stage_outs(body)] if os.path.isabs(d) or outside(d, root)})
     if off:
         raise DvcError(f"paths outside the project, which DVC cannot version portably: {', '.join(off[:5])}"
                        " (the rloo package must be imported from the project: `pip install -e .`; a model "
-                       f"source off the project is pinned only through {', '.join(external.SOURCE_KEYS)})")
+                       f"source off the project is pinned only through {', '.join(SOURCE_KEYS)})")
     return {"stages": stages}
 
 
@@ -215,7 +215,7 @@ def generate(root: Path, configfiles: list[str], targets: list[str] = (), stages
     pipeline = build_pipeline(dag, root)
     changed = []
     if write:
-        changed += external.write_pins(dag.config, root)
+        changed += write_pins(dag.config, root)
         if _write_if_changed(root / DVC_YAML, render_pipeline(pipeline),
                              lambda old: (yaml.safe_load(old) or {}) == pipeline):
             changed.append(DVC_YAML)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from rloo.model.logprobs import cache_kwarg, kv_cache, left_pad, model_device, positions, unique_rows
-from rloo.rollout import decode
+from rloo.rollout.decode import generate as lean_generate
+from rloo.rollout.decode import supports as lean_supports
 from rloo.rollout.sampling import Rollout, gumbel_noise, noise_generator, sample_token
 
 
@@ -38,8 +39,8 @@ def generate(
     sampling = dict(max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id, greedy=greedy,
                     temperature=temperature, top_p=top_p, top_k=top_k, generator=generator, compact=compact,
                     noise_rows=noise_rows)
-    if lean and decode.supports(model):
-        return decode.generate(model, prompts, dtype=dtype, **sampling)
+    if lean and lean_supports(model):
+        return lean_generate(model, prompts, dtype=dtype, **sampling)
     if dtype is None or dtype == next(model.parameters()).dtype:
         return _generate(model, prompts, **sampling)
     with torch.autocast(model_device(model).type, dtype=dtype):

@@ -1,5 +1,6 @@
-"""A micro SFT run as the tests start it: a fresh `rloo` process against one forked by the stage server
-(rloo/stage_server.py, which has imported torch, transformers and MLflow already).
+"""A micro SFT run as the tests start it: a fresh `rloo` process against one forked by the test suite's
+stage server (tests/helpers/stage_server.py, which has imported torch, transformers and MLflow already;
+a command is its client through tests/helpers/served/sitecustomize.py, on its PYTHONPATH).
 
 Prepare and base run once; then each round runs `rloo sft` on config/micro.yaml (tracking off) once
 fresh and once served, in alternating order, with the round's own seed. CPU is user + system: for a
@@ -22,10 +23,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+HELPERS = ROOT / "tests" / "helpers"
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HELPERS))
+
+import stage_server  # noqa: E402
 
 from bench.record import write  # noqa: E402
-from rloo import stage_server  # noqa: E402
 
 MICRO = str(ROOT / "config" / "micro.yaml")
 RLOO = [sys.executable, "-m", "rloo.cli"]
@@ -36,6 +40,7 @@ def _env(sock: str | None) -> dict[str, str]:
     env.update(HF_HUB_OFFLINE="1", RLOO_TRACKING="0")
     if sock:
         env[stage_server.ENV_VAR] = sock
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HELPERS / "served"), env.get("PYTHONPATH")) if p)
     return env
 
 
@@ -66,7 +71,7 @@ def main() -> int:
         subprocess.run([*RLOO, "base", "-c", MICRO, "--data", str(work / "data"), "--out", str(work / "base")], cwd=ROOT,
                        env=_env(None), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         sock = str(work / "server.sock")
-        server = subprocess.Popen([sys.executable, "-u", "-m", "rloo.stage_server", sock], cwd=ROOT, env=_env(None),
+        server = subprocess.Popen([sys.executable, "-u", str(HELPERS / "stage_server.py"), sock], cwd=ROOT, env=_env(None),
                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             stage_server.wait_listening(sock, 300, server)

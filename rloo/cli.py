@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rloo import launch, pipeline, stage_server, tracking
+from rloo import launch, pipeline, tracking
 from rloo.config import (
     ConfigError,
     changed_keys,
@@ -187,10 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def entry() -> int:
-    """The `rloo` command (console script, `python -m rloo.cli`): run in this process, or in one forked
-    by a stage server where RLOO_STAGE_SERVER names one (rloo/stage_server.py)."""
-    served = stage_server.delegate("rloo.cli", sys.argv[1:])
-    return main(sys.argv[1:]) if served is None else served
+    """The `rloo` command (console script, `python -m rloo.cli`)."""
+    return main(sys.argv[1:])
 
 
 def main(argv: list[str] | None = None) -> int:

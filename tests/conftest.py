@@ -201,16 +201,18 @@ def pytest_itemcollected(item):
 
 
 # -- the stage server ------------------------------------------------------------------------------------
-# Each pytest process starts one (rloo/stage_server.py): the `rloo <stage>` processes the tests start,
-# directly or through Snakemake, fork from an interpreter that has already imported torch, transformers
-# and MLflow, instead of spending ~6.6 CPU-s importing them each (docs/testing.md). A command whose
-# environment differs where it matters runs as before. RLOO_TEST_STAGE_SERVER=0 turns it off.
+# Each pytest process starts one (tests/helpers/stage_server.py): the `rloo <stage>` processes the tests
+# start, directly, through Snakemake or as torchrun's workers, fork from an interpreter that has already
+# imported torch, transformers and MLflow, instead of spending ~6.6 CPU-s importing them each
+# (docs/testing.md). tests/helpers/served/sitecustomize.py, on PYTHONPATH for every process the tests
+# start, makes such a command its client. A command whose environment differs where it matters runs as
+# before. RLOO_TEST_STAGE_SERVER=0 turns it off.
 _STAGE_SERVER: dict[str, object] = {}
 
 
 @pytest.fixture(scope="session", autouse=True)
 def stage_server(tmp_path_factory):
-    from rloo import stage_server as ss
+    import stage_server as ss
 
     if os.environ.get("RLOO_TEST_STAGE_SERVER", "1") == "0":
         os.environ.pop(ss.ENV_VAR, None)
@@ -229,9 +231,12 @@ def stage_server(tmp_path_factory):
     log_path = tmp_path_factory.getbasetemp() / f"stage_server_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.log"
     with open(log_path, "w") as log:
         # Commands sent before it listens run as before (the client falls back): no wait here.
-        proc = subprocess.Popen([sys.executable, "-u", "-m", "rloo.stage_server", sock], cwd=ROOT, stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([sys.executable, "-u", ss.__file__, sock], cwd=ROOT,
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
     os.environ[ss.ENV_VAR] = sock
+    # the sitecustomize.py that hands `rloo` commands to the server, beside it
+    served = str(Path(ss.__file__).parent / "served")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (served, os.environ.get("PYTHONPATH")) if p)
     _STAGE_SERVER["socket"] = sock
     yield sock
     _STAGE_SERVER.clear()
@@ -244,7 +249,7 @@ def stage_server(tmp_path_factory):
 def without_stage_server() -> dict[str, str]:
     """The environment less the stage server: for a test that walks the process tree of the command it
     starts (a forked command's processes hang below the server, not below the client)."""
-    from rloo.stage_server import ENV_VAR
+    from stage_server import ENV_VAR
 
     return {k: v for k, v in os.environ.items() if k != ENV_VAR}
 
@@ -255,7 +260,7 @@ def _cpu_seconds() -> float:
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     served = 0.0
     if sock := _STAGE_SERVER.get("socket"):
-        from rloo.stage_server import cpu_seconds
+        from stage_server import cpu_seconds
 
         with contextlib.suppress(OSError):  # not listening yet: it has forked nothing
             served = cpu_seconds(str(sock))

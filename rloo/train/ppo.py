@@ -13,20 +13,22 @@ resume as the critic-free estimators (`rloo.estimator: ppo`). What differs, per 
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 
 import torch
 
 from rloo.algo.estimators import gae, whiten
-from rloo.algo.losses import approx_kl, explained_variance, policy_loss, token_kl, token_rewards, value_loss
+from rloo.algo.losses import approx_kl, policy_loss, token_kl, token_rewards, value_loss
 from rloo.model import microbatch, models
 from rloo.model.logprobs import SeqBatch, join
 from rloo.reward.rewards import RewardSource
-from rloo.rollout.collect import has_signal
+from rloo.rollout import Rollout
+from rloo.rollout.collect import Collected
 from rloo.runtime import autocast, step_generator
 from rloo.train.rloo import Trainer
+from rloo.train.step_metrics import ppo_update_metrics
+from rloo.train.step_records import MinibatchUpdate, PpoAdvantages, PpoRows, PpoUpdates
 
 
 class PPOTrainer(Trainer):
@@ -67,20 +69,37 @@ class PPOTrainer(Trainer):
         return out.logits[:, batch.prompt_len - 1 : -1, 0].float()
 
     def step(self, step: int) -> dict:
-        rc, ppo = self.rc, self.rc.ppo
         t0 = time.perf_counter()
-        got = self.collect(step)  # the same groups RLOO would train on (dynamic sampling included)
-        ro, scores = got.rollout, got.scores
-        t_score = time.perf_counter()
+        return self.update(step, self.collect(step), t0)  # the same groups RLOO trains on (dynamic sampling too)
 
+    def update(self, step: int, got: Collected, t0: float | None = None) -> dict:
+        """One PPO iteration on the scored groups `got`, in named steps as RLOO's update: the rows in fixed
+        minibatches with the log-probabilities and values before any update, the per-token advantages,
+        then `ppo.epochs` passes of policy and critic updates; then the step's metrics."""
+        t0 = time.perf_counter() if t0 is None else t0
+        t_score = time.perf_counter()
+        rows = self._ppo_rows(step, got.rollout)
+        t_ref = time.perf_counter()
+        # The sampler-trainer mismatch and, under rloo.rollout_correction, the weights of the surrogate.
+        correction = self.correction(got.rollout, rows.old_lp, rows.mask)
+        adv = self._ppo_advantages(got.scores, rows)
+        lr = self.scheduler.get_last_lr()[0]
+        updates = self._ppo_updates(step, rows, adv, correction.weights)
+        self.scheduler.step()
+        self.rollout.sync_weights(self.policy)
+        t_upd = time.perf_counter()
+        metrics = {**ppo_update_metrics(step, got, rows, adv, updates, lr, self.rc.k), **correction.metrics}
+        return self._complete(metrics, got, (t0, t_score, t_ref, t_upd))
+
+    def _ppo_rows(self, step: int, ro: Rollout) -> PpoRows:
+        """The step's rows in fixed minibatches (their order changes by epoch), each in micro-batches under
+        rloo.micro_batch_tokens, and the reference's and policy's log-probabilities and the critic's
+        values before any update, computed on exactly the batches the updates see: the first update's
+        ratio is exactly 1 and its value clip inactive (other batch shapes round differently in bf16)."""
         batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
         mask = batch.completion_mask
-        # Fixed minibatches for the step (their order changes by epoch), each in micro-batches under
-        # rloo.micro_batch_tokens: the log-probabilities and values before any update are computed on
-        # exactly the batches the updates see, so the first update's ratio is exactly 1 and its value
-        # clip inactive (other batch shapes round differently in bf16).
         g = step_generator(self.seed, step, stream=31)  # resume-exact
-        minibatches = torch.randperm(len(mask), generator=g).to(self.device).chunk(ppo.minibatches)
+        minibatches = torch.randperm(len(mask), generator=g).to(self.device).chunk(self.rc.ppo.minibatches)
         micro = [self._micro(batch, rows) for rows in minibatches]
         ref_lp, old_lp, old_values = (torch.zeros_like(mask) for _ in range(3))
         with torch.no_grad():
@@ -92,101 +111,68 @@ class PPOTrainer(Trainer):
                             ref_lp[rows, :n] = self._logprobs(reference, mb, self.chunk_rows)[0]
                         old_lp[rows, :n] = self._logprobs(self.policy, mb, self.chunk_rows)[0]
                     old_values[rows, :n] = self.values(mb)
-        t_ref = time.perf_counter()
-        # The sampler-trainer mismatch and, under rloo.rollout_correction, the weights of the surrogate.
-        correction = self.correction(ro, old_lp, mask)
-        weights = correction.weights
+        return PpoRows(ro, mask, minibatches, micro, g, ref_lp, old_lp, old_values)
 
+    def _ppo_advantages(self, scores: torch.Tensor, rows: PpoRows) -> PpoAdvantages:
+        """r_t = -β kl_t (+ the score on the last token), A_t = GAE(r, V), whitened; R_t = A_t + V_t. A
+        sample without a reward (NaN) is left out of both losses rather than trained on a made-up 0."""
+        rc, ppo, mask = self.rc, self.rc.ppo, rows.mask
         valid = torch.isfinite(scores)
-        kl = token_kl(old_lp, ref_lp, rc.kl_estimator) * mask
+        kl = token_kl(rows.old_lp, rows.ref_lp, rc.kl_estimator) * mask
         rewards = token_rewards(torch.where(valid, scores, torch.zeros_like(scores)), kl, mask, rc.beta)
-        adv, returns = gae(rewards, old_values, mask, ppo.gamma, ppo.lam)
-        # A sample without a reward (NaN) is left out of both losses rather than trained on a made-up 0.
+        adv, returns = gae(rewards, rows.old_values, mask, ppo.gamma, ppo.lam)
         train_mask = mask * valid[:, None].to(mask.dtype)
         if ppo.whiten_advantages:
             adv = whiten(adv, train_mask)
-        adv_abs_max = float(adv.abs().max())  # for the finiteness guard of every minibatch update
+        return PpoAdvantages(kl, adv, returns, train_mask)
 
-        stats = {"clip_frac": 0.0, "approx_kl": 0.0, "value_loss": 0.0, "value_clip_frac": 0.0, "loss": 0.0}
-        grad_norm, entropy, n_updates = 0.0, math.nan, ppo.epochs * ppo.minibatches
-        lr = self.scheduler.get_last_lr()[0]
+    def _ppo_updates(self, step: int, rows: PpoRows, adv: PpoAdvantages, weights: torch.Tensor | None) -> PpoUpdates:
+        """`ppo.epochs` passes over the minibatches (the first in order, then shuffled), each a policy
+        update on the clipped surrogate (token mean) and a critic update on the clipped value loss."""
+        ppo = self.rc.ppo
+        out = PpoUpdates(n_updates=ppo.epochs * ppo.minibatches)
+        adv_abs_max = float(adv.advantages.abs().max())  # for the finiteness guard of every minibatch update
         for epoch in range(ppo.epochs):
-            order = range(len(micro)) if epoch == 0 else torch.randperm(len(micro), generator=g).tolist()
+            order = range(len(rows.micro)) if epoch == 0 else torch.randperm(len(rows.micro), generator=rows.g).tolist()
             for j in order:
-                # One minibatch: its loss is a token mean over all of its micro-batches' tokens.
-                tokens = float(train_mask[minibatches[j]].sum())
-                acc = {"clipped": 0.0, "kl": 0.0, "vclipped": 0.0, "loss": 0.0, "vloss": 0.0}
-                for rows, mb in micro[j]:
-                    m = train_mask[rows, : mb.completion_len]
-                    lp, ent = self._policy_pass(mb, torch.arange(len(rows), device=self.device))
-                    loss, st = policy_loss(lp, m, adv[rows, : mb.completion_len], norm="token",
-                                           old_token_logp=old_lp[rows, : mb.completion_len], clip_eps=rc.clip_eps,
-                                           denominator=None if len(micro[j]) == 1 else tokens,
-                                           weights=None if weights is None else weights[rows, : mb.completion_len])
-                    loss.backward()
-                    part = float(m.sum())
-                    acc["clipped"] += float(st["clip_frac"]) * part
-                    acc["kl"] += float(approx_kl(lp, old_lp[rows, : mb.completion_len], m)) * part
-                    acc["loss"] += float(loss.detach())
-                    if epoch == 0:  # the entropy of the policy that sampled (before this batch's updates)
-                        entropy = (0.0 if math.isnan(entropy) else entropy) + float(
-                            (ent * mb.completion_mask).sum() / mask.sum().clamp(min=1))
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), rc.grad_clip))
-                if self.guard(step, loss=acc["loss"], grad_norm=grad_norm, kl=acc["kl"],
-                              advantages=adv_abs_max):
-                    self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
-                for rows, mb in micro[j]:
-                    n = mb.completion_len
-                    m = train_mask[rows, :n]
-                    vloss, vst = value_loss(self.values(mb), old_values[rows, :n], returns[rows, :n], m, ppo.value_clip,
-                                            denominator=None if len(micro[j]) == 1 else tokens)
-                    vloss.backward()
-                    acc["vloss"] += float(vloss.detach())
-                    acc["vclipped"] += float(vst["value_clip_frac"]) * float(m.sum())
-                torch.nn.utils.clip_grad_norm_(self.critic.parameters(), rc.grad_clip)
-                self.critic_optimizer.step()
-                self.critic_optimizer.zero_grad(set_to_none=True)
-                per_token = max(tokens, 1.0)
-                for key, value in (("clip_frac", acc["clipped"] / per_token), ("approx_kl", acc["kl"] / per_token),
-                                   ("value_loss", acc["vloss"]), ("value_clip_frac", acc["vclipped"] / per_token),
-                                   ("loss", acc["loss"])):
-                    stats[key] += value / n_updates
-        self.scheduler.step()
-        self.rollout.sync_weights(self.policy)
-        t_upd = time.perf_counter()
+                out.add(self._minibatch_update(step, rows, adv, weights, j, adv_abs_max, first_epoch=epoch == 0))
+        return out
 
-        metrics = {
-            "step": step,
-            **sample_metrics(scores, kl.sum(1), ro, rc.k),
-            "train/clip_frac": stats["clip_frac"],
-            "train/entropy": entropy,
-            "train/grad_norm": grad_norm,
-            "train/loss": stats["loss"],
-            "train/lr": lr,
-            "ppo/value_loss": stats["value_loss"],
-            "ppo/value_clip_frac": stats["value_clip_frac"],
-            "ppo/explained_variance": float(explained_variance(old_values, returns, train_mask)),
-            "ppo/approx_kl": stats["approx_kl"],
-            "ppo/policy_clip_frac": stats["clip_frac"],
-            "ppo/value_mean": float((old_values * train_mask).sum() / train_mask.sum().clamp(min=1)),
-            "ppo/return_mean": float((returns * train_mask).sum() / train_mask.sum().clamp(min=1)),
-            **correction.metrics,
-        }
-        return self._complete(metrics, got, (t0, t_score, t_ref, t_upd))
-
-
-def sample_metrics(scores: torch.Tensor, seq_kl: torch.Tensor, ro, k: int) -> dict[str, float]:
-    """What a batch of samples says before any update: reward, KL, lengths, and the zero-signal share
-    (groups whose valid rewards do not differ: no estimator can learn from them)."""
-    valid = torch.isfinite(scores)
-    no_signal = ~has_signal(scores.view(-1, k))  # the test dynamic sampling filters on
-    return {
-        "train/reward_mean": float(scores[valid].mean()) if valid.any() else math.nan,
-        "train/reward_std": float(scores[valid].std()) if int(valid.sum()) > 1 else 0.0,
-        "train/kl": float(seq_kl.mean()),
-        "train/zero_adv_frac": float(no_signal.float().mean()),
-        "train/missing_rewards": int((~valid).sum()),
-        "train/response_length": float(ro.lengths.float().mean()),
-        "train/truncated_frac": float((~ro.finished).float().mean()),
-    }
+    def _minibatch_update(self, step: int, rows: PpoRows, adv: PpoAdvantages, weights: torch.Tensor | None, j: int,
+                          adv_abs_max: float, first_epoch: bool) -> MinibatchUpdate:
+        """Minibatch `j`: its loss a token mean over all of its micro-batches' tokens; the policy's
+        optimizer step (when the guard allows), then the critic's."""
+        rc, micro, train_mask = self.rc, rows.micro[j], adv.train_mask
+        tokens = float(train_mask[rows.minibatches[j]].sum())
+        denominator = None if len(micro) == 1 else tokens
+        upd = MinibatchUpdate(tokens=tokens)
+        for part_rows, mb in micro:
+            n = mb.completion_len
+            m = train_mask[part_rows, :n]
+            lp, ent = self._policy_pass(mb, torch.arange(len(part_rows), device=self.device))
+            loss, st = policy_loss(lp, m, adv.advantages[part_rows, :n], norm="token",
+                                   old_token_logp=rows.old_lp[part_rows, :n], clip_eps=rc.clip_eps,
+                                   denominator=denominator, weights=None if weights is None else weights[part_rows, :n])
+            loss.backward()
+            part = float(m.sum())
+            upd.clipped += float(st["clip_frac"]) * part
+            upd.kl += float(approx_kl(lp, rows.old_lp[part_rows, :n], m)) * part
+            upd.loss += float(loss.detach())
+            if first_epoch:  # the entropy of the policy that sampled (before this batch's updates)
+                upd.entropies.append(float((ent * mb.completion_mask).sum() / rows.mask.sum().clamp(min=1)))
+        upd.grad_norm = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), rc.grad_clip))
+        if self.guard(step, loss=upd.loss, grad_norm=upd.grad_norm, kl=upd.kl, advantages=adv_abs_max):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        for part_rows, mb in micro:
+            n = mb.completion_len
+            m = train_mask[part_rows, :n]
+            vloss, vst = value_loss(self.values(mb), rows.old_values[part_rows, :n], adv.returns[part_rows, :n], m,
+                                    rc.ppo.value_clip, denominator=denominator)
+            vloss.backward()
+            upd.value_loss += float(vloss.detach())
+            upd.value_clipped += float(vst["value_clip_frac"]) * float(m.sum())
+        torch.nn.utils.clip_grad_norm_(self.critic.parameters(), rc.grad_clip)
+        self.critic_optimizer.step()
+        self.critic_optimizer.zero_grad(set_to_none=True)
+        return upd

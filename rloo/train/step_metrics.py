@@ -1,6 +1,7 @@
-"""What a training step reports: the `train/*` figures of an RLOO update (`update_metrics`, from the
-records its named parts hand on: rloo/train/step_records.py), and what every trainer adds to its own
-figures, the dynamic-sampling stats and the time of each phase (`collection_metrics`)."""
+"""What a training step reports: the `train/*` figures of an RLOO update (`update_metrics`) and of a PPO
+update (`ppo_update_metrics`, with its `ppo/*` figures), from the records their named parts hand on
+(rloo/train/step_records.py), and what every trainer adds to its own figures, the dynamic-sampling stats
+and the time of each phase (`collection_metrics`)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import math
 
 import torch
 
+from rloo.algo.losses import explained_variance
 from rloo.model import distributed
-from rloo.rollout import logprob_gap
-from rloo.rollout.collect import Collected
-from rloo.train.step_records import GradientStep, StepAdvantages, StepRows
+from rloo.rollout import Rollout, logprob_gap
+from rloo.rollout.collect import Collected, has_signal
+from rloo.train.step_records import GradientStep, PpoAdvantages, PpoRows, PpoUpdates, StepAdvantages, StepRows
 
 
 def update_metrics(step: int, got: Collected, rows: StepRows, adv: StepAdvantages, grad: GradientStep,
@@ -61,6 +63,45 @@ def update_metrics(step: int, got: Collected, rows: StepRows, adv: StepAdvantage
         "train/loss": loss_value,
         "train/lr": lr,
         **rollout_metrics,
+    }
+
+
+def sample_metrics(scores: torch.Tensor, seq_kl: torch.Tensor, ro: Rollout, k: int) -> dict[str, float]:
+    """What a batch of samples says before any update: reward, KL, lengths, and the zero-signal share
+    (groups whose valid rewards do not differ: no estimator can learn from them)."""
+    valid = torch.isfinite(scores)
+    no_signal = ~has_signal(scores.view(-1, k))  # the test dynamic sampling filters on
+    return {
+        "train/reward_mean": float(scores[valid].mean()) if valid.any() else math.nan,
+        "train/reward_std": float(scores[valid].std()) if int(valid.sum()) > 1 else 0.0,
+        "train/kl": float(seq_kl.mean()),
+        "train/zero_adv_frac": float(no_signal.float().mean()),
+        "train/missing_rewards": int((~valid).sum()),
+        "train/response_length": float(ro.lengths.float().mean()),
+        "train/truncated_frac": float((~ro.finished).float().mean()),
+    }
+
+
+def ppo_update_metrics(step: int, got: Collected, rows: PpoRows, adv: PpoAdvantages, upd: PpoUpdates, lr: float,
+                       k: int) -> dict:
+    """The `train/*` and `ppo/*` figures of a PPO update (one process: PPO is refused data-parallel)."""
+    train_mask = adv.train_mask
+    tokens = train_mask.sum().clamp(min=1)
+    return {
+        "step": step,
+        **sample_metrics(got.scores, adv.kl.sum(1), rows.rollout, k),
+        "train/clip_frac": upd.clip_frac,
+        "train/entropy": upd.entropy,
+        "train/grad_norm": upd.grad_norm,
+        "train/loss": upd.loss,
+        "train/lr": lr,
+        "ppo/value_loss": upd.value_loss,
+        "ppo/value_clip_frac": upd.value_clip_frac,
+        "ppo/explained_variance": float(explained_variance(rows.old_values, adv.returns, train_mask)),
+        "ppo/approx_kl": upd.approx_kl,
+        "ppo/policy_clip_frac": upd.clip_frac,
+        "ppo/value_mean": float((rows.old_values * train_mask).sum() / tokens),
+        "ppo/return_mean": float((adv.returns * train_mask).sum() / tokens),
     }
 
 

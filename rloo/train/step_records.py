@@ -1,10 +1,12 @@
-"""The records the named parts of an RLOO update hand on (rloo/train/rloo.py, `Trainer.update`): the
+"""The records the named parts of an update hand on: RLOO's (rloo/train/rloo.py, `Trainer.update`): the
 step's rows with their log-probabilities (`StepRows`), their advantages (`StepAdvantages`) and the
-optimizer steps taken on them (`GradientStep`); rloo/train/step_metrics.py reads all three."""
+optimizer steps taken on them (`GradientStep`); PPO's (rloo/train/ppo.py, `PPOTrainer.update`) the same
+three for its minibatches, critic and per-token advantages (`PpoRows`, `PpoAdvantages`, `PpoUpdates` of
+`MinibatchUpdate`s). rloo/train/step_metrics.py reads them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -50,3 +52,72 @@ class GradientStep:
     loss: float  # the last update's loss (this process's)
     grad_norm: float  # the last update's, before clipping
     clip_frac: float  # the share of response tokens whose ratio was clipped, averaged over the updates
+
+
+@dataclass
+class PpoRows:
+    """One PPO step's rows: the rollout, its completion mask, the fixed minibatches (row indices) in
+    micro-batches ((rows, their batch) each), the step's generator (the later epochs' orders), and the
+    log-probabilities of the reference and the policy and the critic's values before any update."""
+
+    rollout: Rollout
+    mask: torch.Tensor
+    minibatches: tuple[torch.Tensor, ...]
+    micro: list[list[tuple[torch.Tensor, SeqBatch]]]
+    g: torch.Generator
+    ref_lp: torch.Tensor
+    old_lp: torch.Tensor
+    old_values: torch.Tensor
+
+
+@dataclass(frozen=True)
+class PpoAdvantages:
+    kl: torch.Tensor  # [rows, T] per-token KL to the reference, on response tokens
+    advantages: torch.Tensor  # [rows, T] GAE, whitened where ppo.whiten_advantages
+    returns: torch.Tensor  # [rows, T] the critic's targets, A_t + V_t
+    train_mask: torch.Tensor  # [rows, T] the response tokens of samples with a reward
+
+
+@dataclass
+class MinibatchUpdate:
+    """One minibatch's policy and critic update: sums over its micro-batches, token-weighted where a
+    share (clipped tokens, approximate KL, clipped values)."""
+
+    tokens: float
+    clipped: float = 0.0
+    kl: float = 0.0
+    loss: float = 0.0
+    value_loss: float = 0.0
+    value_clipped: float = 0.0
+    grad_norm: float = 0.0
+    entropies: list[float] = field(default_factory=list)  # first epoch: each micro-batch's share of the entropy
+
+
+@dataclass
+class PpoUpdates:
+    """A step's minibatch updates, averaged over `n_updates` (the policy's clipped share, approximate KL,
+    value loss and value-clipped share, and loss); the last update's gradient norm; the entropy of the
+    policy that sampled, from the first epoch's passes."""
+
+    n_updates: int
+    clip_frac: float = 0.0
+    approx_kl: float = 0.0
+    value_loss: float = 0.0
+    value_clip_frac: float = 0.0
+    loss: float = 0.0
+    grad_norm: float = 0.0
+    entropies: list[float] = field(default_factory=list)
+
+    def add(self, upd: MinibatchUpdate) -> None:
+        per_token = max(upd.tokens, 1.0)
+        self.clip_frac += upd.clipped / per_token / self.n_updates
+        self.approx_kl += upd.kl / per_token / self.n_updates
+        self.value_loss += upd.value_loss / self.n_updates
+        self.value_clip_frac += upd.value_clipped / per_token / self.n_updates
+        self.loss += upd.loss / self.n_updates
+        self.grad_norm = upd.grad_norm
+        self.entropies += upd.entropies
+
+    @property
+    def entropy(self) -> float:
+        return sum(self.entropies) if self.entropies else float("nan")

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from workflow_helpers import pythonpath
 
 from rloo.config import ConfigError, load_config
 from rloo.config.sections import ServeConfig
@@ -149,7 +150,7 @@ def _evaluate(micro_run, tmp_path, *fake_flags: str, timeout_s: float = 60) -> t
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    return {**os.environ, "PYTHONPATH": pythonpath(ROOT), "HF_HUB_OFFLINE": "1"}
 
 
 @pytest.mark.slow

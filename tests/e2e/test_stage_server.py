@@ -1,7 +1,9 @@
-"""The stage server (rloo/stage_server.py) with real processes: a served command runs in a process it
-forked, with the client's arguments, directory, environment, streams and `rloo`; exits, exceptions and
-signals reach the client as they would from a process of its own; a kill -9 of the client takes the
-forked process with it; a command whose import environment differs runs in the client."""
+"""The test suite's stage server (tests/helpers/stage_server.py) with real processes: a served command runs
+in a process it forked, with the client's arguments, directory, environment, streams and `rloo`; exits,
+exceptions and signals reach the client as they would from a process of its own; a kill -9 of the client
+takes the forked process with it; a command whose import environment differs runs in the client; the
+`rloo` command and `python -m rloo.cli` are clients through the tests' hook (tests/helpers/served/), and
+nothing else: the package's own entry point knows no server."""
 
 from __future__ import annotations
 
@@ -16,8 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-
-from rloo import stage_server
+import stage_server
+from workflow_helpers import SERVED
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = ROOT / "tests" / "helpers" / "served_probe.py"
@@ -31,8 +33,8 @@ def server(tmp_path_factory):
     sock = f"/tmp/rloo-test-{os.getpid()}-{folder.name}.sock"
     log = open(folder / "server.log", "w")  # noqa: SIM115 (held open for the server's life)
     env = {k: v for k, v in os.environ.items() if k != "KMP_DUPLICATE_LIB_OK"}
-    proc = subprocess.Popen([sys.executable, "-u", "-m", "rloo.stage_server", sock], cwd=ROOT, stdin=subprocess.DEVNULL,
-                            stdout=log, stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen([sys.executable, "-u", str(PROBE.parent / "stage_server.py"), sock], cwd=ROOT,
+                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env)
     stage_server.wait_listening(sock, 180, proc)
     yield {"sock": sock, "pid": proc.pid, "log": Path(tempfile_dir) / "server.log"}
     proc.terminate()
@@ -70,14 +72,18 @@ def test_exit_codes_and_exceptions_reach_the_client(server):
     assert res.returncode == 1 and "RuntimeError: the probe raised" in res.stderr and "Traceback" in res.stderr
 
 
-def test_the_rloo_command_is_served_with_its_exit_code(server):
-    env = {**os.environ, "RLOO_STAGE_SERVER": server["sock"]}
-    cmd = [sys.executable, "-m", "rloo.cli", "validate-config", "-c", str(ROOT / "config" / "nosuch.yaml")]
+@pytest.mark.parametrize("command", [[sys.executable, "-m", "rloo.cli"], [str(Path(sys.executable).parent / "rloo")]])
+def test_the_rloo_command_is_served_through_the_tests_hook_with_its_exit_code(server, command):
+    cmd = [*command, "validate-config", "-c", str(ROOT / "config" / "nosuch.yaml")]
+    hook = {**stage_free_env(), "RLOO_STAGE_SERVER": server["sock"], "PYTHONPATH": str(SERVED)}
     fresh = subprocess.run(cmd, env=stage_free_env(), capture_output=True, text=True, timeout=60)
     cpu0 = stage_server.cpu_seconds(server["sock"])
-    served = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    # without the hook on its path the command runs as it would anywhere: the package knows no server
+    plain = subprocess.run(cmd, env={**hook, "PYTHONPATH": ""}, capture_output=True, text=True, timeout=60)
+    assert stage_server.cpu_seconds(server["sock"]) == cpu0
+    served = subprocess.run(cmd, env=hook, capture_output=True, text=True, timeout=60)
     assert stage_server.cpu_seconds(server["sock"]) > cpu0
-    assert fresh.returncode == served.returncode != 0
+    assert fresh.returncode == plain.returncode == served.returncode != 0
     assert fresh.stdout == served.stdout and fresh.stderr == served.stderr and "nosuch.yaml" in served.stderr
 
 

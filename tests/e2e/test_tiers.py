@@ -71,7 +71,7 @@ def test_a_misspelt_marker_is_refused(tmp_path):
 SERVED = f'''
 import os, subprocess, sys
 import pytest
-from rloo import stage_server
+import stage_server
 
 @pytest.fixture
 def sock():

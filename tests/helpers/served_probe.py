@@ -1,4 +1,4 @@
-"""A command for tests/e2e/test_stage_server.py to send to a stage server (rloo.stage_server.delegate
+"""A command for tests/e2e/test_stage_server.py to send to a stage server (stage_server.delegate
 runs `module.main(args)`): it reports the process it finds itself in, exits, raises, burns CPU
 or waits for a signal, as told.
 
@@ -53,7 +53,7 @@ def main(args: list[str]) -> int:
 
 if __name__ == "__main__":
     os.environ["RLOO_STAGE_SERVER"] = sys.argv[1]
-    from rloo.stage_server import delegate
+    from stage_server import delegate
 
     code = delegate("served_probe", sys.argv[2:])
     sys.exit(main(sys.argv[2:]) if code is None else code)

@@ -1,4 +1,4 @@
-"""`snakemake ARGS` as the tests run it: in a process forked by the stage server (rloo/stage_server.py,
+"""`snakemake ARGS` as the tests run it: in a process forked by the stage server (tests/helpers/stage_server.py,
 tests/conftest.py) where there is one, which has imported Snakemake and its plugins already; else here.
 Either way it is `snakemake.cli.main`, the function the `snakemake` command calls.
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from rloo.stage_server import delegate
+from stage_server import delegate
 
 if __name__ == "__main__":
     sys.argv[0] = str(Path(sys.executable).parent / "snakemake")  # as the command's own argv[0]

@@ -43,13 +43,24 @@ def make_copy(dest: Path) -> Path:
     return dest
 
 
+# tests/conftest.py's stage server takes `rloo` commands from a process whose PYTHONPATH holds this folder
+SERVED = Path(__file__).resolve().parent / "served"
+
+
+def pythonpath(*paths: str | Path) -> str:
+    """PYTHONPATH for a command a test starts: `paths`, then the stage server's client hook while the
+    session has a server (tests/helpers/served/sitecustomize.py)."""
+    served = [str(SERVED)] if os.environ.get("RLOO_STAGE_SERVER") else []
+    return os.pathsep.join([*map(str, paths), *served])
+
+
 def env_for(copy: Path) -> dict[str, str]:
     """The environment of a Snakemake run in `copy`: the venv's tools first, the copy's package."""
     env = dict(os.environ)
     env.update(
         PATH=str(VENV_BIN) + os.pathsep + env.get("PATH", ""),
         VIRTUAL_ENV=sys.prefix,
-        PYTHONPATH=str(copy),
+        PYTHONPATH=pythonpath(copy),
         HF_HUB_OFFLINE="1",
         HF_DATASETS_OFFLINE="1",
         PYTHONDONTWRITEBYTECODE="1",

@@ -1,12 +1,14 @@
-"""A stage-process server: one interpreter that has imported torch, transformers, MLflow and Snakemake
-forks each `rloo <stage>` process, so that the process skips their import (~6.6 CPU-s of the micro
-stages' 9–12); the tests' Snakemake runs go through it too (tests/helpers/served_snakemake.py).
+"""The test suite's stage-process server: one interpreter that has imported torch, transformers, MLflow
+and Snakemake forks each `rloo <stage>` process the tests start, so that the process skips their import
+(~6.6 CPU-s of the micro stages' 9–12); the tests' Snakemake runs go through it too
+(tests/helpers/served_snakemake.py). Test machinery: the package knows nothing of it.
 
-Opt-in. `python -u -m rloo.stage_server SOCKET` serves; where `RLOO_STAGE_SERVER` names that socket, the
-`rloo` command (`rloo.cli.entry`) hands its arguments, environment, working directory, sys.path and
-standard streams to the server and waits: a forked process runs the command, and the client exits as it
-does, with its exit code or by its signal. The test suite starts one server per pytest process
-(tests/conftest.py); nothing else does.
+`python -u tests/helpers/stage_server.py SOCKET` serves. tests/conftest.py starts one per pytest process,
+names its socket in `RLOO_STAGE_SERVER` and puts tests/helpers/served/ on PYTHONPATH, whose
+sitecustomize.py makes every `rloo ...` and `python -m rloo.cli ...` the tests start (directly, as a
+Snakemake job, or as a torchrun worker) a client (`delegate`): it hands its arguments, environment,
+working directory, sys.path and standard streams to the server and waits; a forked process runs the
+command, and the client exits as it does, with its exit code or by its signal.
 
 What a fresh process would do, the forked one does, or the command does not go to the server:
 - Only third-party modules are imported before the fork; `rloo` is imported afresh from the client's
@@ -357,10 +359,10 @@ def become(req: dict) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """`python -u -m rloo.stage_server SOCKET`: serve until the parent process ends; in a forked process, run
-    the client's command and return its exit code."""
+    """`python -u tests/helpers/stage_server.py SOCKET`: serve until the parent process ends; in a forked
+    process, run the client's command and return its exit code."""
     if len(argv) != 1:
-        print("usage: python -u -m rloo.stage_server SOCKET", file=sys.stderr)
+        print("usage: python -u tests/helpers/stage_server.py SOCKET", file=sys.stderr)
         return 2
     server, parent = os.getpid(), os.getppid()
     try:

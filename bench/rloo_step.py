@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -30,16 +31,27 @@ from bench.record import write
 PHASES = ("time/generation_s", "time/scoring_s", "time/reference_s", "time/update_s", "time/step_s")
 
 
+def previous_path(trainer_class: type) -> type:
+    """The trainer as it stepped before the lean path: every row passed forward whole, in one chunk."""
+
+    class PreviousPath(trainer_class):
+        chunk_rows = 1 << 30
+
+        def distinct_rows(self, batch):
+            n = len(batch.completion_mask)
+            return torch.arange(n), torch.arange(n)
+
+    return PreviousPath
+
+
 def run_variant(cfg: dict, policy: str, train: list[dict], variant: str, first_step: int, steps: int) -> dict:
     from rloo.reward.rewards import build_reward
     from rloo.rollout import HFRollout
-    from rloo.stages.train import Trainer
+    from rloo.train.rloo import Trainer
 
-    trainer = Trainer(cfg, policy, build_reward(cfg), train)
+    trainer = (previous_path(Trainer) if variant == "old" else Trainer)(cfg, policy, build_reward(cfg), train)
     if variant == "old":
         trainer.rollout = HFRollout(trainer.policy, lean=False)
-        trainer.chunk_rows = 1 << 30
-        trainer.dedup = False
     trainer.step(first_step)  # warm-up (allocator, thread pool), not timed
     rows = [trainer.step(first_step + 1 + s) for s in range(steps)]
     out = {k: float(np.mean([r[k] for r in rows])) for k in PHASES}

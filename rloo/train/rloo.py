@@ -95,10 +95,9 @@ class Trainer:
         self.alarm_cfg = rc.alarms
         # rollout backend (issue 8): `rollout.backend` hf | vllm; a vLLM engine is built once, here.
         self.rollout = make_rollout(sections, self.seed, policy_dir, self.policy)
-        # Rows per chunk of the forward passes over the samples (batching._completion_pass), and whether
-        # a completion sampled twice for a prompt is passed forward once (bench/rloo_step.py turns both off).
-        self.chunk_rows = 16
-        self.dedup = True
+
+    # Rows per chunk of the forward passes over the samples (rloo.model.logprobs' completion passes).
+    chunk_rows = 16
 
     # Alarms whose premise this estimator does not share (PPO: its critic, not the group, is the baseline).
     alarms_not_applicable: tuple[str, ...] = ()
@@ -275,12 +274,15 @@ class Trainer:
         log-probabilities, KL and shaped reward, and the gradient through the shared row is the sum over
         its copies."""
         batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
-        n = len(batch.completion_mask)
-        first, inverse = batch.distinct_rows if self.dedup else (torch.arange(n), torch.arange(n))
+        first, inverse = self.distinct_rows(batch)
         distinct = batch.select(first) if len(first) < len(inverse) else batch
         parts = self.parts(distinct)
         ref_lp = self._reference_logprobs(distinct, parts)[inverse]
         return StepRows(ro, batch.completion_mask, distinct, first, inverse, parts, ref_lp)
+
+    def distinct_rows(self, batch: SeqBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(each distinct row's index, each row's distinct row): the rows the forward passes run on."""
+        return batch.distinct_rows
 
     def _policy_logprobs(self, rows: StepRows) -> None:
         """The policy's log-probabilities before the update (`old_lp`) and its entropies. One micro-batch:

@@ -297,10 +297,14 @@ def test_duplicate_samples_are_passed_once_with_the_same_update(micro_run):
     """k samples of a prompt are often the same completion; the forward passes run once per distinct
     row. The step's log-probabilities, advantages and update are those of the plain step."""
     cfg = _cfg(micro_run, k=4, prompts_per_step=4, lr=1e-3, temperature=0.05, max_new_tokens=4)  # many copies
+    class EveryRow(rloo_stage.Trainer):
+        def distinct_rows(self, batch):
+            n = len(batch.completion_mask)
+            return torch.arange(n), torch.arange(n)
+
     results = []
-    for dedup in (True, False):
-        trainer = rloo_stage.Trainer(cfg, micro_run["sft"], LengthReward(), _train_rows(micro_run))
-        trainer.dedup = dedup
+    for trainer_class in (rloo_stage.Trainer, EveryRow):
+        trainer = trainer_class(cfg, micro_run["sft"], LengthReward(), _train_rows(micro_run))
         m = trainer.step(0)
         m1 = trainer.step(1)
         results.append((m, m1, {k: v.detach().clone() for k, v in trainer.policy.state_dict().items()}))

@@ -16,7 +16,7 @@ from pathlib import Path
 from rloo.code_fingerprint import changes, load_manifest, parse_param
 from rloo.config import changed_keys
 from rloo.dvc.dag import Rerun, rerun_reasons
-from rloo.dvc.dvcyaml import DvcError
+from rloo.dvc.dvcyaml import DvcError, configfile_parser, project_root
 
 
 def _code_lines(root: Path, before: str, now: str) -> list[str]:
@@ -77,17 +77,13 @@ def _matches(rerun: Rerun, names: list[str]) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rloo why-rerun", description=__doc__,
+    parser = argparse.ArgumentParser(prog="rloo why-rerun", description=__doc__, parents=[configfile_parser()],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("stage", nargs="*", help="only these stages (a rule, e.g. sft, or a job, e.g. rloo@grpo)")
-    parser.add_argument("--configfile", nargs="+", default=[], metavar="FILE",
-                        help="config files, as given to `snakemake --configfile`")
     parser.add_argument("--target", action="append", default=[], metavar="FILE_OR_RULE",
                         help="a Snakemake target besides the default one (e.g. results/comparison.json)")
     args = parser.parse_args(argv)
-    root = Path.cwd()
-    if not (root / "Snakefile").is_file():
-        print(f"rloo why-rerun: run from the project root (no Snakefile in {root})", file=sys.stderr)
+    if (root := project_root("rloo why-rerun")) is None:
         return 2
     try:
         reruns = [r for r in rerun_reasons(root, args.configfile, args.target) if _matches(r, args.stage)]

@@ -43,12 +43,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from rloo.dvc.commit import commit
 from rloo.dvc.compile import check, generate
 from rloo.dvc.driver import dvc, is_dvc_repo
-from rloo.dvc.dvcyaml import DVC_YAML, DvcError, expand_stages, log
+from rloo.dvc.dvcyaml import DVC_YAML, DvcError, configfile_parser, expand_stages, log, project_root
 from rloo.dvc.restore import restore
 
 
@@ -56,9 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rloo dvc", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    configfile = argparse.ArgumentParser(add_help=False)
-    configfile.add_argument("--configfile", nargs="+", default=[], metavar="FILE",
-                            help="config files, as given to `snakemake --configfile`")
+    configfile = configfile_parser()
 
     p = sub.add_parser("yaml", parents=[configfile], help="write dvc.yaml and params.yaml from the Snakemake DAG")
     p.add_argument("--target", action="append", default=[], metavar="FILE_OR_RULE",
@@ -78,9 +75,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="put back the outputs of the last committed run (dvc.lock) from the DVC cache, then restore")
 
     args = parser.parse_args(argv)
-    root = Path.cwd()
-    if not (root / "Snakefile").is_file():
-        print(f"rloo dvc: run from the project root (no Snakefile in {root})", file=sys.stderr)
+    root = project_root("rloo dvc")
+    if root is None:
         return 2
     try:
         if args.command == "yaml":

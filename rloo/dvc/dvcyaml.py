@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 import shutil
 import sys
@@ -32,6 +33,23 @@ class DvcError(RuntimeError):
 
 def log(msg: str) -> None:
     print(f"rloo dvc: {msg}", file=sys.stderr, flush=True)
+
+
+def configfile_parser() -> argparse.ArgumentParser:
+    """The `--configfile` option of the tools that build the Snakemake DAG (`rloo dvc`, `rloo why-rerun`)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--configfile", nargs="+", default=[], metavar="FILE",
+                        help="config files, as given to `snakemake --configfile`")
+    return parser
+
+
+def project_root(prog: str) -> Path | None:
+    """The working directory where it holds the workflow (the Snakefile); else None, said in one line."""
+    root = Path.cwd()
+    if (root / "Snakefile").is_file():
+        return root
+    print(f"{prog}: run from the project root (no Snakefile in {root})", file=sys.stderr)
+    return None
 
 
 def venv_executable(name: str) -> str | None:

@@ -22,20 +22,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import rloo.tracking.store as store  # not `from rloo.tracking import store`: that init imports this module
 from rloo.tracking.params import config_params
 from rloo.tracking.records import ENV_RUNS_DIR, new_record, recorded_runs
 from rloo.tracking.redact import redact_text
 from rloo.tracking.run import Run, open_run
-from rloo.tracking.store import (
-    ENV_ENABLED,
-    ENV_PARENT,
-    display_uri,
-    enabled,
-    ensure_experiment,
-    experiment_name,
-    mlflow_client,
-    tracking_uri,
-)
 
 log = logging.getLogger("rloo.tracking")
 
@@ -58,15 +49,15 @@ def start_pipeline(
     exports RLOO_TRACKING=0) when tracking is disabled; on an MLflow error it warns and returns None.
     """
     global _pipeline
-    if not enabled(config):
-        os.environ[ENV_ENABLED] = "0"
+    if not store.enabled(config):
+        os.environ[store.ENV_ENABLED] = "0"
         return None
-    uri = tracking_uri(config)
+    uri = store.tracking_uri(config)
     results = Path(results_dir or ((config.get("paths") or {}).get("results") or "results")).resolve()
     os.environ[ENV_RUNS_DIR] = str(results / "runs")
     try:
-        experiment_id = ensure_experiment(uri, experiment_name(config))
-        client = mlflow_client(uri)
+        experiment_id = store.ensure_experiment(uri, store.experiment_name(config))
+        client = store.mlflow_client(uri)
         from rloo.config import config_hash
 
         command = " ".join(argv if argv is not None else sys.argv)
@@ -83,18 +74,18 @@ def start_pipeline(
         run_id = open_run(client, experiment_id, name, "pipeline", None, tags)
     except Exception as e:
         log.warning("MLflow: could not open the pipeline run at %s (%s); stages log top-level runs",
-                    display_uri(uri), e)
+                    store.display_uri(uri), e)
         print(f"rloo: MLflow pipeline run not created ({e})", file=sys.stderr)
         return None
-    record = new_record("pipeline", run_id, name, None, experiment_id, experiment_name(config), uri)
+    record = new_record("pipeline", run_id, name, None, experiment_id, store.experiment_name(config), uri)
     _pipeline = Run(client, run_id, name, record, results / "runs" / "pipeline.json")
     _pipeline.write_record()
     _pipeline.log_params(config_params(config))
     os.environ["MLFLOW_TRACKING_URI"] = uri
-    os.environ[ENV_PARENT] = run_id
+    os.environ[store.ENV_PARENT] = run_id
     atexit.register(_end_pipeline_at_exit)
-    ui = f"mlflow ui --backend-store-uri {uri}" if uri.startswith("sqlite:") else display_uri(uri)
-    print(f"rloo: MLflow pipeline run {run_id} (experiment '{experiment_name(config)}', "
+    ui = f"mlflow ui --backend-store-uri {uri}" if uri.startswith("sqlite:") else store.display_uri(uri)
+    print(f"rloo: MLflow pipeline run {run_id} (experiment '{store.experiment_name(config)}', "
           f"id {experiment_id}); to browse: {ui}", file=sys.stderr)
     return run_id
 

@@ -19,21 +19,13 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import rloo.tracking.store as store  # not `from rloo.tracking import store`: that init imports this module
 from rloo.tracking.artifacts import WEIGHT_SUFFIXES, artifact_files
 from rloo.tracking.params import config_params, config_part, flatten, leaf_keys
 from rloo.tracking.provenance import dvc_lock_md5s, dvc_md5, rel_path, tag_path
 from rloo.tracking.records import new_record, recorded_runs, runs_dir
 from rloo.tracking.redact import redact
 from rloo.tracking.run import Run, open_run
-from rloo.tracking.store import (
-    ENV_PARENT,
-    display_uri,
-    enabled,
-    ensure_experiment,
-    experiment_name,
-    mlflow_client,
-    tracking_uri,
-)
 
 log = logging.getLogger("rloo.tracking")
 
@@ -94,21 +86,21 @@ def _start_stage_run(cfg: dict, stage: str, keys: list[str] | None, outputs: lis
     from rloo.config import config_hash, stage_config
     from rloo.pipeline import STAGES
 
-    uri = tracking_uri(cfg)
-    parent = os.environ.get(ENV_PARENT, "").strip() or None
+    uri = store.tracking_uri(cfg)
+    parent = os.environ.get(store.ENV_PARENT, "").strip() or None
     client = None
     experiment_id = None
     if parent:
-        client = mlflow_client(uri)
+        client = store.mlflow_client(uri)
         try:
             experiment_id = client.get_run(parent).info.experiment_id
         except Exception as e:
             log.warning("MLflow: parent run %s not found at %s (%s); this stage gets a top-level run",
-                        parent, display_uri(uri), e)
+                        parent, store.display_uri(uri), e)
             parent = None
     if experiment_id is None:
-        experiment_id = ensure_experiment(uri, experiment_name(cfg))
-        client = client or mlflow_client(uri)
+        experiment_id = store.ensure_experiment(uri, store.experiment_name(cfg))
+        client = client or store.mlflow_client(uri)
     # Under Snakemake `keys` are those its rule passed (see `cli_context`), which decide whether it
     # reruns; run by hand, a stage's parameters are what it reads of the config, plus name and threads.
     if keys is None and _stage_base(stage) in STAGES:
@@ -129,7 +121,7 @@ def _start_stage_run(cfg: dict, stage: str, keys: list[str] | None, outputs: lis
     tags.update({f"rloo.upstream.{name}": rec["run_id"] for name, rec in recorded_runs(runs_dir(cfg)).items()
                  if rec.get("run_id") and _stage_base(name) in earlier})
     run_id = open_run(client, experiment_id, stage, "stage", parent, tags)
-    experiment = experiment_name(cfg)
+    experiment = store.experiment_name(cfg)
     with contextlib.suppress(Exception):
         experiment = client.get_experiment(experiment_id).name
     record = new_record(stage, run_id, stage, parent, experiment_id, experiment, uri)
@@ -252,7 +244,7 @@ def stage_run(
     The run ends FINISHED, FAILED on an exception, KILLED on preemption or interrupt.
     """
     global _active
-    if not enabled(cfg):
+    if not store.enabled(cfg):
         yield None
         return
     outputs = [Path(p) for p in outputs]
@@ -261,7 +253,7 @@ def stage_run(
         run = _start_stage_run(cfg, stage, keys, outputs)
     except Exception as e:
         log.warning("MLflow: could not start a run for stage %s at %s (%s); running untracked",
-                    stage, display_uri(tracking_uri(cfg)), e)
+                    stage, store.display_uri(store.tracking_uri(cfg)), e)
         yield None
         return
     log_path = Path(log_file) if log_file is not None else _redirected_log()

@@ -85,21 +85,21 @@ def sample_metrics(scores: torch.Tensor, seq_kl: torch.Tensor, ro: Rollout, k: i
 def ppo_update_metrics(step: int, got: Collected, rows: PpoRows, adv: PpoAdvantages, upd: PpoUpdates, lr: float,
                        k: int) -> dict:
     """The `train/*` and `ppo/*` figures of a PPO update (one process: PPO is refused data-parallel)."""
-    train_mask = adv.train_mask
+    train_mask, means = adv.train_mask, upd.means()
     tokens = train_mask.sum().clamp(min=1)
     return {
         "step": step,
         **sample_metrics(got.scores, adv.kl.sum(1), rows.rollout, k),
-        "train/clip_frac": upd.clip_frac,
+        "train/clip_frac": means["clip_frac"],
         "train/entropy": upd.entropy,
         "train/grad_norm": upd.grad_norm,
-        "train/loss": upd.loss,
+        "train/loss": means["loss"],
         "train/lr": lr,
-        "ppo/value_loss": upd.value_loss,
-        "ppo/value_clip_frac": upd.value_clip_frac,
+        "ppo/value_loss": means["value_loss"],
+        "ppo/value_clip_frac": means["value_clip_frac"],
         "ppo/explained_variance": float(explained_variance(rows.old_values, adv.returns, train_mask)),
-        "ppo/approx_kl": upd.approx_kl,
-        "ppo/policy_clip_frac": upd.clip_frac,
+        "ppo/approx_kl": means["approx_kl"],
+        "ppo/policy_clip_frac": means["clip_frac"],
         "ppo/value_mean": float((rows.old_values * train_mask).sum() / tokens),
         "ppo/return_mean": float((adv.returns * train_mask).sum() / tokens),
     }

@@ -6,6 +6,7 @@ three for its minibatches, critic and per-token advantages (`PpoRows`, `PpoAdvan
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -95,29 +96,32 @@ class MinibatchUpdate:
 
 @dataclass
 class PpoUpdates:
-    """A step's minibatch updates, averaged over `n_updates` (the policy's clipped share, approximate KL,
-    value loss and value-clipped share, and loss); the last update's gradient norm; the entropy of the
-    policy that sampled, from the first epoch's passes."""
+    """A step's minibatch updates (`add`, in the order they ran): their means over `n_updates` of the
+    policy's clipped share, approximate KL, value loss, value-clipped share and loss; the last update's
+    gradient norm; the entropy of the policy that sampled, from the first epoch's passes."""
 
     n_updates: int
-    clip_frac: float = 0.0
-    approx_kl: float = 0.0
-    value_loss: float = 0.0
-    value_clip_frac: float = 0.0
-    loss: float = 0.0
-    grad_norm: float = 0.0
-    entropies: list[float] = field(default_factory=list)
+    done: list[MinibatchUpdate] = field(default_factory=list)
 
     def add(self, upd: MinibatchUpdate) -> None:
-        per_token = max(upd.tokens, 1.0)
-        self.clip_frac += upd.clipped / per_token / self.n_updates
-        self.approx_kl += upd.kl / per_token / self.n_updates
-        self.value_loss += upd.value_loss / self.n_updates
-        self.value_clip_frac += upd.value_clipped / per_token / self.n_updates
-        self.loss += upd.loss / self.n_updates
-        self.grad_norm = upd.grad_norm
-        self.entropies += upd.entropies
+        self.done.append(upd)
+
+    def means(self) -> dict[str, float]:
+        """Each minibatch figure's mean over the step's updates (summed in the order they ran)."""
+        figures: dict[str, Callable[[MinibatchUpdate], float]] = {
+            "clip_frac": lambda u: u.clipped / max(u.tokens, 1.0),
+            "approx_kl": lambda u: u.kl / max(u.tokens, 1.0),
+            "value_loss": lambda u: u.value_loss,
+            "value_clip_frac": lambda u: u.value_clipped / max(u.tokens, 1.0),
+            "loss": lambda u: u.loss,
+        }
+        return {name: sum(f(u) / self.n_updates for u in self.done) for name, f in figures.items()}
+
+    @property
+    def grad_norm(self) -> float:
+        return self.done[-1].grad_norm if self.done else 0.0
 
     @property
     def entropy(self) -> float:
-        return sum(self.entropies) if self.entropies else float("nan")
+        entropies = [e for u in self.done for e in u.entropies]
+        return sum(entropies) if entropies else float("nan")

@@ -157,6 +157,7 @@ class Trainer:
         texts = ro.texts(self.tokenizer)
         scores = self.reward.score(
             [self.prompts[i] for i in rows], texts, [self.train[i]["answer"] for i in rows], ro.finished.tolist(),
+            rows=[self.train[i] for i in rows], completion_ids=ro.token_ids(),
         )
         return scores.float().to(self.device), texts
 
@@ -173,14 +174,20 @@ class Trainer:
         if distributed.enabled():
             lo, hi = distributed.shard(len(idx))
             idx, noise_rows = idx[lo:hi], (lo * rc.k, len(idx) * rc.k)
+        tally = getattr(self.reward, "tally", None)  # reward functions: each one's rewards this step
+        if tally is not None:
+            tally.clear()
         with distributed.gathered(self.policy):
-            return gather(
+            got = gather(
                 idx, lambda idx, round_: self._sample(idx, step, round_, noise_rows),
                 lambda idx, ro: self._score(idx, ro, rc.k)[0],
                 k=rc.k, n_prompts=len(self.train), seed=self.seed, step=step,
                 pad_id=self.tokenizer.pad_token_id, dynamic=rc.dynamic_sampling,
                 max_rounds=rc.dynamic_sampling_max_rounds,
             )
+        if tally is not None:  # train/reward/<name>: over every completion scored (dynamic sampling's dropped too)
+            got.stats.update(tally.means("train/reward/"))
+        return got
 
     def _greedy_baseline(self, idx: np.ndarray) -> torch.Tensor:
         """ReMax: the shaped reward of each prompt's greedy completion."""

@@ -15,6 +15,7 @@ from rloo.model.base import gguf_file
 from rloo.pipeline import STAGES, VARIANT_FIELDS, VARIANT_PATTERN, outputs, parse_variant, reads_reward_model
 from rloo.pipeline import rule_outputs, upstream, work_dir
 from rloo.code_inputs import PACKAGE_DIR, stage_sources
+from rloo.reward.functions import user_files
 
 # Snakemake reads each --configfile as it is and knows nothing of an overlay's `base:` (the file it
 # overlays, which `rloo <stage> -c` reads first). The Snakefile's own configfile is config/config.yaml;
@@ -78,6 +79,12 @@ def code(stage):
     descendants (an input counts as changed when it is newer and its checksum differs). They are
     the files of the package that `rloo` imports here (PYTHONPATH or the installed package)."""
     return [_local(PACKAGE_DIR.parent / f) for f in stage_sources(stage)]
+
+
+def reward_code(wildcards):
+    """The user's own reward-function files the job runs (reward.source: function; rloo.reward.functions.
+    user_files), as inputs of the rloo and evaluate rules: editing one reruns those two stages."""
+    return [_local(p) for p in user_files(job_config(wildcards))]
 
 
 def local_inputs(*values):

@@ -1,6 +1,7 @@
 rule evaluate:
     input:
         code=code("evaluate"),
+        reward_code=reward_code,
         # the trained reward model, the proxy every policy is scored by beside the judge
         reward_model=rules.reward.output.model,
         test=rules.prepare.output.test,

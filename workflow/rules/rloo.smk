@@ -2,6 +2,7 @@ rule rloo:
     input:
         unpack(reward_model),
         code=code("train"),
+        reward_code=reward_code,
         train=rules.prepare.output.train,
         val=rules.prepare.output.val,
         policy=rules.sft.output.model,

@@ -85,6 +85,7 @@ use rule rloo as rloo_variant with:
     input:
         unpack(reward_model),
         code=code("train"),
+        reward_code=reward_code,
         train=v_input("prepare", "train"),
         val=v_input("prepare", "val"),
         policy=v_input("sft", "model"),
@@ -106,6 +107,7 @@ use rule rloo as rloo_variant with:
 use rule evaluate as evaluate_variant with:
     input:
         code=code("evaluate"),
+        reward_code=reward_code,
         reward_model=v_input("reward", "model"),
         test=v_input("prepare", "test"),
         manifest=v_input("prepare", "manifest"),

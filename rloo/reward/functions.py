@@ -195,7 +195,8 @@ def config_problems(cfg: dict) -> list[str]:
             problems.append(str(e))
             continue
         if problem := signature_problem(func, offered):
-            problems.append(f"key '{key}.fn': {where}: {f['fn']} cannot be called as a reward function: {problem}")
+            name = f["fn"].rpartition(":")[2]
+            problems.append(f"key '{key}.fn': {where}: '{name}' cannot be called as a reward function: {problem}")
     return problems
 
 

@@ -24,8 +24,18 @@ class Scorer(Protocol):
     """What scores completions as a proxy: any reward source (rloo.reward.rewards), not imported here so that
     a stage that evaluates without one does not count the reward sources as its code."""
 
-    def score(self, prompts: list[str], completions: list[str], golds: list[str], finished: list[bool],
-              rows: list[dict] | None = None, completion_ids: list[list[int]] | None = None) -> torch.Tensor: ...
+    def score(self, prompts: list[str], completions: list[str], golds: list[str],
+              finished: list[bool]) -> torch.Tensor: ...
+
+
+def record_arguments(source: object, rows: list[dict], completion_ids) -> dict:
+    """The keyword arguments a reward source's `score` takes beyond the four every source takes: the
+    completions' data records and token ids (`completion_ids`: the ids, or a function giving them, called
+    only when needed), for a source that reads them (`reads_records`: reward functions, a reward server;
+    rloo.reward.rewards), else none."""
+    if not getattr(source, "reads_records", False):
+        return {}
+    return {"rows": rows, "completion_ids": completion_ids() if callable(completion_ids) else completion_ids}
 
 
 class Components(Protocol):
@@ -141,7 +151,7 @@ def evaluate_policy(policy, tokenizer, rows: list[dict], spec: EvalSpec, referen
         "examples": len(rows),
     }
     if proxy is not None:  # what the reward the policy is judged by as a proxy thinks of these samples
-        scores = torch.cat([proxy.score(prompts, d.texts, golds, d.finished, rows=rows, completion_ids=d.ids)
+        scores = torch.cat([proxy.score(prompts, d.texts, golds, d.finished, **record_arguments(proxy, rows, d.ids))
                             for d in draws])
         ok = torch.isfinite(scores)
         report["proxy_reward"] = float(scores[ok].mean()) if ok.any() else None

@@ -203,12 +203,13 @@ def config_problems(cfg: dict) -> list[str]:
 def user_files(cfg: dict) -> list[Path]:
     """The files of the user's own code that the configured reward functions run: each
     `path/to/file.py:function`, and each `module:function` whose module lies outside this package and
-    outside the installed packages (a module of the working directory). The rloo and evaluate stages
-    take them as inputs, so that editing one reruns those stages."""
+    outside the Python installation and its environment (the standard library, installed packages):
+    a module of the working directory, say. The rloo and evaluate stages take them as inputs, so that
+    editing one reruns those stages."""
     if cfg["reward"]["source"] != "function":
         return []
     out: list[Path] = []
-    package = Path(__file__).resolve().parents[1]
+    not_user = {Path(__file__).resolve().parents[1], Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()}
     for f in cfg["reward"]["functions"]:
         target = f["fn"].rpartition(":")[0]
         if is_path(target):
@@ -221,7 +222,7 @@ def user_files(cfg: dict) -> list[Path]:
             if spec is None or not spec.origin or not spec.has_location:
                 continue
             path = Path(spec.origin)
-            if package in path.resolve().parents or "site-packages" in path.parts or "dist-packages" in path.parts:
+            if not_user & set(path.resolve().parents):
                 continue
         if path not in out:
             out.append(path)

@@ -240,7 +240,7 @@ class JudgeReward:
     def from_config(cls, cfg: dict) -> JudgeReward:
         return cls(build_judge(cfg))
 
-    def score(self, prompts, completions, golds, finished, rows=None, completion_ids=None) -> torch.Tensor:
+    def score(self, prompts, completions, golds, finished) -> torch.Tensor:
         out = []
         for p, c, g, f in zip(prompts, completions, golds, finished, strict=True):
             if not f:

@@ -1,10 +1,11 @@
 """Reward sources for RLOO behind one interface: the verifier, a Bradley-Terry reward model, a judge,
 a user's reward functions (rloo/reward/functions.py) or a reward server (rloo/reward/remote.py).
 
-`score(prompts, completions, golds, finished, rows=, completion_ids=) -> Tensor[N]` with NaN for a
-missing reward (kept out of the leave-one-out baselines by the estimators); `rows` are the completions'
-data records and `completion_ids` their token ids, for the plug-ins. A completion cut off by the token
-budget scores 0 from the verifier: it never produced a final answer.
+`score(prompts, completions, golds, finished) -> Tensor[N]` with NaN for a missing reward (kept out of
+the leave-one-out baselines by the estimators). A source that reads more of a completion says so with
+`reads_records = True` (the plug-ins): its callers then also pass `rows=`, the completions' data records,
+and `completion_ids=`, their token ids. A completion cut off by the token budget scores 0 from the
+verifier: it never produced a final answer.
 """
 
 from __future__ import annotations
@@ -29,8 +30,7 @@ class RewardSource(Protocol):
     name: str
 
     def score(
-        self, prompts: list[str], completions: list[str], golds: list[str], finished: list[bool],
-        rows: list[dict] | None = None, completion_ids: list[list[int]] | None = None,
+        self, prompts: list[str], completions: list[str], golds: list[str], finished: list[bool]
     ) -> torch.Tensor: ...
 
 
@@ -42,7 +42,7 @@ class VerifierReward:
     def __init__(self, mode: str = "strict") -> None:
         self.mode = mode
 
-    def score(self, prompts, completions, golds, finished, rows=None, completion_ids=None) -> torch.Tensor:
+    def score(self, prompts, completions, golds, finished) -> torch.Tensor:
         return torch.tensor(
             [float(f and is_correct(c, g, self.mode)) for c, g, f in zip(completions, golds, finished, strict=True)]
         )
@@ -66,7 +66,7 @@ class RewardModelReward:
         self.nonfinite = 0  # running count of NaN/inf scores turned into missing rewards
 
     @torch.no_grad()
-    def score(self, prompts, completions, golds, finished, rows=None, completion_ids=None) -> torch.Tensor:
+    def score(self, prompts, completions, golds, finished) -> torch.Tensor:
         texts = [p + c for p, c in zip(prompts, completions, strict=True)]
         from rloo.model.logprobs import model_device
         from rloo.runtime import scoring_precision
@@ -106,6 +106,7 @@ class FunctionReward:
     gave a number). Each function's rewards are also tallied (`tally`), for its mean over a step."""
 
     name = "function"
+    reads_records = True
 
     def __init__(self, functions: list[RewardFunction]) -> None:
         self.functions = functions
@@ -128,6 +129,7 @@ class HttpReward:
     """`reward.source: http`: the rewards a reward server returns (rloo/reward/remote.py)."""
 
     name = "http"
+    reads_records = True
 
     def __init__(self, client: RewardClient) -> None:
         self.client = client

@@ -28,7 +28,7 @@ from rloo.algo.schedules import lr_multiplier
 from rloo.config.sections import Sections
 from rloo.data.prompting import PromptFormat
 from rloo.errors import InputError
-from rloo.eval.evaluation import evaluate_policy, spec_for
+from rloo.eval.evaluation import evaluate_policy, record_arguments, spec_for
 from rloo.model import distributed, grad_checkpointing, lora, microbatch, models
 from rloo.model.logprobs import (
     SeqBatch,
@@ -157,7 +157,7 @@ class Trainer:
         texts = ro.texts(self.tokenizer)
         scores = self.reward.score(
             [self.prompts[i] for i in rows], texts, [self.train[i]["answer"] for i in rows], ro.finished.tolist(),
-            rows=[self.train[i] for i in rows], completion_ids=ro.token_ids(),
+            **record_arguments(self.reward, [self.train[i] for i in rows], ro.token_ids),
         )
         return scores.float().to(self.device), texts
 

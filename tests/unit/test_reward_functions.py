@@ -229,4 +229,7 @@ def test_a_relative_file_is_read_from_the_working_directory(rewards_file, monkey
     monkeypatch.syspath_prepend(str(rewards_file.parent))
     cfg = config([{"name": "m", "fn": "my_rewards:marker"}, {"name": "v", "fn": "rloo.reward.verifier:reward"}])
     assert user_files(cfg) == [rewards_file.parent / "my_rewards.py"]
+    # the standard library and installed packages are not the user's code
+    cfg["reward"]["functions"] += [{"name": "s", "fn": "json:dumps"}, {"name": "y", "fn": "yaml:safe_dump"}]
+    assert user_files(cfg) == [rewards_file.parent / "my_rewards.py"]
     assert user_files(load_config(ROOT / "config" / "config.yaml")) == []

@@ -72,14 +72,14 @@ def workflow(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("config", "key"), [
-    (f"evaluate={{llm_judge: {{base_url: 'http://judge:{SECRET}@judge.example/v1'}}}}", "evaluate.llm_judge.base_url"),
-    (f"reward={{source: http, http: {{url: 'http://scorer:{SECRET}@scorer.example/score'}}}}", "reward.http.url"),
-])
-def test_a_credential_given_to_snakemake_stops_it_and_reaches_no_file(workflow, config, key):
-    res = snakemake(workflow, "--cores", "1", *CONFIGFILES, "--config", config, check=False)
+def test_a_credential_given_to_snakemake_stops_it_and_reaches_no_file(workflow):
+    # the judge's URL and a reward server's, in one run: each refused, each named
+    res = snakemake(workflow, "--cores", "1", *CONFIGFILES, "--config",
+                    f"evaluate={{llm_judge: {{base_url: 'http://judge:{SECRET}@judge.example/v1'}}}}",
+                    f"reward={{source: http, http: {{url: 'http://scorer:{SECRET}@scorer.example/score'}}}}", check=False)
     out = res.stdout + res.stderr
-    assert res.returncode != 0 and key in out and "api_key_env" in out, out[-3000:]
+    for key in ("evaluate.llm_judge.base_url", "reward.http.url"):
+        assert res.returncode != 0 and f"key '{key}'" in out and f"{key.rsplit('.', 1)[0]}.api_key_env" in out, out[-3000:]
     assert SECRET not in out
     assert not _files_holding(workflow, SECRET)  # .snakemake/ (logs, metadata), data/, results/, logs/
 

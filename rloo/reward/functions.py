@@ -126,6 +126,7 @@ class Parameters:
     any_keyword: bool
     named: frozenset[str]
     required: tuple[str, ...]
+    positional_only: tuple[str, ...]  # required ones that no keyword can fill
 
     @classmethod
     def of(cls, func: Callable) -> Parameters | None:
@@ -134,18 +135,21 @@ class Parameters:
             sig = inspect.signature(func)
         except (TypeError, ValueError):
             return None
+        P = inspect.Parameter
         params = list(sig.parameters.values())
-        keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        required = [p for p in params if p.default is P.empty and p.kind not in (P.VAR_KEYWORD, P.VAR_POSITIONAL)]
         return cls(
-            any_keyword=any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params),
-            named=frozenset(p.name for p in params if p.kind in keyword),
-            required=tuple(p.name for p in params if p.default is inspect.Parameter.empty
-                           and p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)),
+            any_keyword=any(p.kind is P.VAR_KEYWORD for p in params),
+            named=frozenset(p.name for p in params if p.kind in (P.POSITIONAL_OR_KEYWORD, P.KEYWORD_ONLY)),
+            required=tuple(p.name for p in required),
+            positional_only=tuple(p.name for p in required if p.kind is P.POSITIONAL_ONLY),
         )
 
     def problem(self, offered: set[str] | None) -> str | None:
         """Why this signature cannot take a call offering `offered` (None: the record's further columns
         are not known yet, and the names it needs are checked at its first call), or None when it can."""
+        if self.positional_only:
+            return f"its parameter '{self.positional_only[0]}' is positional-only, but every argument is passed by keyword"
         if "completions" not in self.named and not self.any_keyword:
             return "it takes no 'completions' argument (TRL's form: def f(completions, **kwargs))"
         unknown = [n for n in self.required if offered is not None and n not in offered]
@@ -158,13 +162,7 @@ class Parameters:
 def signature_problem(func: Callable, offered: set[str] | None) -> str | None:
     """Why `func` cannot be called as a reward function with the arguments `offered`, or None."""
     params = Parameters.of(func)
-    if params is None:
-        return None
-    positional = [n for n, p in inspect.signature(func).parameters.items()
-                  if p.kind is inspect.Parameter.POSITIONAL_ONLY and p.default is inspect.Parameter.empty]
-    if positional:
-        return f"its parameter '{positional[0]}' is positional-only, but every argument is passed by keyword"
-    return params.problem(offered)
+    return None if params is None else params.problem(offered)
 
 
 def offered_names(cfg: dict) -> set[str] | None:

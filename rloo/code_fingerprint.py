@@ -419,10 +419,15 @@ class Codebase:
                 out[key] = _digest(json.dumps(_strip_descriptions(node), sort_keys=True))
         return out
 
-    def fingerprint(self, verb: str, config_keys: Iterable[str] = (), extra_files: Iterable[Path] = ()) -> Fingerprint:
-        """The fingerprint of `rloo <verb>`: the definitions it reaches, the schema nodes of `config_keys`
-        (the keys the stage reads), and `extra_files` (a user's own code the config names), whole."""
-        m = self.manifest(self.stage_keys(verb))
+    def fingerprint(self, verb: str, config_keys: Iterable[str] = (), extra_files: Iterable[Path] = (),
+                    extra_roots: Iterable[Key] = ()) -> Fingerprint:
+        """The fingerprint of `rloo <verb>`: the definitions it reaches (and those `extra_roots` reach:
+        functions of the package the config names), the schema nodes of `config_keys` (the keys the stage
+        reads), and `extra_files` (a user's own code the config names), whole."""
+        keys = set(self.stage_keys(verb))
+        if extra_roots:
+            keys |= self.reachable([k for module, name in extra_roots for k in self.symbol(module, name)])
+        m = self.manifest(keys)
         if schema := self.schema_digests(config_keys):
             m[self._rel(self.package_dir / SCHEMA)] = schema
         for f in extra_files:
@@ -443,16 +448,25 @@ def installed() -> Codebase:
 
 
 @cache
-def _stage_fingerprint(verb: str, config_keys: tuple[str, ...], extra_files: tuple[Path, ...]) -> Fingerprint:
-    return installed().fingerprint(verb, config_keys, extra_files)
+def _stage_fingerprint(verb: str, config_keys: tuple[str, ...], extra_files: tuple[Path, ...],
+                       extra_roots: tuple[Key, ...]) -> Fingerprint:
+    return installed().fingerprint(verb, config_keys, extra_files, extra_roots)
 
 
 def stage_fingerprint(verb: str, cfg: dict | None = None) -> Fingerprint:
-    """`rloo <verb>`'s fingerprint, with the schema nodes of the keys it reads (rloo.pipeline)."""
+    """`rloo <verb>`'s fingerprint, with the schema nodes of the keys it reads (rloo.pipeline); with a
+    config whose reward functions the stage runs (rloo and evaluate), their code too, by name: the
+    user's files, and the package's functions a spec names."""
     from rloo.pipeline import BY_VERB
 
     stage = BY_VERB.get(verb)
-    return _stage_fingerprint(verb, stage.keys if stage else (), ())
+    files: tuple[Path, ...] = ()
+    roots: tuple[Key, ...] = ()
+    if cfg is not None and stage is not None and stage.name in ("rloo", "evaluate"):
+        from rloo.reward.functions import package_functions, user_files
+
+        files, roots = tuple(user_files(cfg)), tuple(package_functions(cfg))
+    return _stage_fingerprint(verb, stage.keys if stage else (), files, roots)
 
 
 def stage_code_param(verb: str, cfg: dict | None = None, root: Path | None = None) -> str:

@@ -55,7 +55,8 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
           excluded=("model.shape",), data_parallel=True),
     # The reward model does not depend on what RLOO then uses as its reward.
     Stage("reward", "reward", {"model": "{models}/reward"}, keys=("seed", "model", "prompt", "reward"),
-          excluded=("reward.source", "reward.batch_size_score", "model.shape"), work=True, data_parallel=True),
+          excluded=("reward.source", "reward.batch_size_score", "reward.functions", "reward.http", "model.shape"),
+          work=True, data_parallel=True),
     Stage("rloo", "train", {"model": "{models}/rloo_{estimator}"},
           keys=("seed", "model", "prompt", "reward.source", "rloo", "rollout"), per_estimator=True, work=True,
           excluded=("model.shape",), data_parallel=True),
@@ -263,6 +264,10 @@ def base_stage(run: str) -> str:
     return run.split("[", 1)[0].split("_", 1)[0]
 
 
+# reward.source values that are a user's plug-in, and the key that configures each.
+PLUGIN_REWARDS = {"function": "reward.functions", "http": "reward.http"}
+
+
 def stage_keys(cfg: dict, stage: str, estimator: str | None = None) -> tuple[list[str], list[str]]:
     """(dotted keys `stage` reads under this config, keys below those that it does not read);
     `estimator`: the RLOO stage's, when it is not the config's own (a Snakemake wildcard)."""
@@ -276,6 +281,9 @@ def stage_keys(cfg: dict, stage: str, estimator: str | None = None) -> tuple[lis
         keys.append("reward.batch_size_score")  # the reward model's scoring batch inside RLOO
     elif stage == "rloo" and cfg["reward"]["source"] == "judge":
         keys += ["evaluate.judge", "evaluate.llm_judge"]  # RLOO is scored by the evaluation judge
+    if stage in ("rloo", "evaluate") and (plugin := PLUGIN_REWARDS.get(cfg["reward"]["source"])):
+        # reward functions or a reward server: RLOO trains on them, the evaluation reports them
+        keys += ["reward.source", plugin] if stage == "evaluate" else [plugin]
     return keys, excluded
 
 

@@ -11,6 +11,7 @@ from urllib.parse import parse_qsl, urlsplit
 from rloo.config.schema import ConfigError, Validator, coerce, key_path, load_schema
 from rloo.config.sections import RlooConfig
 from rloo.config.selection import leaves, put, select
+from rloo.reward.functions import config_problems as reward_function_problems
 
 
 def validate(cfg: dict, source: str = "config") -> dict:
@@ -70,6 +71,8 @@ def _credentials(cfg: dict) -> list[str]:
                  if path.startswith("evaluate.llm_judge") else
                  "MLflow reads MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) "
                  "from the environment" if path.startswith("tracking") else
+                 "put the key in an environment variable and name it in reward.http.api_key_env"
+                 if path.startswith("reward.http") else
                  "pass secrets through environment variables")
         problems.append(f"key '{path}': the URL for {url.scheme}://{host} carries {what}, which would be written "
                         f"to params.yaml, dvc.lock, logs and command lines; remove it and {where}")
@@ -78,7 +81,15 @@ def _credentials(cfg: dict) -> list[str]:
 
 def _cross_checks(cfg: dict) -> list[str]:
     """Rules that tie several keys together, checked before any stage runs (so `snakemake -n` fails)."""
-    return RlooConfig.from_config(cfg["rloo"]).problems() + _serve_checks(cfg) + _sweep_checks(cfg)
+    return (RlooConfig.from_config(cfg["rloo"]).problems() + _serve_checks(cfg) + _reward_checks(cfg)
+            + _sweep_checks(cfg))
+
+
+def _reward_checks(cfg: dict) -> list[str]:
+    """A reward server needs its URL; each reward function must import and take TRL's arguments."""
+    if cfg["reward"]["source"] == "http" and not cfg["reward"]["http"]["url"]:
+        return ["key 'reward.http.url': reward.source is 'http' but no URL is set (http://host:port/path)"]
+    return reward_function_problems(cfg)
 
 
 # Keys a sweep may not set: they say where outputs go, or declare the seeds, sweeps and comparison themselves.

@@ -118,8 +118,22 @@ class SftConfig(Section):
 
 
 @dataclass(frozen=True)
+class RewardHttpConfig(Section):
+    """reward.http: the reward server of `reward.source: http` (rloo/reward/remote.py)."""
+
+    url: str | None
+    timeout_s: float
+    max_retries: int
+    max_failed_share: float
+    api_key_env: str | None
+
+
+@dataclass(frozen=True)
 class RewardConfig(Section):
     source: str
+    # {name, fn, weight, max_failed_share} each: rloo/reward/functions.py reads them from the dict
+    functions: tuple[Mapping[str, Any], ...]
+    http: RewardHttpConfig
     init: str | None
     samples_per_prompt: int
     prompts: int

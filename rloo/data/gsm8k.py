@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rloo.errors import MissingInputError, UserError
 from rloo.io import jsonl_records, read_jsonl
-from rloo.reward.verifier import extract_answer
+from rloo.reward.verifier import MARKER, extract_answer, normalize_number
 
 
 class DataError(UserError, ValueError):
@@ -27,23 +27,48 @@ class LoadReport:
             self.reasons.append(why)
 
 
-def check_record(rec: dict, where: str) -> dict:
-    """Return {"question", "answer"} or raise DataError naming `where` (file:line or split[index])."""
-    for key in ("question", "answer"):
+# How a record names its question and answer (data.fields) and writes its answer (data.answer_format).
+GSM8K_FIELDS = {"question": "question", "answer": "answer"}
+# Values a prepared JSONL record can carry in its further fields (reward functions read them as columns).
+_JSON_TYPES = (str, int, float, bool, list, dict, type(None))
+
+
+def check_record(rec: dict, where: str, fields: dict[str, str] | None = None, answer_format: str = "gsm8k") -> dict:
+    """The record as the pipeline reads it, {"question", "answer" (GSM8K form), every further field}, or a
+    DataError naming `where` (file:line or split[index]). `fields` maps question and answer to the
+    record's own keys; `answer_format` number takes a bare number and writes it as '#### N'."""
+    q_key, a_key = (fields or GSM8K_FIELDS)["question"], (fields or GSM8K_FIELDS)["answer"]
+    for role, key in (("question", q_key), ("answer", a_key)):
         if key not in rec:
-            raise DataError(f"{where}: missing field '{key}'")
-        if not isinstance(rec[key], str) or not rec[key].strip():
-            raise DataError(f"{where}: field '{key}' must be a non-empty string")
-    if extract_answer(rec["answer"], "strict") is None:
-        raise DataError(f"{where}: answer has no parseable final '#### N'")
-    return {"question": rec["question"].strip(), "answer": rec["answer"].strip()}
+            raise DataError(f"{where}: missing field '{key}'" + (f" (data.fields.{role})" if key != role else ""))
+    question, answer = rec[q_key], rec[a_key]
+    if not isinstance(question, str) or not question.strip():
+        raise DataError(f"{where}: field '{q_key}' must be a non-empty string")
+    if answer_format == "number":
+        number = None if isinstance(answer, bool) else normalize_number(str(answer))
+        if number is None:
+            raise DataError(f"{where}: field '{a_key}' is not a number (data.answer_format: number): {answer!r:.40}")
+        answer = f"{MARKER} {number}"
+    elif not isinstance(answer, str) or not answer.strip():
+        raise DataError(f"{where}: field '{a_key}' must be a non-empty string")
+    elif extract_answer(answer, "strict") is None:
+        raise DataError(f"{where}: {a_key} has no parseable final '#### N'")
+    extras = {k: v for k, v in rec.items() if k not in (q_key, a_key)}
+    for key, value in extras.items():
+        if key in GSM8K_FIELDS:
+            raise DataError(f"{where}: field '{key}' would be replaced by field '{fields and fields[key]}' "
+                            f"(data.fields.{key}); rename one of them")
+        if not isinstance(value, _JSON_TYPES):
+            raise DataError(f"{where}: field '{key}' holds a {type(value).__name__}, which a JSONL record cannot hold")
+    return {"question": question.strip(), "answer": answer.strip(), **extras}
 
 
-def _collect(records, on_bad: str, report: LoadReport) -> list[dict]:
+def _collect(records, on_bad: str, report: LoadReport, fields: dict[str, str] | None = None,
+             answer_format: str = "gsm8k") -> list[dict]:
     out = []
     for where, rec in records:
         try:
-            out.append(check_record(rec, where))
+            out.append(check_record(rec, where, fields, answer_format))
         except DataError as e:
             if on_bad == "error":
                 raise
@@ -63,8 +88,10 @@ def _jsonl_records(path: str, on_bad: str, report: LoadReport):
             report.skip(bad)
 
 
-def load_jsonl_split(path: str, on_bad: str = "error") -> tuple[list[dict], LoadReport]:
-    """Local files in the official GSM8K release format, one {"question","answer"} per line.
+def load_jsonl_split(path: str, on_bad: str = "error", fields: dict[str, str] | None = None,
+                     answer_format: str = "gsm8k") -> tuple[list[dict], LoadReport]:
+    """Local files in the official GSM8K release format, one {"question","answer"} per line (or the
+    keys `fields` names, the answer as `answer_format` says: `check_record`).
 
     Lines are checked by our own reader first, so that an error names the line; the file then goes
     through `datasets.load_dataset("json")`, the same loader a user's own JSON data set takes.
@@ -72,29 +99,34 @@ def load_jsonl_split(path: str, on_bad: str = "error") -> tuple[list[dict], Load
     if not Path(path).exists():
         raise DataError(f"{path}: file not found")
     report = LoadReport()
-    records = _collect(_jsonl_records(path, on_bad, report), on_bad, report)
+    records = _collect(_jsonl_records(path, on_bad, report), on_bad, report, fields, answer_format)
     if not records:
         why = f"all {report.skipped} records are invalid ({report.reasons[0]})" if report.skipped else "the file holds no records"
         raise DataError(f"{path}: no usable GSM8K records: {why}")
     if report.skipped == 0:
         import datasets
 
-        ds = datasets.load_dataset("json", data_files=str(path), split="train")
+        try:
+            ds = datasets.load_dataset("json", data_files=str(path), split="train")
+        except Exception as e:  # pyarrow's: a field whose values differ in type from line to line
+            raise DataError(f"{path}: datasets cannot read it as one table ({' '.join(str(e).split())[:200]})") from None
         if len(ds) != len(records):
             raise DataError(f"{path}: datasets read {len(ds)} rows but {len(records)} valid records")
-        records = [{"question": r["question"].strip(), "answer": r["answer"].strip()} for r in ds]
+        records = [check_record(dict(r), f"{path}:{i + 1}", fields, answer_format) for i, r in enumerate(ds)]
     return records, report
 
 
 def load_hub_split(
-    hub_id: str, config: str, split: str, on_bad: str = "error"
+    hub_id: str, config: str, split: str, on_bad: str = "error", fields: dict[str, str] | None = None,
+    answer_format: str = "gsm8k",
 ) -> tuple[list[dict], LoadReport]:
     """A split of a hub data set such as openai/gsm8k (needs network access to the hub)."""
     import datasets
 
     ds = datasets.load_dataset(hub_id, config, split=split)
     report = LoadReport()
-    records = _collect(((f"{hub_id}[{split}][{i}]", dict(r)) for i, r in enumerate(ds)), on_bad, report)
+    records = _collect(((f"{hub_id}[{split}][{i}]", dict(r)) for i, r in enumerate(ds)), on_bad, report, fields,
+                       answer_format)
     return records, report
 
 

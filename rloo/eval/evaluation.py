@@ -28,6 +28,26 @@ class Scorer(Protocol):
               finished: list[bool]) -> torch.Tensor: ...
 
 
+def record_arguments(source: object, rows: list[dict], completion_ids) -> dict:
+    """The keyword arguments a reward source's `score` takes beyond the four every source takes: the
+    completions' data records and token ids (`completion_ids`: the ids, or a function giving them, called
+    only when needed), for a source that reads them (`reads_records`: reward functions, a reward server;
+    rloo.reward.rewards), else none."""
+    if not getattr(source, "reads_records", False):
+        return {}
+    return {"rows": rows, "completion_ids": completion_ids() if callable(completion_ids) else completion_ids}
+
+
+class Components(Protocol):
+    """A training reward made of named parts with weights: the user's reward functions, or a reward
+    server as one part (rloo.reward.rewards.FunctionReward, HttpReward)."""
+
+    weights: dict[str, float]
+
+    def components(self, prompts: list[str], completions: list[str], finished: list[bool], rows: list[dict],
+                   completion_ids: list[list[int]] | None = None) -> dict[str, list[float | None]]: ...
+
+
 @dataclass(frozen=True)
 class EvalSpec:
     """How to evaluate: the `prompt` config (rloo.data.prompting), the token budget, the sampled draws per
@@ -51,6 +71,7 @@ class Decoded:
     texts: list[str] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)  # tokens, EOS included
     finished: list[bool] = field(default_factory=list)  # ended with EOS within the budget
+    ids: list[list[int]] = field(default_factory=list)  # token ids, EOS included
     kl: list[float] = field(default_factory=list)  # sequence KL to the reference (sampled draws only)
 
 
@@ -82,9 +103,10 @@ def decode(policy, tokenizer, ids: list[list[int]], spec: EvalSpec, greedy: bool
                 kl = sequence_kl(completion_logprobs(policy, batch, logits_chunk_tokens=chunk),
                                  completion_logprobs(reference, batch, logits_chunk_tokens=chunk),
                                  batch.completion_mask).tolist()
-        texts, lengths, finished = ro.texts(tokenizer), ro.lengths.tolist(), ro.finished.tolist()
+        texts, lengths, finished, ids = ro.texts(tokenizer), ro.lengths.tolist(), ro.finished.tolist(), ro.token_ids()
         for j, d in enumerate(out):
             d.texts += texts[j::draws]
+            d.ids += ids[j::draws]
             d.lengths += lengths[j::draws]
             d.finished += finished[j::draws]
             d.kl += kl[j::draws] if kl is not None else []
@@ -100,10 +122,13 @@ def accuracy(texts: list[str], golds: list[str], mode: Mode = "strict") -> float
 
 @torch.no_grad()
 def evaluate_policy(policy, tokenizer, rows: list[dict], spec: EvalSpec, reference=None,
-                    proxy: Scorer | None = None, label: str = "policy") -> tuple[dict, dict[str, list[str]]]:
+                    proxy: Scorer | None = None, label: str = "policy",
+                    training_reward: Components | None = None) -> tuple[dict, dict[str, list[str]]]:
     """Verifier accuracy of `policy` on `rows` (greedy, and sampled as the mean of `spec.draws` draws;
     strict and flexible), mean sampled length, KL to `reference` and the `proxy` reward's mean over the
-    sampled completions where given (else None). Also the completions by mode, for a pairwise judge:
+    sampled completions where given (else None); with `training_reward`, each of its parts' rewards of
+    every sampled draw (`training_reward_parts`: one {part: rewards} per draw; the evaluate stage turns
+    them into figures, rloo.eval.reward_figures). Also the completions by mode, for a pairwise judge:
     `greedy`, and `sampled` = the first draw (an LLM judge is paid per comparison); and `draws`, each
     problem's list of every sampled draw (per-problem correctness: rloo.eval.gains, rloo.reward.solution_check)."""
     fmt = PromptFormat(tokenizer, spec.prompt)
@@ -126,9 +151,13 @@ def evaluate_policy(policy, tokenizer, rows: list[dict], spec: EvalSpec, referen
         "examples": len(rows),
     }
     if proxy is not None:  # what the reward the policy is judged by as a proxy thinks of these samples
-        scores = torch.cat([proxy.score(prompts, d.texts, golds, d.finished) for d in draws])
+        scores = torch.cat([proxy.score(prompts, d.texts, golds, d.finished, **record_arguments(proxy, rows, d.ids))
+                            for d in draws])
         ok = torch.isfinite(scores)
         report["proxy_reward"] = float(scores[ok].mean()) if ok.any() else None
+    if training_reward is not None:  # the reward RLOO trains on, part by part
+        report["training_reward_parts"] = [training_reward.components(prompts, d.texts, d.finished, rows, d.ids)
+                                           for d in draws]
     per_problem = [list(texts) for texts in zip(*(d.texts for d in draws), strict=True)]
     return report, {"greedy": greedy.texts, "sampled": draws[0].texts, "draws": per_problem}
 

@@ -13,6 +13,10 @@ def rloo_lines(metrics: dict) -> list[str]:
     acc = metrics.get("selected_val_accuracy_sampled")
     lines = [f"rloo: wrote the policy after {metrics['selected_step']} of {metrics['steps_trained']} steps"
              + (f" (select: {metrics['select']}, validation sampled accuracy {acc:.3f})" if acc is not None else "")]
+    if functions := metrics.get("reward_functions"):
+        lines.append("rloo: reward functions, mean over the last 10 steps: " + ", ".join(
+            f"{name} {_figure(f['final_mean'])} (weight {f['weight']:g})" for name, f in functions.items())
+            + f"; their weighted sum, the training reward, {_figure(metrics.get('final_reward_mean'))}")
     if mm := metrics.get("sampling_mismatch"):
         lines.append(mismatch_line(mm))
     if stop := metrics.get("stopped_early"):
@@ -21,6 +25,10 @@ def rloo_lines(metrics: dict) -> list[str]:
         if step is not None:
             lines.append(f"!! rloo: alarm/{name} fired at step {step} (docs/failure-modes.md)")
     return lines
+
+
+def _figure(value: float | None) -> str:
+    return "n/a" if value is None or value != value else f"{value:.3f}"
 
 
 def mismatch_line(mm: dict) -> str:
@@ -60,6 +68,8 @@ def evaluate_lines(result: dict) -> list[str]:
         proxy = "" if p.get("proxy_reward") is None else f", reward-model proxy {p['proxy_reward']:.3f}"
         lines.append(f"evaluate: {name}: accuracy sampled {p['accuracy_sampled']:.3f} / greedy {p['accuracy']:.3f}"
                      f"{gain}{proxy}, KL {p['kl']:.2f}")
+        if tr := p.get("training_reward"):
+            lines.append(f"evaluate: {name}: {training_reward_line(tr)}")
         for alarm, step in (p.get("alarms") or {}).items():
             lines.append(f"!! evaluate: {name} was trained with alarm/{alarm} firing (from step {step})")
         if name != "sft" and p["accuracy_sampled"] < sft["accuracy_sampled"]:
@@ -70,6 +80,8 @@ def evaluate_lines(result: dict) -> list[str]:
         b = base["policy"]
         lines.append(f"evaluate: base (untrained): accuracy sampled {b['accuracy_sampled']:.3f} / greedy {b['accuracy']:.3f}, "
                      f"{at_k_line('pass', b['pass_at_k'])}, {at_k_line('maj', b['maj_at_k'])}")
+        if tr := b.get("training_reward"):
+            lines.append(f"evaluate: base (untrained): {training_reward_line(tr)}")
         lines += [f"evaluate: {gain_line(name, g, against='base')}" for name, g in base["gains"].items()]
     for name, p in result["policies"].items():
         if check := p.get("solution_check"):
@@ -83,13 +95,25 @@ def evaluate_lines(result: dict) -> list[str]:
             lines.append(f"evaluate: {name} vs sft win rate {wr['value']:.3f}{ci} ({wr['wins']:.0f} wins, {wr['losses']:.0f} losses, "
                          f"{wr['ties']:.0f} ties, a tie counting half; "
                          + {True: "judge independent of the training reward", False: "judge the same as the training reward",
-                            None: "judge's independence unknown: no training metrics"}[independent] + ")")
+                            None: "judge's independence unknown: no training metrics, or a reward function "
+                                  "or server of the user's trained it"}[independent] + ")")
         if (agree := wr.get("agreement_with_verifier")) and agree["value"] is not None:
             ci = f" [{agree['ci95'][0]:.3f}, {agree['ci95'][1]:.3f}]" if agree.get("ci95") else ""
             lines.append(f"evaluate: {name} vs sft judge agrees with the verifier on {agree['agree']} of the "
                          f"{agree['judged']} pairs the verifier decides ({agree['value']:.3f}{ci}; "
                          f"{agree['decided_pairs'] - agree['judged']} left invalid)")
     return lines
+
+
+def training_reward_line(tr: dict) -> str:
+    """The training reward over a policy's sampled completions, and each of its parts, with intervals."""
+    def part(f: dict) -> str:
+        ci = f" [{f['ci95'][0]:.3f}, {f['ci95'][1]:.3f}]" if f.get("ci95") else ""
+        return _figure(f["mean"]) + ci
+
+    return (f"training reward {part(tr['weighted_sum'])} = " + " + ".join(
+        f"{f['weight']:g} x {name} {part(f)}" for name, f in tr["parts"].items())
+        + f" ({tr['completions']} sampled completions, 95 % t interval over problems)")
 
 
 def gain_line(name: str, g: dict, against: str = "sft") -> str:

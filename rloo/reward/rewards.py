@@ -1,8 +1,11 @@
-"""Reward sources for RLOO behind one interface: the verifier, a Bradley-Terry reward model, a judge.
+"""Reward sources for RLOO behind one interface: the verifier, a Bradley-Terry reward model, a judge,
+a user's reward functions (rloo/reward/functions.py) or a reward server (rloo/reward/remote.py).
 
 `score(prompts, completions, golds, finished) -> Tensor[N]` with NaN for a missing reward (kept out of
-the leave-one-out baselines by the estimators). A completion cut off by the token budget scores 0
-from the verifier: it never produced a final answer.
+the leave-one-out baselines by the estimators). A source that reads more of a completion says so with
+`reads_records = True` (the plug-ins): its callers then also pass `rows=`, the completions' data records,
+and `completion_ids=`, their token ids. A completion cut off by the token budget scores 0 from the
+verifier: it never produced a final answer.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import torch
 from rloo.config.sections import Sections
 from rloo.data.prompting import PromptFormat
 from rloo.errors import UserError
+from rloo.reward.functions import RewardFunction, Tally, arguments, weighted_sum
+from rloo.reward.remote import RewardClient
 from rloo.reward.verifier import is_correct
 
 log = logging.getLogger("rloo.reward.rewards")
@@ -96,11 +101,71 @@ def score_texts(model, fmt: PromptFormat, texts: list[str], batch_size: int, max
     return out
 
 
+class FunctionReward:
+    """`reward.source: function`: the weighted sum of the configured reward functions (NaN where none
+    gave a number). Each function's rewards are also tallied (`tally`), for its mean over a step."""
+
+    name = "function"
+    reads_records = True
+
+    def __init__(self, functions: list[RewardFunction]) -> None:
+        self.functions = functions
+        self.weights = {f.name: f.weight for f in functions}
+        self.tally = Tally()
+
+    def components(self, prompts: list[str], completions: list[str], finished: list[bool], rows: list[dict],
+                   completion_ids: list[list[int]] | None = None) -> dict[str, list[float | None]]:
+        """Each function's rewards of the completions, by name."""
+        batch = arguments(prompts, completions, finished, rows, completion_ids)
+        return {f.name: f(batch) for f in self.functions}
+
+    def score(self, prompts, completions, golds, finished, rows=None, completion_ids=None) -> torch.Tensor:
+        values = self.components(prompts, completions, finished, _records(rows, golds), completion_ids)
+        self.tally.add(values)
+        return torch.tensor(weighted_sum(values, self.weights), dtype=torch.float32)
+
+
+class HttpReward:
+    """`reward.source: http`: the rewards a reward server returns (rloo/reward/remote.py)."""
+
+    name = "http"
+    reads_records = True
+
+    def __init__(self, client: RewardClient) -> None:
+        self.client = client
+        self.weights = {"http": 1.0}  # one figure, as the evaluation reports it
+
+    def components(self, prompts: list[str], completions: list[str], finished: list[bool], rows: list[dict],
+                   completion_ids: list[list[int]] | None = None) -> dict[str, list[float | None]]:
+        return {"http": self.client.rewards(list(prompts), list(completions), rows)}
+
+    def score(self, prompts, completions, golds, finished, rows=None, completion_ids=None) -> torch.Tensor:
+        values = self.components(prompts, completions, finished, _records(rows, golds))["http"]
+        return torch.tensor([math.nan if v is None else v for v in values], dtype=torch.float32)
+
+
+def _records(rows: list[dict] | None, golds: list[str]) -> list[dict]:
+    """The completions' data records; where a caller has none, the gold answers alone."""
+    return rows if rows is not None else [{"answer": g} for g in golds]
+
+
+def build_plugin(cfg: dict) -> FunctionReward | HttpReward | None:
+    """The user's reward functions or reward server that `reward.source` names, else None."""
+    source = cfg["reward"]["source"]
+    if source == "function":
+        return FunctionReward(RewardFunction.from_config(cfg))
+    if source == "http":
+        return HttpReward(RewardClient.from_config(cfg))
+    return None
+
+
 def build_reward(cfg: dict, reward_model_dir: str | None = None) -> RewardSource:
     """The training reward named by `reward.source`."""
     sections = Sections.from_config(cfg)
     if sections.reward.source == "verifier":
         return VerifierReward()
+    if plugin := build_plugin(cfg):
+        return plugin
     if sections.reward.source == "model":
         if not reward_model_dir:
             raise ValueError("reward.source is 'model' but no reward model folder was given (--reward-model)")

@@ -78,3 +78,13 @@ def is_correct(completion: str, gold: str | int | float, mode: Mode = "strict") 
     target = gold_answer(gold)
     got = extract_answer(completion, mode)
     return target is not None and got is not None and Decimal(got) == Decimal(target)
+
+
+def reward(completions: list[str], answer: list[str], finished: list[bool] | None = None,
+           **kwargs) -> list[float]:
+    """The verifier as a reward function (`reward.functions: - {fn: "rloo.reward.verifier:reward"}`,
+    TRL's calling convention: rloo/reward/functions.py): 1.0 for a completion whose final answer equals
+    the record's, else 0.0; like `reward.source: verifier`, a completion cut off by the token budget
+    (`finished` False, where the caller says) scores 0."""
+    done = finished if finished is not None else [True] * len(completions)
+    return [float(f and is_correct(c, a)) for c, a, f in zip(completions, answer, done, strict=True)]

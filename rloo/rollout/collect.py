@@ -99,7 +99,7 @@ class Collected:
     idx: np.ndarray  # [G] training-prompt index of each group (G = B, or fewer when signal ran short)
     rollout: Rollout  # [G * k] the groups' samples
     scores: torch.Tensor  # [G * k] raw task rewards, before any KL shaping (NaN = missing)
-    stats: dict[str, float] = field(default_factory=dict)  # train/dynamic_* (empty without dynamic sampling)
+    stats: dict[str, float] = field(default_factory=dict)  # train/dynamic_* (dynamic sampling), train/reward/* (functions)
     timings: dict[str, float] = field(default_factory=dict)  # generation_s, scoring_s: seconds this step
 
 

@@ -26,6 +26,10 @@ class Rollout:
         tokens, lengths = self.completions.cpu(), self.lengths.tolist()
         return [tokenizer.decode(tokens[j, :n], skip_special_tokens=True) for j, n in enumerate(lengths)]
 
+    def token_ids(self) -> list[list[int]]:
+        """Each completion's token ids, up to and including its EOS (a reward function's `completion_ids`)."""
+        return [row[:n] for row, n in zip(self.completions.cpu().tolist(), self.lengths.tolist(), strict=True)]
+
     @classmethod
     def from_buffers(cls, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, tokens: torch.Tensor,
                      mask: torch.Tensor, finished: torch.Tensor, steps: int,

@@ -25,12 +25,14 @@ from rloo.errors import InputError
 from rloo.eval.at_k import maj_at_k, pass_at_k
 from rloo.eval.evaluation import evaluate_policy, spec_for, write_completions
 from rloo.eval.gains import correctness, gain, win_rate_ci95
+from rloo.eval.reward_figures import reward_figures
 from rloo.eval.stats import wilson_interval
 from rloo.io import read_jsonl, sha256_file, write_json_atomic
 from rloo.model import checkpoint, models
+from rloo.reward.functions import VERIFIER_FN
 from rloo.reward.judge_server import open_judge
 from rloo.reward.judges import VerifierJudge, agreement, win_rate
-from rloo.reward.rewards import RewardModelReward
+from rloo.reward.rewards import RewardModelReward, build_plugin
 from rloo.reward.solution_check import ANSWER_FIGURES, WORK_FIGURES
 from rloo.reward.solution_check import summarize as check_solutions
 from rloo.runtime import setup
@@ -39,7 +41,7 @@ log = logging.getLogger("rloo.evaluate")
 
 
 def policy_report(
-    cfg: dict, policy_dir: Path, reference, tok, rows: list[dict], reward
+    cfg: dict, policy_dir: Path, reference, tok, rows: list[dict], reward, training_reward=None
 ) -> tuple[dict, dict[str, list[str]]]:
     """Metrics of one policy (evaluation.evaluate_policy: sampled accuracy is the mean over
     `evaluate.samples_per_prompt` draws, since one draw moves by about two points from one sampling
@@ -52,8 +54,11 @@ def policy_report(
     if reward is not None:  # what the learned reward model thinks of these completions
         proxy = RewardModelReward(reward[0], reward[1], batch_size=ec.batch_size, max_length=mc.max_length,
                                   prompt_cfg=cfg["prompt"], inference_dtype=mc.inference_dtype)
-    report, texts = evaluate_policy(policy, tok, rows, spec, reference=reference, proxy=proxy, label=policy_dir.name)
+    report, texts = evaluate_policy(policy, tok, rows, spec, reference=reference, proxy=proxy, label=policy_dir.name,
+                                    training_reward=training_reward)
     report.pop("examples")  # one figure for the whole result
+    if training_reward is not None:
+        report["training_reward"] = reward_figures(report.pop("training_reward_parts"), training_reward.weights)
     return report, texts
 
 
@@ -98,14 +103,16 @@ def _evaluate(cfg: dict, judge, data_dir, sft_dir, policies: dict[str, str], out
     if reward_model_dir:
         reward = (models.load_reward_model(reward_model_dir, **models.load_options(mc)),
                   models.load_tokenizer(reward_model_dir, mc.trust_remote_code))
+    # The user's reward functions or reward server that RLOO trains on, reported for every policy too.
+    plugin = build_plugin(cfg)
     reports, texts = {}, {}
     for name, folder in {"sft": str(sft_dir), **policies}.items():
-        reports[name], texts[name] = policy_report(cfg, Path(folder), reference, tok, rows, reward)
+        reports[name], texts[name] = policy_report(cfg, Path(folder), reference, tok, rows, reward, plugin)
         log.info("%s: %s", name, reports[name])
     # The untrained start last, so that adding it leaves every other policy's draws as they were.
     evaluated = dict(reports)
     if base_dir is not None:
-        evaluated["base"], texts["base"] = policy_report(cfg, Path(base_dir), reference, tok, rows, reward)
+        evaluated["base"], texts["base"] = policy_report(cfg, Path(base_dir), reference, tok, rows, reward, plugin)
         log.info("base: %s", evaluated["base"])
     questions, golds = [r["question"] for r in rows], [r["answer"] for r in rows]
     mode = ec.win_rate_decoding
@@ -134,7 +141,7 @@ def _evaluate(cfg: dict, judge, data_dir, sft_dir, policies: dict[str, str], out
         if metrics:  # the checkpoint the stage wrote, and the alarms that fired while training it
             reports[name]["selected_step"] = metrics.get("selected_step")
             reports[name]["alarms"] = {k: v for k, v in (metrics.get("alarms") or {}).items() if v is not None}
-    sources = {(m or {}).get("reward_source") for m in training.values()} - {None}
+    sources = set().union(*(trained_on(m) for m in training.values() if m))
     manifest = data_dir / "manifest.json"
     result = {
         "primary": "accuracy_sampled",
@@ -143,7 +150,8 @@ def _evaluate(cfg: dict, judge, data_dir, sft_dir, policies: dict[str, str], out
         "win_rates": wins,
         "gains": gains,
         "judge": {**getattr(judge, "description", {"type": judge.name}), "decoding": mode, **calls},
-        "judges": judge_independence(judge.name, sources, reward is not None),
+        "judges": judge_independence(judge.name, sources, reward is not None,
+                                     list(plugin.weights) if plugin is not None else None),
         "examples": len(rows),
         # What this stage read of the config (pipeline.STAGES): tracking settings are not part of it.
         "config_hash": config_hash(stage_config(cfg, "evaluate")),
@@ -174,19 +182,39 @@ def _evaluate(cfg: dict, judge, data_dir, sft_dir, policies: dict[str, str], out
     return result
 
 
-def judge_independence(pairwise: str, training_rewards: set[str], proxy: bool) -> dict:
+# Training rewards that are a user's code: what they read of a completion is not known here.
+OPAQUE_REWARDS = ("function", "http")
+
+
+def trained_on(metrics: dict) -> set[str]:
+    """The rewards a policy was trained on, from its metrics.json, in judge_independence's names: its
+    `reward_source`, with reward functions as `verifier` where one is rloo's verifier (and `function`
+    for the others)."""
+    source = metrics.get("reward_source")
+    if source != "function":
+        return {source} - {None}
+    return {"verifier" if f["fn"] == VERIFIER_FN else "function" for f in (metrics.get("reward_functions") or {}).values()}
+
+
+def judge_independence(pairwise: str, training_rewards: set[str], proxy: bool,
+                       reward_parts: list[str] | None = None) -> dict:
     """Each figure's judge, and whether it is independent of the reward the policies were trained on:
-    true, false, or null (unknown) when no policy's training metrics name its reward.
+    true, false, or null (unknown) when no policy's training metrics name its reward, or when a reward
+    function or server of the user's (which may read anything) trained it and the figure's own judge
+    was not among its parts.
 
     Accuracy is graded by the verifier against the gold answers; the pairwise win rate by `pairwise`
     (verifier or llm); the proxy is the trained reward model's opinion, and that model learnt from
     verifier-labelled pairs; the solution checker's work figures read the annotations alone, its answer
-    figures the verifier's final-answer check.
+    figures the verifier's final-answer check; `training_reward` (with `reward_parts`, the functions or
+    server evaluated) is the training reward itself.
     """
     def independent(*sources: str) -> bool | None:
         if not training_rewards:  # missing metrics are not evidence of independence
             return None
-        return not any(s in training_rewards for s in sources)
+        if any(s in training_rewards for s in sources):
+            return False
+        return None if any(s in training_rewards for s in OPAQUE_REWARDS) else True
 
     out = {
         "accuracy": {"graded_by": "verifier", "independent_of_training_reward": independent("verifier")},
@@ -202,6 +230,9 @@ def judge_independence(pairwise: str, training_rewards: set[str], proxy: bool) -
     if proxy:
         out["proxy_reward"] = {"graded_by": "reward model (trained on verifier-labelled pairs)",
                                "independent_of_training_reward": independent("model", "verifier")}
+    if reward_parts is not None:
+        out["training_reward"] = {"graded_by": f"the training reward ({', '.join(reward_parts)})",
+                                  "independent_of_training_reward": False}
     return out
 
 

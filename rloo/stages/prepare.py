@@ -38,16 +38,17 @@ def load_splits(cfg: dict) -> tuple[list[dict], list[dict], list[dict], dict]:
         }
         strip = lambda rows: [{"question": r["question"], "answer": r["answer"]} for r in rows]  # noqa: E731
         return strip(train), strip(test), strip(val), info
+    shape = {"fields": dict(d["fields"]), "answer_format": d["answer_format"]}  # how the records name and write them
     if d["source"] == "hub":
-        train, rep_tr = gsm8k.load_hub_split(d["hub_id"], d["hub_config"], "train", d["on_bad_record"])
-        test, rep_te = gsm8k.load_hub_split(d["hub_id"], d["hub_config"], "test", d["on_bad_record"])
+        train, rep_tr = gsm8k.load_hub_split(d["hub_id"], d["hub_config"], "train", d["on_bad_record"], **shape)
+        test, rep_te = gsm8k.load_hub_split(d["hub_id"], d["hub_config"], "test", d["on_bad_record"], **shape)
         info = {"source": "hub", "hub_id": d["hub_id"], "hub_config": d["hub_config"]}
     else:
         for key in ("train_file", "test_file"):
             if not d[key]:
                 raise InputError(f"data.{key} must be set when data.source is 'jsonl'")
-        train, rep_tr = gsm8k.load_jsonl_split(d["train_file"], d["on_bad_record"])
-        test, rep_te = gsm8k.load_jsonl_split(d["test_file"], d["on_bad_record"])
+        train, rep_tr = gsm8k.load_jsonl_split(d["train_file"], d["on_bad_record"], **shape)
+        test, rep_te = gsm8k.load_jsonl_split(d["test_file"], d["on_bad_record"], **shape)
         info = {
             "source": "jsonl",
             "train_file": d["train_file"],

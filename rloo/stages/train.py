@@ -5,6 +5,7 @@ loop: validation evals, best-checkpoint selection, early stopping on an alarm, r
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -21,9 +22,10 @@ from rloo.config.sections import RlooConfig, RolloutCorrectionConfig
 from rloo.data.gsm8k import read_split
 from rloo.errors import MissingInputError
 from rloo.eval import report
-from rloo.io import atomic_dir, read_jsonl, write_json_atomic
+from rloo.io import atomic_dir, read_jsonl, sha256_file, write_json_atomic
 from rloo.model import checkpoint, distributed, lora, models
-from rloo.reward.rewards import RewardSource, build_reward
+from rloo.reward.functions import user_files
+from rloo.reward.rewards import FunctionReward, RewardSource, build_reward
 from rloo.rollout.collect import prompt_indices, training_prompts
 from rloo.runtime import run_fingerprint, setup
 from rloo.train import alarms
@@ -72,6 +74,12 @@ def _mismatch_summary(history: list[dict], correction: RolloutCorrectionConfig) 
         if values:
             means[key] = float(np.mean(values))
     return {**means, "mode": correction.mode, "cap": correction.cap} if means else None
+
+
+def _final_mean(values: list[float]) -> float | None:
+    """The mean of the finite `values` (None, which JSON can hold, where there is none)."""
+    finite = [v for v in values if math.isfinite(v)]
+    return float(np.mean(finite)) if finite else None
 
 
 def make_trainer(cfg: dict, policy_dir: str | Path, reward: RewardSource, train: list[dict],
@@ -130,8 +138,11 @@ def run(
             bookkeeping += ("rloo.ppo",)  # PPO's settings do not touch the other estimators' runs
         if rc.lr_schedule == "constant":
             bookkeeping += ("rloo.steps",)
-        fingerprint = distributed.fingerprint(run_fingerprint(
-            cfg, ["seed", "model", "prompt", "reward", "rloo"], data_dir, policy_dir, ignore=bookkeeping))
+        fingerprint = run_fingerprint(cfg, ["seed", "model", "prompt", "reward", "rloo"], data_dir, policy_dir,
+                                      ignore=bookkeeping)
+        if files := user_files(cfg):  # the user's reward code: checkpoints of an earlier version are not resumed
+            fingerprint = hashlib.sha256((fingerprint + "".join(sha256_file(f) for f in files)).encode()).hexdigest()[:16]
+        fingerprint = distributed.fingerprint(fingerprint)
         loop = TrainingLoop("rloo", rc.steps, ckpt_dir, trainer.policy, trainer.optimizer, trainer.scheduler,
                             fingerprint, rc.checkpoint_every, keep=rc.keep_checkpoints,
                             state=lambda: {"evals": trainer.evals, "baseline": asdict(trainer.baseline)},
@@ -204,6 +215,9 @@ def run(
             "evals": trainer.evals,
             "networks": trainer.networks(),  # parameters of every network the stage holds
         }
+        if isinstance(reward, FunctionReward):  # each function, and its mean reward over the last 10 steps
+            summary["reward_functions"] = {f.name: {"fn": f.fn, "weight": f.weight, "final_mean": _final_mean(
+                [x.get(f"train/reward/{f.name}", math.nan) for x in last10])} for f in reward.functions}
         timings = loop.record_timings(
             train_seconds=seconds,
             # the samples this process drew (dynamic sampling's extra rounds included), per second

@@ -28,7 +28,7 @@ from rloo.algo.schedules import lr_multiplier
 from rloo.config.sections import Sections
 from rloo.data.prompting import PromptFormat
 from rloo.errors import InputError
-from rloo.eval.evaluation import evaluate_policy, spec_for
+from rloo.eval.evaluation import evaluate_policy, record_arguments, spec_for
 from rloo.model import distributed, grad_checkpointing, lora, microbatch, models
 from rloo.model.logprobs import (
     SeqBatch,
@@ -156,6 +156,7 @@ class Trainer:
         texts = ro.texts(self.tokenizer)
         scores = self.reward.score(
             [self.prompts[i] for i in rows], texts, [self.train[i]["answer"] for i in rows], ro.finished.tolist(),
+            **record_arguments(self.reward, [self.train[i] for i in rows], ro.token_ids),
         )
         return scores.float().to(self.device), texts
 
@@ -172,14 +173,20 @@ class Trainer:
         if distributed.enabled():
             lo, hi = distributed.shard(len(idx))
             idx, noise_rows = idx[lo:hi], (lo * rc.k, len(idx) * rc.k)
+        tally = getattr(self.reward, "tally", None)  # reward functions: each one's rewards this step
+        if tally is not None:
+            tally.clear()
         with distributed.gathered(self.policy):
-            return gather(
+            got = gather(
                 idx, lambda idx, round_: self._sample(idx, step, round_, noise_rows),
                 lambda idx, ro: self._score(idx, ro, rc.k)[0],
                 k=rc.k, n_prompts=len(self.train), seed=self.seed, step=step,
                 pad_id=self.tokenizer.pad_token_id, dynamic=rc.dynamic_sampling,
                 max_rounds=rc.dynamic_sampling_max_rounds,
             )
+        if tally is not None:  # train/reward/<name>: over every completion scored (dynamic sampling's dropped too)
+            got.stats.update(tally.means("train/reward/"))
+        return got
 
     def _greedy_baseline(self, idx: np.ndarray) -> torch.Tensor:
         """ReMax: the shaped reward of each prompt's greedy completion."""

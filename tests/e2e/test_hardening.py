@@ -52,13 +52,16 @@ def _free_port() -> int:
     ("evaluate.llm_judge.base_url", f"http://user:{SECRET}@judge.example/v1"),
     ("evaluate.llm_judge.base_url", f"https://judge.example/v1?api_key={SECRET}"),
     ("tracking.tracking_uri", f"https://rloo:{SECRET}@mlflow.example"),
+    ("reward.http.url", f"http://scorer:{SECRET}@scorer.example/score"),
+    ("reward.http.url", f"https://scorer.example/score?token={SECRET}"),
 ])
 def test_credentials_in_a_url_are_refused_without_repeating_them(key, url):
     with pytest.raises(ConfigError) as info:
         load_config(None, parse_set([f"{key}={url}"]))
     message = str(info.value)
     assert key in message and SECRET not in message
-    assert ("api_key_env" if key.startswith("evaluate") else "MLFLOW_TRACKING_PASSWORD") in message
+    assert {"evaluate": "evaluate.llm_judge.api_key_env", "tracking": "MLFLOW_TRACKING_PASSWORD",
+            "reward": "reward.http.api_key_env"}[key.split(".")[0]] in message
     # A URL without credentials is fine.
     assert load_config(None, parse_set([f"{key}=https://judge.example:8000/v1"]))
 
@@ -70,10 +73,13 @@ def workflow(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 def test_a_credential_given_to_snakemake_stops_it_and_reaches_no_file(workflow):
+    # the judge's URL and a reward server's, in one run: each refused, each named
     res = snakemake(workflow, "--cores", "1", *CONFIGFILES, "--config",
-                    f"evaluate={{llm_judge: {{base_url: 'http://judge:{SECRET}@judge.example/v1'}}}}", check=False)
+                    f"evaluate={{llm_judge: {{base_url: 'http://judge:{SECRET}@judge.example/v1'}}}}",
+                    f"reward={{source: http, http: {{url: 'http://scorer:{SECRET}@scorer.example/score'}}}}", check=False)
     out = res.stdout + res.stderr
-    assert res.returncode != 0 and "evaluate.llm_judge.base_url" in out and "api_key_env" in out, out[-3000:]
+    for key in ("evaluate.llm_judge.base_url", "reward.http.url"):
+        assert res.returncode != 0 and f"key '{key}'" in out and f"{key.rsplit('.', 1)[0]}.api_key_env" in out, out[-3000:]
     assert SECRET not in out
     assert not _files_holding(workflow, SECRET)  # .snakemake/ (logs, metadata), data/, results/, logs/
 

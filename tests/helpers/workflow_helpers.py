@@ -111,13 +111,15 @@ def snakemake_bin() -> str:
     return str(candidate) if candidate.exists() else (shutil.which("snakemake") or "snakemake")
 
 
-def snakemake(copy: Path, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
-    """Run `snakemake ARGS` in `copy`; with `check`, fail with its output if it exits non-zero."""
+def snakemake(copy: Path, *args: str, timeout: float = 600, check: bool = True,
+              env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run `snakemake ARGS` in `copy` (`env`: variables set on top of `env_for(copy)`); with `check`, fail
+    with its output if it exits non-zero."""
     # snakemake.cli.main through the stage server (served_snakemake.py): the `snakemake` command's own
     # function, without importing Snakemake and its plugins again for each of the suite's many runs
     res = subprocess.run(
-        [sys.executable, str(SERVED_SNAKEMAKE), *args], cwd=copy, env=env_for(copy), capture_output=True, text=True,
-        timeout=timeout
+        [sys.executable, str(SERVED_SNAKEMAKE), *args], cwd=copy, env={**env_for(copy), **(env or {})},
+        capture_output=True, text=True, timeout=timeout
     )
     if check and res.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} exited {res.returncode}:\n{res.stdout[-4000:]}\n"

@@ -140,3 +140,55 @@ def test_prepare_error_keeps_previous_outputs(tmp_path, micro_cfg):
     with pytest.raises(DataError, match=r"bad\.jsonl:1"):
         prepare.run(micro_cfg, tmp_path)
     assert (tmp_path / "train.jsonl").read_bytes() == before
+
+
+# -- GSM8K-like sets: other field names (data.fields), bare numbers (data.answer_format) -----------------
+MAPPED = {"question": "problem", "answer": "result"}
+
+
+def test_other_field_names_and_bare_numbers_are_prepared_in_gsm8k_form(tmp_path, micro_cfg):
+    """config/examples/your-data.yaml's files: {"id", "problem", "result": 85, "steps"} records."""
+    from pathlib import Path
+
+    from rloo.data.gsm8k import solution_steps
+    from rloo.reward.verifier import is_correct
+
+    examples = Path(__file__).resolve().parents[2] / "config" / "examples" / "data"
+    micro_cfg["data"].update(source="jsonl", train_file=str(examples / "word_problems_train.jsonl"),
+                             test_file=str(examples / "word_problems_test.jsonl"), fields=MAPPED,
+                             answer_format="number", val_examples=20)
+    prepare.run(micro_cfg, tmp_path)
+    raw = [r for _, r in read_jsonl(examples / "word_problems_test.jsonl")]
+    test = [r for _, r in read_jsonl(tmp_path / "test.jsonl")]
+    assert len(test) == len(raw) == 40
+    for given, got in zip(raw, test, strict=True):
+        # the question and answer under the pipeline's names, the answer as '#### N'; the other fields kept
+        assert got == {"question": given["problem"], "answer": f"#### {given['result']}", "id": given["id"],
+                       "steps": given["steps"]}
+        assert solution_steps(got["answer"]) == 0
+        # the verifier grades a completion against the bare number, written in any of its forms
+        assert is_correct(f"So the answer is\n#### {given['result']:,}.00", got["answer"])
+        assert not is_correct(f"#### {given['result'] + 1}", got["answer"])
+    assert len([1 for _ in read_jsonl(tmp_path / "train.jsonl")]) == 180
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ('{"question": "q?", "result": 4}', "bad.jsonl:2: missing field 'problem' (data.fields.question)"),
+    ('{"problem": "q?", "result": "about 4"}', "bad.jsonl:2: field 'result' is not a number (data.answer_format: number): 'about 4'"),
+    ('{"problem": "q?", "result": true}', "bad.jsonl:2: field 'result' is not a number (data.answer_format: number): True"),
+    ('{"problem": "q?", "result": 4, "question": "other"}',
+     "bad.jsonl:2: field 'question' would be replaced by field 'problem' (data.fields.question); rename one of them"),
+])
+def test_a_bad_mapped_record_names_file_line_and_field(tmp_path, line, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"problem": "ok?", "result": "1,000"}\n' + line + "\n")
+    with pytest.raises(DataError) as info:
+        gsm8k.load_jsonl_split(str(path), fields=MAPPED, answer_format="number")
+    assert str(info.value) == f"{path.parent}/{message}"
+
+
+def test_a_mapped_gsm8k_answer_still_needs_its_marker(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"problem": "q?", "solution": "2 + 2 = 4"}\n')
+    with pytest.raises(DataError, match=r"bad\.jsonl:1: solution has no parseable final '#### N'$"):
+        gsm8k.load_jsonl_split(str(path), fields={"question": "problem", "answer": "solution"})

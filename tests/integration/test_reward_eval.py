@@ -219,6 +219,23 @@ def test_judge_independence_follows_the_training_reward():
     assert {k: v["independent_of_training_reward"] for k, v in unknown.items()} == dict.fromkeys(
         ("accuracy", "win_rate", "solution_check_work", "solution_check", "proxy_reward"), None)
 
+    # reward functions: the verifier among them is the verifier; a user's function or server may read
+    # anything, so a figure whose judge is not among them is of unknown independence
+    from rloo.stages.evaluate import trained_on
+
+    functions = {"reward_source": "function", "reward_functions": {
+        "correct": {"fn": "rloo.reward.verifier:reward"}, "format": {"fn": "mine.py:format_bonus"}}}
+    assert trained_on(functions) == {"verifier", "function"} and trained_on({"reward_source": "model"}) == {"model"}
+    both = judge_independence("verifier", trained_on(functions), proxy=False, reward_parts=["correct", "format"])
+    assert both["accuracy"]["independent_of_training_reward"] is False
+    assert both["solution_check_work"]["independent_of_training_reward"] is None
+    assert both["training_reward"] == {"graded_by": "the training reward (correct, format)",
+                                       "independent_of_training_reward": False}
+    served = judge_independence("llm", {"http"}, proxy=False, reward_parts=["http"])
+    assert {k: v["independent_of_training_reward"] for k, v in served.items()} == {
+        "accuracy": None, "win_rate": None, "solution_check_work": None, "solution_check": None,
+        "training_reward": False}
+
 
 def test_summary_names_the_checkpoint_and_every_alarm(tmp_path, capsys):
     from rloo.cli import main
@@ -270,3 +287,39 @@ def test_sampled_accuracy_averages_independent_draws(micro_run):
     first, second, _ = (d.texts for d in decode(ref, tok, ids, spec, greedy=False))
     assert first != second  # each draw has its own noise
     assert texts["sampled"] == first  # the pairwise judge sees the first draw, as with one draw
+
+
+def test_other_field_names_and_bare_numbers_through_prepare_and_evaluate(micro_run, tmp_path):
+    """config/examples/your-data.yaml's records ({"id", "problem", "result": 85, "steps"}) prepared and
+    evaluated on, with reward functions that read the records' own columns (`steps`, `id`)."""
+    from rloo.config import load_config
+    from rloo.io import read_jsonl
+    from rloo.stages import evaluate, prepare
+
+    root = Path(rloo.__file__).resolve().parents[1]
+    (tmp_path / "columns.py").write_text(
+        "def steps(completions, steps, **kwargs):\n    return [float(s) for s in steps]\n\n"
+        "def test_id(completions, id, **kwargs):\n    return [float(i.startswith('test-')) for i in id]\n")
+    examples = root / "config" / "examples"
+    cfg = load_config([root / "config" / "micro.yaml", examples / "your-data.yaml"], {
+        "tracking": {"enabled": False},
+        "data": {"train_file": str(examples / "data" / "word_problems_train.jsonl"),
+                 "test_file": str(examples / "data" / "word_problems_test.jsonl")},
+        "evaluate": {"examples": 8, "samples_per_prompt": 2},
+        "reward": {"source": "function", "functions": [
+            {"name": "correct", "fn": "rloo.reward.verifier:reward"},
+            {"name": "steps", "fn": f"{tmp_path}/columns.py:steps", "weight": 0.5},
+            {"name": "test_id", "fn": f"{tmp_path}/columns.py:test_id", "weight": 0.0}]}})
+    prepare.run(cfg, tmp_path / "data")
+    rows = [r for _, r in read_jsonl(tmp_path / "data" / "test.jsonl")][:8]
+    assert rows[0]["answer"].startswith("#### ") and {"id", "steps"} <= set(rows[0])
+    result = evaluate.run(cfg, tmp_path / "data", micro_run["sft"], {"rloo": str(micro_run["sft"])},
+                          tmp_path / "result.json")
+    mean_steps = sum(r["steps"] for r in rows) / len(rows)
+    for policy in result["policies"].values():
+        parts = policy["training_reward"]["parts"]
+        assert parts["steps"]["mean"] == pytest.approx(mean_steps) and parts["test_id"]["mean"] == 1.0
+        assert parts["correct"]["mean"] == policy["accuracy_sampled"]  # the verifier, graded against the bare numbers
+        assert policy["training_reward"]["weighted_sum"]["mean"] == pytest.approx(
+            parts["correct"]["mean"] + 0.5 * mean_steps)
+    assert result["examples"] == 8 and result["judges"]["training_reward"]["independent_of_training_reward"] is False

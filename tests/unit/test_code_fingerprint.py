@@ -107,3 +107,21 @@ def test_the_code_param_names_its_stage_and_digest():
 def test_a_command_the_cli_does_not_have_is_an_error_not_an_empty_fingerprint():
     with pytest.raises(ValueError, match=r"rloo rloo: no such command"):
         installed().stage_keys("rloo")
+
+
+def test_a_function_of_the_package_that_the_config_names_counts_for_rloo_and_evaluate(package):
+    """`reward.functions` names code by a string (`rloo.reward.verifier:reward`), which no import reaches:
+    the fingerprints of the stages that run it count it as a root of their walk."""
+    from rloo.reward.functions import package_functions
+
+    cfg = {"reward": {"source": "function", "functions": [
+        {"name": "correct", "fn": "rloo.reward.verifier:reward", "weight": 1.0},
+        {"name": "mine", "fn": "rewards/mine.py:bonus", "weight": 0.2}]}}
+    roots = package_functions(cfg)
+    assert roots == [("rloo.reward.verifier", "reward")]
+    code = Codebase(package)
+    named, plain = code.fingerprint("train", extra_roots=roots).digest, code.fingerprint("train").digest
+    semantic_edit(package / "rloo/reward/verifier.py", "reward")
+    edited = Codebase(package)
+    assert edited.fingerprint("train", extra_roots=roots).digest != named
+    assert edited.fingerprint("train").digest == plain  # no import reaches it: only the config's name does

@@ -72,6 +72,24 @@ def test_config_files_overlay_in_order(tmp_path, capsys):
     assert printed["model"]["tiny"] == base["model"]["tiny"]
 
 
+EXAMPLES = sorted((ROOT / "config" / "examples").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("overlay", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_every_example_overlay_validates(overlay, monkeypatch, capsys):
+    """config/examples/: the front page's "your model, your data, your reward" overlays. Each names its
+    base; its relative paths (a reward file, data files) are read from the repository's root, where the
+    pipeline runs. The micro one runs in tests/e2e/test_reward_plugins.py."""
+    import json
+
+    monkeypatch.chdir(ROOT)
+    assert main(["validate-config", "-c", str(overlay.relative_to(ROOT))]) == 0, capsys.readouterr().err
+    cfg = json.loads(capsys.readouterr().out)
+    for key in ("train_file", "test_file"):
+        assert cfg["data"][key] is None or (ROOT / cfg["data"][key]).is_file(), cfg["data"][key]
+    assert len(EXAMPLES) == 5
+
+
 def test_cli_reports_config_errors(capsys):
     assert main(["validate-config", "--set", "rloo.k=abc"]) == 2
     assert "rloo.k" in capsys.readouterr().err

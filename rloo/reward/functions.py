@@ -1,0 +1,388 @@
+"""Reward functions as plug-ins (`reward.source: function`): a user's Python functions, called the way
+TRL calls its reward functions, so that one written for TRL's trainers runs here unchanged.
+
+    def format_bonus(completions, **kwargs) -> list[float | None]: ...
+
+`fn` names one as `module:function` (importable: `rloo.reward.verifier:reward`) or
+`path/to/file.py:function` (a relative path is read from the working directory the pipeline runs in).
+Each call passes keyword arguments only, each a list with one item per completion: `prompts` (the
+rendered prompt texts), `completions` (the completion texts), `completion_ids` (their token ids),
+`finished` (whether it ended with EOS within the token budget) and every column of the data record
+(`question`, `answer` in its GSM8K form `... #### N`, and any other field the data set carries). A
+function without `**kwargs` gets only the arguments it names. It returns one float or None (a missing
+reward) per completion.
+
+Checked before any stage runs (`config_problems`, from rloo.config.checks): the function imports and
+its signature fits. Checked at every call (`RewardFunction.__call__`): one reward per completion, each a
+finite number or None; an exception on more than `max_failed_share` of a batch stops the run. Each
+problem is one line naming the key or the function. Nothing here imports torch: the checks run when
+Snakemake reads the workflow.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import logging
+import math
+import numbers
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rloo.errors import UserError
+
+log = logging.getLogger("rloo.reward.functions")
+
+# What every call offers besides the record's columns (these win over a column of the same name).
+ARGUMENTS = ("prompts", "completions", "completion_ids", "finished")
+# The columns every prepared record has (rloo.data.gsm8k); a jsonl or hub data set may add more.
+RECORD_COLUMNS = ("question", "answer")
+# The verifier as a reward function: the one `fn` the evaluation knows to grade accuracy too.
+VERIFIER_FN = "rloo.reward.verifier:reward"
+
+
+class RewardFunctionError(UserError, RuntimeError):
+    """A reward function that cannot be used: it does not import, its signature does not fit, or it
+    did not return one finite number (or None) per completion."""
+
+
+def _one_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {' '.join(str(e).split())}"[:300]
+
+
+def is_path(target: str) -> bool:
+    """Whether the part of `fn` before the colon names a file rather than a module."""
+    return target.endswith(".py") or "/" in target or os.sep in target
+
+
+def resolve(target: str) -> Path:
+    """A reward file's path: as given when absolute, else relative to the working directory."""
+    path = Path(target).expanduser()
+    return path if path.is_absolute() else Path.cwd() / path
+
+
+_loaded: dict[tuple[str, int, int], Any] = {}  # (file, mtime_ns, size) -> module: a file is run once
+
+
+def _load_file(path: Path) -> Any:
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+    if key not in _loaded:
+        name = "rloo_user_reward_" + hashlib.sha256(key[0].encode()).hexdigest()[:12]
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"{path} is not a Python file")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # as an import would: dataclasses and pickling look the module up
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            sys.modules.pop(name, None)
+            raise
+        _loaded[key] = module
+    return _loaded[key]
+
+
+def load(fn: str, key: str) -> tuple[Callable, str]:
+    """(the function `fn` names, the file it is in); a RewardFunctionError naming `key` and the file
+    when it does not import."""
+    target, sep, name = fn.rpartition(":")
+    if not sep or not target or not name.isidentifier():
+        raise RewardFunctionError(f"key '{key}': '{fn}' is not 'module:function' or 'path/to/file.py:function'")
+    if is_path(target):
+        path = resolve(target)
+        where = str(path)
+        if not path.is_file():
+            raise RewardFunctionError(f"key '{key}': {path}: no such file (a relative path is read from the "
+                                      f"working directory, {Path.cwd()})")
+        try:
+            module = _load_file(path)
+        except Exception as e:
+            raise RewardFunctionError(f"key '{key}': {path}: importing it raised {_one_line(e)}") from None
+    else:
+        try:
+            module = importlib.import_module(target)
+        except Exception as e:
+            raise RewardFunctionError(f"key '{key}': module '{target}' does not import ({_one_line(e)})") from None
+        where = getattr(module, "__file__", None) or f"module {target}"
+    func = getattr(module, name, None)
+    if func is None:
+        raise RewardFunctionError(f"key '{key}': {where}: no function '{name}'")
+    if not callable(func):
+        raise RewardFunctionError(f"key '{key}': {where}: '{name}' is a {type(func).__name__}, not a function")
+    return func, where
+
+
+@dataclass(frozen=True)
+class Parameters:
+    """What a function's signature accepts: every keyword (`**kwargs`), or only the names it declares."""
+
+    any_keyword: bool
+    named: frozenset[str]
+    required: tuple[str, ...]
+    positional_only: tuple[str, ...]  # required ones that no keyword can fill
+
+    @classmethod
+    def of(cls, func: Callable) -> Parameters | None:
+        """None where Python cannot tell (some builtins): the function is called with every argument."""
+        try:
+            sig = inspect.signature(func)
+        except (TypeError, ValueError):
+            return None
+        P = inspect.Parameter
+        params = list(sig.parameters.values())
+        required = [p for p in params if p.default is P.empty and p.kind not in (P.VAR_KEYWORD, P.VAR_POSITIONAL)]
+        return cls(
+            any_keyword=any(p.kind is P.VAR_KEYWORD for p in params),
+            named=frozenset(p.name for p in params if p.kind in (P.POSITIONAL_OR_KEYWORD, P.KEYWORD_ONLY)),
+            required=tuple(p.name for p in required),
+            positional_only=tuple(p.name for p in required if p.kind is P.POSITIONAL_ONLY),
+        )
+
+    def problem(self, offered: set[str] | None) -> str | None:
+        """Why this signature cannot take a call offering `offered` (None: the record's further columns
+        are not known yet, and the names it needs are checked at its first call), or None when it can."""
+        if self.positional_only:
+            return f"its parameter '{self.positional_only[0]}' is positional-only, but every argument is passed by keyword"
+        if "completions" not in self.named and not self.any_keyword:
+            return "it takes no 'completions' argument (TRL's form: def f(completions, **kwargs))"
+        unknown = [n for n in self.required if offered is not None and n not in offered]
+        if unknown:
+            return (f"it needs {', '.join(repr(n) for n in unknown)}, which no call offers (offered: "
+                    f"{', '.join(sorted(offered or ()))}); give it a default or take **kwargs")
+        return None
+
+
+def signature_problem(func: Callable, offered: set[str] | None) -> str | None:
+    """Why `func` cannot be called as a reward function with the arguments `offered`, or None."""
+    params = Parameters.of(func)
+    return None if params is None else params.problem(offered)
+
+
+def offered_names(cfg: dict) -> set[str] | None:
+    """The arguments every call offers under `cfg`: None where the data set may carry further columns
+    (a jsonl or hub source: they are checked at the first call, when the records are read)."""
+    return None if cfg["data"]["source"] in ("jsonl", "hub") else {*ARGUMENTS, *RECORD_COLUMNS}
+
+
+def config_problems(cfg: dict) -> list[str]:
+    """Each configured reward function that does not import or whose signature does not fit, one line
+    each naming its key and file; and a function source without functions."""
+    if cfg["reward"]["source"] != "function":
+        return []
+    functions = cfg["reward"]["functions"]
+    if not functions:
+        return ["key 'reward.functions': reward.source is 'function' but no function is listed "
+                "(- {name: correct, fn: 'rloo.reward.verifier:reward', weight: 1.0})"]
+    problems, names = [], set()
+    offered = offered_names(cfg)
+    for i, f in enumerate(functions):
+        key = f"reward.functions[{i}]"
+        if f["name"] in names:
+            problems.append(f"key '{key}.name': '{f['name']}' is the name of an earlier function; names must differ")
+        names.add(f["name"])
+        try:
+            func, where = load(f["fn"], f"{key}.fn")
+        except RewardFunctionError as e:
+            problems.append(str(e))
+            continue
+        if problem := signature_problem(func, offered):
+            name = f["fn"].rpartition(":")[2]
+            problems.append(f"key '{key}.fn': {where}: '{name}' cannot be called as a reward function: {problem}")
+    return problems
+
+
+def package_functions(cfg: dict) -> list[tuple[str, str]]:
+    """(module, function) of each configured reward function that this package holds
+    (`rloo.reward.verifier:reward`): code the rloo and evaluate stages run by name, which their code
+    fingerprints count (rloo/code_fingerprint.py)."""
+    if cfg["reward"]["source"] != "function":
+        return []
+    out = []
+    for f in cfg["reward"]["functions"]:
+        target, _, name = f["fn"].rpartition(":")
+        if not is_path(target) and (target == "rloo" or target.startswith("rloo.")):
+            out.append((target, name))
+    return out
+
+
+def user_files(cfg: dict) -> list[Path]:
+    """The files of the user's own code that the configured reward functions run: each
+    `path/to/file.py:function`, and each `module:function` whose module lies outside this package and
+    outside the Python installation and its environment (the standard library, installed packages):
+    a module of the working directory, say. The rloo and evaluate stages' code fingerprints count them
+    (rloo/code_fingerprint.py), so that editing one reruns those stages."""
+    if cfg["reward"]["source"] != "function":
+        return []
+    out: list[Path] = []
+    not_user = {Path(__file__).resolve().parents[1], Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()}
+    for f in cfg["reward"]["functions"]:
+        target = f["fn"].rpartition(":")[0]
+        if is_path(target):
+            path = resolve(target)
+        else:
+            try:
+                spec = importlib.util.find_spec(target)
+            except (ImportError, ValueError):
+                continue  # does not import: the config checks say so
+            if spec is None or not spec.origin or not spec.has_location:
+                continue
+            path = Path(spec.origin)
+            if not_user & set(path.resolve().parents):
+                continue
+        if path not in out:
+            out.append(path)
+    return out
+
+
+@dataclass
+class RewardFunction:
+    """One configured function: `__call__` scores a batch, checking what it returns."""
+
+    key: str  # reward.functions[i]
+    name: str
+    fn: str
+    weight: float
+    max_failed_share: float
+    func: Callable = field(repr=False)
+    params: Parameters | None = field(repr=False, default=None)
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> list[RewardFunction]:
+        out = []
+        for i, f in enumerate(cfg["reward"]["functions"]):
+            key = f"reward.functions[{i}]"
+            func, _ = load(f["fn"], f"{key}.fn")
+            out.append(cls(key, f["name"], f["fn"], float(f["weight"]), float(f["max_failed_share"]), func,
+                           Parameters.of(func)))
+        return out
+
+    @property
+    def label(self) -> str:
+        return f"reward function '{self.name}' ({self.fn})"
+
+    def _arguments(self, batch: dict[str, list]) -> dict[str, list]:
+        """What this function is passed of `batch`: all of it (`**kwargs`), else the names it declares."""
+        if self.params is None:
+            return batch
+        if missing := [n for n in self.params.required if n not in batch]:
+            raise RewardFunctionError(f"{self.label} needs {', '.join(repr(n) for n in missing)}, which the data "
+                                      f"records do not have (offered: {', '.join(sorted(batch))})")
+        return batch if self.params.any_keyword else {k: v for k, v in batch.items() if k in self.params.named}
+
+    def __call__(self, batch: dict[str, list]) -> list[float | None]:
+        """The function's rewards of `batch` (keyword argument lists, `n` completions). An exception on
+        the whole batch is retried completion by completion: those that raise again are missing
+        rewards, and the run stops when they are more than `max_failed_share` of the batch."""
+        args = self._arguments(batch)
+        n = len(batch["completions"])
+        try:
+            return self._checked(self.func(**args), n)
+        except RewardFunctionError:
+            raise
+        except Exception as e:
+            first = e
+        allowed = math.floor(self.max_failed_share * n + 1e-9)
+        out: list[float | None] = []
+        failed, last = 0, first
+        for i in range(n):
+            try:
+                out += self._checked(self.func(**{k: v[i : i + 1] for k, v in args.items()}), 1)
+            except RewardFunctionError:
+                raise
+            except Exception as e:
+                failed, last = failed + 1, e
+                out.append(None)
+                if failed > allowed:
+                    raise RewardFunctionError(
+                        f"{self.label} raised {_one_line(last)} on {failed} of the {i + 1} completions tried one by "
+                        f"one, more than {self.key}.max_failed_share={self.max_failed_share:g} of the batch of {n} "
+                        "allows: the run stops") from None
+        if failed:
+            log.warning("%s raised on %d of %d completions (last: %s): missing rewards", self.label, failed, n,
+                        _one_line(last))
+        return out
+
+    def _checked(self, values: Any, n: int) -> list[float | None]:
+        try:
+            return reward_list(values, n)
+        except BadRewards as e:
+            raise RewardFunctionError(f"{self.label} {e}") from None
+
+
+class BadRewards(ValueError):
+    """What a scorer returned is not one finite number or None per completion."""
+
+
+def reward_list(values: Any, n: int) -> list[float | None]:
+    """`values` as one float or None per completion of `n`; else BadRewards saying what was returned."""
+    if hasattr(values, "tolist") and not isinstance(values, list | tuple):
+        values = values.tolist()  # a numpy array or a tensor
+    if not isinstance(values, list | tuple):
+        raise BadRewards(f"returned a {type(values).__name__}, not a list of rewards (one float or None per completion)")
+    if len(values) != n:
+        raise BadRewards(f"returned {len(values)} rewards for {n} completions")
+    out: list[float | None] = []
+    for i, v in enumerate(values):
+        if v is None:
+            out.append(None)
+        elif not isinstance(v, numbers.Real):
+            raise BadRewards(f"returned {v!r:.60} for completion {i}: not a number (a reward is a float, or None "
+                             "for a missing one)")
+        elif not math.isfinite(float(v)):
+            raise BadRewards(f"returned {float(v)} for completion {i}: a reward must be finite (None marks a "
+                             "missing one)")
+        else:
+            out.append(float(v))
+    return out
+
+
+def arguments(prompts: list[str], completions: list[str], finished: list[bool], rows: list[dict],
+              completion_ids: list[list[int]] | None = None) -> dict[str, list]:
+    """A call's keyword arguments: every column of the records `rows` (one per completion), then the
+    prompts, completions, their token ids (where known) and whether each finished."""
+    columns: dict[str, list] = {}
+    for key in dict.fromkeys(k for r in rows for k in r):
+        columns[key] = [r.get(key) for r in rows]
+    columns.update(prompts=list(prompts), completions=list(completions), finished=list(finished))
+    if completion_ids is not None:
+        columns["completion_ids"] = list(completion_ids)
+    return columns
+
+
+def weighted_sum(values: dict[str, list[float | None]], weights: dict[str, float]) -> list[float]:
+    """Per completion, the weighted sum of the functions that gave a number; NaN (a missing reward)
+    where none did."""
+    n = len(next(iter(values.values()))) if values else 0
+    out = []
+    for i in range(n):
+        terms = [weights[name] * v[i] for name, v in values.items() if v[i] is not None]
+        out.append(math.fsum(terms) if terms else math.nan)
+    return out
+
+
+@dataclass
+class Tally:
+    """Running sums of each function's rewards (missing ones left out), for its mean over a step."""
+
+    sums: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def add(self, values: dict[str, list[float | None]]) -> None:
+        for name, v in values.items():
+            got = [x for x in v if x is not None]
+            self.sums[name] = self.sums.get(name, 0.0) + math.fsum(got)
+            self.counts[name] = self.counts.get(name, 0) + len(got)
+
+    def clear(self) -> None:
+        self.sums.clear()
+        self.counts.clear()
+
+    def means(self, prefix: str = "") -> dict[str, float]:
+        return {f"{prefix}{n}": self.sums[n] / self.counts[n] if self.counts[n] else math.nan for n in self.sums}

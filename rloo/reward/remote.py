@@ -1,0 +1,115 @@
+"""A reward server (`reward.source: http`): a scorer that runs elsewhere, asked over HTTP.
+
+Protocol, one request per batch of completions:
+
+    POST <reward.http.url>   {"prompts": [...], "completions": [...], "rows": [{column: value}, ...]}
+    200                      {"rewards": [0.5, null, ...]}       one number or null (missing) per completion
+
+`rows` are the data records of the completions (question, answer in its GSM8K form, any further field).
+A request that fails (no connection, a timeout, an HTTP error) is retried `max_retries` times, waiting
+0.5, 1, 2 ... s (at most 5 s) between tries; one that still fails leaves its completions without
+rewards, and the run stops once more than `max_failed_share` of the requests so far have failed (with
+the default 0, at the first). A reply that breaks the protocol stops it at once. The stop is one line
+naming the server; the training loop's last checkpoint stays, so a rerun resumes from it.
+The URL never carries a credential (rloo.config.checks refuses one): a key comes from the environment
+variable `api_key_env` names, as a bearer token.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import urllib.error
+import urllib.request
+
+from rloo.errors import UserError
+from rloo.reward.functions import BadRewards, reward_list
+
+log = logging.getLogger("rloo.reward.remote")
+
+
+class RewardServerError(UserError, RuntimeError):
+    """The reward server does not answer, fails more often than allowed, or breaks the protocol."""
+
+
+class RewardClient:
+    def __init__(self, url: str, timeout_s: float = 60.0, max_retries: int = 2, max_failed_share: float = 0.0,
+                 api_key_env: str | None = None) -> None:
+        self.url, self.timeout_s, self.max_retries = url, timeout_s, max_retries
+        self.max_failed_share, self.api_key_env = max_failed_share, api_key_env
+        self.requests = 0
+        self.failed = 0
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> RewardClient:
+        h = cfg["reward"]["http"]
+        if not h["url"]:
+            raise RewardServerError("reward.source is 'http' but reward.http.url is not set")
+        return cls(h["url"], h["timeout_s"], h["max_retries"], h["max_failed_share"], h["api_key_env"])
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if self.api_key_env:
+            key = os.environ.get(self.api_key_env)
+            if not key:
+                raise RewardServerError(f"reward.http.api_key_env names {self.api_key_env}, which is not set")
+            headers["Authorization"] = f"Bearer {key}"
+        return headers
+
+    def _post(self, body: bytes) -> bytes:
+        """The reply's body, after up to `max_retries` retries; raises the last error."""
+        for attempt in range(self.max_retries + 1):
+            try:
+                request = urllib.request.Request(self.url, data=body, headers=self._headers(), method="POST")
+                with urllib.request.urlopen(request, timeout=self.timeout_s) as reply:
+                    return reply.read()
+            except (OSError, urllib.error.URLError) as e:  # refused, reset, timed out, an HTTP error status
+                if attempt == self.max_retries:
+                    raise
+                log.warning("reward server %s: %s; retrying", self.url, _reason(e))
+                time.sleep(min(0.5 * 2**attempt, 5.0))
+        raise AssertionError("not reached")
+
+    def rewards(self, prompts: list[str], completions: list[str], rows: list[dict]) -> list[float | None]:
+        """One reward (or None) per completion from the server."""
+        n = len(completions)
+        body = json.dumps({"prompts": prompts, "completions": completions, "rows": rows}).encode()
+        self.requests += 1
+        try:
+            raw = self._post(body)
+        except (OSError, urllib.error.URLError) as e:
+            self.failed += 1
+            if self.failed / self.requests > self.max_failed_share:
+                raise RewardServerError(
+                    f"the reward server at {self.url} did not answer ({_reason(e)}, after {self.max_retries} "
+                    f"retries); {self.failed} of {self.requests} requests failed, more than "
+                    f"reward.http.max_failed_share={self.max_failed_share:g}: the run stops (its last "
+                    "checkpoint is kept; rerun once the server is back)") from None
+            log.warning("reward server %s: %s after %d retries: %d completions without a reward", self.url,
+                        _reason(e), self.max_retries, n)
+            return [None] * n
+        return self._parse(raw, n)
+
+    def _parse(self, raw: bytes, n: int) -> list[float | None]:
+        try:
+            reply = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise RewardServerError(f"the reward server at {self.url} replied with no JSON "
+                                    f"({raw[:60]!r}); expected {{\"rewards\": [...]}}") from None
+        if not isinstance(reply, dict) or "rewards" not in reply:
+            raise RewardServerError(f"the reward server at {self.url} replied without 'rewards' ({str(reply)[:60]})")
+        try:
+            return reward_list(reply["rewards"], n)
+        except BadRewards as e:
+            raise RewardServerError(f"the reward server at {self.url} {e}") from None
+
+
+def _reason(e: BaseException) -> str:
+    """What went wrong with a request, in a few words (never the request's headers)."""
+    if isinstance(e, urllib.error.HTTPError):
+        return f"HTTP {e.code} {e.reason}"
+    if isinstance(e, urllib.error.URLError):
+        e = e.reason if isinstance(e.reason, BaseException) else e
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__

@@ -1,0 +1,217 @@
+"""`reward.source: http` (rloo/reward/remote.py) against a real reward server process
+(tests/helpers/reward_server.py), which scores with the same reward functions a `reward.source:
+function` config names: the same rewards through either; retries, a failing request within its share, a
+reply that breaks the protocol, a bearer key from the environment; and a server killed mid-run, which
+stops `rloo train` in one line with its last checkpoint intact, so that the rerun resumes from it."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+from rloo.config import load_config
+from rloo.model import checkpoint
+from rloo.reward.remote import RewardServerError
+from rloo.reward.rewards import FunctionReward, HttpReward, build_reward
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVER = ROOT / "tests" / "helpers" / "reward_server.py"
+SECRET = "rEw4rd-k3y-91c2e7"
+
+FUNCTIONS = textwrap.dedent('''
+    from rloo.reward.verifier import gold_answer
+
+    def marker(completions, **kwargs):
+        return [1.0 if "####" in c else 0.0 for c in completions]
+
+    def answer_digits(completions, answer, **kwargs):
+        """A column of the record: how many of the answer's digits the completion writes, or None."""
+        return [None if c.startswith("?") else sum(d in c for d in gold_answer(a)) / 3 for c, a in zip(completions, answer)]
+''')
+
+PROMPTS = ["Question: a\nAnswer:"] * 4
+COMPLETIONS = [" 2 + 2 = 4\n#### 4", "? #### 15", " no marker 1", " #### 7"]
+ROWS = [{"question": "a", "answer": f"#### {a}", "id": i} for i, a in enumerate((4, 15, 12, 7))]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def functions_file(tmp_path) -> Path:
+    path = tmp_path / "scorers.py"
+    path.write_text(FUNCTIONS)
+    return path
+
+
+class Server:
+    """The helper server on a port of its own, started and killed by the test."""
+
+    def __init__(self, tmp_path: Path, functions_file: Path, *args: str, port: int | None = None,
+                 env: dict | None = None) -> None:
+        self.port = port or _free_port()
+        self.url = f"http://127.0.0.1:{self.port}/score"
+        self.seen = tmp_path / f"seen_{self.port}_{time.monotonic_ns()}"
+        self.proc = subprocess.Popen(
+            [sys.executable, str(SERVER), str(self.port), f"{functions_file}:marker=0.25",
+             f"{functions_file}:answer_digits=2.0", "--seen", str(self.seen), *args],
+            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1).read()
+                return
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"reward server did not start: {self.proc.communicate()}") from None
+                time.sleep(0.05)
+
+    @property
+    def requests(self) -> int:
+        return len(self.seen.read_text().splitlines()) if self.seen.exists() else 0
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.communicate()
+
+
+@pytest.fixture
+def servers():
+    started: list[Server] = []
+    yield started
+    for s in started:
+        s.kill()
+
+
+def _http(url: str, **http) -> HttpReward:
+    reward = build_reward(load_config(None, {"reward": {"source": "http", "http": {"url": url, **http}}}))
+    assert isinstance(reward, HttpReward)
+    return reward
+
+
+def _score(reward) -> torch.Tensor:
+    return reward.score(PROMPTS, COMPLETIONS, [r["answer"] for r in ROWS], [True] * 4, rows=ROWS)
+
+
+def test_the_server_gives_the_rewards_the_functions_give(tmp_path, functions_file, servers):
+    servers.append(server := Server(tmp_path, functions_file))
+    as_functions = build_reward(load_config(None, {"data": {"source": "jsonl"}, "reward": {"source": "function", "functions": [
+        {"name": "marker", "fn": f"{functions_file}:marker", "weight": 0.25},
+        {"name": "digits", "fn": f"{functions_file}:answer_digits", "weight": 2.0}]}}))
+    assert isinstance(as_functions, FunctionReward)
+    local, remote = _score(as_functions), _score(_http(server.url))
+    assert torch.equal(local, remote), (local, remote)
+    # the record's columns reached the server's functions: "4", "7" and the 1 of "12" are written; a None
+    # (the second) leaves the marker's reward alone
+    assert local.tolist() == pytest.approx([0.25 + 2 / 3, 0.25, 2 / 3, 0.25 + 2 / 3]), local
+    assert server.requests == 1
+
+
+def test_a_failed_request_is_retried(tmp_path, functions_file, servers):
+    servers.append(server := Server(tmp_path, functions_file, "--fail-first", "1"))
+    assert not _score(_http(server.url, max_retries=1)).isnan().any()
+    assert server.requests == 2  # the 500, then the answer
+
+
+def test_a_request_that_still_fails_within_its_share_leaves_rewards_missing(tmp_path, functions_file, servers):
+    servers.append(server := Server(tmp_path, functions_file, "--fail-first", "1"))
+    reward = _http(server.url, max_retries=0, max_failed_share=1.0)
+    assert _score(reward).isnan().all()  # missing rewards, kept out of the baselines
+    assert not _score(reward).isnan().any()
+
+
+def test_a_dead_server_is_one_line(tmp_path):
+    closed = f"http://127.0.0.1:{_free_port()}/score"
+    with pytest.raises(RewardServerError) as info:
+        _score(_http(closed, max_retries=1))
+    message = str(info.value)
+    assert message.startswith(f"the reward server at {closed} did not answer (ConnectionRefusedError") and "\n" not in message
+    assert "1 of 1 requests failed, more than reward.http.max_failed_share=0: the run stops" in message
+
+
+@pytest.mark.parametrize(("reply", "expected"), [
+    ('{"rewards": [1.0]}', "returned 1 rewards for 4 completions"),
+    ('{"rewards": [1.0, "2", 3, 4]}', "returned '2' for completion 1: not a number"),
+    ('{"score": [1, 2, 3, 4]}', "replied without 'rewards'"),
+    ("not json", "replied with no JSON"),
+])
+def test_a_reply_that_breaks_the_protocol_is_one_line(tmp_path, functions_file, servers, reply, expected):
+    servers.append(server := Server(tmp_path, functions_file, "--reply", reply))
+    with pytest.raises(RewardServerError) as info:
+        _score(_http(server.url))
+    assert str(info.value).startswith(f"the reward server at {server.url} ") and expected in str(info.value)
+
+
+def test_the_key_comes_from_the_environment(tmp_path, functions_file, servers, monkeypatch):
+    servers.append(server := Server(tmp_path, functions_file, "--key-env", "RLOO_TEST_REWARD_KEY",
+                                    env={"RLOO_TEST_REWARD_KEY": SECRET}))
+    reward = _http(server.url, api_key_env="RLOO_TEST_REWARD_KEY", max_retries=0)
+    with pytest.raises(RewardServerError, match=r"reward\.http\.api_key_env names RLOO_TEST_REWARD_KEY, which is not set"):
+        _score(reward)
+    monkeypatch.setenv("RLOO_TEST_REWARD_KEY", "wrong")
+    with pytest.raises(RewardServerError, match=r"did not answer \(HTTP 401 Unauthorized"):
+        _score(reward)
+    monkeypatch.setenv("RLOO_TEST_REWARD_KEY", SECRET)
+    assert not _score(reward).isnan().any()
+
+
+def _files_holding(root: Path, secret: str) -> list[str]:
+    return [str(p) for p in root.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+
+
+@pytest.mark.slow
+def test_a_server_killed_mid_run_stops_it_in_one_line_and_the_rerun_resumes(micro_run, tmp_path, functions_file,
+                                                                             servers):
+    """`rloo train` (4 steps, a checkpoint after 2) against the server; the server hangs on the third
+    step's request and is killed there. Tracking on, a bearer key from the environment: no file the
+    run writes holds the key."""
+    servers.append(server := Server(tmp_path, functions_file, "--hang-after", "2", "--hung", str(tmp_path / "hung"),
+                                    "--key-env", "RLOO_TEST_REWARD_KEY", env={"RLOO_TEST_REWARD_KEY": SECRET}))
+    work, out = tmp_path / "work", tmp_path / "rloo"
+    env = {**os.environ, "RLOO_TEST_REWARD_KEY": SECRET, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
+    cmd = [sys.executable, "-m", "rloo.cli", "train", "-c", str(ROOT / "config" / "micro.yaml"),
+           "--set", "reward.source=http", "--set", f"reward.http.url={server.url}",
+           "--set", "reward.http.api_key_env=RLOO_TEST_REWARD_KEY", "--set", "rloo.eval_every=0",
+           "--set", "rloo.steps=4", "--set", "rloo.checkpoint_every=2", "--set", "tracking.enabled=true",
+           "--data", str(micro_run["data"]), "--policy", str(micro_run["sft"]), "--out", str(out), "--work", str(work)]
+    run = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not (tmp_path / "hung").exists():
+        assert run.poll() is None and time.monotonic() < deadline, run.communicate()
+        time.sleep(0.05)
+    server.kill()  # mid-request, after the checkpoint of step 2
+    _, err = run.communicate(timeout=300)
+    assert run.returncode == 2, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"rloo train: error: the reward server at {server.url} did not answer"), err[-3000:]
+    assert "the run stops (its last checkpoint is kept" in last and "Traceback" not in err
+    assert not out.exists()  # no output from a run that did not finish
+    assert [p.name for p in checkpoint.complete(work / "checkpoints")] == ["step_00000002"]
+
+    # the server back on its port: the rerun resumes at step 2 and asks only for steps 2 and 3
+    servers.append(again := Server(tmp_path, functions_file, "--key-env", "RLOO_TEST_REWARD_KEY",
+                                   port=server.port, env={"RLOO_TEST_REWARD_KEY": SECRET}))
+    res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "(step 2)" in res.stderr and again.requests == 2, res.stderr[-3000:]
+    steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps] == [0, 1, 2, 3] and all(math.isfinite(s["train/reward_mean"]) for s in steps)
+    assert json.loads((out / "metrics.json").read_text())["reward_source"] == "http"
+    assert (tmp_path / "mlflow.db").exists() and not _files_holding(tmp_path, SECRET)

@@ -11,6 +11,7 @@ from urllib.parse import parse_qsl, urlsplit
 from rloo.config.schema import ConfigError, Validator, coerce, key_path, load_schema
 from rloo.config.sections import RlooConfig
 from rloo.config.selection import leaves, put, select
+from rloo.config.sizes import size_checks
 
 
 def validate(cfg: dict, source: str = "config") -> dict:
@@ -78,7 +79,7 @@ def _credentials(cfg: dict) -> list[str]:
 
 def _cross_checks(cfg: dict) -> list[str]:
     """Rules that tie several keys together, checked before any stage runs (so `snakemake -n` fails)."""
-    return RlooConfig.from_config(cfg["rloo"]).problems() + _serve_checks(cfg) + _sweep_checks(cfg)
+    return RlooConfig.from_config(cfg["rloo"]).problems() + _serve_checks(cfg) + _sweep_checks(cfg) + size_checks(cfg)
 
 
 # Keys a sweep may not set: they say where outputs go, or declare the seeds, sweeps and comparison themselves.

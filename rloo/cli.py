@@ -243,8 +243,11 @@ def main(argv: list[str] | None = None) -> int:
         # A write that failed outside rloo.io's atomic blocks (which raise a UserError, above): one line
         # naming the file (else the stage's output) and the space left there; anything else keeps its
         # traceback (a bug).
-        outputs = pipeline.cli_outputs(args, cfg)
-        line = failed_write_line(e, outputs.get("model") or next(iter(outputs.values()), "."))
+        def output() -> str:
+            outputs = pipeline.cli_outputs(args, cfg)
+            return outputs.get("model") or next(iter(outputs.values()), ".")
+
+        line = failed_write_line(e, output)
         if line is None:
             raise
         if args.debug or _stderr_is_a_file():

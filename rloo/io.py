@@ -14,7 +14,7 @@ import re
 import shutil
 import socket
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -117,14 +117,15 @@ def write_failure(e: BaseException, path: str | os.PathLike, kept: str = "") -> 
                       f"removed{kept}: free some space (or fix the file system) and rerun")
 
 
-def failed_write_line(e: BaseException, output: str | os.PathLike) -> str | None:
+def failed_write_line(e: BaseException, output: Callable[[], str | os.PathLike]) -> str | None:
     """One line for a failed write that escaped the atomic blocks (those raise WriteError): a full disk
-    or a stream failure, named after the file when it says, else the stage's `output`; another OSError
-    on a named file (permissions, a read-only file system, ...) as `file: reason`. None: not a write."""
+    or a stream failure, named after the file when it says, else the stage's `output()`; another
+    OSError on a named file (permissions, a read-only file system, ...) as `file: reason`. None: not a
+    write (a bug, whose traceback stays)."""
     if isinstance(e, OSError) and e.filename and e.errno not in _FULL:
         return f"{e.filename}: {e.strerror or e}"
     if is_write_failure(e):
-        return str(write_failure(e, getattr(e, "filename", None) or output))
+        return str(write_failure(e, getattr(e, "filename", None) or output()))
     return None
 
 

@@ -105,7 +105,11 @@ class LLMJudge:
         self.client = openai.OpenAI(base_url=base_url, api_key=api_key or os.environ.get(api_key_env) or "EMPTY",
                                     timeout=openai.Timeout(timeout_s, connect=min(timeout_s, self.CONNECT_TIMEOUT_S)),
                                     max_retries=max_retries)
-        self._first_client = self.client.with_options(max_retries=min(max_retries, self.FIRST_CALL_TRIES - 1))
+        # Until the judge has answered: FIRST_CALL_TRIES tries that may time out; a call that fails
+        # otherwise (a 503 while the judge starts, a refused connection) gets the rest of its tries.
+        first = min(max_retries + 1, self.FIRST_CALL_TRIES)
+        self._first_client = self.client.with_options(max_retries=first - 1)
+        self._rest_client = self.client.with_options(max_retries=max_retries - first) if max_retries >= first else None
         self._timeout_error = openai.APITimeoutError
         # vLLM's structured outputs: the reply can only be one of the verdicts (a small judge otherwise
         # often answers something parse_verdict cannot read).
@@ -122,15 +126,24 @@ class LLMJudge:
         self.answered = False  # the judge has replied to a call at least once
         self.last_error = ""
 
+    def _ask(self, prompt: str):
+        request = {"model": self.model, "temperature": 0.0, "max_tokens": 8, "extra_body": self.extra_body,
+                   "messages": [{"role": "user", "content": prompt}]}
+        if self.answered:
+            return self.client.chat.completions.create(**request)
+        try:
+            return self._first_client.chat.completions.create(**request)
+        except self._timeout_error:
+            raise
+        except Exception:  # not a silence: the configured tries go on
+            if self._rest_client is None:
+                raise
+            return self._rest_client.chat.completions.create(**request)
+
     def judge(self, question: str, gold: str, answer_a: str, answer_b: str) -> Verdict:
         self.calls += 1
-        client = self.client if self.answered else self._first_client
         try:
-            resp = client.chat.completions.create(
-                model=self.model, temperature=0.0, max_tokens=8,
-                messages=[{"role": "user", "content": JUDGE_PROMPT.format(question=question, a=answer_a, b=answer_b)}],
-                extra_body=self.extra_body,
-            )
+            resp = self._ask(JUDGE_PROMPT.format(question=question, a=answer_a, b=answer_b))
         except Exception as e:  # a failed call is an invalid verdict, never a loss
             self.failed += 1
             self.last_error = type(e).__name__
@@ -157,7 +170,7 @@ class LLMJudge:
         if self.failed == self.calls == self.FAIL_FAST:
             raise JudgeUnavailable(
                 f"the LLM judge at {self.base_url} did not answer: the first {self.calls} calls "
-                f"failed ({self.last_error}, {tries - 1} retries each); start it, or set "
+                f"failed ({self.last_error}, {self.max_retries} retries each); start it, or set "
                 "evaluate.judge: verifier") from None
 
     def check(self) -> dict:

@@ -24,7 +24,7 @@ address-space and data limits (`ulimit -v`, `ulimit -d`), read where validation 
 Measured (bench/host_memory.py, docs/figures/host_memory.json: the peak RSS of `rloo train`, 2 steps in a
 fresh process, glibc's default allocator): within 4 % either way where the interpreter, the model state
 or the decode loop dominates (the micro model at k = 2 and at k = 512; a random model of Qwen2.5-0.5B's
-widths and vocabulary with 2 layers at k = 4), and 42 % over where the update's activations do (the
+widths and vocabulary with 2 layers at k = 4), and 41 % over where the update's activations do (the
 same model at k = 32): like the GPU plan, the update counts every row at model.max_length tokens, an
 upper bound (those rows held 40 % of it).
 """

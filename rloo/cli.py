@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import json
 import os
 import re
-import shutil
 import stat
 import sys
 import traceback
@@ -27,6 +25,7 @@ from rloo.config import (
     resolved_base,
 )
 from rloo.errors import MissingInputError, UserError
+from rloo.io import failed_write_line
 
 DEFAULT_CONFIG = "config/config.yaml"
 # The stages that train data-parallel under torchrun or srun (rloo/model/distributed.py).
@@ -228,29 +227,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rloo {args.stage}: interrupted", file=sys.stderr)
         return 130
     except Exception as e:
-        # A full disk (or quota) while writing: one line naming the file and the space left; the
-        # atomic writes (rloo.io) leave no partial output behind for a rerun to take as done.
-        full = (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)) or "No space left" in str(e)
-        if not full and not (isinstance(e, OSError) and e.filename):
+        # A write that failed outside rloo.io's atomic blocks (which raise a UserError, above): one line
+        # naming the file (else the stage's output) and the space left there; anything else keeps its
+        # traceback (a bug).
+        def output() -> str:
+            outputs = pipeline.cli_outputs(args, cfg)
+            return outputs.get("model") or next(iter(outputs.values()), ".")
+
+        line = failed_write_line(e, output)
+        if line is None:
             raise
         if args.debug or _stderr_is_a_file():
             traceback.print_exc()
-        if not full:  # another OSError on a named file (permissions, a read-only file system, ...)
-            print(f"rloo {args.stage}: error: {e.filename}: {e.strerror or e}", file=sys.stderr)
-            return 2
-        where = Path(getattr(e, "filename", None) or pipeline.cli_outputs(args, cfg).get("model")
-                     or next(iter(pipeline.cli_outputs(args, cfg).values()), "."))
-        print(f"rloo {args.stage}: error: no space left on the device writing {where} "
-              f"({_free(where)} free there); nothing was written: free some space and rerun", file=sys.stderr)
+        print(f"rloo {args.stage}: error: {line}", file=sys.stderr)
         return 2
-
-
-def _free(path: Path) -> str:
-    """The free space on the file system of `path` (its nearest existing parent), for a person."""
-    for p in (path, *path.resolve().parents):
-        if p.exists():
-            return f"{shutil.disk_usage(p).free / 2**20:.0f} MiB"
-    return "unknown"
 
 
 def _stderr_is_a_file() -> bool:

@@ -11,6 +11,7 @@ from urllib.parse import parse_qsl, urlsplit
 from rloo.config.schema import ConfigError, Validator, coerce, key_path, load_schema
 from rloo.config.sections import RlooConfig
 from rloo.config.selection import leaves, put, select
+from rloo.config.sizes import size_checks
 from rloo.reward.functions import config_problems as reward_function_problems
 
 
@@ -82,7 +83,7 @@ def _credentials(cfg: dict) -> list[str]:
 def _cross_checks(cfg: dict) -> list[str]:
     """Rules that tie several keys together, checked before any stage runs (so `snakemake -n` fails)."""
     return (RlooConfig.from_config(cfg["rloo"]).problems() + _serve_checks(cfg) + _reward_checks(cfg)
-            + _sweep_checks(cfg))
+            + _sweep_checks(cfg) + size_checks(cfg))
 
 
 def _reward_checks(cfg: dict) -> list[str]:

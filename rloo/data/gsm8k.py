@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rloo.data.manifest import verify_split
 from rloo.errors import MissingInputError, UserError
 from rloo.io import jsonl_records, read_jsonl
 from rloo.reward.verifier import MARKER, extract_answer, normalize_number
@@ -145,9 +146,11 @@ def format_completion(answer: str) -> str:
     return " " + answer
 
 
-def read_split(data_dir: Path, name: str) -> list[dict]:
-    """The records of `<data_dir>/<name>.jsonl` (train, val or test), an error naming a missing split."""
+def read_split(data_dir: str | Path, name: str) -> list[dict]:
+    """The records of `<data_dir>/<name>.jsonl` (train, val or test), an error naming a missing split or
+    one whose bytes differ from the manifest's record of them (rloo.data.manifest)."""
+    data_dir = Path(data_dir)
     path = data_dir / f"{name}.jsonl"
     if not path.is_file():
         raise MissingInputError(f"{path}: no {name} split; run `rloo prepare` (this data folder predates it)")
-    return [row for _, row in read_jsonl(path)]
+    return [row for _, row in read_jsonl(verify_split(data_dir, name))]

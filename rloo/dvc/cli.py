@@ -23,10 +23,12 @@ files, every default filled in) and the stage command reads it (`--config params
 inline JSON; a key the rule sets per job (`rloo.estimator` from the wildcard) is a `--set` instead of a
 param. Logs, `--set threads=` and the checkpoint folders are how a job runs, not what it computes.
 
-Which stages: those of the Snakemake default target (`rule all`), plus every stage already in
-dvc.yaml, plus (after a run) every job the run built. So `dvc status` is clean after any successful
-`snakemake` run, and `dvc repro` runs the same stages as `snakemake`; `--target results/comparison.json`
-adds the other estimators and the comparison.
+Which stages: `rloo dvc yaml` writes those of the Snakemake default target (`rule all`), plus every
+stage already in dvc.yaml; `--target results/comparison.json` adds the other estimators and the
+comparison. The commit after a run writes those dvc.lock records plus every job the run built: what
+has been built, so `dvc status` is clean after any successful `snakemake` run of any target (a listed
+stage never built has no lock entry, which DVC reports as changed), and `dvc repro` runs the same
+stages as `snakemake`.
 
 Timestamps: DVC does not restore mtimes, and DVC with hardlinks makes files read-only, which Snakemake
 refuses to overwrite. `restore` (also part of `pull`, and of `commit` after a run) asks DVC which

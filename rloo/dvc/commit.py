@@ -24,13 +24,17 @@ def commit(root: Path, configfiles: list[str], stages: list[str] | None = None) 
     dvc.lock, after regenerating dvc.yaml/params.yaml for this config (adding `stages`). The
     outputs keep their mtimes, so Snakemake's view of the run does not change."""
     root = Path(root)
+    ran = stages is not None
     if stages is None:
         state = snakemake_dag(root, configfiles, stages=list(expand_stages(load_pipeline(root))), forceall=False)
         stages = [j.stage for j in state.jobs if not j.needrun]
         needrun = sorted(j.stage for j in state.jobs if j.needrun)
         if needrun:
             log(f"not committed (Snakemake would run them): {', '.join(needrun)}")
-    dag, _, changed = generate(root, configfiles, stages=stages)
+    # After a run, dvc.yaml holds what was built: the stages dvc.lock already holds and the run's own.
+    # A stage listed but never built (the default target's toy experiment after `snakemake
+    # results/gsm8k_rloo.json`) has no lock entry, and `dvc status` would list it as changed.
+    dag, _, changed = generate(root, configfiles, stages=[*locked_stages(root), *stages] if ran else stages, only=ran)
     if changed:
         log(f"updated {', '.join(changed)}")
     jobs = {j.stage: j for j in dag.jobs}
@@ -51,6 +55,14 @@ def commit(root: Path, configfiles: list[str], stages: list[str] | None = None) 
     log(f"committed {len(stages)} stage(s) to the DVC cache and {LOCK}: {', '.join(stages)} "
         f"(`dvc push` sends them to the remote)")
     return stages
+
+
+def locked_stages(root: Path) -> list[str]:
+    """The stages dvc.lock records (committed by an earlier run)."""
+    lock = Path(root) / LOCK
+    if not lock.is_file():
+        return []
+    return list((yaml.safe_load(lock.read_text()) or {}).get("stages") or {})
 
 
 def commit_run(workflow, config: dict) -> None:

@@ -206,12 +206,13 @@ def _write_if_changed(path: Path, text: str, same) -> bool:
 
 
 def generate(root: Path, configfiles: list[str], targets: list[str] = (), stages: list[str] = (),
-             write: bool = True) -> tuple[Dag, dict, list[str]]:
+             write: bool = True, only: bool = False) -> tuple[Dag, dict, list[str]]:
     """Build dvc.yaml (+ params.yaml) for the default target, the stages already in dvc.yaml, `stages`
-    and `targets`; write them when `write` and they changed. Returns (dag, pipeline, changed files)."""
+    and `targets` (`only`: for `stages` and `targets` alone); write them when `write` and they changed.
+    Returns (dag, pipeline, changed files)."""
     root = Path(root)
-    existing = list(expand_stages(load_pipeline(root)))
-    dag = snakemake_dag(root, configfiles, stages=[*existing, *stages], targets=targets)
+    existing = [] if only else list(expand_stages(load_pipeline(root)))
+    dag = snakemake_dag(root, configfiles, stages=[*existing, *stages], targets=targets, default=not only)
     pipeline = build_pipeline(dag, root)
     changed = []
     if write:

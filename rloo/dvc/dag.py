@@ -204,10 +204,10 @@ def _template(workflow, dag, rule_name: str) -> Job:
 
 @contextlib.contextmanager
 def built_dag(root: Path, configfiles: list[str], targets: Iterable[str] = (), stages: Iterable[str] = (),
-              forceall: bool = True) -> Iterator[Any]:
-    """Snakemake's workflow (`Workflow`) with its DAG built for the default target, `targets` (files
-    or rule names) and `stages` (DVC stage names; those the workflow no longer has are dropped with a
-    message), in this process; cwd is `root` meanwhile."""
+              forceall: bool = True, default: bool = True) -> Iterator[Any]:
+    """Snakemake's workflow (`Workflow`) with its DAG built for the default target (unless not
+    `default`), `targets` (files or rule names) and `stages` (DVC stage names; those the workflow no
+    longer has are dropped with a message), in this process; cwd is `root` meanwhile."""
     from snakemake.api import SnakemakeApi
     from snakemake.settings.types import (
         ConfigSettings,
@@ -227,7 +227,7 @@ def built_dag(root: Path, configfiles: list[str], targets: Iterable[str] = (), s
             workdir=root,
         )
         workflow = attr("WorkflowApi", wf_api, "_workflow")
-        wanted = {"all", *targets} | {t for s in stages if (t := _stage_target(workflow, s))}
+        wanted = {*(["all"] if default else []), *targets} | {t for s in stages if (t := _stage_target(workflow, s))}
         wf_api.dag(DAGSettings(targets=frozenset(wanted), forceall=forceall))
         call("Workflow", workflow, "_prepare_dag", forceall=forceall, ignore_incomplete=True,
              lock_warn_only=True, nolock=True)
@@ -236,14 +236,15 @@ def built_dag(root: Path, configfiles: list[str], targets: Iterable[str] = (), s
 
 
 def snakemake_dag(root: Path, configfiles: list[str], stages: list[str] = (), targets: list[str] = (),
-                  forceall: bool = True) -> Dag:
-    """The jobs of the Snakemake default target, of `targets` (files or rule names) and of `stages`
-    (DVC stage names), through Snakemake's API, in this process (cwd must stay `root` meanwhile).
+                  forceall: bool = True, default: bool = True) -> Dag:
+    """The jobs of the Snakemake default target (unless not `default`), of `targets` (files or rule names)
+    and of `stages` (DVC stage names), through Snakemake's API, in this process (cwd must stay `root`
+    meanwhile).
 
     Stage names whose rule no longer exists, or whose wildcard value the rule no longer accepts, are
     dropped with a message (the caller compares the result with dvc.yaml). `forceall=False` computes
     which jobs Snakemake would run (`Job.needrun`)."""
-    with built_dag(root, configfiles, targets=targets, stages=stages, forceall=forceall) as workflow:
+    with built_dag(root, configfiles, targets=targets, stages=stages, forceall=forceall, default=default) as workflow:
         dag = attr("Workflow", workflow, "dag")
         jobs = [_job(j, bool(call("DAG", dag, "needrun", j))) for j in attr("DAG", dag, "jobs")
                 if _rule_name(j) != "all" and attr("Job", j, "output")]

@@ -49,6 +49,8 @@ def prepare_lines(manifest: dict) -> list[str]:
     counts = manifest["counts"]
     lines = [f"prepare: {counts['train']} train / {counts.get('val', 0)} validation / {counts['test']} test "
              f"problems from {manifest['source']}"]
+    if (line := overlap_line("prepare", manifest.get("train_test_overlap"))) is not None:
+        lines.append(line)
     skipped = manifest.get("skipped") or {}
     if total := sum(skipped.values()):
         reasons = manifest.get("skip_reasons") or []
@@ -58,10 +60,20 @@ def prepare_lines(manifest: dict) -> list[str]:
     return lines
 
 
+def overlap_line(stage: str, overlap: int | None) -> str | None:
+    """How many training problems are also test problems (data.allow_train_test_overlap); None when unknown."""
+    if overlap is None:
+        return None
+    if overlap:
+        return (f"!! {stage}: {overlap} training problems also occur in the test split (data.allow_train_test_overlap):"
+                " the held-out accuracy is measured partly on problems trained on")
+    return f"{stage}: no training problem occurs in the test split"
+
+
 def evaluate_lines(result: dict) -> list[str]:
     """An evaluation result: each policy's held-out accuracy, proxy score and alarms; the win rates."""
     sft = result["policies"]["sft"]
-    lines = []
+    lines = [line] if (line := overlap_line("evaluate", result.get("train_test_overlap"))) is not None else []
     for name, p in result["policies"].items():
         gain = "" if name == "sft" else (f" ({100 * (p['accuracy_sampled'] - sft['accuracy_sampled']):+.1f} sampled, "
                                           f"{100 * (p['accuracy'] - sft['accuracy']):+.1f} greedy vs SFT)")

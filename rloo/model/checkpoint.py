@@ -55,7 +55,9 @@ def save(
     parts = {"model": (model, optimizer), **(companions or {})}
     states = {name: (_weights(module), distributed.optim_state(module, opt)) for name, (module, opt) in parts.items()}
     if distributed.is_main():
-        with atomic_dir(final) as tmp:
+        # A failed write (a full disk: torch's zip writer then raises "unexpected pos ...") is one
+        # WriteError naming this folder; the older checkpoints are only removed after it succeeded.
+        with atomic_dir(final, kept=f"; the older checkpoints in {root} are kept") as tmp:
             for name, (weights, opt_state) in states.items():
                 save_file(weights, str(tmp / f"{name}.safetensors"))
                 if name == "model":

@@ -83,25 +83,39 @@ class LLMJudge:
     """A model behind an OpenAI-compatible endpoint; the API key comes only from the environment.
 
     Each call is retried by the client (`max_retries`); a call that still fails is an invalid verdict,
-    never a loss. When the first `FAIL_FAST` calls all fail the judge is taken to be down, and the stage
-    stops with one line instead of writing a win rate of nothing.
+    never a loss. Until the judge has answered once, a call is tried at most `FIRST_CALL_TRIES` times and
+    a judge that gives no reply within `timeout_s` to them (it accepted the connection and hangs, or the
+    connection attempt itself hangs) is taken to be down: the stage stops with one line after about
+    2 x timeout_s, rather than waiting out timeout_s x (1 + max_retries) for each of the first calls. A
+    judge that answers, however slowly within timeout_s, is never failed this way; one that refuses
+    the connection fails after its first `FAIL_FAST` calls (seconds: nothing to wait for).
     """
 
     name = "llm"
     FAIL_FAST = 8
+    FIRST_CALL_TRIES = 2
+    CONNECT_TIMEOUT_S = 10.0  # a host that drops connection attempts is known down in seconds
 
     def __init__(self, base_url: str, model: str, api_key_env: str, timeout_s: float, max_retries: int,
                  max_failed_share: float = 1.0, structured: bool = False, api_key: str | None = None) -> None:
-        from openai import OpenAI  # optional dependency: pip install 'rloo[judge]'
+        import openai  # optional dependency: pip install 'rloo[judge]'
 
         # The key is read here (or is a served judge's one-run key) and handed to the client only: it is
         # never logged or stored.
-        self.client = OpenAI(base_url=base_url, api_key=api_key or os.environ.get(api_key_env) or "EMPTY",
-                             timeout=timeout_s, max_retries=max_retries)
+        self.client = openai.OpenAI(base_url=base_url, api_key=api_key or os.environ.get(api_key_env) or "EMPTY",
+                                    timeout=openai.Timeout(timeout_s, connect=min(timeout_s, self.CONNECT_TIMEOUT_S)),
+                                    max_retries=max_retries)
+        # Until the judge has answered: FIRST_CALL_TRIES tries that may time out; a call that fails
+        # otherwise (a 503 while the judge starts, a refused connection) gets the rest of its tries.
+        first = min(max_retries + 1, self.FIRST_CALL_TRIES)
+        self._first_client = self.client.with_options(max_retries=first - 1)
+        self._rest_client = self.client.with_options(max_retries=max_retries - first) if max_retries >= first else None
+        self._timeout_error = openai.APITimeoutError
         # vLLM's structured outputs: the reply can only be one of the verdicts (a small judge otherwise
         # often answers something parse_verdict cannot read).
         self.extra_body = {"structured_outputs": {"choice": list(VERDICTS)}} if structured else None
         self.model = model
+        self.timeout_s = timeout_s
         self.max_retries = max_retries
         self.max_failed_share = max_failed_share
         self.base_url = base_url
@@ -109,31 +123,55 @@ class LLMJudge:
         self.calls = 0
         self.failed = 0
         self.unparsed = 0  # answered, but with no verdict in the reply: as useless as a failed call
+        self.answered = False  # the judge has replied to a call at least once
         self.last_error = ""
+
+    def _ask(self, prompt: str):
+        request = {"model": self.model, "temperature": 0.0, "max_tokens": 8, "extra_body": self.extra_body,
+                   "messages": [{"role": "user", "content": prompt}]}
+        if self.answered:
+            return self.client.chat.completions.create(**request)
+        try:
+            return self._first_client.chat.completions.create(**request)
+        except self._timeout_error:
+            raise
+        except Exception:  # not a silence: the configured tries go on
+            if self._rest_client is None:
+                raise
+            return self._rest_client.chat.completions.create(**request)
 
     def judge(self, question: str, gold: str, answer_a: str, answer_b: str) -> Verdict:
         self.calls += 1
         try:
-            resp = self.client.chat.completions.create(
-                model=self.model, temperature=0.0, max_tokens=8,
-                messages=[{"role": "user", "content": JUDGE_PROMPT.format(question=question, a=answer_a, b=answer_b)}],
-                extra_body=self.extra_body,
-            )
+            resp = self._ask(JUDGE_PROMPT.format(question=question, a=answer_a, b=answer_b))
         except Exception as e:  # a failed call is an invalid verdict, never a loss
             self.failed += 1
             self.last_error = type(e).__name__
             log.warning("judge call failed: %s", self.last_error)
-            if self.failed == self.calls == self.FAIL_FAST and self.max_failed_share < 1:
-                raise JudgeUnavailable(
-                    f"the LLM judge at {self.base_url} did not answer: the first {self.calls} calls "
-                    f"failed ({self.last_error}, {self.max_retries} retries each); start it, or set "
-                    "evaluate.judge: verifier") from None
+            if not self.answered and self.max_failed_share < 1:
+                self._fail_fast(e)
             return None
+        self.answered = True
         verdict = parse_verdict(resp.choices[0].message.content)
         if verdict is None:
             self.unparsed += 1
             self.last_error = f"unparsed reply {resp.choices[0].message.content!r:.40}"
         return verdict
+
+    def _fail_fast(self, e: Exception) -> None:
+        """Stop the stage when the judge, never having answered, is evidently down: no reply within
+        timeout_s to a call's tries, or the first FAIL_FAST calls all failed."""
+        tries = min(self.max_retries, self.FIRST_CALL_TRIES - 1) + 1
+        if isinstance(e, self._timeout_error):
+            raise JudgeUnavailable(
+                f"the LLM judge at {self.base_url} gave no reply within evaluate.llm_judge.timeout_s="
+                f"{self.timeout_s:g} s to its first call ({tries} tries): is it up and serving {self.model!r}? "
+                "For a judge that is only slow raise timeout_s; or set evaluate.judge: verifier") from None
+        if self.failed == self.calls == self.FAIL_FAST:
+            raise JudgeUnavailable(
+                f"the LLM judge at {self.base_url} did not answer: the first {self.calls} calls "
+                f"failed ({self.last_error}, {self.max_retries} retries each); start it, or set "
+                "evaluate.judge: verifier") from None
 
     def check(self) -> dict:
         """The calls' record for the results; raise when more failed, or answered without a verdict,

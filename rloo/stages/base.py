@@ -9,8 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rloo import tracking
-from rloo.data.gsm8k import format_completion, format_prompt
-from rloo.io import atomic_dir, read_jsonl
+from rloo.data.gsm8k import format_completion, format_prompt, read_split
+from rloo.io import atomic_dir
 from rloo.model import base, models
 from rloo.runtime import setup
 
@@ -38,7 +38,7 @@ def run(cfg: dict, data_dir: str | Path | None, out_dir: str | Path) -> dict:
     setup(cfg["threads"], cfg["seed"])
     build = None
     if base.source(cfg["model"]) == "embedded":  # its tokenizer learns the texts SFT trains on
-        train = [r for _, r in read_jsonl(Path(data_dir) / "train.jsonl")]
+        train = read_split(data_dir, "train")
         build = embedded_builder(cfg, train[: cfg["sft"]["max_train_examples"]] if cfg["sft"]["max_train_examples"] else train)
     with atomic_dir(out_dir) as tmp:
         record = base.resolve(cfg["model"], Path(tmp), build)

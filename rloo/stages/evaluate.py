@@ -21,13 +21,15 @@ from safetensors.torch import load_file
 
 from rloo.config import config_hash, stage_config
 from rloo.config.sections import Sections
+from rloo.data.gsm8k import read_split
+from rloo.data.manifest import read_manifest
 from rloo.errors import InputError
 from rloo.eval.at_k import maj_at_k, pass_at_k
 from rloo.eval.evaluation import evaluate_policy, spec_for, write_completions
 from rloo.eval.gains import correctness, gain, win_rate_ci95
 from rloo.eval.reward_figures import reward_figures
 from rloo.eval.stats import wilson_interval
-from rloo.io import read_jsonl, sha256_file, write_json_atomic
+from rloo.io import sha256_file, write_json_atomic
 from rloo.model import checkpoint, models
 from rloo.reward.functions import VERIFIER_FN
 from rloo.reward.judge_server import open_judge
@@ -96,7 +98,7 @@ def _evaluate(cfg: dict, judge, data_dir, sft_dir, policies: dict[str, str], out
     for folder in [sft_dir, *policies.values(), *(f for f in (reward_model_dir, base_dir) if f)]:
         if bad := nonfinite_weights(Path(folder)):
             raise InputError(f"{folder}: weight {bad} is not finite (a diverged run?): not evaluated")
-    rows = [r for _, r in read_jsonl(data_dir / "test.jsonl")][: ec.examples]
+    rows = read_split(data_dir, "test")[: ec.examples]
     tok = models.load_tokenizer(sft_dir, mc.trust_remote_code)
     reference = models.load_causal_lm(sft_dir, **models.load_options(mc))
     reward = None
@@ -157,6 +159,9 @@ def _evaluate(cfg: dict, judge, data_dir, sft_dir, policies: dict[str, str], out
         "config_hash": config_hash(stage_config(cfg, "evaluate")),
         "seed": cfg["seed"],
         "data_manifest_sha256": sha256_file(manifest) if manifest.exists() else None,
+        # test problems whose question is also a training problem's (prepare refuses them unless
+        # data.allow_train_test_overlap): a held-out accuracy is only as held out as this is zero
+        "train_test_overlap": read_manifest(data_dir).get("train_test_overlap"),
         "training": training,
     }
     if base_dir is not None:  # base -> SFT -> RL: what each step of post-training added

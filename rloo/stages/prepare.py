@@ -73,6 +73,24 @@ def hold_out(rows: list[dict], n: int, seed: int) -> tuple[list[dict], list[dict
 
 
 SPLITS = ("train", "test", "val")
+SHOWN = 3  # overlapping problems quoted in the error
+
+
+def check_overlap(train: list[dict], test_questions: set[str], allowed: bool) -> int:
+    """The training problems whose question is also a test question: an error naming their count and the
+    first few (a held-out accuracy on problems trained on measures nothing), or with
+    `data.allow_train_test_overlap` a warning; the count either way."""
+    shared = [r["question"] for r in train if r["question"] in test_questions]
+    if not shared:
+        return 0
+    quoted = "; ".join(repr(q if len(q) <= 60 else q[:57] + "...") for q in shared[:SHOWN])
+    what = (f"data: {len(shared)} training problems also occur in the test split (first: {quoted}), so the "
+            "held-out accuracy would be measured on problems the policy was trained on")
+    if not allowed:
+        raise InputError(f"{what}; remove them from the training data, or set data.allow_train_test_overlap: true "
+                         "to proceed with a warning")
+    log.warning("!!! %s (data.allow_train_test_overlap: true); the manifest and the results record the count", what)
+    return len(shared)
 
 
 def run(cfg: dict, out_dir: str | Path) -> dict:
@@ -91,13 +109,14 @@ def run(cfg: dict, out_dir: str | Path) -> dict:
     val_test = sum(r["question"] in test_questions for r in val)
     if val_test:  # selection on validation must never see a test problem
         raise InputError(f"data: {val_test} validation questions also occur in the test split")
+    overlap = check_overlap(train, test_questions, d["allow_train_test_overlap"])
     for name, rows in splits.items():
         write_jsonl_atomic(out / f"{name}.jsonl", rows)
     manifest = {
         **info,
         "seed": cfg["seed"],
         "counts": {k: len(v) for k, v in splits.items()},
-        "train_test_overlap": sum(r["question"] in test_questions for r in train),
+        "train_test_overlap": overlap,
         "sha256": {k: sha256_file(out / f"{k}.jsonl") for k in SPLITS},
         "config_hash": config_hash(cfg, ["seed", "data"]),
     }

@@ -13,9 +13,9 @@ import torch
 from rloo import tracking
 from rloo.algo.losses import bradley_terry_loss
 from rloo.config.sections import ModelConfig, Sections
+from rloo.data.gsm8k import read_split
 from rloo.data.prompting import PromptFormat
 from rloo.errors import InputError
-from rloo.io import read_jsonl
 from rloo.model import distributed, grad_checkpointing, lora, microbatch, models
 from rloo.model.logprobs import model_device, sequence_scores
 from rloo.pipeline import STAGES
@@ -141,7 +141,7 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
     sections = Sections.from_config(cfg)
     reward_cfg, mc = sections.reward, sections.model
     policy_dir, out_dir = Path(policy_dir), Path(out_dir)
-    train = [r for _, r in read_jsonl(Path(data_dir) / "train.jsonl")]
+    train = read_split(data_dir, "train")
     t0 = time.perf_counter()
     pairs, sample_info = sample_pairs(cfg, policy_dir, train)
     tr_pairs, val_pairs = split_by_prompt(pairs, reward_cfg.val_fraction, cfg["seed"])
@@ -167,6 +167,9 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
     loop = TrainingLoop("reward", reward_cfg.steps, work_dir / "checkpoints", model, opt, None, fingerprint,
                         reward_cfg.checkpoint_every, max_nonfinite_steps=reward_cfg.max_nonfinite_steps)
     loop.resume()
+    if reward_cfg.batch_size > len(tr_pairs):
+        log.warning("!!! reward.batch_size=%d is more than the %d training pairs: each step takes all of them",
+                    reward_cfg.batch_size, len(tr_pairs))
     t_train = time.perf_counter()
     for step in loop:
         batch_rng = np.random.default_rng([cfg["seed"], step])  # the batch of step N depends on (seed, N) only
@@ -196,11 +199,9 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
         "val_accuracy_before_training": val_before,
         "train_accuracy": accuracy(model, fmt, tr_pairs[:128], mc),
         **sample_info,
-        "resumed_from_step": loop.start,
-        "threads": threads,
         "init": str(init),
     }
-    timings = loop.record_timings(pair_seconds=t_pairs, train_seconds=time.perf_counter() - t_train)
+    timings = loop.record_timings({"threads": threads}, pair_seconds=t_pairs, train_seconds=time.perf_counter() - t_train)
     tracking.log_metrics({f"reward/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
     loop.check_weights(reward_cfg.steps, "the output")
     write_model_output(out_dir, adapted, model, tok, {"metrics.json": metrics, "history.json": loop.history})

@@ -14,10 +14,10 @@ import torch.nn.functional as F
 from rloo import tracking
 from rloo.algo.schedules import lr_multiplier
 from rloo.config.sections import Sections
+from rloo.data.gsm8k import read_split
 from rloo.data.prompting import PromptFormat, align_eos
 from rloo.errors import InputError
 from rloo.eval.evaluation import evaluate_policy, spec_for
-from rloo.io import read_jsonl
 from rloo.model import base, distributed, lora, microbatch, models
 from rloo.model.head import causal_logprobs
 from rloo.model.logprobs import model_device
@@ -121,8 +121,7 @@ def run(cfg: dict, data_dir: str | Path, base_dir: str | Path, out_dir: str | Pa
     sections = Sections.from_config(cfg)
     sc, mc = sections.sft, sections.model
     data_dir, out_dir, work_dir = Path(data_dir), Path(out_dir), Path(work_dir)
-    train = [r for _, r in read_jsonl(data_dir / "train.jsonl")]
-    test = [r for _, r in read_jsonl(data_dir / "test.jsonl")]
+    train, test = read_split(data_dir, "train"), read_split(data_dir, "test")
     if sc.max_train_examples:
         train = train[: sc.max_train_examples]
 
@@ -147,6 +146,9 @@ def run(cfg: dict, data_dir: str | Path, base_dir: str | Path, out_dir: str | Pa
         log.warning("dropped %d of %d training examples longer than model.max_length", too_long, len(train))
     lengths = np.array([len(e.ids) for e in examples])
     batch_size = min(sc.batch_size, len(examples))
+    if batch_size < sc.batch_size:  # validation refuses a batch above the split; dropped examples can still cut it
+        log.warning("!!! sft.batch_size=%d is more than the %d training examples that fit model.max_length: each "
+                    "step takes all of them", sc.batch_size, len(examples))
     train_model = distributed.wrap(model)  # DDP around it, or the model sharded in place by FSDP
 
     optimizer = torch.optim.AdamW(
@@ -190,8 +192,6 @@ def run(cfg: dict, data_dir: str | Path, base_dir: str | Path, out_dir: str | Pa
     metrics.update(
         {
             "steps": sc.steps,
-            "resumed_from_step": loop.start,
-            "threads": threads,
             "train_examples": len(examples),
             "dropped_too_long": too_long,
             "parameters": models.count_parameters(model),
@@ -199,7 +199,8 @@ def run(cfg: dict, data_dir: str | Path, base_dir: str | Path, out_dir: str | Pa
         }
     )
     # Tokens of this process's steps (a resumed run counts from its checkpoint).
-    timings = loop.record_timings(train_seconds=train_seconds, tokens_per_second=tokens / max(train_seconds, 1e-9))
+    timings = loop.record_timings({"threads": threads}, train_seconds=train_seconds,
+                                  tokens_per_second=tokens / max(train_seconds, 1e-9))
     tracking.log_metrics({f"sft/eval_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}, sc.steps)
     loop.check_weights(sc.steps, "the output")
     write_model_output(out_dir, adapted, model, tokenizer, {"metrics.json": metrics, "history.json": loop.history})

@@ -22,7 +22,7 @@ from rloo.config.sections import RlooConfig, RolloutCorrectionConfig
 from rloo.data.gsm8k import read_split
 from rloo.errors import MissingInputError
 from rloo.eval import report
-from rloo.io import atomic_dir, read_jsonl, sha256_file, write_json_atomic
+from rloo.io import atomic_dir, sha256_file, write_json_atomic
 from rloo.model import checkpoint, distributed, lora, models
 from rloo.reward.functions import user_files
 from rloo.reward.rewards import FunctionReward, RewardSource, build_reward
@@ -122,8 +122,11 @@ def run(
     rc = RlooConfig.from_config(cfg["rloo"])
     check_sampling(rc)
     data_dir, out_dir, work_dir = Path(data_dir), Path(out_dir), Path(work_dir)
-    train = training_prompts([row for _, row in read_jsonl(data_dir / "train.jsonl")], rc.min_solution_steps)
+    train = training_prompts(read_split(data_dir, "train"), rc.min_solution_steps)
     val = read_split(data_dir, "val")
+    if rc.prompts_per_step > len(train):  # validation refuses one above the split; min_solution_steps can still cut it
+        log.warning("!!! rloo.prompts_per_step=%d is more than the %d training prompts (rloo.min_solution_steps=%d): "
+                    "each step takes all of them", rc.prompts_per_step, len(train), rc.min_solution_steps)
     reward = build_reward(cfg, str(reward_model_dir) if reward_model_dir else None)
     trainer = make_trainer(cfg, policy_dir, reward, train, reward_model_dir)
 
@@ -196,8 +199,6 @@ def run(
             "steps": rc.steps,
             "steps_trained": trained,
             "samples_per_step": rc.prompts_per_step * rc.k,
-            "resumed_from_step": loop.start,
-            "threads": threads,
             "estimator": rc.estimator,
             "reward_source": reward.name,
             "select": rc.select,
@@ -219,6 +220,7 @@ def run(
             summary["reward_functions"] = {f.name: {"fn": f.fn, "weight": f.weight, "final_mean": _final_mean(
                 [x.get(f"train/reward/{f.name}", math.nan) for x in last10])} for f in reward.functions}
         timings = loop.record_timings(
+            {"threads": threads},
             train_seconds=seconds,
             # the samples this process drew (dynamic sampling's extra rounds included), per second
             samples_per_second=_samples([x for x in h if x["step"] >= loop.start], rc) / max(seconds, 1e-9),

@@ -9,7 +9,7 @@
             optimizer.step()
         loop.log(metrics, step)           # kept in loop.history, sent to MLflow, shown on the bar
     # loop.finish(): called by a trainer that stops early (an alarm), so no checkpoint follows
-    loop.record_timings(train_seconds=...)   # wall-clock figures: MLflow and <work>/timings.json
+    loop.record_timings(train_seconds=...)   # run facts (times, resume): MLflow and <work>/timings.json
 
 A diverged run stops (`finite`): a non-finite loss, KL, advantage or gradient norm raises
 NonFiniteError before the optimizer applies it (or skips the step, up to `max_nonfinite_steps`), and
@@ -152,17 +152,21 @@ class TrainingLoop:
         if postfix and self.bar is not None:
             self.bar.set_postfix(**postfix)
 
-    def record_timings(self, **figures: float) -> dict[str, float]:
-        """Wall-clock figures of this run (seconds, throughput) and its peak memory: MLflow metrics `time/<name>` and
-        `<work>/timings.json` beside the checkpoints, never the stage's outputs, which must be a
-        function of their inputs (a rerun writes them byte for byte)."""
+    def record_timings(self, facts: dict[str, int] | None = None, **figures: float) -> dict[str, float | int]:
+        """This run's facts: its wall-clock figures (seconds, throughput) and peak memory (MLflow metrics
+        `time/<name>`), the step it resumed from and `facts` such as the thread count (MLflow tags
+        `rloo.<name>`); all of them in `<work>/timings.json` beside the checkpoints, never in the stage's
+        outputs, which must be a function of their inputs (a rerun, or a resumed run, writes them byte for
+        byte)."""
         # The process's peak memory so far: what this stage needed (CUDA max allocated, or peak RSS).
         figures = {**figures, "peak_memory_mb": peak_memory_mb(next(self.model.parameters()).device)}
         figures = {k: round(float(v), 3) for k, v in figures.items()}
+        facts = {"resumed_from_step": self.start, **(facts or {})}
         tracking.log_metrics({f"time/{k}": v for k, v in figures.items()}, self.steps)
+        tracking.set_tags({f"rloo.{k}": str(v) for k, v in facts.items()})
         if distributed.is_main():  # data-parallel: rank 0's figures
-            write_json_atomic(self.ckpt_dir.parent / "timings.json", figures)
-        return figures
+            write_json_atomic(self.ckpt_dir.parent / "timings.json", {**figures, **facts})
+        return {**figures, **facts}
 
     def finish(self) -> None:
         """End after the current step, without a checkpoint (the trainer decided to stop)."""

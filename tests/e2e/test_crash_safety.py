@@ -83,7 +83,7 @@ def test_sigterm_checkpoints_exits_nonzero_and_the_rerun_resumes(micro_run, tmp_
     assert 0 < step < 24
     done = subprocess.run(_train_cmd(micro_run, tmp_path, "out", "work"), capture_output=True, text=True, check=True)
     assert "resumed from" in done.stderr
-    assert json.loads((tmp_path / "out" / "metrics.json").read_text())["resumed_from_step"] == step
+    assert json.loads((tmp_path / "work" / "timings.json").read_text())["resumed_from_step"] == step
     b = _weights(tmp_path / "out")
     assert all(torch.equal(uninterrupted[k], b[k]) for k in b)
 
@@ -107,7 +107,7 @@ def test_kill_9_at_a_random_point_then_rerun_gives_the_same_weights(micro_run, t
     (tmp_path / "work" / "checkpoints" / ".step_00000099.abc.tmp").mkdir()
     (tmp_path / "work" / "checkpoints" / "step_00000099").mkdir()
     subprocess.run(_train_cmd(micro_run, tmp_path, "out", "work"), check=True, capture_output=True)
-    assert json.loads((tmp_path / "out" / "metrics.json").read_text())["resumed_from_step"] > 0
+    assert json.loads((tmp_path / "work" / "timings.json").read_text())["resumed_from_step"] > 0
     b = _weights(tmp_path / "out")
     assert all(torch.equal(uninterrupted[k], b[k]) for k in b)
 
@@ -179,6 +179,6 @@ def test_reward_stage_killed_then_rerun_gives_the_same_model(micro_run, tmp_path
     proc.wait()
     assert not (cut / "out").exists()
     subprocess.run(_reward_cmd(micro_run, cut), check=True, capture_output=True)
-    assert json.loads((cut / "out" / "metrics.json").read_text())["resumed_from_step"] > 0
+    assert json.loads((cut / "work" / "timings.json").read_text())["resumed_from_step"] > 0
     got = models.load_reward_model(cut / "out").state_dict()
     assert all(torch.equal(expected[k], got[k]) for k in expected)

@@ -365,7 +365,7 @@ def test_a_two_process_reward_model_resumes_from_its_checkpoint(micro_run, tmp_p
     shutil.rmtree(tmp_path / "out")  # as if the job died after its last checkpoint
     assert checkpoint.latest(tmp_path / "work" / "checkpoints").name == "step_00000006"
     _run(cmd)
-    assert json.loads((tmp_path / "out" / "metrics.json").read_text())["resumed_from_step"] == 6
+    assert json.loads((tmp_path / "work" / "timings.json").read_text())["resumed_from_step"] == 6
     resumed = _reward_weights(tmp_path / "out")
     assert all(torch.equal(whole[k], resumed[k]) for k in whole)
 
@@ -415,7 +415,7 @@ def test_kill_9_of_a_two_process_run_then_rerun_gives_the_same_weights(micro_run
     assert 0 < step < 8
 
     _run(cmd)
-    assert json.loads((cut / "out" / "metrics.json").read_text())["resumed_from_step"] >= step
+    assert json.loads((cut / "work" / "timings.json").read_text())["resumed_from_step"] >= step
     resumed = _weights(cut / "out")
     assert all(torch.equal(uninterrupted[k], resumed[k]) for k in uninterrupted)
 

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from fault_helpers import file_size_limit
 from safetensors.torch import load_file, save_file
 
 from rloo import cli
@@ -94,7 +97,7 @@ def test_a_damaged_newest_checkpoint_is_passed_over(micro_run, micro_reward, tmp
     (tmp_path / "out").rename(tmp_path / "first")
     with caplog.at_level("WARNING", logger="rloo"):
         assert cli.main(_train(micro_run, micro_reward, tmp_path, steps=10)) == 0
-    assert json.loads((tmp_path / "out" / "metrics.json").read_text())["resumed_from_step"] == 2
+    assert json.loads((tmp_path / "work" / "timings.json").read_text())["resumed_from_step"] == 2
     why = "non-finite" if damage == "nan-weights" else "changed since it was saved"
     assert any("step_00000004" in r.getMessage() and why in r.getMessage() for r in caplog.records), caplog.text
     assert _finite(tmp_path / "out")
@@ -172,12 +175,37 @@ def test_a_full_disk_is_one_line_and_leaves_no_partial_output(micro_run, tmp_pat
     err = capsys.readouterr().err
     assert code == 2, err[-3000:]
     last = err.strip().splitlines()[-1]
-    if failure == "permission":
-        assert last.startswith("rloo sft: error: ") and last.endswith("model.safetensors: Permission denied"), last
-    else:
-        assert last.startswith("rloo sft: error: no space left on the device writing ") and " MiB free there" in last
+    reason = "Permission denied" if failure == "permission" else "no space left on the device"
+    assert last.startswith(f"rloo sft: error: could not write {out}: {reason} (") and " MiB free there); " in last, last
     assert "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]  # no output, no temporary sibling of it
+
+
+def test_a_failed_checkpoint_write_is_one_line_and_keeps_the_older_checkpoints(micro_run, micro_reward, tmp_path,
+                                                                               capsys):
+    """A checkpoint whose optimizer state cannot be written (torch.save's zip stream fails, as on a full
+    disk, not with an OSError): one line naming the checkpoint folder and the free space, exit 2; the
+    partial folder removed, the older checkpoint kept (a rerun resumes from it), no output."""
+    assert cli.main(_train(micro_run, micro_reward, tmp_path, steps=4)) == 0  # its checkpoint: step 2
+    shutil.rmtree(tmp_path / "out")
+    weights = (tmp_path / "work/checkpoints/step_00000002/model.safetensors").stat().st_size
+    assert (tmp_path / "work/checkpoints/step_00000002/optimizer.pt").stat().st_size > 1.5 * weights
+    capsys.readouterr()
+    with file_size_limit(int(1.2 * weights)):  # the weights fit, the optimizer state (twice their size) does not
+        code = cli.main(_train(micro_run, micro_reward, tmp_path, steps=6))  # resumes at 2, saves at 4
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    ckpts = tmp_path / "work" / "checkpoints"
+    assert code == 2, err[-3000:]
+    assert re.fullmatch(
+        rf"rloo train: error: could not write {re.escape(str(ckpts / 'step_00000004'))}: the writer failed \(.*unexpected "
+        rf"pos.*\) \(\d+ MiB free there\); the partial output was removed; the older checkpoints in "
+        rf"{re.escape(str(ckpts))} are kept: free some space \(or fix the file system\) and rerun", last), last
+    assert "Traceback" not in err
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step_00000002"]  # no partial step_00000004, nor its temporary
+    assert not (tmp_path / "out").exists()
+    assert cli.main(_train(micro_run, micro_reward, tmp_path, steps=6)) == 0  # space again: the rerun resumes
+    assert json.loads((tmp_path / "work" / "timings.json").read_text())["resumed_from_step"] == 2
 
 
 @pytest.mark.slow

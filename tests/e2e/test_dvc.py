@@ -177,6 +177,24 @@ def test_changed_parameter_names_exactly_the_affected_stages(origin, change, exp
     assert dvc_status(repo) == {}
 
 
+@pytest.mark.slow
+def test_dvc_status_is_clean_after_a_run_of_a_target_without_the_toy_stage(micro_workflow, tmp_path):
+    """A fresh DVC repository (the project's dvc.yaml lists the default target's stages, toy among them),
+    a run of results/gsm8k_rloo.json only: the run commits its stages and dvc.yaml keeps only what was
+    built, so `dvc status` is clean, where it listed the toy stage (never run: no dvc.lock entry, its
+    deps changed, its outputs deleted). On a copy of the session's micro run: one evaluate job runs."""
+    from conftest import copy_tree
+
+    repo = make_dvc_repo(copy_tree(micro_workflow["copy"], tmp_path / "wf"))
+    for f in ("results/toy_variance.json", "results/toy_variance.png"):
+        (repo / f).unlink()
+    assert "toy" in stages(repo)  # the repository's dvc.yaml, as a clone has it
+    res = snakemake(repo, RLOO, "--forcerun", "evaluate", "--cores", "1", *CONFIGFILES)
+    assert "committed 6 stage(s)" in res.stderr, res.stderr[-3000:]
+    assert dvc_status(repo) == {}
+    assert set(stages(repo)) == ALL_STAGES - {"toy"}
+
+
 @pytest.fixture(scope="module")
 def clone(origin) -> Path:
     repo = origin["repo"]

@@ -214,6 +214,14 @@ def test_snakemake_config_values_are_typed_and_checked_before_any_job(workflow):
     assert "rloo" in res.stdout
     res = snakemake(workflow, "-n", "--cores", "1", *CONFIGFILES, "--config", "rloo={k: 1}", check=False)
     assert res.returncode != 0 and "key 'rloo.k'" in res.stdout + res.stderr
+    # sizes that no run could hold, refused by the same validation before any job (a CPU run: the host
+    # memory of this machine; a batch larger than the data; a completion longer than the context)
+    for setting, key in (("rloo={k: 100000}", "rloo.k"), ("sft={batch_size: 100000000}", "sft.batch_size"),
+                         ("rloo={max_new_tokens: 1000000000}", "rloo.max_new_tokens")):
+        res = snakemake(workflow, "-n", "--cores", "1", *CONFIGFILES, "--config", setting, "model={device: cpu}",
+                        check=False)
+        out = res.stdout + res.stderr
+        assert res.returncode != 0 and f"key '{key}'" in out and "Job stats" not in out, out[-3000:]
 
 
 def test_an_overlay_read_alone_says_what_it_misses():

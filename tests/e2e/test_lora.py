@@ -275,6 +275,6 @@ def test_lora_run_killed_with_sigkill_resumes_bit_for_bit(micro_run, micro_rewar
 
     assert all(".lora_" in k for k in load_file(str(ckpt / "model.safetensors")))  # adapters only
     subprocess.run(_train_cmd(micro_run, micro_reward, cut), check=True, capture_output=True)
-    assert json.loads((cut / "out" / "metrics.json").read_text())["resumed_from_step"] > 0
+    assert json.loads((cut / "work" / "timings.json").read_text())["resumed_from_step"] > 0
     resumed = models.load_causal_lm(cut / "out").state_dict()
     assert all(torch.equal(uninterrupted[k], resumed[k]) for k in uninterrupted)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -413,8 +414,53 @@ def test_sigterm_checkpoint_retry_resumes(run):
     assert "Trying to restart job" in output, output[-3000:]
     metrics = json.loads((c / "results/models/rloo_reinforce/metrics.json").read_text())
     assert metrics["steps"] == 100
-    assert metrics["resumed_from_step"] > 0, metrics
+    facts = json.loads((c / work / "timings.json").read_text())  # the run's facts, beside its checkpoints
+    assert facts["resumed_from_step"] > 0 and "resumed_from_step" not in metrics, facts
     assert "same job, resuming" in (c / "logs/rloo_reinforce.log").read_text()
+
+
+def test_ctrl_c_and_resume_give_the_uninterrupted_results_byte_for_byte(micro_workflow, tmp_path):
+    """Ctrl-C (SIGINT to Snakemake's process group, as a terminal sends it) while the rloo job trains,
+    then the same command again: the job resumes from its checkpoint and the results JSON (and every
+    stage output) is the same bytes as an uninterrupted run's, the resume being a run fact kept in the
+    work folder's timings.json, MLflow and the logs, never in an output. On a copy of the session's
+    micro run with a longer RLOO stage (its params change: rloo and evaluate run again, from scratch)."""
+    c = copy_tree(micro_workflow["copy"], tmp_path / "wf")
+    (c / "config" / "longer.yaml").write_text("rloo: {steps: 30, checkpoint_every: 3}\n")
+    cmd = [snakemake_bin(), RLOO, "--cores", "1", *CONFIGFILES, "config/longer.yaml"]
+    work, outputs = c / "results/work/rloo_rloo", (RLOO, "results/models/rloo_rloo/metrics.json",
+                                                   "results/models/rloo_rloo/steps.jsonl")
+
+    def forget() -> None:  # the RLOO job's output, results and checkpoints: the next run starts at step 0
+        for f in ("results/models/rloo_rloo", RLOO, "results/work/rloo_rloo"):
+            path = c / f
+            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+
+    forget()  # (Snakemake would rerun them: their params changed)
+    proc = subprocess.Popen(cmd, cwd=c, env=env_for(c), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and time.monotonic() < deadline:
+            if list((work / "checkpoints").glob("step_*/checkpoint.json")):
+                os.killpg(proc.pid, signal.SIGINT)
+                break
+            time.sleep(0.05)
+        output, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0 and not (c / RLOO).exists(), output[-3000:]
+    resumed = subprocess.run(cmd, cwd=c, env=env_for(c), capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-5000:]
+    facts = json.loads((work / "timings.json").read_text())
+    assert facts["resumed_from_step"] > 0, facts
+    got = {f: (c / f).read_bytes() for f in outputs}
+    forget()  # the same run again, uninterrupted
+    snakemake(c, RLOO, "--cores", "1", *CONFIGFILES, "config/longer.yaml")
+    assert json.loads((work / "timings.json").read_text())["resumed_from_step"] == 0
+    for f in outputs:
+        assert (c / f).read_bytes() == got[f], f
 
 
 @pytest.mark.slow

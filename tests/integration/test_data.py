@@ -1,13 +1,19 @@
 import json
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from rloo.data import gsm8k, synthetic
 from rloo.data.gsm8k import DataError
+from rloo.errors import InputError, MissingInputError
 from rloo.io import read_jsonl
 from rloo.reward.verifier import extract_answer
 from rloo.stages import prepare
+
+MICRO = Path(__file__).resolve().parents[2] / "config" / "micro.yaml"
 
 
 def test_generator_is_deterministic_and_disjoint():
@@ -192,3 +198,96 @@ def test_a_mapped_gsm8k_answer_still_needs_its_marker(tmp_path):
     path.write_text('{"problem": "q?", "solution": "2 + 2 = 4"}\n')
     with pytest.raises(DataError, match=r"bad\.jsonl:1: solution has no parseable final '#### N'$"):
         gsm8k.load_jsonl_split(str(path), fields={"question": "problem", "answer": "solution"})
+
+
+def _contaminated(tmp_path, micro_cfg, shared: int = 10) -> list[dict]:
+    """A JSONL train file of 40 problems and a test file of 32, `shared` of the training problems (none
+    of those prepare holds out for validation) in both."""
+    train, test, _ = synthetic.generate(40, 22, seed=5)
+    rest, _ = prepare.hold_out(train, 4, micro_cfg["seed"])  # what stays in the training split
+    rows = lambda rs: "".join(json.dumps({"question": r["question"], "answer": r["answer"]}) + "\n" for r in rs)  # noqa: E731
+    (tmp_path / "tr.jsonl").write_text(rows(train))
+    (tmp_path / "te.jsonl").write_text(rows(test + rest[:shared]))
+    micro_cfg["data"].update(source="jsonl", train_file=str(tmp_path / "tr.jsonl"),
+                             test_file=str(tmp_path / "te.jsonl"), val_examples=4)
+    return rest[:shared]
+
+
+def test_train_test_contamination_is_an_error_naming_the_count_and_the_first_problems(tmp_path, micro_cfg):
+    shared = _contaminated(tmp_path, micro_cfg)
+    with pytest.raises(InputError) as e:
+        prepare.run(micro_cfg, tmp_path / "out")
+    msg = str(e.value)
+    assert msg.startswith("data: 10 training problems also occur in the test split (first: "), msg
+    assert "data.allow_train_test_overlap: true" in msg and "\n" not in msg
+    quoted = re.findall(r"'([^']+)'", msg.split("(first: ", 1)[1])
+    assert len(quoted) == prepare.SHOWN and all(any(s["question"].startswith(q.removesuffix("...")) for s in shared)
+                                               for q in quoted), msg
+    assert not (tmp_path / "out").exists()  # nothing written
+
+
+def test_allowed_contamination_is_a_warning_counted_in_the_manifest_and_summary(tmp_path, micro_cfg, caplog):
+    _contaminated(tmp_path, micro_cfg)
+    micro_cfg["data"]["allow_train_test_overlap"] = True
+    with caplog.at_level("WARNING", logger="rloo.prepare"):
+        manifest = prepare.run(micro_cfg, tmp_path / "out")
+    assert manifest["train_test_overlap"] == 10
+    warned = [r.getMessage() for r in caplog.records if "also occur in the test split" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("!!!"), warned
+    from rloo.eval.report import prepare_lines
+
+    assert any(line.startswith(f"!! prepare: {manifest['train_test_overlap']} training problems also occur")
+               for line in prepare_lines(manifest))
+
+
+def test_a_split_that_differs_from_its_manifest_is_refused_by_every_reader(tmp_path, micro_cfg):
+    """A prepare killed after renaming a new train.jsonl into place, before its manifest: the stages
+    read the splits through gsm8k.read_split, which holds them to the manifest's SHA-256."""
+    from rloo.data.gsm8k import read_split
+
+    prepare.run(micro_cfg, tmp_path)
+    assert len(read_split(tmp_path, "train")) == 256
+    micro_cfg["seed"] = 1
+    new = tmp_path / "new"
+    prepare.run(micro_cfg, new)
+    (new / "train.jsonl").replace(tmp_path / "train.jsonl")  # the new split beside the old manifest
+    with pytest.raises(InputError, match=re.escape(f"{tmp_path / 'train.jsonl'}: its SHA-256 differs from the one "
+                                                   f"{tmp_path / 'manifest.json'} records")):
+        read_split(tmp_path, "train")
+    assert len(read_split(tmp_path, "test")) == 32  # the splits that still match read as before
+    # a stage (the `rloo` command, forked by the tests' stage server): one line, exit 2, before any model
+    # is built (the base stage reads the training split)
+    res = subprocess.run([str(Path(sys.executable).with_name("rloo")), "base", "-c", str(MICRO), "--set",
+                          "tracking.enabled=false", "--data", str(tmp_path), "--out", str(tmp_path / "base")],
+                         capture_output=True, text=True, timeout=300)
+    last = res.stderr.strip().splitlines()[-1]
+    assert res.returncode == 2 and last.startswith(f"rloo base: error: {tmp_path / 'train.jsonl'}: its SHA-256 differs"), \
+        res.stderr[-2000:]
+    assert not (tmp_path / "base").exists()
+    (tmp_path / "manifest.json").unlink()  # a first run killed before its manifest
+    with pytest.raises(MissingInputError, match=r"manifest\.json does not exist: `rloo prepare` did not finish"):
+        read_split(tmp_path, "test")
+
+
+def test_a_killed_writers_temporary_file_is_removed_by_the_next_run(tmp_path, micro_cfg):
+    """kill -9 while a split is written leaves `.train.jsonl.<host>-<pid>.<random>.tmp`: the next
+    write of that file removes it; a live writer's is left alone."""
+    from rloo.io import _writer_tag
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(dead.stdout)  # exited: no process of this pid is writing anything
+    host = _writer_tag().rsplit("-", 1)[0]
+    tmp_path.mkdir(exist_ok=True)
+    stale = tmp_path / f".train.jsonl.{host}-{pid}.abc123.tmp"
+    stale.write_text('{"question": "half written')
+    stale_dir = tmp_path / f".sft.{host}-{pid}.xyz.tmp"  # a killed stage's model folder
+    stale_dir.mkdir()
+    live = tmp_path / f".test.jsonl.{_writer_tag()}.def456.tmp"  # this process is alive
+    live.write_text("")
+    prepare.run(micro_cfg, tmp_path)
+    assert not stale.exists() and live.exists() and stale_dir.exists()  # only the same output's siblings
+    from rloo.io import atomic_dir
+
+    with atomic_dir(tmp_path / "sft") as t:
+        (t / "x").write_text("1")
+    assert not stale_dir.exists()

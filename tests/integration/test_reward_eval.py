@@ -131,6 +131,10 @@ def test_results_file_matches_its_schema(micro_run, tmp_path):
     assert all(isinstance(p["proxy_reward"], float) for p in result["policies"].values())
     assert result["policies"]["rloo"]["selected_step"] == 4  # micro: select last, 4 steps
     assert result["primary"] == "accuracy_sampled"
+    # the data manifest's train/test overlap, in the results and the summary (prepare refuses any unless allowed)
+    assert result["train_test_overlap"] == 0
+    assert "evaluate: no training problem occurs in the test split" in report.evaluate_lines(result)
+    assert "!! evaluate: 3 training problems" in report.evaluate_lines({**result, "train_test_overlap": 3})[0]
     trained_on = cfg["reward"]["source"]  # micro.yaml alone: the reward model
     assert trained_on == "model"
     assert result["judges"]["proxy_reward"]["independent_of_training_reward"] is False

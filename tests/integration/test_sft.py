@@ -49,6 +49,9 @@ def test_sft_resume_from_checkpoint_is_exact(tmp_path, micro_run):
     shutil.copytree(ck, tmp_path / "w_dead" / "checkpoints" / ck.name)
     metrics = sft.run(cfg, micro_run["data"], micro_run["base_model"], tmp_path / "resumed", tmp_path / "w_dead")
     assert metrics["resumed_from_step"] == 3
+    assert json.loads((tmp_path / "w_dead" / "timings.json").read_text())["resumed_from_step"] == 3
+    for f in ("metrics.json", "history.json"):  # outputs a function of their inputs: no run fact in them
+        assert (tmp_path / "resumed" / f).read_bytes() == (tmp_path / "full" / f).read_bytes(), f
     a = models.load_causal_lm(tmp_path / "full").state_dict()
     b = models.load_causal_lm(tmp_path / "resumed").state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)

@@ -136,6 +136,10 @@ def test_run_writes_policy_and_resumes_bit_identically(micro_run, micro_reward, 
     resumed = run("resumed", "w_dead")
     assert resumed["resumed_from_step"] == 2
     assert same_weights(tmp_path / "full", tmp_path / "resumed")
+    # the output is a function of the inputs: the resume is a run fact, kept beside the checkpoints
+    assert (tmp_path / "resumed" / "metrics.json").read_bytes() == (tmp_path / "full" / "metrics.json").read_bytes()
+    facts = json.loads((tmp_path / "w_dead" / "timings.json").read_text())
+    assert facts["resumed_from_step"] == 2 and facts["threads"] >= 1
     assert (tmp_path / "resumed" / "steps.jsonl").read_text() .splitlines()[-1].split('"time/')[0] == steps[-1].split('"time/')[0]
     # Extending a finished run (more steps) resumes from its last checkpoint; other settings do not.
     cfg["rloo"]["steps"] = 5

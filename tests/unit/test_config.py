@@ -110,3 +110,42 @@ def test_stage_config_is_what_each_stage_reads():
     judged = stage_config(load_config(None, {"reward": {"source": "judge"}}), "rloo")
     assert set(judged["evaluate"]) == {"judge", "llm_judge"} and judged["reward"] == {"source": "judge"}
     assert stage_config(cfg, "toy") == {"seed": cfg["seed"]}
+
+
+MICRO_CPU = [ROOT / "config" / "config.yaml", ROOT / "config" / "micro.yaml"]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        # a CPU run whose RLOO step cannot fit any machine: the decode loop's mask and scores grow with k^2
+        ({"rloo": {"k": 100000}}, r"key 'rloo\.k': rloo \(rloo\) would need [\d.]+ TB of host memory on this CPU run "
+                                  r"\(sampling: decode mask, scores and sampler [\d.]+ TB\), over the [\d.]+ GB usable "
+                                  r"of [\d.]+ GB \(.*\): lower rloo\.k"),
+        ({"rloo": {"max_new_tokens": 1000000000}}, r"key 'rloo\.max_new_tokens': 1000000000 new tokens leave no room for "
+                                                   r"a prompt within model\.max_length=192"),
+        ({"evaluate": {"max_new_tokens": 192}}, r"key 'evaluate\.max_new_tokens'"),
+        ({"sft": {"eval_max_new_tokens": 500}}, r"key 'sft\.eval_max_new_tokens'"),
+        ({"reward": {"max_new_tokens": 500}}, r"key 'reward\.max_new_tokens'"),
+        ({"sft": {"batch_size": 100000000}}, r"key 'sft\.batch_size': 100000000 is more than the 256 training problems "
+                                             r"\(data\.synthetic\.n_train\); lower sft\.batch_size to at most 256"),
+        ({"data": {"max_train": 100}, "rloo": {"prompts_per_step": 101}}, r"key 'rloo\.prompts_per_step': 101 is more "
+                                                                          r"than the 100 training problems \(data\.max_train\)"),
+        ({"sft": {"max_train_examples": 8}}, r"key 'sft\.batch_size': 16 is more than the 8 training problems "
+                                             r"\(sft\.max_train_examples\)"),
+        # a machine (or a Slurm CPU node) of the given size: the interpreter alone needs 0.4 GB
+        ({"plan": {"host_memory_gb": 0.3}}, r"would need 0\.\d GB of host memory .* of 0\.3 GB \(plan\.host_memory_gb"),
+    ],
+)
+def test_sizes_are_refused_at_validation_naming_the_key(override, message):
+    override = {**override, "model": {"device": "cpu"}}  # a CPU run, whatever this machine has
+    with pytest.raises(ConfigError, match=message):
+        load_config(MICRO_CPU, override)
+
+
+def test_sizes_that_fit_pass_and_a_gpu_run_is_not_held_to_this_machines_memory():
+    assert load_config(MICRO_CPU, {"rloo": {"k": 64}, "model": {"device": "cpu"}})["rloo"]["k"] == 64
+    # the GPU plan judges a GPU run (plan.gpu_memory_gb), not the host memory of the machine that validates
+    assert load_config(MICRO_CPU, {"rloo": {"k": 100000}, "model": {"device": "cuda"}})["rloo"]["k"] == 100000
+    # a data set whose size the config does not say (a hub id): the stage warns where a batch is cut
+    load_config(MICRO_CPU, {"data": {"source": "hub"}, "sft": {"batch_size": 100000}})

@@ -29,9 +29,11 @@ def _writer_tag() -> str:
     return f"{_HOST}-{os.getpid()}"
 
 
-def _alive(pid: int) -> bool:
+def exists(send: Callable[[int, int], None], target: int) -> bool:
+    """Whether a process (`os.kill`, a pid) or a process group (`os.killpg`, a pgid) still exists: signal 0
+    reaches it, or it is another user's."""
     try:
-        os.kill(pid, 0)
+        send(target, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
@@ -47,7 +49,7 @@ def remove_stale_siblings(path: Path) -> list[Path]:
     pattern = re.compile(rf"\.{re.escape(path.name)}\.(?P<host>[A-Za-z0-9_-]+)-(?P<pid>\d+)\.[^/]*\.tmp")
     for sibling in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
         m = pattern.fullmatch(sibling.name)
-        if m and m["host"] == _HOST and not _alive(int(m["pid"])):
+        if m and m["host"] == _HOST and not exists(os.kill, int(m["pid"])):
             shutil.rmtree(sibling, ignore_errors=True) if sibling.is_dir() else sibling.unlink(missing_ok=True)
             stale.append(sibling)
     return stale
@@ -137,18 +139,26 @@ def _failed(e: BaseException, final: Path, kept: str) -> BaseException:
 
 
 @contextlib.contextmanager
+def _as_write_error(final: Path, kept: str) -> Iterator[None]:
+    """A failed write within the block (`is_write_failure`) raised as a WriteError naming `final`."""
+    try:
+        yield
+    except Exception as e:
+        if (err := _failed(e, final, kept)) is not e:
+            raise err from (e.__cause__ if isinstance(e, WriteError) else e)
+        raise
+
+
+@contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, kept: str = "") -> Iterator[Path]:
     """Yield a temporary file path that replaces `path` only if the block finishes without error. A
     failed write (`is_write_failure`) becomes a WriteError naming `path` (`kept`: what stays, for it)."""
     final = Path(path)
     tmp = _tmp_sibling(final)
     try:
-        yield tmp
-        os.replace(tmp, final)
-    except Exception as e:
-        if (err := _failed(e, final, kept)) is not e:
-            raise err from (e.__cause__ if isinstance(e, WriteError) else e)
-        raise
+        with _as_write_error(final, kept):
+            yield tmp
+            os.replace(tmp, final)
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -160,19 +170,16 @@ def atomic_dir(path: str | os.PathLike, kept: str = "") -> Iterator[Path]:
     final = Path(path)
     tmp = _tmp_sibling(final, is_dir=True)
     try:
-        yield tmp
-        if final.exists():
-            old = final.with_name(f".{final.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
-    except Exception as e:
-        if (err := _failed(e, final, kept)) is not e:
-            raise err from (e.__cause__ if isinstance(e, WriteError) else e)
-        raise
+        with _as_write_error(final, kept):
+            yield tmp
+            if final.exists():
+                old = final.with_name(f".{final.name}.old")
+                shutil.rmtree(old, ignore_errors=True)
+                os.replace(final, old)
+                os.replace(tmp, final)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

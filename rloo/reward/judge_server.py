@@ -32,6 +32,7 @@ from pathlib import Path
 
 from rloo.config.sections import EvaluateConfig, ServeConfig
 from rloo.errors import UserError
+from rloo.io import exists
 from rloo.reward.judges import LLMJudge, PairwiseJudge, build_judge
 
 log = logging.getLogger("rloo.reward.judge_server")
@@ -125,32 +126,22 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def stop(proc: subprocess.Popen, grace_s: float) -> None:
     """SIGTERM to the server's process group, SIGKILL to whatever is left after `grace_s`."""
     pgid = proc.pid
     proc.poll()  # reap an exited leader: a zombie would keep the group "alive"
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-        if not _group_alive(pgid):
+        if not exists(os.killpg, pgid):
             break
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, sig)
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             proc.poll()
-            if not _group_alive(pgid):
+            if not exists(os.killpg, pgid):
                 break
             time.sleep(0.1)
-        if sig == signal.SIGTERM and _group_alive(pgid):
+        if sig == signal.SIGTERM and exists(os.killpg, pgid):
             log.warning("judge server (pid %d) still running %.0f s after SIGTERM: SIGKILL", pgid, grace_s)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(5)

@@ -171,6 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", default=None, help="default: paths.results/sweeps/<name>.png")
 
     sub.add_parser("validate-config", parents=[common], help="validate a config and print it resolved")
+    p = sub.add_parser("schema", help="print the config's JSON schema, made from the typed settings (rloo/settings/)")
+    p.add_argument("--write", action="store_true", help="write it to rloo/schemas/config.schema.json instead")
     p = sub.add_parser("plan", parents=[common], help="predict each GPU stage's peak memory per device; exit 2 "
                                                       "if one does not fit")
     p.add_argument("--gpu-memory-gb", type=float, default=None, metavar="N",
@@ -196,8 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] in (["dvc"], ["why-rerun"]):  # tools with a parser of their own
         return COMMANDS[argv[0]](argv[1:])
     args = parser.parse_args(argv)
-    if args.stage == "summary":
-        return COMMANDS["summary"](args.files)
+    if args.stage in ("summary", "schema"):  # tools that read no config
+        return COMMANDS[args.stage](args)
     try:
         cfg = _config(args)
     except ConfigError as e:
@@ -422,10 +424,21 @@ def _dvc(argv: list[str]) -> int:
     return cli.main(argv)
 
 
-def _summary(files: list[str]) -> int:
+def _summary(args: argparse.Namespace) -> int:
     from rloo.eval import report
 
-    return report.main(files)
+    return report.main(args.files)
+
+
+def _schema(args: argparse.Namespace) -> int:
+    from rloo.config.schema import SCHEMA_PATH, render_schema
+
+    if args.write:
+        SCHEMA_PATH.write_text(render_schema())
+        print(f"wrote {SCHEMA_PATH}", file=sys.stderr)
+    else:
+        print(render_schema(), end="")
+    return 0
 
 
 def _why_rerun(argv: list[str]) -> int:
@@ -438,6 +451,7 @@ COMMANDS: dict[str, Callable[..., int | None]] = {
     "prepare": _prepare, "base": _base, "sft": _sft, "train": _train, "reward": _reward, "evaluate": _evaluate,
     "toy": _toy, "compare": _compare, "seeds": _seeds, "sweep": _sweep,
     "validate-config": _validate_config, "plan": _plan, "dvc": _dvc, "summary": _summary, "why-rerun": _why_rerun,
+    "schema": _schema,
 }
 
 

@@ -7,8 +7,9 @@ the imports of its module or of its function), and a module's import-time statem
 the module is imported. Each counted definition is reduced to its syntax tree without docstrings
 (comments are not in the tree), so a comment, a docstring or a reflowed line changes nothing, and a
 changed expression changes the fingerprint of exactly the stages that reach it. The package data a
-counted module reads (MODULE_DATA) counts as its parsed value, and the config schema as the nodes of the
-keys the stage reads, without their descriptions.
+counted module reads (MODULE_DATA) counts as its parsed value. The config's schema is code too: the typed
+settings (rloo/settings/) that every stage's validation reaches, their types, defaults and constraints
+in the tree, their docs (the strings under the fields) not.
 
 The manifest behind a fingerprint ({file: {definition: digest}}) says what changed between two
 fingerprints (`changes`): `rloo why-rerun` prints it. Snakemake reruns a job on its `code` param
@@ -30,14 +31,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 PACKAGE = "rloo"
 PACKAGE_DIR = Path(__file__).resolve().parent
 ROOT = PACKAGE_DIR.parent
-SCHEMA = "schemas/config.schema.yaml"
 # Package data a module reads as it runs: part of its code (an edited theme reruns the stages that use it).
 MODULE_DATA = {"rloo.data.synthetic": ("data/themes.yaml",)}
 # Where the workflow keeps what it derives from the code: the fingerprints DVC reads as params, and each
@@ -144,14 +143,6 @@ def _chains(stmts: list[ast.stmt]) -> Iterator[list[str]]:
                 yield [node.id]
 
 
-def _strip_descriptions(node: Any) -> Any:
-    if isinstance(node, dict):
-        return {k: _strip_descriptions(v) for k, v in node.items() if k not in ("description", "$comment")}
-    if isinstance(node, list):
-        return [_strip_descriptions(v) for v in node]
-    return node
-
-
 def _data_digest(path: Path) -> str:
     text = path.read_text()
     value = yaml.safe_load(text) if path.suffix in (".yaml", ".yml") else text
@@ -191,7 +182,6 @@ class Codebase:
         self._modules: dict[str, _Module] = {}
         self._edge_cache: dict[Key, tuple[Key, ...]] = {}
         self._digests: dict[Key, dict[str, str]] = {}
-        self._schema: dict | None = None
 
     # -- modules ----------------------------------------------------------------------------------
 
@@ -406,30 +396,14 @@ class Codebase:
                 out[self._rel(self.package_dir / f)] = {"<data>": _data_digest(self.package_dir / f)}
         return out
 
-    def schema_digests(self, keys: Iterable[str]) -> dict[str, str]:
-        """The schema's nodes of the config `keys` ("section" or "section.key"), without descriptions."""
-        if self._schema is None:
-            self._schema = yaml.safe_load((self.package_dir / SCHEMA).read_text())
-        out = {}
-        for key in keys:
-            node: Any = self._schema
-            for part in key.split("."):
-                node = (node.get("properties") or {}).get(part) if isinstance(node, dict) else None
-            if node is not None:
-                out[key] = _digest(json.dumps(_strip_descriptions(node), sort_keys=True))
-        return out
-
-    def fingerprint(self, verb: str, config_keys: Iterable[str] = (), extra_files: Iterable[Path] = (),
-                    extra_roots: Iterable[Key] = ()) -> Fingerprint:
+    def fingerprint(self, verb: str, extra_files: Iterable[Path] = (), extra_roots: Iterable[Key] = ()) -> Fingerprint:
         """The fingerprint of `rloo <verb>`: the definitions it reaches (and those `extra_roots` reach:
-        functions of the package the config names), the schema nodes of `config_keys` (the keys the stage
-        reads), and `extra_files` (a user's own code the config names), whole."""
+        functions of the package the config names), and `extra_files` (a user's own code the config names),
+        whole."""
         keys = set(self.stage_keys(verb))
         if extra_roots:
             keys |= self.reachable([k for module, name in extra_roots for k in self.symbol(module, name)])
         m = self.manifest(keys)
-        if schema := self.schema_digests(config_keys):
-            m[self._rel(self.package_dir / SCHEMA)] = schema
         for f in extra_files:
             path = Path(f)
             if path.suffix == ".py":
@@ -448,15 +422,13 @@ def installed() -> Codebase:
 
 
 @cache
-def _stage_fingerprint(verb: str, config_keys: tuple[str, ...], extra_files: tuple[Path, ...],
-                       extra_roots: tuple[Key, ...]) -> Fingerprint:
-    return installed().fingerprint(verb, config_keys, extra_files, extra_roots)
+def _stage_fingerprint(verb: str, extra_files: tuple[Path, ...], extra_roots: tuple[Key, ...]) -> Fingerprint:
+    return installed().fingerprint(verb, extra_files, extra_roots)
 
 
 def stage_fingerprint(verb: str, cfg: dict | None = None) -> Fingerprint:
-    """`rloo <verb>`'s fingerprint, with the schema nodes of the keys it reads (rloo.pipeline); with a
-    config whose reward functions the stage runs (rloo and evaluate), their code too, by name: the
-    user's files, and the package's functions a spec names."""
+    """`rloo <verb>`'s fingerprint; with a config whose reward functions the stage runs (rloo and
+    evaluate), their code too, by name: the user's files, and the package's functions a spec names."""
     from rloo.pipeline import BY_VERB
 
     stage = BY_VERB.get(verb)
@@ -466,7 +438,7 @@ def stage_fingerprint(verb: str, cfg: dict | None = None) -> Fingerprint:
         from rloo.reward.functions import package_functions, user_files
 
         files, roots = tuple(user_files(cfg)), tuple(package_functions(cfg))
-    return _stage_fingerprint(verb, stage.keys if stage else (), files, roots)
+    return _stage_fingerprint(verb, files, roots)
 
 
 def stage_code_param(verb: str, cfg: dict | None = None, root: Path | None = None) -> str:

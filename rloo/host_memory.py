@@ -37,8 +37,9 @@ import resource
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rloo.errors import UserError
 from rloo.memory_plan import DTYPE_BYTES, GB, MARGIN_SHARE, StagePlan, plan
-from rloo.model_shape import Shape
+from rloo.model_shape import Shape, model_shape
 
 BASELINE_BYTES = 0.4e9
 SAMPLER_BYTES_PER_LOGIT = 6 * 4  # logits, noise, its two logarithms, the noisy logits, log-softmax (float32)
@@ -189,3 +190,16 @@ def problem(cfg: dict, shape: Shape) -> str | None:
     return (f"key '{key_name}': {worst.stage} would need {_size(worst.total)} of host memory on this CPU run "
             f"({worst.name}: {label} {_size(size)}), over the {_size(usable)} usable of {_size(limit)} ({what}, "
             f"less {MARGIN_SHARE:.0%}): {key}")
+
+
+def config_problems(cfg: dict) -> list[str]:
+    """The host-memory refusal of a CPU config, as validation asks it (none for a GPU run, or a model whose
+    shape cannot be read: `rloo plan` names model.shape when asked)."""
+    if not cpu_run(cfg):
+        return []
+    try:
+        shape, _ = model_shape(cfg)
+    except UserError:  # no shape to plan with: `rloo plan` names model.shape when asked
+        return []
+    found = problem(cfg, shape)
+    return [found] if found else []

@@ -184,6 +184,13 @@ def atomic_dir(path: str | os.PathLike, kept: str = "") -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def config_hash(cfg: dict[str, Any], sections: list[str] | None = None) -> str:
+    """A short stable hash of a (resolved) config, or of some of its sections."""
+    part = cfg if sections is None else {k: cfg.get(k) for k in sections}
+    blob = json.dumps(part, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")

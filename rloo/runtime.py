@@ -185,7 +185,7 @@ def run_fingerprint(
     import hashlib
     from pathlib import Path
 
-    from rloo.config import config_hash
+    from rloo.io import config_hash
 
     part = copy.deepcopy({k: cfg.get(k) for k in sections})
     for dotted in ignore:

@@ -34,8 +34,7 @@ import torch
 
 from rloo.algo import estimators as est
 from rloo.algo import rollout_correction
-from rloo.algo.names import GROUP_ESTIMATORS
-from rloo.config.sections import k_problems
+from rloo.algo.names import GROUP_ESTIMATORS, k_problems
 
 N_ACTIONS = 32
 REWARD_OFFSET = 2.0

@@ -29,8 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rloo.algo.names import ESTIMATORS
-from rloo.config.sections import k_problems
+from rloo.algo.names import ESTIMATORS, k_problems
 
 
 def _check_rewards(rewards: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """Validation: the schema, then the rules it cannot state (finite numbers, no secrets in URLs, keys that
-depend on each other, the values each sweep sets, a served judge's flags), each naming the offending key."""
+depend on each other, each in its section's `problems` (rloo/settings/), the values each sweep sets, and a
+CPU run's predicted host memory), each naming the offending key."""
 
 from __future__ import annotations
 
@@ -9,10 +10,9 @@ import re
 from urllib.parse import parse_qsl, urlsplit
 
 from rloo.config.schema import ConfigError, Validator, coerce, key_path, load_schema
-from rloo.config.sections import RlooConfig
 from rloo.config.selection import leaves, put, select
-from rloo.config.sizes import size_checks
-from rloo.reward.functions import config_problems as reward_function_problems
+from rloo.host_memory import config_problems as host_memory_problems
+from rloo.settings import Config
 
 
 def validate(cfg: dict, source: str = "config") -> dict:
@@ -82,15 +82,8 @@ def _credentials(cfg: dict) -> list[str]:
 
 def _cross_checks(cfg: dict) -> list[str]:
     """Rules that tie several keys together, checked before any stage runs (so `snakemake -n` fails)."""
-    return (RlooConfig.from_config(cfg["rloo"]).problems() + _serve_checks(cfg) + _reward_checks(cfg)
-            + _sweep_checks(cfg) + size_checks(cfg))
-
-
-def _reward_checks(cfg: dict) -> list[str]:
-    """A reward server needs its URL; each reward function must import and take TRL's arguments."""
-    if cfg["reward"]["source"] == "http" and not cfg["reward"]["http"]["url"]:
-        return ["key 'reward.http.url': reward.source is 'http' but no URL is set (http://host:port/path)"]
-    return reward_function_problems(cfg)
+    problems = Config.from_config(cfg).problems() + _sweep_checks(cfg)
+    return problems or host_memory_problems(cfg)  # the memory estimate only once the sizes themselves are sane
 
 
 # Keys a sweep may not set: they say where outputs go, or declare the seeds, sweeps and comparison themselves.
@@ -127,29 +120,4 @@ def _sweep_checks(cfg: dict) -> list[str]:
                 values[i] = select(resolved, [key])  # coerced as the config's own values are
                 for part in key.split("."):
                     values[i] = values[i][part]
-    return problems
-
-
-def _serve_checks(cfg: dict) -> list[str]:
-    """A served judge (evaluate.llm_judge.serve) runs inside the evaluate job only, on serve.gpus GPUs."""
-    serve = cfg["evaluate"]["llm_judge"]["serve"]
-    if not serve:
-        return []
-    from rloo.reward.judge_server import (
-        tensor_parallel,  # here: judge_server imports torch, a config check must not
-    )
-
-    problems = []
-    tp = tensor_parallel(serve["args"])
-    if tp is not None and serve["gpus"] and tp != serve["gpus"]:
-        problems.append(f"key 'evaluate.llm_judge.serve.args': --tensor-parallel-size {tp} but serve.gpus is "
-                        f"{serve['gpus']} (the GPUs the evaluate job gets for the judge): make them equal")
-    owned = sorted({a.split("=", 1)[0] for a in serve["args"]} & {"--host", "--port", "--api-key"})
-    if owned:
-        problems.append(f"key 'evaluate.llm_judge.serve.args': {', '.join(owned)} are set by the evaluate job (a free "
-                        "local port, a key of this run only); leave them out")
-    if cfg["reward"]["source"] == "judge" and cfg["evaluate"]["judge"] == "llm":
-        problems.append("key 'evaluate.llm_judge.serve': the judge is served by the evaluate job only, but "
-                        "reward.source: judge scores RLOO with it too; give RLOO a running judge "
-                        "(evaluate.llm_judge.base_url, serve: null) or another reward.source")
     return problems

@@ -1,30 +1,45 @@
-"""The config schema (rloo/schemas/config.schema.yaml): reading it, a validator that fills its defaults,
-and the coercion of strings that spell the numbers and booleans it asks for."""
+"""The config schema, made from the typed settings (rloo/settings/: every section's dataclass, its defaults,
+constraints and docs), a validator that fills its defaults, and the coercion of strings that spell the
+numbers and booleans it asks for. rloo/schemas/config.schema.json is the same schema written out (for an
+editor that checks config files as they are typed): `rloo schema --write` writes it, and
+tests/unit/test_settings.py holds it to the dataclasses."""
 
 from __future__ import annotations
 
 import copy
+import json
 import math
 import re
+from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import jsonschema
-import yaml
 
 from rloo.errors import UserError
+from rloo.settings import Config, json_schema
 
-SCHEMA_PATH = Path(str(resources.files("rloo") / "schemas" / "config.schema.yaml"))
+SCHEMA_PATH = Path(str(resources.files("rloo") / "schemas" / "config.schema.json"))
 
 
 class ConfigError(UserError, ValueError):
     """A config that does not match the schema; the message names the file and the key."""
 
 
+@cache
+def _schema() -> dict:
+    return json_schema(Config)
+
+
 def load_schema() -> dict:
-    """The schema, as a dict (read afresh: callers may not mutate a shared copy)."""
-    return yaml.safe_load(SCHEMA_PATH.read_text())
+    """The schema, as a dict (a copy: callers may mutate it)."""
+    return copy.deepcopy(_schema())
+
+
+def render_schema() -> str:
+    """The schema as SCHEMA_PATH holds it."""
+    return json.dumps(_schema(), indent=2, ensure_ascii=False) + "\n"
 
 
 def _with_defaults(validator_class):
@@ -89,3 +104,4 @@ def _coerced(value: Any, sub: dict) -> Any:
     elif "boolean" in types and text.lower() in ("true", "false"):
         return text.lower() == "true"
     return value
+

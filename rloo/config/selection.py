@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from rloo.io import config_hash  # noqa: F401 (re-exported: rloo.config.config_hash)
 from rloo.pipeline import stage_keys
 
 
@@ -27,13 +26,6 @@ def changed_keys(a: dict, b: dict) -> list[str]:
     """Dotted keys whose values differ between two configs."""
     left, right = dict(leaves(a)), dict(leaves(b))
     return sorted(k for k in left.keys() | right.keys() if left.get(k) != right.get(k))
-
-
-def config_hash(cfg: dict[str, Any], sections: list[str] | None = None) -> str:
-    """A short stable hash of the (resolved) config, or of some of its sections."""
-    part = cfg if sections is None else {k: cfg.get(k) for k in sections}
-    blob = json.dumps(part, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def stage_config(cfg: dict, stage: str, overrides: dict[str, Any] | None = None) -> dict:

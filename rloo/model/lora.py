@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rloo.config.sections import LoraConfig, ModelConfig
 from rloo.model import distributed
+from rloo.settings import LoraConfig, ModelConfig
 
 log = logging.getLogger("rloo")
 

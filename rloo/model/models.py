@@ -28,8 +28,8 @@ from rloo.errors import InputError
 from rloo.runtime import resolve_device
 
 if TYPE_CHECKING:
-    from rloo.config.sections import ModelConfig
     from rloo.model.lora import Adapted
+    from rloo.settings import ModelConfig
 
 EOS = "<|endoftext|>"
 PAD = "<|pad|>"

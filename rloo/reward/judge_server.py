@@ -30,31 +30,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from rloo.config.sections import EvaluateConfig, ServeConfig
 from rloo.errors import UserError
 from rloo.io import exists
 from rloo.reward.judges import LLMJudge, PairwiseJudge, build_judge
+from rloo.settings import EvaluateConfig, ServeConfig
+from rloo.settings.evaluation import tensor_parallel
 
 log = logging.getLogger("rloo.reward.judge_server")
 
 HOST = "127.0.0.1"  # never reachable from outside the node
 LOG_TAIL_LINES = 20
-
-
-TP_FLAGS = ("--tensor-parallel-size", "-tp")
-
-
-def tensor_parallel(args: list[str]) -> int | None:
-    """The tensor-parallel size given among vLLM `args` (`--tensor-parallel-size N`, `-tp N`, `--...=N`)."""
-    for i, a in enumerate(args):
-        name, eq, value = a.partition("=")
-        if name in TP_FLAGS:
-            value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
 
 
 class JudgeServerError(UserError):

@@ -15,9 +15,9 @@ from typing import Protocol
 
 import torch
 
-from rloo.config.sections import EvaluateConfig, LlmJudgeConfig
 from rloo.errors import UserError
 from rloo.reward.verifier import is_correct
+from rloo.settings import EvaluateConfig, LlmJudgeConfig
 
 log = logging.getLogger("rloo.reward.judges")
 

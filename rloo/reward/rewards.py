@@ -16,12 +16,12 @@ from typing import Protocol
 
 import torch
 
-from rloo.config.sections import Sections
 from rloo.data.prompting import PromptFormat
 from rloo.errors import UserError
 from rloo.reward.functions import RewardFunction, Tally, arguments, weighted_sum
 from rloo.reward.remote import RewardClient
 from rloo.reward.verifier import is_correct
+from rloo.settings import Config
 
 log = logging.getLogger("rloo.reward.rewards")
 
@@ -161,7 +161,7 @@ def build_plugin(cfg: dict) -> FunctionReward | HttpReward | None:
 
 def build_reward(cfg: dict, reward_model_dir: str | None = None) -> RewardSource:
     """The training reward named by `reward.source`."""
-    sections = Sections.from_config(cfg)
+    sections = Config.from_config(cfg)
     if sections.reward.source == "verifier":
         return VerifierReward()
     if plugin := build_plugin(cfg):

@@ -19,7 +19,7 @@ from rloo.rollout.sampling import Rollout
 from rloo.runtime import inference_dtype
 
 if TYPE_CHECKING:
-    from rloo.config.sections import Sections
+    from rloo.settings import Config
 
 __all__ = ["HFRollout", "Rollout", "generate", "logprob_gap", "make_rollout"]
 
@@ -43,7 +43,7 @@ class HFRollout:
         pass
 
 
-def make_rollout(sections: Sections, seed: int, policy_dir: str | Path, policy: torch.nn.Module):
+def make_rollout(sections: Config, seed: int, policy_dir: str | Path, policy: torch.nn.Module):
     """The sampler of `rollout.backend`; the vLLM engine is built once here, from `policy_dir`."""
     if sections.rollout.backend == "vllm":
         from rloo.rollout.vllm import VLLMRollout  # imports vllm, an optional dependency

@@ -33,7 +33,7 @@ from rloo.rollout.sampling import Rollout
 from rloo.runtime import decode_dtype, resolve_device
 
 if TYPE_CHECKING:
-    from rloo.config.sections import Sections
+    from rloo.settings import Config
 
 log = logging.getLogger("rloo.rollout.vllm")
 
@@ -161,7 +161,7 @@ class VLLMRollout:
             return vllm.LLM(policy_dir, **kwargs)
 
     @classmethod
-    def from_config(cls, sections: Sections, seed: int, policy_dir: str | Path) -> VLLMRollout:
+    def from_config(cls, sections: Config, seed: int, policy_dir: str | Path) -> VLLMRollout:
         """The engine of an RLOO run. On a GPU, `rollout.gpu_memory_utilization` sizes it as in vLLM.
 
         On a CPU, vLLM reads that fraction as a share of host RAM for the whole process, the trainer's

@@ -6,11 +6,13 @@ follows from them (`json_schema`), the one the config files are validated agains
     class RlooConfig(Section):
         k: int = setting(4, minimum=1)
         \"\"\"Samples per prompt: the group whose other members are each one's baseline.\"\"\"
+        alarms: AlarmConfig = field(default_factory=AlarmConfig)
 
 A field's type gives the schema its type: int, float (a JSON number), str, bool, `X | None` (nullable),
-`Literal[...]` (an enum), `tuple[T, ...]` (an array of T), a nested section (an object of its own keys,
-all defaulted) and `Mapping` (an object the field's `schema=` describes). The docs are read from the
-source, so they are no code: an edited doc changes no stage's code fingerprint (rloo/code_fingerprint.py).
+`Literal[...]` (an enum), `tuple[T, ...]` (an array of T), a nested section (`field(default_factory=...)`:
+an object of its own keys, all defaulted) and `Mapping` (an object the field's `schema=` describes). The
+docs are read from the source, so they are no code: an edited doc changes no stage's code fingerprint
+(rloo/code_fingerprint.py).
 """
 
 from __future__ import annotations
@@ -31,13 +33,15 @@ _MISSING = dataclasses.MISSING
 # The keyword arguments of `setting` that are JSON-schema keywords of the same meaning, by their name there.
 _KEYWORDS = {"minimum": "minimum", "maximum": "maximum", "exclusive_minimum": "exclusiveMinimum",
              "exclusive_maximum": "exclusiveMaximum", "min_items": "minItems", "max_items": "maxItems",
-             "unique_items": "uniqueItems", "pattern": "pattern", "contains": "contains", "item": "items"}
+             "unique_items": "uniqueItems", "min_length": "minLength", "pattern": "pattern", "contains": "contains",
+             "item": "items", "min_properties": "minProperties"}
 
 
 def setting(default: Any = _MISSING, *, schema: dict | None = None, **constraints: Any) -> Any:
     """A field with its default and constraints (`minimum`, `maximum`, `exclusive_minimum`,
-    `exclusive_maximum`, `min_items`, `max_items`, `unique_items`, `pattern`, `contains`, `item`: the
-    schema of an array's items beyond their type); `schema` replaces the schema the type would give.
+    `exclusive_maximum`, `min_items`, `max_items`, `unique_items`, `min_length`, `pattern`, `contains`,
+    `item`: the schema of an array's items beyond their type); `schema` replaces the schema the type would
+    give.
     A list default is stored as a tuple (the section is frozen) and written as a list."""
     unknown = sorted(set(constraints) - set(_KEYWORDS))
     if unknown:
@@ -51,11 +55,6 @@ def setting(default: Any = _MISSING, *, schema: dict | None = None, **constraint
     if default is _MISSING:
         return dataclasses.field(metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
-
-
-def section(cls: type) -> Any:
-    """A nested section field, defaulted to the section's own defaults."""
-    return dataclasses.field(default_factory=cls, metadata={"constraints": {}, "schema": None})
 
 
 class Section:
@@ -151,7 +150,11 @@ def _type_schema(hint: Any) -> dict:
         return out
     if typing.get_origin(t) is Literal:
         values = list(typing.get_args(t))
-        return {"enum": [*values, None] if nullable else values}
+        out: dict[str, Any] = {"enum": [*values, None] if nullable else values}
+        kinds = sorted({_SCALARS[type(v)] for v in values})
+        if len(kinds) > 1 or "boolean" in kinds:  # `coerce` reads the type: "true" is a boolean here
+            out["type"] = kinds + (["null"] if nullable else [])
+        return out
     if typing.get_origin(t) is tuple:
         out = {"type": ["array", "null"] if nullable else "array", "items": _type_schema(typing.get_args(t)[0])}
         return out

@@ -20,7 +20,6 @@ import yaml
 from safetensors.torch import load_file
 
 from rloo.config import config_hash, stage_config
-from rloo.config.sections import Sections
 from rloo.data.gsm8k import read_split
 from rloo.data.manifest import read_manifest
 from rloo.errors import InputError
@@ -38,6 +37,7 @@ from rloo.reward.rewards import RewardModelReward, build_plugin
 from rloo.reward.solution_check import ANSWER_FIGURES, WORK_FIGURES
 from rloo.reward.solution_check import summarize as check_solutions
 from rloo.runtime import setup
+from rloo.settings import Config
 
 log = logging.getLogger("rloo.evaluate")
 
@@ -48,7 +48,7 @@ def policy_report(
     """Metrics of one policy (evaluation.evaluate_policy: sampled accuracy is the mean over
     `evaluate.samples_per_prompt` draws, since one draw moves by about two points from one sampling
     seed to the next on 500 problems), and its completions by decoding mode for the pairwise judge."""
-    sections = Sections.from_config(cfg)
+    sections = Config.from_config(cfg)
     ec, mc = sections.evaluate, sections.model
     policy = models.load_causal_lm(policy_dir, **models.load_options(mc))
     spec = spec_for(cfg, "evaluate", ec.max_new_tokens, ec.samples_per_prompt, stream=21)
@@ -91,7 +91,7 @@ def judge_log_path(cfg: dict, out_json: str | Path) -> Path:
 
 def _evaluate(cfg: dict, judge, data_dir, sft_dir, policies: dict[str, str], out_json, reward_model_dir,
               plot_dir, base_dir=None) -> dict:
-    sections = Sections.from_config(cfg)
+    sections = Config.from_config(cfg)
     mc, ec = sections.model, sections.evaluate
     data_dir = Path(data_dir)
     # A diverged model (NaN or infinite weights) is refused before anything is sampled.

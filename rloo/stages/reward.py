@@ -12,7 +12,6 @@ import torch
 
 from rloo import tracking
 from rloo.algo.losses import bradley_terry_loss
-from rloo.config.sections import ModelConfig, Sections
 from rloo.data.gsm8k import read_split
 from rloo.data.prompting import PromptFormat
 from rloo.errors import InputError
@@ -23,6 +22,7 @@ from rloo.reward.preferences import Pair, build_pairs, split_by_prompt
 from rloo.reward.verifier import is_correct
 from rloo.rollout import generate
 from rloo.runtime import Progress, autocast, inference_dtype, run_fingerprint, setup, step_generator
+from rloo.settings import Config, ModelConfig
 from rloo.train.loop import TrainingLoop, write_model_output
 
 log = logging.getLogger("rloo.reward")
@@ -34,7 +34,7 @@ def sample_pairs(cfg: dict, policy_dir: Path, train: list[dict]) -> tuple[list[P
     Data-parallel, each process samples its contiguous share of every batch's prompts, with the noise
     one process sampling the whole batch would give those rows (`noise_rows`); the samples are then
     gathered, so every process pairs exactly what one process pairs."""
-    sections = Sections.from_config(cfg)
+    sections = Config.from_config(cfg)
     reward_cfg, mc = sections.reward, sections.model
     tok = models.load_tokenizer(policy_dir, mc.trust_remote_code)
     policy = models.load_causal_lm(policy_dir, **models.load_options(mc))
@@ -138,7 +138,7 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
     averaged gradient is the single-process one); rank 0 evaluates and writes."""
     distributed.init(cfg)
     threads = setup(distributed.threads(cfg["threads"]), cfg["seed"])
-    sections = Sections.from_config(cfg)
+    sections = Config.from_config(cfg)
     reward_cfg, mc = sections.reward, sections.model
     policy_dir, out_dir = Path(policy_dir), Path(out_dir)
     train = read_split(data_dir, "train")
@@ -165,7 +165,8 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
         cfg, ["seed", "model", "prompt", "reward"], data_dir, policy_dir,
         ignore=("reward.checkpoint_every", *STAGES["reward"].excluded)))
     loop = TrainingLoop("reward", reward_cfg.steps, work_dir / "checkpoints", model, opt, None, fingerprint,
-                        reward_cfg.checkpoint_every, max_nonfinite_steps=reward_cfg.max_nonfinite_steps)
+                        reward_cfg.checkpoint_every, max_nonfinite_steps=reward_cfg.max_nonfinite_steps,
+                        log=tracking.STAGE_LOG)
     loop.resume()
     if reward_cfg.batch_size > len(tr_pairs):
         log.warning("!!! reward.batch_size=%d is more than the %d training pairs: each step takes all of them",

@@ -13,7 +13,6 @@ import torch.nn.functional as F
 
 from rloo import tracking
 from rloo.algo.schedules import lr_multiplier
-from rloo.config.sections import Sections
 from rloo.data.gsm8k import read_split
 from rloo.data.prompting import PromptFormat, align_eos
 from rloo.errors import InputError
@@ -22,6 +21,7 @@ from rloo.model import base, distributed, lora, microbatch, models
 from rloo.model.head import causal_logprobs
 from rloo.model.logprobs import model_device
 from rloo.runtime import autocast, run_fingerprint, setup
+from rloo.settings import Config
 from rloo.train.loop import TrainingLoop, write_model_output
 
 log = logging.getLogger("rloo.sft")
@@ -118,7 +118,7 @@ def run(cfg: dict, data_dir: str | Path, base_dir: str | Path, out_dir: str | Pa
     (so the averaged gradient is the single-process one); rank 0 evaluates and writes."""
     distributed.init(cfg)
     threads = setup(distributed.threads(cfg["threads"]), cfg["seed"])
-    sections = Sections.from_config(cfg)
+    sections = Config.from_config(cfg)
     sc, mc = sections.sft, sections.model
     data_dir, out_dir, work_dir = Path(data_dir), Path(out_dir), Path(work_dir)
     train, test = read_split(data_dir, "train"), read_split(data_dir, "test")
@@ -157,7 +157,7 @@ def run(cfg: dict, data_dir: str | Path, base_dir: str | Path, out_dir: str | Pa
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(sc.warmup_steps, sc.steps, "cosine", floor=0.1))
     fingerprint = distributed.fingerprint(run_fingerprint(cfg, ["seed", "model", "prompt", "sft"], data_dir))
     loop = TrainingLoop("sft", sc.steps, work_dir / "checkpoints", model, optimizer, scheduler, fingerprint,
-                        sc.checkpoint_every, max_nonfinite_steps=sc.max_nonfinite_steps)
+                        sc.checkpoint_every, max_nonfinite_steps=sc.max_nonfinite_steps, log=tracking.STAGE_LOG)
     loop.resume()
 
     t0 = time.perf_counter()

@@ -18,7 +18,6 @@ import numpy as np
 
 from rloo import tracking
 from rloo.algo.estimators import MovingBaseline
-from rloo.config.sections import RlooConfig, RolloutCorrectionConfig
 from rloo.data.gsm8k import read_split
 from rloo.errors import MissingInputError
 from rloo.eval import report
@@ -28,6 +27,7 @@ from rloo.reward.functions import user_files
 from rloo.reward.rewards import FunctionReward, RewardSource, build_reward
 from rloo.rollout.collect import prompt_indices, training_prompts
 from rloo.runtime import run_fingerprint, setup
+from rloo.settings import RlooConfig, RolloutCorrectionConfig
 from rloo.train import alarms
 from rloo.train.loop import TrainingLoop
 from rloo.train.rloo import Trainer
@@ -149,7 +149,8 @@ def run(
         loop = TrainingLoop("rloo", rc.steps, ckpt_dir, trainer.policy, trainer.optimizer, trainer.scheduler,
                             fingerprint, rc.checkpoint_every, keep=rc.keep_checkpoints,
                             state=lambda: {"evals": trainer.evals, "baseline": asdict(trainer.baseline)},
-                            companions=trainer.companions(), max_nonfinite_steps=rc.max_nonfinite_steps)
+                            companions=trainer.companions(), max_nonfinite_steps=rc.max_nonfinite_steps,
+                            log=tracking.STAGE_LOG)
         trainer.guard = loop.finite  # the trainer asks before every optimizer step
         # The step-0 evaluation is the only record logged outside the history.
         extra = loop.resume(replay=lambda extra: [e for e in extra.get("evals", []) if e["step"] == 0])

@@ -31,7 +31,15 @@ from rloo.tracking.parent_run import PIPELINE_RUN_NAME, end_pipeline, start_pipe
 from rloo.tracking.provenance import DVC_IGNORED, dvc_md5, git_info, host_tags
 from rloo.tracking.records import ENV_RUNS_DIR, recorded_runs, runs_dir
 from rloo.tracking.redact import REDACTED, is_secret_key, redact, redact_text, redact_value
-from rloo.tracking.stage import active_run_id, cli_context, log_metrics, replay_history, set_tags, stage_run
+from rloo.tracking.stage import (
+    STAGE_LOG,
+    active_run_id,
+    cli_context,
+    log_metrics,
+    replay_history,
+    set_tags,
+    stage_run,
+)
 from rloo.tracking.store import (
     DEFAULT_EXPERIMENT,
     DEFAULT_URI,
@@ -58,6 +66,7 @@ __all__ = [
     "NOT_PARAMS",
     "PIPELINE_RUN_NAME",
     "REDACTED",
+    "STAGE_LOG",
     "TEXT_SUFFIXES",
     "WEIGHT_SUFFIXES",
     "active_run_id",

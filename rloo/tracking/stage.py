@@ -26,6 +26,7 @@ from rloo.tracking.provenance import dvc_lock_md5s, dvc_md5, rel_path, tag_path
 from rloo.tracking.records import new_record, recorded_runs, runs_dir
 from rloo.tracking.redact import redact
 from rloo.tracking.run import Run, open_run
+from rloo.train.run_log import RunLog
 
 log = logging.getLogger("rloo.tracking")
 
@@ -59,6 +60,10 @@ def replay_history(records: list[dict], resumed_from: int) -> None:
         return
     _active.set_tags({"rloo.resumed_from_step": str(resumed_from)})
     _active.log_records(records)
+
+
+# A training loop's log (rloo.train.run_log): this process's stage run.
+STAGE_LOG = RunLog(metrics=log_metrics, history=replay_history, tags=set_tags)
 
 
 def _redirected_log() -> Path | None:

@@ -16,9 +16,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rloo.config.sections import AlarmConfig
+from rloo.settings import AlarmConfig
 
-DEFAULTS = AlarmConfig.from_config()
+DEFAULTS = AlarmConfig()
 
 
 def _mean_se(values: np.ndarray) -> tuple[float, float]:

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 import torch
 
 from rloo.algo import rollout_correction
-from rloo.config.sections import RolloutCorrectionConfig
 from rloo.errors import InputError
 from rloo.model import distributed
 from rloo.rollout import Rollout
+from rloo.settings import RolloutCorrectionConfig
 
 
 def mismatch_metrics(sampler_lp: torch.Tensor, trainer_lp: torch.Tensor, mask: torch.Tensor,

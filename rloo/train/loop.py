@@ -7,9 +7,9 @@
         loss, grad_norm = backward(step)
         if loop.finite(step, loss=loss, grad_norm=grad_norm):   # else: skipped, or NonFiniteError
             optimizer.step()
-        loop.log(metrics, step)           # kept in loop.history, sent to MLflow, shown on the bar
+        loop.log(metrics, step)           # kept in loop.history, sent to its RunLog, shown on the bar
     # loop.finish(): called by a trainer that stops early (an alarm), so no checkpoint follows
-    loop.record_timings(train_seconds=...)   # run facts (times, resume): MLflow and <work>/timings.json
+    loop.record_timings(train_seconds=...)   # run facts (times, resume): the run's log and <work>/timings.json
 
 A diverged run stops (`finite`): a non-finite loss, KL, advantage or gradient norm raises
 NonFiniteError before the optimizer applies it (or skips the step, up to `max_nonfinite_steps`), and
@@ -32,11 +32,11 @@ from typing import Any
 
 import torch
 
-from rloo import tracking
 from rloo.errors import UserError
 from rloo.io import atomic_dir, write_json_atomic
 from rloo.model import checkpoint, distributed, lora, models
 from rloo.runtime import Preempted, Progress, StopFlag, peak_memory_mb
+from rloo.train.run_log import RunLog
 
 log = logging.getLogger("rloo")
 
@@ -68,6 +68,7 @@ class TrainingLoop:
         state: Callable[[], dict] = dict,
         companions: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]] | None = None,
         max_nonfinite_steps: int = 0,
+        log: RunLog | Callable[[dict, int], None] | None = None,
     ) -> None:
         self.name, self.steps, self.ckpt_dir = name, steps, Path(ckpt_dir)
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
@@ -78,10 +79,11 @@ class TrainingLoop:
         self.bar: Progress | None = None
         self._finished = False
         self.max_nonfinite_steps, self.skipped_steps = max_nonfinite_steps, 0
+        self.run_log = RunLog.of(log)  # where the figures go (the stages: MLflow's, rloo.tracking.STAGE_LOG)
 
     def resume(self, replay: Callable[[dict], list[dict]] = lambda extra: []) -> dict:
         """Load the newest complete checkpoint, if any: weights, optimizer, scheduler and history in
-        place; return the trainer's saved state. The stage's MLflow run gets the earlier steps' metrics
+        place; return the trainer's saved state. The run's log (the stage's MLflow run) gets the earlier steps' metrics
         again (plus `replay(extra)`: records logged outside the history), so one run holds them all."""
         found = checkpoint.complete(self.ckpt_dir)
         if not found:
@@ -101,7 +103,7 @@ class TrainingLoop:
                 f"{self.ckpt_dir} to start this stage afresh")
         self.history = extra.pop("history", [])
         log.info("resumed from %s (step %d)", last, self.start)
-        tracking.replay_history([*self.history, *replay(extra)], self.start)
+        self.run_log.replay([*self.history, *replay(extra)], self.start)
         return extra
 
     def finite(self, step: int, **quantities: float) -> bool:
@@ -117,7 +119,7 @@ class TrainingLoop:
         if self.skipped_steps <= self.max_nonfinite_steps:
             log.warning("%s: step %d skipped, %s is %s (%d of %s.max_nonfinite_steps=%d)", self.name, step, name,
                         value, self.skipped_steps, self.name, self.max_nonfinite_steps)
-            tracking.log_metrics({f"{self.name}/skipped_nonfinite_steps": self.skipped_steps}, step)
+            self.run_log.metrics({f"{self.name}/skipped_nonfinite_steps": self.skipped_steps}, step)
             return False
         self.diverged(step, name, value)
         return False  # not reached
@@ -131,12 +133,12 @@ class TrainingLoop:
             self.diverged(step, f"weight {bad or 'on another rank'}", "not finite", before=what)
 
     def diverged(self, step: int, name: str, value: object, before: str = "the optimizer step") -> None:
-        """Record the divergence (MLflow, <work>/diverged.json) and raise NonFiniteError."""
+        """Record the divergence (the run's log, <work>/diverged.json) and raise NonFiniteError."""
         last = checkpoint.latest(self.ckpt_dir)
         record = {"stage": self.name, "step": step, "quantity": name, "value": str(value),
                   "skipped_steps": self.skipped_steps, "last_good_checkpoint": str(last) if last else None}
-        tracking.log_metrics({f"{self.name}/diverged_at_step": step}, step)
-        tracking.set_tags({"rloo.diverged": f"step {step}: {name} = {value}"})
+        self.run_log.metrics({f"{self.name}/diverged_at_step": step}, step)
+        self.run_log.tags({"rloo.diverged": f"step {step}: {name} = {value}"})
         if distributed.is_main():
             write_json_atomic(self.ckpt_dir.parent / "diverged.json", record)
         kept = f"the last good checkpoint, {last}, is kept" if last else "no checkpoint had been written"
@@ -146,15 +148,15 @@ class TrainingLoop:
             f"{self.name}.max_nonfinite_steps)")
 
     def log(self, metrics: dict, step: int, **postfix: str) -> None:
-        """Keep `metrics` in the history (saved with each checkpoint) and send them to MLflow."""
+        """Keep `metrics` in the history (saved with each checkpoint) and send them to the run's log."""
         self.history.append(metrics)
-        tracking.log_metrics(metrics, step)
+        self.run_log.metrics(metrics, step)
         if postfix and self.bar is not None:
             self.bar.set_postfix(**postfix)
 
     def record_timings(self, facts: dict[str, int] | None = None, **figures: float) -> dict[str, float | int]:
-        """This run's facts: its wall-clock figures (seconds, throughput) and peak memory (MLflow metrics
-        `time/<name>`), the step it resumed from and `facts` such as the thread count (MLflow tags
+        """This run's facts: its wall-clock figures (seconds, throughput) and peak memory (the log's metrics
+        `time/<name>`), the step it resumed from and `facts` such as the thread count (its tags
         `rloo.<name>`); all of them in `<work>/timings.json` beside the checkpoints, never in the stage's
         outputs, which must be a function of their inputs (a rerun, or a resumed run, writes them byte for
         byte)."""
@@ -162,8 +164,8 @@ class TrainingLoop:
         figures = {**figures, "peak_memory_mb": peak_memory_mb(next(self.model.parameters()).device)}
         figures = {k: round(float(v), 3) for k, v in figures.items()}
         facts = {"resumed_from_step": self.start, **(facts or {})}
-        tracking.log_metrics({f"time/{k}": v for k, v in figures.items()}, self.steps)
-        tracking.set_tags({f"rloo.{k}": str(v) for k, v in facts.items()})
+        self.run_log.metrics({f"time/{k}": v for k, v in figures.items()}, self.steps)
+        self.run_log.tags({f"rloo.{k}": str(v) for k, v in facts.items()})
         if distributed.is_main():  # data-parallel: rank 0's figures
             write_json_atomic(self.ckpt_dir.parent / "timings.json", {**figures, **facts})
         return {**figures, **facts}

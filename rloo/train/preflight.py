@@ -4,12 +4,13 @@ the features that do not run data-parallel yet (`distributed.refuse`)."""
 
 from __future__ import annotations
 
-from rloo.config.sections import Sections, k_problems
+from rloo.algo.names import k_problems
 from rloo.errors import InputError
 from rloo.model import distributed, lora
+from rloo.settings import Config
 
 
-def check_settings(sections: Sections, n_train: int) -> None:
+def check_settings(sections: Config, n_train: int) -> None:
     """Raise InputError for the first setting of `sections` a trainer on `n_train` prompts cannot run."""
     rc = sections.rloo
     if problems := k_problems(rc.estimator, rc.k, rc.dynamic_sampling):

@@ -25,7 +25,6 @@ import torch
 from rloo.algo.estimators import MovingBaseline, compute_advantages
 from rloo.algo.losses import kl_loss_term, policy_loss, sequence_kl, shaped_reward
 from rloo.algo.schedules import lr_multiplier
-from rloo.config.sections import Sections
 from rloo.data.prompting import PromptFormat
 from rloo.errors import InputError
 from rloo.eval.evaluation import evaluate_policy, record_arguments, spec_for
@@ -41,6 +40,7 @@ from rloo.reward.rewards import RewardSource
 from rloo.rollout import Rollout, make_rollout
 from rloo.rollout.collect import REFILL_STREAM, Collected, gather, prompt_indices
 from rloo.runtime import autocast, step_generator
+from rloo.settings import Config
 from rloo.train import alarms
 from rloo.train.correction import StepCorrection, step_correction
 from rloo.train.loop import stop_if_not_finite
@@ -57,7 +57,7 @@ class Trainer:
 
     def __init__(self, cfg: dict, policy_dir: str | Path, reward: RewardSource, train: list[dict]) -> None:
         self.cfg = cfg  # the validated dict: the prompt format and the evaluation spec read it
-        sections = Sections.from_config(cfg)
+        sections = Config.from_config(cfg)
         self.rc, self.mc, self.seed = sections.rloo, sections.model, cfg["seed"]
         rc = self.rc
         # Asked before every optimizer step with the step's loss, KL, advantages and gradient norm; the

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from code_edits import append_comment, edit_descriptions, edit_module_docstring, semantic_edit
+from code_edits import append_comment, edit_module_docstring, edit_setting_docs, semantic_edit
 from workflow_helpers import (
     CONFIGFILES,
     ROOT,
@@ -124,12 +124,12 @@ def test_dvc_status_sees_a_change_of_what_a_stage_computes_and_not_a_comment(ori
     `rloo dvc yaml` and every snakemake run write): comments, docstrings and schema descriptions leave it
     clean; a change to the reward stage's code names that stage (and Snakemake plans it and evaluate)."""
     repo = origin["repo"]
-    files = [repo / f for f in ("rloo/reward/judge_server.py", "rloo/schemas/config.schema.yaml",
+    files = [repo / f for f in ("rloo/reward/judge_server.py", "rloo/settings/training.py",
                                 "rloo/algo/estimators.py", "rloo/stages/reward.py", FINGERPRINTS_FILE, "dvc.yaml")]
     saved = {p: p.read_text() for p in files}
     try:
         append_comment(repo / "rloo/reward/judge_server.py")
-        edit_descriptions(repo / "rloo/schemas/config.schema.yaml")
+        edit_setting_docs(repo / "rloo/settings/training.py")
         edit_module_docstring(repo / "rloo/algo/estimators.py")
         append_comment(repo / "rloo/stages/reward.py")
         run(repo, "rloo", "dvc", "yaml", "--configfile", *CONFIG)

@@ -22,8 +22,8 @@ import pytest
 from workflow_helpers import pythonpath
 
 from rloo.config import ConfigError, load_config
-from rloo.config.sections import ServeConfig
 from rloo.reward.judge_server import JudgeServerError, command_for, free_port, judge_devices, serve
+from rloo.settings import ServeConfig
 from rloo.stages import compare
 
 ROOT = Path(__file__).resolve().parents[2]

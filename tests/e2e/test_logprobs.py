@@ -26,7 +26,6 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from rloo.algo.losses import token_entropy
-from rloo.config.sections import LoraConfig
 from rloo.model import grad_checkpointing, lora
 from rloo.model.head import causal_logprobs, head_logprobs, linear_head, logprob_head
 from rloo.model.logprobs import (
@@ -36,6 +35,7 @@ from rloo.model.logprobs import (
     join,
     token_logprobs,
 )
+from rloo.settings import LoraConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 VOCAB = 151_936

@@ -21,13 +21,13 @@ import torch
 from model_helpers import LengthReward
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-from rloo.config.sections import ModelConfig
 from rloo.errors import InputError
 from rloo.io import read_jsonl
 from rloo.model import checkpoint, lora, models
 from rloo.model.logprobs import completion_logprobs, join
 from rloo.rollout import generate
 from rloo.runtime import step_generator
+from rloo.settings import ModelConfig
 from rloo.stages import reward, sft
 from rloo.stages import train as rloo_stage
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from code_edits import append_comment, edit_descriptions, edit_module_docstring, semantic_edit
+from code_edits import append_comment, edit_module_docstring, edit_setting_docs, semantic_edit
 from conftest import copy_tree
 from workflow_helpers import (
     CONFIGFILES,
@@ -36,7 +36,7 @@ from workflow_helpers import (
 )
 
 from rloo.config import load_config
-from rloo.reward.judge_server import tensor_parallel
+from rloo.settings.evaluation import tensor_parallel
 from rloo.stages import compare
 
 pytestmark = pytest.mark.slow
@@ -133,11 +133,11 @@ def test_comments_docstrings_and_descriptions_rerun_nothing(run):
     default chain runs, a word in the schema's descriptions, the maths' module docstring; and a comment in
     every stage's own module. Snakemake compares each stage's code fingerprint (rloo/code_fingerprint.py)."""
     c = run["copy"]
-    saved = {p: p.read_text() for p in [c / "rloo/reward/judge_server.py", c / "rloo/schemas/config.schema.yaml",
+    saved = {p: p.read_text() for p in [c / "rloo/reward/judge_server.py", c / "rloo/settings/training.py",
                                          c / "rloo/algo/estimators.py", *sorted((c / "rloo/stages").glob("*.py"))]}
     try:
         append_comment(c / "rloo/reward/judge_server.py")
-        edit_descriptions(c / "rloo/schemas/config.schema.yaml")
+        edit_setting_docs(c / "rloo/settings/training.py")
         edit_module_docstring(c / "rloo/algo/estimators.py")
         for stage in sorted((c / "rloo/stages").glob("*.py")):
             append_comment(stage)

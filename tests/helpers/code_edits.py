@@ -33,8 +33,14 @@ def edit_module_docstring(path: Path) -> None:
     path.write_text(text.replace('"""', '"""Edited by the test. ', 1))
 
 
-def edit_descriptions(schema: Path, count: int = 3) -> None:
-    """A word added to the first `count` descriptions of the config schema."""
-    text = schema.read_text()
-    assert text.count("description: ") >= count
-    schema.write_text(text.replace("description: ", "description: Edited. ", count))
+def edit_setting_docs(settings: Path, count: int = 3) -> None:
+    """A word added to the docs of the first `count` fields of a settings module (rloo/settings/*.py): the
+    config schema's descriptions."""
+    lines = settings.read_text().splitlines(keepends=True)
+    edited = 0
+    for i in range(1, len(lines)):
+        if edited < count and re.match(r"    \w+: .+ = ", lines[i - 1]) and lines[i].startswith('    """'):
+            lines[i] = lines[i].replace('"""', '"""Edited. ', 1)
+            edited += 1
+    assert edited == count, settings
+    settings.write_text("".join(lines))

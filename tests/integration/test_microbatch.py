@@ -15,10 +15,10 @@ import pytest
 import torch
 from model_helpers import LengthReward
 
-from rloo.config.sections import ModelConfig
 from rloo.io import read_jsonl
 from rloo.model import microbatch, models
 from rloo.model.logprobs import join
+from rloo.settings import ModelConfig
 from rloo.stages import train as rloo_stage
 from rloo.train.ppo import PPOTrainer
 

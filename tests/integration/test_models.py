@@ -234,8 +234,8 @@ def test_inference_dtype_decodes_in_bfloat16(micro_run, lean):
     """model.inference_dtype reaches the sampler the config builds (make_rollout): bfloat16 samples with
     log-probs off the float32 trainer's by bf16 rounding, the weights' own dtype (null) matches it."""
     from rloo.config.checks import validate
-    from rloo.config.sections import Sections
     from rloo.rollout import HFRollout, make_rollout
+    from rloo.settings import Config
 
     tok = models.load_tokenizer(micro_run["sft"])
     model = models.load_causal_lm(micro_run["sft"])
@@ -243,7 +243,7 @@ def test_inference_dtype_decodes_in_bfloat16(micro_run, lean):
     gaps = {}
     for dtype in (None, "bfloat16"):
         cfg = validate({**micro_run["cfg"], "model": {**micro_run["cfg"]["model"], "inference_dtype": dtype}})
-        sampler = make_rollout(Sections.from_config(cfg), 0, micro_run["sft"], model)
+        sampler = make_rollout(Config.from_config(cfg), 0, micro_run["sft"], model)
         sampler.lean = lean
         gaps[dtype] = _sampler_gap(sampler, model, prompts, tok.eos_token_id, tok.pad_token_id)
     assert gaps[None] < 1e-4, gaps

@@ -12,10 +12,10 @@ from model_helpers import LengthReward
 from workflow_helpers import same_weights
 
 from rloo.algo.estimators import ESTIMATORS
-from rloo.config.sections import RlooConfig
 from rloo.io import read_jsonl
 from rloo.model import checkpoint, models
 from rloo.reward.rewards import VerifierReward
+from rloo.settings import RlooConfig
 from rloo.stages import train as rloo_stage
 
 

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from code_edits import append_comment, edit_descriptions, edit_module_docstring, semantic_edit
+from code_edits import append_comment, edit_module_docstring, edit_setting_docs, semantic_edit
 
 from rloo.code_fingerprint import Codebase, changes, installed, parse_param, semantic_dump, semantic_tree
 from rloo.pipeline import STAGES
@@ -34,7 +34,7 @@ def baseline() -> dict[str, str]:
 
 def digests(root: Path) -> dict[str, str]:
     code = Codebase(root)
-    return {s.verb: code.fingerprint(s.verb, s.keys).digest for s in STAGES.values()}
+    return {s.verb: code.fingerprint(s.verb).digest for s in STAGES.values()}
 
 
 def changed(before: dict[str, str], root: Path) -> set[str]:
@@ -50,7 +50,7 @@ def test_comments_docstrings_and_descriptions_change_no_stage(package, baseline)
     # the issue's three edits: a comment in a module no stage of the default chain runs, a word in a
     # schema description, a module docstring of the maths
     append_comment(package / "rloo/reward/judge_server.py")
-    edit_descriptions(package / "rloo/schemas/config.schema.yaml")
+    edit_setting_docs(package / "rloo/settings/training.py")
     edit_module_docstring(package / "rloo/algo/estimators.py")
     # and in every stage's own module: a comment, a function's docstring, a line wrapped differently
     for verb in VERBS:
@@ -75,12 +75,16 @@ def test_a_change_of_what_runs_changes_exactly_the_stages_that_run_it(package, b
     assert changed(baseline, package) == expected
 
 
-def test_a_schema_constraint_changes_the_stages_that_read_its_key(package, baseline):
-    schema = package / "rloo/schemas/config.schema.yaml"
-    line = "      k: {type: integer, minimum: 1, default: 4}\n"
-    assert schema.read_text().count(line) == 1
-    schema.write_text(schema.read_text().replace(line, line.replace("minimum: 1,", "minimum: 1, maximum: 1024,")))
-    assert changed(baseline, package) == {"train"}
+def test_a_schema_constraint_changes_every_stage_a_description_none(package, baseline):
+    """The schema is the typed settings (rloo/settings/): every stage's validation runs it, so a constraint
+    or a default counts for each; a field's doc is a string under it, no code."""
+    training = package / "rloo/settings/training.py"
+    line = "    k: int = setting(4, minimum=1)\n"
+    assert training.read_text().count(line) == 1
+    edit_setting_docs(training)
+    assert changed(baseline, package) == set()
+    training.write_text(training.read_text().replace(line, line.replace("minimum=1)", "minimum=1, maximum=1024)")))
+    assert changed(baseline, package) == set(VERBS)
 
 
 def test_changes_name_the_file_and_the_definition(package):

@@ -1,0 +1,77 @@
+"""The whole configuration: every section, its defaults the pipeline's defaults, and the rules that tie
+keys of several sections together (each in the section of the key it names: `problems`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rloo.settings.data import DataConfig, PromptConfig
+from rloo.settings.evaluation import EvaluateConfig
+from rloo.settings.fields import Section, setting
+from rloo.settings.model import ModelConfig
+from rloo.settings.training import RewardConfig, RlooConfig, RolloutConfig, SftConfig
+from rloo.settings.workflow import (
+    SWEEPS_SCHEMA,
+    ComparisonConfig,
+    DistributedConfig,
+    PathsConfig,
+    PlanConfig,
+    SeedsConfig,
+    TrackingConfig,
+)
+
+
+@dataclass(frozen=True)
+class Config(Section):
+    """Configuration of the rloo pipeline. Every key has a default; unknown keys are errors. The same schema
+    validates the config in `rloo <stage>` and in the Snakefile."""
+
+    name: str = "tiny"
+    """Label of this configuration (recorded in results and MLflow)."""
+    seed: int = 0
+    """The seed every stage derives its randomness from (data, initialisation, each step's batch and noise)."""
+    threads: int | None = setting(None, minimum=1)
+    """torch intra-op threads; null = all cores of the job (Slurm's cpus_per_task when set)."""
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    """Where the pipeline writes."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """The problems and their splits."""
+    prompt: PromptConfig = field(default_factory=PromptConfig)
+    """How a question becomes a prompt."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The starting model and how it is held."""
+    sft: SftConfig = field(default_factory=SftConfig)
+    """Supervised fine-tuning."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """RLOO's reward, and the reward model."""
+    rloo: RlooConfig = field(default_factory=RlooConfig)
+    """The RLOO stage."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """The RLOO stage's sampler."""
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    """Data-parallel training."""
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    """The held-out evaluation."""
+    plan: PlanConfig = field(default_factory=PlanConfig)
+    """The memory plan."""
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    """MLflow."""
+    seeds: SeedsConfig = field(default_factory=SeedsConfig)
+    """The seeds target."""
+    comparison: ComparisonConfig = field(default_factory=ComparisonConfig)
+    """The comparison target."""
+    sweeps: Mapping[str, Mapping[str, tuple[Any, ...]]] = setting({}, schema=SWEEPS_SCHEMA)
+    """Named grids, `<name>: {<key.path>: [values], ...}`: target results/sweeps/<name>.json runs every point
+    of the cartesian product (its outputs under <paths.*>/sweeps/<name>/<point id>/) and tables them, the
+    best point chosen by validation accuracy. A point reruns only the stages that read a key it sets; the
+    others are the main chain's. Each key must be a config key and each value valid for it. Not read by any
+    stage: changing it reruns nothing of the main chain."""
+
+    def problems(self) -> list[str]:
+        """Every rule that ties a key to others, broken: one line each, naming the key. Each rule is its
+        section's (`problems`), handed what it reads of the others."""
+        context, examples = self.model.max_length, self.data.train_examples()
+        return (self.sft.problems(context, examples) + self.reward.problems(context, self.to_config())
+                + self.rloo.problems(context, examples) + self.evaluate.problems(context, self.reward.source))

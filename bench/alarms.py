@@ -208,9 +208,10 @@ def construct_length_climb(name: str = "length_climb") -> None:
 
     from rloo.config import load_config, parse_set
     from rloo.io import read_jsonl
+    from rloo.rollout.collect import training_prompts
     from rloo.runtime import setup
     from rloo.stages import base, prepare, sft
-    from rloo.stages.train import Trainer, training_prompts
+    from rloo.train.rloo import Trainer
 
     cfg = load_config(ROOT / "config" / "micro.yaml", parse_set(LENGTH_CLIMB_SETS))
     work = Path(tempfile.mkdtemp(prefix="rloo-length-climb-"))

@@ -96,7 +96,7 @@ def _one_update(folder: str, rows: int, prompt: int, completion: int, seed: int,
     from rloo.rollout import Rollout
     from rloo.rollout.collect import Collected
     from rloo.runtime import peak_memory_mb, setup
-    from rloo.stages.train import Trainer
+    from rloo.train.rloo import Trainer
 
     k = 4
     base = [] if configs else ["model.autocast=bfloat16", "model.max_length=256"]

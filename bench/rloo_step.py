@@ -73,8 +73,8 @@ def main() -> None:
 
     from rloo.config import load_config
     from rloo.io import read_jsonl
+    from rloo.rollout.collect import training_prompts
     from rloo.runtime import setup
-    from rloo.stages.train import training_prompts
 
     cfg = load_config(a.config or ["config/config.yaml"], {"threads": a.threads, "tracking": {"enabled": False}})
     setup(a.threads, cfg["seed"])

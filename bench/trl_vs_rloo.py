@@ -49,7 +49,7 @@ def run_ours(a: argparse.Namespace) -> dict:
     from rloo.io import read_jsonl
     from rloo.reward.rewards import VerifierReward
     from rloo.runtime import setup
-    from rloo.stages.train import Trainer
+    from rloo.train.rloo import Trainer
 
     cfg = load_config(a.config, {
         "threads": a.threads, "seed": a.seed,

@@ -15,8 +15,11 @@ tokenize through `PromptFormat`, so that a question gets the same prompt ids in 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from rloo.data.gsm8k import format_completion, format_prompt
 from rloo.errors import InputError
+from rloo.settings import PromptConfig
 
 _SENTINEL = "RLOO_ASSISTANT_CONTENT"  # stands for the assistant's content when probing a template
 
@@ -32,25 +35,32 @@ def uses_chat_template(tokenizer, setting: bool | str) -> bool:
     return bool(setting)
 
 
+def prompt_config(prompt: PromptConfig | Mapping) -> PromptConfig:
+    """The `prompt` section, typed (a config file's dict is read once, here)."""
+    return prompt if isinstance(prompt, PromptConfig) else PromptConfig.from_config(prompt)
+
+
 def _messages(system: str | None, question: str) -> list[dict]:
     return [*([{"role": "system", "content": system}] if system else []), {"role": "user", "content": question}]
 
 
-def render_prompt(tokenizer, prompt_cfg: dict, question: str) -> str:
+def render_prompt(tokenizer, prompt: PromptConfig | Mapping, question: str) -> str:
     """The prompt text of `question` under the `prompt` config: the bare template, or the chat template
     applied to [system, user] with the generation prompt (the assistant turn's opening) at its end."""
-    if not uses_chat_template(tokenizer, prompt_cfg["chat_template"]):
-        return format_prompt(question, prompt_cfg["template"])
-    return tokenizer.apply_chat_template(_messages(prompt_cfg["system"], question), add_generation_prompt=True,
+    prompt = prompt_config(prompt)
+    if not uses_chat_template(tokenizer, prompt.chat_template):
+        return format_prompt(question, prompt.template)
+    return tokenizer.apply_chat_template(_messages(prompt.system, question), add_generation_prompt=True,
                                          tokenize=False)
 
 
-def end_of_turn(tokenizer, prompt_cfg: dict) -> str | None:
+def end_of_turn(tokenizer, prompt: PromptConfig | Mapping) -> str | None:
     """The special token the chat template closes an assistant turn with; None under the bare template
     or when the template writes no special token right after the assistant's content."""
-    if not uses_chat_template(tokenizer, prompt_cfg["chat_template"]):
+    prompt = prompt_config(prompt)
+    if not uses_chat_template(tokenizer, prompt.chat_template):
         return None
-    turn = [*_messages(prompt_cfg["system"], "?"), {"role": "assistant", "content": _SENTINEL}]
+    turn = [*_messages(prompt.system, "?"), {"role": "assistant", "content": _SENTINEL}]
     text = tokenizer.apply_chat_template(turn, tokenize=False)
     if _SENTINEL not in text:
         return None
@@ -59,11 +69,11 @@ def end_of_turn(tokenizer, prompt_cfg: dict) -> str | None:
     return added.content if added is not None and added.special else None
 
 
-def align_eos(tokenizer, prompt_cfg: dict) -> str | None:
+def align_eos(tokenizer, prompt: PromptConfig | Mapping) -> str | None:
     """Make the tokenizer's EOS the chat template's end-of-turn token where they differ (a base model
     shipped with a chat template: EOS <|endoftext|>, turns closed by <|im_end|>); returns the new EOS,
     or None if nothing changed. Sampling stops at the EOS and SFT ends every solution with it."""
-    eot = end_of_turn(tokenizer, prompt_cfg)
+    eot = end_of_turn(tokenizer, prompt)
     if eot is None or eot == tokenizer.eos_token:
         return None
     tokenizer.eos_token = eot
@@ -74,12 +84,13 @@ class PromptFormat:
     """`render_prompt` and the tokenization that goes with it, for one tokenizer and `prompt` config
     (None: only the encoding of texts rendered under the bare template)."""
 
-    def __init__(self, tokenizer, prompt_cfg: dict | None) -> None:
-        self.tokenizer, self.cfg = tokenizer, prompt_cfg
-        self.chat = prompt_cfg is not None and uses_chat_template(tokenizer, prompt_cfg["chat_template"])
+    def __init__(self, tokenizer, prompt: PromptConfig | Mapping | None) -> None:
+        self.tokenizer = tokenizer
+        self.config = None if prompt is None else prompt_config(prompt)
+        self.chat = self.config is not None and uses_chat_template(tokenizer, self.config.chat_template)
 
     def prompt(self, question: str) -> str:
-        return render_prompt(self.tokenizer, self.cfg, question)
+        return render_prompt(self.tokenizer, self.config, question)
 
     def encode(self, text: str, **kwargs) -> list[int]:
         """Token ids of a rendered text. A chat template writes its special tokens itself (a BOS too, where

@@ -4,6 +4,7 @@ independent T = 1 samples per problem (`sampled_draws` says how many)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -18,6 +19,7 @@ from rloo.model.logprobs import completion_logprobs, join, model_device
 from rloo.reward.verifier import Mode, is_correct
 from rloo.rollout import generate
 from rloo.runtime import Progress, autocast, inference_dtype, step_generator
+from rloo.settings import Config, PromptConfig
 
 
 class Scorer(Protocol):
@@ -53,7 +55,7 @@ class EvalSpec:
     """How to evaluate: the `prompt` config (rloo.data.prompting), the token budget, the sampled draws per
     problem, the decoding batch (rows per call), the sampling noise's (seed, stream), the autocast mode."""
 
-    prompt: dict
+    prompt: PromptConfig
     max_new_tokens: int
     draws: int
     batch_size: int
@@ -162,15 +164,16 @@ def evaluate_policy(policy, tokenizer, rows: list[dict], spec: EvalSpec, referen
     return report, {"greedy": greedy.texts, "sampled": draws[0].texts, "draws": per_problem}
 
 
-def spec_for(cfg: dict, section: str, max_new_tokens: int, draws: int, stream: int) -> EvalSpec:
+def spec_for(config: Config | Mapping, section: str, max_new_tokens: int, draws: int, stream: int) -> EvalSpec:
     """A stage's EvalSpec: the config's prompt, seed and autocast, and its own section's decoding
     batch (`<section>.eval_batch_size`, or `evaluate.batch_size`): the batch decides which noise each
     row draws, so it must be a key the stage reruns on."""
-    batch = cfg[section]["batch_size" if section == "evaluate" else "eval_batch_size"]
-    return EvalSpec(prompt=cfg["prompt"], max_new_tokens=max_new_tokens, draws=draws,
-                    batch_size=batch, seed=cfg["seed"], stream=stream, autocast=cfg["model"]["autocast"],
-                    logits_chunk_tokens=cfg["model"]["logits_chunk_tokens"],
-                    inference_dtype=cfg["model"]["inference_dtype"])
+    config = config if isinstance(config, Config) else Config.from_config(config)
+    part = getattr(config, section)
+    batch = part.batch_size if section == "evaluate" else part.eval_batch_size
+    return EvalSpec(prompt=config.prompt, max_new_tokens=max_new_tokens, draws=draws, batch_size=batch,
+                    seed=config.seed, stream=stream, autocast=config.model.autocast,
+                    logits_chunk_tokens=config.model.logits_chunk_tokens, inference_dtype=config.model.inference_dtype)
 
 
 def write_completions(path: Path, rows: list[dict], texts: dict[str, dict[str, list[str]]]) -> None:

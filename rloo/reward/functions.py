@@ -263,6 +263,16 @@ class RewardFunction:
                            Parameters.of(func)))
         return out
 
+    @classmethod
+    def of(cls, func: Callable, weight: float = 1.0, name: str | None = None, max_failed_share: float = 0.0
+           ) -> RewardFunction:
+        """A Python callable as a reward function (rloo.api.train_rloo's `reward`), named after itself."""
+        name = name or getattr(func, "__name__", type(func).__name__)
+        fn = f"{getattr(func, '__module__', '?')}:{getattr(func, '__qualname__', name)}"
+        if problem := signature_problem(func, None):
+            raise RewardFunctionError(f"reward function '{name}' ({fn}): {problem}")
+        return cls(f"reward[{name}]", name, fn, float(weight), float(max_failed_share), func, Parameters.of(func))
+
     @property
     def label(self) -> str:
         return f"reward function '{self.name}' ({self.fn})"

@@ -7,20 +7,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import rloo.settings.workflow as workflow  # not `from rloo.settings import ...`: that init imports this module
 from rloo.settings.data import DataConfig, PromptConfig
 from rloo.settings.evaluation import EvaluateConfig
 from rloo.settings.fields import Section, setting
 from rloo.settings.model import ModelConfig
 from rloo.settings.training import RewardConfig, RlooConfig, RolloutConfig, SftConfig
-from rloo.settings.workflow import (
-    SWEEPS_SCHEMA,
-    ComparisonConfig,
-    DistributedConfig,
-    PathsConfig,
-    PlanConfig,
-    SeedsConfig,
-    TrackingConfig,
-)
 
 
 @dataclass(frozen=True)
@@ -34,7 +26,7 @@ class Config(Section):
     """The seed every stage derives its randomness from (data, initialisation, each step's batch and noise)."""
     threads: int | None = setting(None, minimum=1)
     """torch intra-op threads; null = all cores of the job (Slurm's cpus_per_task when set)."""
-    paths: PathsConfig = field(default_factory=PathsConfig)
+    paths: workflow.PathsConfig = field(default_factory=workflow.PathsConfig)
     """Where the pipeline writes."""
     data: DataConfig = field(default_factory=DataConfig)
     """The problems and their splits."""
@@ -50,19 +42,19 @@ class Config(Section):
     """The RLOO stage."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """The RLOO stage's sampler."""
-    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    distributed: workflow.DistributedConfig = field(default_factory=workflow.DistributedConfig)
     """Data-parallel training."""
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     """The held-out evaluation."""
-    plan: PlanConfig = field(default_factory=PlanConfig)
+    plan: workflow.PlanConfig = field(default_factory=workflow.PlanConfig)
     """The memory plan."""
-    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    tracking: workflow.TrackingConfig = field(default_factory=workflow.TrackingConfig)
     """MLflow."""
-    seeds: SeedsConfig = field(default_factory=SeedsConfig)
+    seeds: workflow.SeedsConfig = field(default_factory=workflow.SeedsConfig)
     """The seeds target."""
-    comparison: ComparisonConfig = field(default_factory=ComparisonConfig)
+    comparison: workflow.ComparisonConfig = field(default_factory=workflow.ComparisonConfig)
     """The comparison target."""
-    sweeps: Mapping[str, Mapping[str, tuple[Any, ...]]] = setting({}, schema=SWEEPS_SCHEMA)
+    sweeps: Mapping[str, Mapping[str, tuple[Any, ...]]] = setting({}, schema=workflow.SWEEPS_SCHEMA)
     """Named grids, `<name>: {<key.path>: [values], ...}`: target results/sweeps/<name>.json runs every point
     of the cartesian product (its outputs under <paths.*>/sweeps/<name>/<point id>/) and tables them, the
     best point chosen by validation accuracy. A point reruns only the stages that read a key it sets; the

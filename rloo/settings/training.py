@@ -66,7 +66,8 @@ class SftConfig(Section):
     eval_examples: int = setting(500, minimum=1)
     """Held-out problems of the final evaluation (its accuracy is in metrics.json)."""
     eval_max_new_tokens: int = setting(96, minimum=1)
-    """Longest completion of the final evaluation (tokens)."""
+    """Longest completion of the final evaluation (tokens); a completion cut off there has no final answer
+    and counts as wrong."""
     eval_draws: int = setting(1, minimum=1)
     """Sampled draws per held-out problem in the final eval; accuracy_sampled is their mean."""
     eval_batch_size: int = setting(256, minimum=1)
@@ -332,7 +333,8 @@ class RlooConfig(Section):
     eval_every: int = setting(50, minimum=0)
     """Evaluate on the validation split every this many steps (and after the last); 0 never."""
     eval_examples: int = setting(200, minimum=1)
-    """Validation problems of each evaluation."""
+    """Validation problems of each evaluation (the first this many of val.jsonl; the same ones every time, so
+    that two evaluations differ by the policy alone)."""
     eval_draws: int = setting(1, minimum=1)
     """Sampled draws per validation problem; eval/accuracy_sampled is their mean."""
     eval_batch_size: int = setting(256, minimum=1)

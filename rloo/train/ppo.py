@@ -14,6 +14,7 @@ resume as the critic-free estimators (`rloo.estimator: ppo`). What differs, per 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -26,6 +27,7 @@ from rloo.reward.rewards import RewardSource
 from rloo.rollout import Rollout
 from rloo.rollout.collect import Collected
 from rloo.runtime import autocast, step_generator
+from rloo.settings import Config
 from rloo.train.rloo import Trainer
 from rloo.train.step_metrics import ppo_update_metrics
 from rloo.train.step_records import MinibatchUpdate, PpoAdvantages, PpoRows, PpoUpdates
@@ -38,9 +40,9 @@ class PPOTrainer(Trainer):
     # such groups, which rises as PPO's policy sharpens (0.62-0.67 in the comparison run), is no alarm.
     alarms_not_applicable = ("zero_signal",)
 
-    def __init__(self, cfg: dict, policy_dir: str | Path, reward: RewardSource, train: list[dict],
+    def __init__(self, config: Config | Mapping, policy_dir: str | Path, reward: RewardSource, train: list[dict],
                  critic_dir: str | Path) -> None:
-        super().__init__(cfg, policy_dir, reward, train)
+        super().__init__(config, policy_dir, reward, train)
         self.critic = models.load_critic(critic_dir, **models.load_options(self.mc), trainable=True)
         self.critic.config.pad_token_id = self.tokenizer.pad_token_id
         self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=self.rc.ppo.critic_lr,

@@ -16,7 +16,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -55,10 +55,10 @@ class Trainer:
     """Holds the policy, the frozen reference, the optimizer and the reward; `step()` is one RLOO step,
     on the scored groups of `collect(step)`."""
 
-    def __init__(self, cfg: dict, policy_dir: str | Path, reward: RewardSource, train: list[dict]) -> None:
-        self.cfg = cfg  # the validated dict: the prompt format and the evaluation spec read it
-        sections = Config.from_config(cfg)
-        self.rc, self.mc, self.seed = sections.rloo, sections.model, cfg["seed"]
+    def __init__(self, config: Config | Mapping, policy_dir: str | Path, reward: RewardSource, train: list[dict]) -> None:
+        # the typed config (a validated dict is read once, here)
+        self.config = sections = config if isinstance(config, Config) else Config.from_config(config)
+        self.rc, self.mc, self.seed = sections.rloo, sections.model, sections.seed
         rc = self.rc
         # Asked before every optimizer step with the step's loss, KL, advantages and gradient norm; the
         # RLOO stage hands in its TrainingLoop's (which may skip a step); alone, any non-finite one stops.
@@ -124,7 +124,7 @@ class Trainer:
 
     def _render_prompts(self, rows: list[dict]) -> tuple[list[str], list[list[int]]]:
         """Each row's prompt text and ids (rloo.data.prompting: as SFT, the reward model and the evaluation)."""
-        fmt = PromptFormat(self.tokenizer, self.cfg["prompt"])
+        fmt = PromptFormat(self.tokenizer, self.config.prompt)
         limit = self.mc.max_length - self.rc.max_new_tokens
         texts = [fmt.prompt(row["question"]) for row in rows]
         ids = [fmt.encode(p) for p in texts]
@@ -393,7 +393,7 @@ class Trainer:
         """Validation accuracy (greedy, and sampled as the mean of `draws` draws per problem) and the
         training reward's mean over the sampled completions (the proxy the policy is optimised for).
         Data-parallel, rank 0 evaluates (the whole parameters gathered) and every rank gets its figures."""
-        spec = spec_for(self.cfg, "rloo", self.rc.max_new_tokens, draws, stream=11)
+        spec = spec_for(self.config, "rloo", self.rc.max_new_tokens, draws, stream=11)
         with distributed.gathered(self.policy):
             report = distributed.on_main(lambda: evaluate_policy(
                 self.policy, self.tokenizer, rows[:n], spec, proxy=self.reward, label="validation")[0])

@@ -214,7 +214,7 @@ def test_reward_head_reads_the_eos_when_pad_is_eos(qwen_nopad_dir, rows):
         input_ids, mask = left_pad(ids, tok.pad_token_id)
         naive = rm(input_ids=input_ids, attention_mask=mask, position_ids=positions(mask)).logits[:, 0]
         assert not torch.allclose(naive, batch, atol=1e-4)
-        scored = RewardModelReward(rm, tok, prompt_cfg=fmt.cfg).score(
+        scored = RewardModelReward(rm, tok, prompt_cfg=fmt.config).score(
             [fmt.prompt(r["question"]) for r in rows[:3]], [r["answer"] for r in rows[:3]], [""] * 3, [True] * 3)
     torch.testing.assert_close(scored, batch, atol=1e-5, rtol=0)
 

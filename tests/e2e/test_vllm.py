@@ -242,11 +242,11 @@ def _vllm_cfg(micro_run, **rloo) -> dict:
 @pytest.mark.slow
 @needs_vllm
 def test_trainer_step_syncs_the_engine_and_logs_the_gap(micro_run, policy_dir, special, monkeypatch):
-    from rloo.stages import train as rloo_stage
+    from rloo.train.rloo import Trainer
 
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # vLLM's CPU knob (GiB): independent of RSS
     rows = [r for _, r in read_jsonl(micro_run["data"] / "train.jsonl")]
-    trainer = rloo_stage.Trainer(_vllm_cfg(micro_run), policy_dir, _LengthReward(), rows)
+    trainer = Trainer(_vllm_cfg(micro_run), policy_dir, _LengthReward(), rows)
     try:
         from rloo.rollout.vllm import VLLMRollout
 
@@ -274,13 +274,14 @@ def test_the_engine_samples_in_the_inference_dtype(micro_run, policy_dir, monkey
     """model.inference_dtype reaches the vLLM engine the trainer builds: with bfloat16 it holds bf16
     weights, the float32 trainer's weights sync into it, and its log-probs sit off the trainer's by
     bf16 rounding (the float32 engine's are within 1e-4, the test above)."""
-    from rloo.stages import train as rloo_stage
 
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     cfg = _vllm_cfg(micro_run)
     cfg["model"]["inference_dtype"] = "bfloat16"
     rows = [r for _, r in read_jsonl(micro_run["data"] / "train.jsonl")]
-    trainer = rloo_stage.Trainer(cfg, policy_dir, _LengthReward(), rows)
+    from rloo.train.rloo import Trainer
+
+    trainer = Trainer(cfg, policy_dir, _LengthReward(), rows)
     try:
         assert trainer.rollout.llm.llm_engine.model_config.dtype == torch.bfloat16
         m0 = trainer.step(0)

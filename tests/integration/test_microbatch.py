@@ -19,8 +19,8 @@ from rloo.io import read_jsonl
 from rloo.model import microbatch, models
 from rloo.model.logprobs import join
 from rloo.settings import ModelConfig
-from rloo.stages import train as rloo_stage
 from rloo.train.ppo import PPOTrainer
+from rloo.train.rloo import Trainer
 
 # Float32 (no autocast) gradients of one pass against several: measured max |diff| ~1e-7 on the
 # micro policy, against gradient entries of ~1e-2; a wrong weighting (a micro-batch normalised by its
@@ -98,10 +98,10 @@ def _budget_for_parts(trainer, step: int, parts: int) -> int:
 @pytest.mark.parametrize("kl_in", ["reward", "loss"])
 def test_micro_batched_rloo_step_has_the_one_pass_gradient(micro_run, norm, updates, kl_in):
     cfg = _cfg(micro_run, loss_norm=norm, updates_per_batch=updates, kl_in=kl_in)
-    whole = rloo_stage.Trainer({**cfg, "rloo": {**cfg["rloo"], "micro_batch_tokens": 0}}, micro_run["sft"],
+    whole = Trainer({**cfg, "rloo": {**cfg["rloo"], "micro_batch_tokens": 0}}, micro_run["sft"],
                           LengthReward(), _rows(micro_run))
     budget = _budget_for_parts(whole, 0, 3)
-    split = rloo_stage.Trainer({**cfg, "rloo": {**cfg["rloo"], "micro_batch_tokens": budget}}, micro_run["sft"],
+    split = Trainer({**cfg, "rloo": {**cfg["rloo"], "micro_batch_tokens": budget}}, micro_run["sft"],
                           LengthReward(), _rows(micro_run))
     ro = split.collect(0).rollout
     batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)

@@ -15,7 +15,10 @@ from workflow_helpers import same_weights
 from rloo.algo.estimators import gae, whiten
 from rloo.algo.losses import explained_variance, policy_loss, token_rewards, value_loss
 from rloo.model import checkpoint, models
+from rloo.reward.rewards import build_reward
+from rloo.rollout.collect import training_prompts
 from rloo.stages import train as rloo_stage
+from rloo.train.train_rloo import make_trainer
 
 
 def test_gae_on_a_hand_computed_trajectory():
@@ -171,7 +174,7 @@ def test_ppo_trains_on_the_groups_dynamic_sampling_keeps(micro_run):
 def test_a_single_update_starts_at_ratio_one(micro_run, micro_reward):
     from rloo.io import read_jsonl
     from rloo.reward.rewards import build_reward
-    from rloo.stages.train import training_prompts
+    from rloo.rollout.collect import training_prompts
     from rloo.train.ppo import PPOTrainer
 
     cfg = _ppo_cfg(micro_run)
@@ -190,10 +193,10 @@ def test_a_critic_grown_from_the_reward_model_reuses_its_head(micro_run, micro_r
 
     cfg = _ppo_cfg(micro_run, steps=1, eval_every=0, select="last")
     cfg["rloo"]["ppo"]["critic_init"] = "reward_model"
-    trainer = rloo_stage.make_trainer(cfg, micro_run["sft"], rloo_stage.build_reward(cfg, str(micro_reward)),
-                                 rloo_stage.training_prompts([{"question": "q", "answer": "a\n#### 1"}] * 8, 0), micro_reward)
+    trainer = make_trainer(cfg, micro_run["sft"], build_reward(cfg, str(micro_reward)),
+                                 training_prompts([{"question": "q", "answer": "a\n#### 1"}] * 8, 0), micro_reward)
     head = load_file(str(micro_reward / "model.safetensors"))["score.weight"]
     assert torch.equal(trainer.critic.score.weight.detach(), head)  # the reward model's scalar head, per position
     with pytest.raises(Exception, match="critic_init=reward_model"):
-        rloo_stage.make_trainer(cfg, micro_run["sft"], rloo_stage.build_reward(cfg, str(micro_reward)),
+        make_trainer(cfg, micro_run["sft"], build_reward(cfg, str(micro_reward)),
                            [{"question": "q", "answer": "a\n#### 1"}] * 8, None)

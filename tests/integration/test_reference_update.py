@@ -13,7 +13,7 @@ from test_microbatch import _budget_for_parts, _cfg, _rows
 
 from rloo.algo import reference
 from rloo.model.logprobs import join
-from rloo.stages import train as rloo_stage
+from rloo.train.rloo import Trainer
 
 # Float32 on the micro policy: the chunked head and the micro-batches round differently from one full
 # forward pass (measured max |diff| ~1e-7 against gradient entries of ~1e-2); a wrong normaliser or a
@@ -21,9 +21,9 @@ from rloo.stages import train as rloo_stage
 ATOL, RTOL = 2e-6, 1e-4
 
 
-def _perturbed_trainer(cfg: dict, micro_run) -> rloo_stage.Trainer:
+def _perturbed_trainer(cfg: dict, micro_run) -> Trainer:
     """A trainer whose policy has moved off its reference, so the KL (and its term) is not zero."""
-    trainer = rloo_stage.Trainer(cfg, micro_run["sft"], LengthReward(), _rows(micro_run))
+    trainer = Trainer(cfg, micro_run["sft"], LengthReward(), _rows(micro_run))
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in trainer.policy.parameters():
@@ -31,7 +31,7 @@ def _perturbed_trainer(cfg: dict, micro_run) -> rloo_stage.Trainer:
     return trainer
 
 
-def _trainer_gradient(trainer: rloo_stage.Trainer, got) -> tuple[dict[str, torch.Tensor], dict]:
+def _trainer_gradient(trainer: Trainer, got) -> tuple[dict[str, torch.Tensor], dict]:
     """The gradient the trainer's update hands the optimizer (its guard sees it; the step is skipped),
     and the step's metrics."""
     grads: dict[str, torch.Tensor] = {}
@@ -45,7 +45,7 @@ def _trainer_gradient(trainer: rloo_stage.Trainer, got) -> tuple[dict[str, torch
     return grads, metrics
 
 
-def _reference_gradient(trainer: rloo_stage.Trainer, got, cfg: dict) -> dict[str, torch.Tensor]:
+def _reference_gradient(trainer: Trainer, got, cfg: dict) -> dict[str, torch.Tensor]:
     r, ro = cfg["rloo"], got.rollout
     trainer.policy.zero_grad(set_to_none=True)
     with torch.no_grad():

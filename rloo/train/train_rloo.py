@@ -1,0 +1,222 @@
+"""One RLOO run from a policy folder: the trainer of `rloo.estimator` (rloo/train/rloo.py, or PPO's,
+rloo/train/ppo.py) on one training loop (resume, the divergence guard, checkpoints), validation with the
+checkpoint of best accuracy kept, the alarms that stop a run, and the output folder (the policy's weights,
+steps.jsonl, metrics.json). `rloo train` runs it on the pipeline's files (rloo/stages/train.py);
+`rloo.api.train_rloo` on a notebook's rows and reward function.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from rloo.algo.estimators import MovingBaseline
+from rloo.errors import MissingInputError
+from rloo.io import atomic_dir, write_json_atomic
+from rloo.model import checkpoint, distributed, lora, models
+from rloo.reward.rewards import FunctionReward, RewardSource
+from rloo.settings import Config, RlooConfig, RolloutCorrectionConfig
+from rloo.train import alarms
+from rloo.train.loop import TrainingLoop
+from rloo.train.rloo import Trainer
+from rloo.train.run_log import RunLog
+
+log = logging.getLogger("rloo.train")
+
+# The per-step figures `rloo summary` reports the run's mean of (rloo/algo/rollout_correction.py).
+MISMATCH_KEYS = ("mismatch_abs_mean", "mismatch_abs_max", "mismatch_k3_token", "mismatch_k3_seq",
+                 "mismatch_out_of_band", "correction_truncated_share", "correction_masked_share")
+
+
+def check_sampling(rc: RlooConfig) -> list[str]:
+    """Loud warnings for sampling settings that bias the estimator (the article's sampling mismatch)."""
+    problems = []
+    if rc.temperature != 1.0:
+        problems.append(f"rloo.temperature={rc.temperature}")
+    if rc.top_p < 1.0:
+        problems.append(f"rloo.top_p={rc.top_p}")
+    if rc.top_k:
+        problems.append(f"rloo.top_k={rc.top_k}")
+    for p in problems:
+        log.warning(
+            "!!! %s: training samples no longer come from the policy whose log-probabilities are "
+            "differentiated; the RLOO gradient is biased. Sample with temperature 1.0, no top-p/top-k.", p
+        )
+    return problems
+
+
+def bookkeeping(rc: RlooConfig) -> tuple[str, ...]:
+    """The `rloo.*` keys a run may change and still resume its checkpoints: evaluation, selection and
+    stopping rules change what is written, not the training trajectory; under the constant LR schedule a
+    run may be extended (more steps); PPO's settings do not touch the other estimators' runs."""
+    out = ("rloo.checkpoint_every", "rloo.keep_checkpoints", "rloo.eval_every", "rloo.eval_examples",
+           "rloo.eval_draws", "rloo.eval_batch_size", "rloo.select", "rloo.stop_on", "rloo.alarms")
+    return out + (("rloo.ppo",) if rc.estimator != "ppo" else ()) + (("rloo.steps",) if rc.lr_schedule == "constant" else ())
+
+
+def make_trainer(config: Config | Mapping, policy_dir: str | Path, reward: RewardSource, train: list[dict],
+                 reward_model_dir: str | Path | None = None) -> Trainer:
+    """The trainer of `rloo.estimator`: PPO (its critic grown from the policy or the reward model), or
+    the critic-free Trainer for every other estimator."""
+    config = config if isinstance(config, Config) else Config.from_config(config)
+    rc = config.rloo
+    if rc.estimator != "ppo":
+        return Trainer(config, policy_dir, reward, train)
+    from rloo.train.ppo import PPOTrainer
+
+    critic_dir = policy_dir
+    if rc.ppo.critic_init == "reward_model":
+        if not reward_model_dir:
+            raise MissingInputError("rloo.ppo.critic_init=reward_model: no reward model folder given (--reward-model)")
+        critic_dir = reward_model_dir
+    return PPOTrainer(config, policy_dir, reward, train, critic_dir)
+
+
+def _samples(history: list[dict], rc: RlooConfig) -> int:
+    """Samples drawn over these steps: B * k each, plus dynamic sampling's extra rounds."""
+    return sum(rc.prompts_per_step * rc.k + x.get("train/extra_samples", 0) for x in history)
+
+
+def _mismatch_summary(history: list[dict], correction: RolloutCorrectionConfig) -> dict | None:
+    """The run's mean of each train/mismatch_* and train/correction_* figure and the correction applied;
+    None when the sampler reported no log-probabilities."""
+    means = {}
+    for key in MISMATCH_KEYS:
+        values = [x[f"train/{key}"] for x in history if math.isfinite(x.get(f"train/{key}", math.nan))]
+        if values:
+            means[key] = float(np.mean(values))
+    return {**means, "mode": correction.mode, "cap": correction.cap} if means else None
+
+
+def _final_mean(values: list[float]) -> float | None:
+    """The mean of the finite `values` (None, which JSON can hold, where there is none)."""
+    finite = [v for v in values if math.isfinite(v)]
+    return float(np.mean(finite)) if finite else None
+
+
+def train_rloo(config: Config, policy_dir: str | Path, train: list[dict], val: list[dict], reward: RewardSource,
+               out_dir: str | Path, work_dir: str | Path, fingerprint: str, *,
+               reward_model_dir: str | Path | None = None,
+               log_to: RunLog | Callable[[dict, int], None] | None = None, facts: dict[str, int] | None = None) -> dict:
+    """Train on the prompt rows `train` ({question, answer, ...}) and write `out_dir` (save_pretrained policy,
+    steps.jsonl, metrics.json); return the run's summary (metrics.json) and its run facts (times, peak
+    memory, the step it resumed from).
+
+    Checkpoints go to `work_dir`; one made for the same `fingerprint` (what a checkpoint must match) is
+    resumed. The policy written is the one of `rloo.select`: `best`, the checkpoint of highest accuracy on
+    `val` (the starting policy itself, step 0, included), or `last`. A run stops early when an alarm named
+    in `rloo.stop_on` fires. Every step's figures go to `log_to` (a RunLog, or a `log(metrics, step)`); the
+    run's facts (`facts`, such as its thread count, with its times) to it and to `work_dir`/timings.json.
+
+    Data-parallel (the process group set up beforehand: rloo/model/distributed.py), every process runs
+    this, each training on its share of every step; rank 0 alone writes the outputs, the best snapshot and
+    the checkpoints."""
+    rc = config.rloo
+    check_sampling(rc)
+    out_dir, work_dir = Path(out_dir), Path(work_dir)
+    trainer = make_trainer(config, policy_dir, reward, train, reward_model_dir)
+    try:
+        ckpt_dir, best_dir = work_dir / "checkpoints", work_dir / "best"
+        loop = TrainingLoop("rloo", rc.steps, ckpt_dir, trainer.policy, trainer.optimizer, trainer.scheduler,
+                            fingerprint, rc.checkpoint_every, keep=rc.keep_checkpoints,
+                            state=lambda: {"evals": trainer.evals, "baseline": asdict(trainer.baseline)},
+                            companions=trainer.companions(), max_nonfinite_steps=rc.max_nonfinite_steps, log=log_to)
+        trainer.guard = loop.finite  # the trainer asks before every optimizer step
+        # The step-0 evaluation is the only record logged outside the history.
+        extra = loop.resume(replay=lambda extra: [e for e in extra.get("evals", []) if e["step"] == 0])
+        trainer.history = loop.history  # one list: the loop saves it, the alarms read it
+        if loop.start:
+            trainer.evals = extra.get("evals", [])
+            trainer.baseline = MovingBaseline(**extra["baseline"]) if extra.get("baseline") else trainer.baseline
+            trainer.rollout.sync_weights(trainer.policy)  # rollout backend (issue 8): engine holds policy_dir's weights
+        elif distributed.is_main():
+            shutil.rmtree(best_dir, ignore_errors=True)  # a best snapshot of another run
+        distributed.barrier()
+        select = checkpoint.Selection(best_dir, rc.select == "best" and rc.eval_every > 0)
+
+        def evaluate(done: int) -> dict:
+            e = {"step": done, **trainer.evaluate(val, rc.eval_examples, rc.eval_draws)}
+            trainer.evals.append(e)
+            e["alarm/reward_hacking"] = int(alarms.reward_hacking(
+                [x["eval/accuracy_sampled"] for x in trainer.evals], [x["eval/proxy_reward"] for x in trainer.evals],
+                min(rc.eval_examples, len(val)) * rc.eval_draws, trainer.alarm_cfg.hacking_z))
+            select.offer(e, trainer.policy)
+            log.info("eval after %d steps: %s", done, {k: round(v, 4) for k, v in e.items() if k != "step"})
+            return e
+
+        t_start = time.perf_counter()
+        stopped = None
+        if select.enabled and not trainer.evals:  # the starting policy is a candidate too
+            loop.run_log.metrics({k: v for k, v in evaluate(0).items() if k != "step"}, 0)
+        for step in loop:
+            m = trainer.step(step)
+            done = step + 1
+            if rc.eval_every and (done % rc.eval_every == 0 or done == rc.steps):
+                m.update({k: v for k, v in evaluate(done).items() if k != "step"})
+            loop.log(m, step, reward=f"{m['train/reward_mean']:.3f}", kl=f"{m['train/kl']:.3f}")
+            if fired := [a for a in rc.stop_on if m.get(f"alarm/{a}")]:
+                stopped = {"step": done, "alarm": fired[0]}
+                log.warning("rloo.stop_on: alarm/%s fired after %d steps; stopping here", fired[0], done)
+                loop.finish()
+        seconds = time.perf_counter() - t_start
+        h = trainer.history
+        trained = h[-1]["step"] + 1 if h else 0
+        chosen = select.best if select.enabled and select.best else {"step": trained, **(trainer.evals[-1] if (
+            trainer.evals and trainer.evals[-1]["step"] == trained) else {})}
+        if select.enabled and select.best and select.best["step"] != trained:
+            checkpoint.load_snapshot(best_dir, trainer.policy)
+        last10 = h[-10:]
+        summary = {
+            "steps": rc.steps,
+            "steps_trained": trained,
+            "samples_per_step": rc.prompts_per_step * rc.k,
+            "estimator": rc.estimator,
+            "reward_source": reward.name,
+            "select": rc.select,
+            "selected_step": chosen["step"],
+            "selected_val_accuracy_sampled": chosen.get("eval/accuracy_sampled"),
+            "stopped_early": stopped,
+            "final_reward_mean": float(np.nanmean([x["train/reward_mean"] for x in last10])) if last10 else math.nan,
+            "final_kl": float(np.mean([x["train/kl"] for x in last10])) if last10 else math.nan,
+            # Samples drawn in all (dynamic sampling draws more than B*k a step) and the share of trained
+            # groups without signal, over the whole run.
+            "samples_generated": _samples(h, rc),
+            "zero_adv_frac_mean": float(np.mean([x["train/zero_adv_frac"] for x in h])) if h else math.nan,
+            "sampling_mismatch": _mismatch_summary(h, rc.rollout_correction),
+            "alarms": alarms.first_alarms(h),
+            "evals": trainer.evals,
+            "networks": trainer.networks(),  # parameters of every network the stage holds
+        }
+        if isinstance(reward, FunctionReward):  # each function, and its mean reward over the last 10 steps
+            summary["reward_functions"] = {f.name: {"fn": f.fn, "weight": f.weight, "final_mean": _final_mean(
+                [x.get(f"train/reward/{f.name}", math.nan) for x in last10])} for f in reward.functions}
+        timings = loop.record_timings(
+            facts,
+            train_seconds=seconds,
+            # the samples this process drew (dynamic sampling's extra rounds included), per second
+            samples_per_second=_samples([x for x in h if x["step"] >= loop.start], rc) / max(seconds, 1e-9),
+            seconds_per_step=seconds / max(trained - loop.start, 1))
+        loop.run_log.metrics({"rloo/selected_step": chosen["step"]}, trained)
+        loop.check_weights(trained, "the output")
+        whole = lora.whole(trainer.adapted, trainer.policy)  # LoRA: merged; FSDP: gathered on rank 0
+        if distributed.is_main():
+            with atomic_dir(out_dir) as tmp:
+                models.save_pretrained(whole, trainer.tokenizer, tmp)
+                # Per-step wall-clock times (time/*) go to the run's log only: the output is a function of
+                # its inputs.
+                (tmp / "steps.jsonl").write_text("".join(
+                    json.dumps({k: v for k, v in x.items() if not k.startswith("time/")}) + "\n" for x in h))
+                write_json_atomic(tmp / "metrics.json", summary)
+        distributed.barrier()
+        log.info("rloo done: %s", {**{k: v for k, v in summary.items() if k != "evals"}, **timings})
+        return {**summary, **timings}
+    finally:
+        trainer.rollout.close()  # a vLLM engine frees its memory (and its process) here

@@ -1,0 +1,79 @@
+"""RLOO from Python (rloo/api.py): one call on a policy folder, prompt rows and a reward function in TRL's
+form trains as `rloo train` does (the same steps and the same weights, to the bit), and the README's
+snippet runs as it is written."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import pytest
+import reward_functions
+
+from rloo.api import Config, RlooConfig, train_rloo
+from rloo.data.gsm8k import read_split
+from rloo.errors import InputError
+from rloo.rollout.collect import training_prompts
+from rloo.stages import train as rloo_stage
+
+ROOT = Path(__file__).resolve().parents[2]
+SHORTER = f"{ROOT / 'tests' / 'helpers' / 'reward_functions.py'}:shorter"
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.slow
+def test_the_python_api_trains_as_the_rloo_stage_does(micro_run, tmp_path):
+    cfg = json.loads(json.dumps(micro_run["cfg"]))
+    cfg["reward"].update(source="function", functions=[{"name": "shorter", "fn": SHORTER, "weight": 1.0,
+                                                        "max_failed_share": 0.0}])
+    rloo_stage.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / "stage", tmp_path / "stage.work")
+    rows = training_prompts(read_split(micro_run["data"], "train"), cfg["rloo"]["min_solution_steps"])
+    logged = []
+    summary = train_rloo(micro_run["sft"], rows, reward_functions.shorter, tmp_path / "api",
+                         validation=read_split(micro_run["data"], "val"), config=Config.from_config(cfg),
+                         log=lambda m, step: logged.append(step))
+    stage, api = tmp_path / "stage", tmp_path / "api"
+    assert (api / "steps.jsonl").read_bytes() == (stage / "steps.jsonl").read_bytes()
+    assert _digest(api / "model.safetensors") == _digest(stage / "model.safetensors")
+    steps = [json.loads(line) for line in (api / "steps.jsonl").read_text().splitlines()]
+    assert len(steps) == cfg["rloo"]["steps"] and "train/reward/shorter" in steps[0]
+    assert summary["steps_trained"] == cfg["rloo"]["steps"] and summary["reward_source"] == "function"
+    assert logged[: cfg["rloo"]["steps"]] == list(range(cfg["rloo"]["steps"]))  # every step's figures
+    assert (tmp_path / "api.work" / "checkpoints").is_dir()  # beside the output, as a rerun resumes from them
+
+
+def test_settings_that_cannot_train_are_refused_before_anything_loads(tmp_path):
+    with pytest.raises(InputError, match="validation rows are needed"):
+        train_rloo(tmp_path / "nosuch", [{"question": "q", "answer": "#### 1"}], reward_functions.shorter, tmp_path)
+    with pytest.raises(InputError, match=r"key 'rloo.k': the rloo estimator needs k >= 2"):
+        train_rloo(tmp_path / "nosuch", [{"question": "q"}], reward_functions.shorter, tmp_path,
+                   config=RlooConfig(k=1, eval_every=0, select="last"))
+
+
+def readme_snippet() -> str:
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"<!-- python-api -->\n```python\n(.*?)```\n<!-- /python-api -->", text, re.S)
+    assert block, "README.md: no ```python block between <!-- python-api --> markers"
+    return block.group(1)
+
+
+@pytest.mark.slow
+def test_the_readme_snippet_runs_as_written(micro_run, tmp_path, monkeypatch, capsys):
+    """It reads the quick start's folders: here the micro run's SFT policy and splits stand in for them."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "gsm8k").symlink_to(micro_run["data"])
+    (tmp_path / "results" / "models").mkdir(parents=True)
+    (tmp_path / "results" / "models" / "sft").symlink_to(micro_run["sft"])
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(readme_snippet(), "README.md", "exec"), namespace)
+    summary = namespace["summary"]
+    assert summary["steps_trained"] > 0 and (tmp_path / "runs" / "rloo" / "model.safetensors").is_file()
+    assert set(summary["reward_functions"]) == {"reward", "concise"}
+    printed = capsys.readouterr().out
+    assert printed.count("\n") >= summary["steps_trained"]  # the log printed every step

@@ -1,11 +1,13 @@
 """The figures quoted in README.md, BENCHMARKS.md and docs/*.md, rendered from the result files in docs/figures/.
 
 Each table in those pages sits between `<!-- figures:NAME -->` and `<!-- /figures:NAME -->` and is
-written by this script from the files it names, never by hand:
+written by this script from the files it names, never by hand (a table's links to its files are written
+relative to the page it is in, so a block moves between pages as it is):
 
     python scripts/figures.py              # rewrite the tables from docs/figures/*.json
-    python scripts/figures.py --check      # exit 1 if a table differs from its files, or a measured number
-                                           # in prose names no file (see unbacked_numbers; a test runs this)
+    python scripts/figures.py --check      # exit 1 if a table differs from its files, a measured number
+                                           # in prose names no file (see unbacked_numbers), or a relative
+                                           # link or #anchor leads nowhere (broken_links); a test runs this
     python scripts/figures.py stale        # each file's commit and the commits since on the code it runs
     python scripts/figures.py collect RUN_DIR OUT.json --command "..."   # record a pipeline run
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -29,6 +32,9 @@ from bench.record import command_line, provenance  # noqa: E402
 
 FIGURES = ROOT / "docs" / "figures"
 PAGES = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]
+# The quick start (`bash scripts/pipeline.sh`, seed 0) on a CPU that multiplies in bf16 natively, and on one
+# that emulates it (model.autocast: auto trains in float32 there): its file, and what tells the two apart.
+QUICK_START = {"pipeline_seed0.json": "native bf16 CPU", "pipeline_seed0_float32.json": "AVX2-only CPU (float32)"}
 
 
 def _load(name: str) -> dict:
@@ -44,9 +50,8 @@ def pipeline_table() -> str:
     rows = ["| run | SFT sampled / greedy | RLOO sampled / greedy | gain sampled / greedy (95 % CI, p) | win rate (verifier judge) | "
             "RLOO steps (selected) | reward-model proxy SFT → RLOO | wall time |",
             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    # the quick start on a CPU with native bf16, then on one that emulates it (model.autocast: auto trains
-    # in float32 there); other seeds: the seeds target's table
-    for f in [FIGURES / "pipeline_seed0.json", FIGURES / "pipeline_seed0_float32.json"]:
+    # other seeds: the seeds target's table
+    for f in (FIGURES / name for name in QUICK_START):
         run = json.loads(f.read_text())
         res = run["results"]
         sft, rl = res["policies"]["sft"], res["policies"]["rloo"]
@@ -58,6 +63,22 @@ def pipeline_table() -> str:
             f"{rl['accuracy_sampled']:.3f} / {rl['accuracy']:.3f} | {_gain(res, 'sampled', rl['accuracy_sampled'] - sft['accuracy_sampled'])} / "
             f"{_gain(res, 'greedy', rl['accuracy'] - sft['accuracy'])} | {wr['value']:.3f} ({wr['wins']:.0f} W, {wr['losses']:.0f} L, {wr['ties']:.0f} T) | "
             f"{train['steps_trained']} ({train['selected_step']}) | {proxy} | {run['wall_seconds'] / 60:.1f} min |")
+    return "\n".join(rows)
+
+
+def quick_start_table() -> str:
+    """The quick start's chain, base → SFT → RLOO, on each CPU of QUICK_START: each policy's held-out accuracy
+    and its gain over the policy before it, with the paired 95 % interval and p-value (rloo.eval.gains)."""
+    rows = ["| run | policy | sampled / greedy | gain over the step before, sampled (95 % CI, p) | gain, greedy |",
+            "| --- | --- | --- | --- | --- |"]
+    for name, label in QUICK_START.items():
+        res = _load(name)["results"]
+        chain = [("base (untrained)", res["base"]["policy"], None), ("SFT", res["policies"]["sft"], res["base"]["gains"]["sft"]),
+                 ("RLOO", res["policies"]["rloo"], res["gains"]["rloo"])]
+        for i, (policy, p, g) in enumerate(chain):
+            run = f"[{label}](docs/figures/{name})" if i == 0 else ""
+            gains = f"{_interval(g['sampled'])} | {_interval(g['greedy'])}" if g else " | "
+            rows.append(f"| {run} | {policy} | {p['accuracy_sampled']:.3f} / {p['accuracy']:.3f} | {gains} |")
     return "\n".join(rows)
 
 
@@ -77,10 +98,7 @@ def smollm2_table() -> str:
         return f"{m['value']:.3f} [{lo:.3f}, {hi:.3f}]"
 
     def gain(g: dict, mode: str) -> str:
-        m = g[mode]
-        lo, hi = m["ci95"]
-        p = "p < 0.001" if m["p_value"] < 0.001 else f"p = {m['p_value']:.2g}"
-        return f"{_pp(m['gain'])} [{_pp(lo)}, {_pp(hi)}] ({p})"
+        return _interval(g[mode])
 
     gains = {"base (untrained)": None, "SFT": ("SFT − base", res["base"]["gains"]["sft"]),
              "RLOO": ("RLOO − SFT", res["gains"]["rloo"])}
@@ -116,8 +134,11 @@ def _gain(res: dict, mode: str, plain: float) -> str:
     """A gain in points with its paired 95 % interval and p-value where the results carry them (rloo.eval.gains;
     runs recorded before them show the gain alone)."""
     g = res.get("gains", {}).get("rloo", {}).get(mode)
-    if g is None:
-        return _pp(plain)
+    return _pp(plain) if g is None else _interval(g)
+
+
+def _interval(g: dict) -> str:
+    """One gain of rloo.eval.gains ({gain, ci95, p_value}) in points: `+6.6 [+4.7, +8.5] (p < 0.001)`."""
     lo, hi = g["ci95"]
     p = "p < 0.001" if g["p_value"] < 0.001 else f"p = {g['p_value']:.2g}"
     return f"{_pp(g['gain'])} [{_pp(lo)}, {_pp(hi)}] ({p})"
@@ -210,7 +231,7 @@ def validation_curves_table() -> str:
         res = run["results"]
         evals = {e["step"]: e["eval/accuracy_sampled"] for e in res["training"]["rloo"]["evals"]}
         sft, rl = res["policies"]["sft"]["accuracy_sampled"], res["policies"]["rloo"]["accuracy_sampled"]
-        rows.append(f"| [{name}](figures/{name}.json) | " + " | ".join(f"{evals[s]:.3f}" if s in evals else "" for s in steps)
+        rows.append(f"| [{name}](docs/figures/{name}.json) | " + " | ".join(f"{evals[s]:.3f}" if s in evals else "" for s in steps)
                     + f" | {res['training']['rloo']['selected_step']} | {sft:.3f} → {rl:.3f} ({_pp(rl - sft)}) |")
     return "\n".join(rows)
 
@@ -374,9 +395,7 @@ def seeds_table() -> str:
             "| --- | --- | --- | --- | --- |"]
 
     def cell(row: dict, mode: str) -> str:
-        lo, hi = row[f"gain_{mode}_ci95"]
-        p = row[f"gain_{mode}_p_value"]
-        return f"{_pp(row[f'gain_{mode}'])} [{_pp(lo)}, {_pp(hi)}] ({'p < 0.001' if p < 0.001 else f'p = {p:.2g}'})"
+        return _interval({"gain": row[f"gain_{mode}"], "ci95": row[f"gain_{mode}_ci95"], "p_value": row[f"gain_{mode}_p_value"]})
 
     for seed, row in t["seeds"].items():
         rows.append(f"| {seed} | {row['sft_sampled']:.3f} / {row['sft_greedy']:.3f} | {row['rloo_sampled']:.3f} / "
@@ -478,6 +497,7 @@ TABLES = {
     "reward-ceiling": reward_ceiling_table,
     "rollout-backends": rollout_backends_table,
     "pipeline": pipeline_table,
+    "quick-start": quick_start_table,
     "smollm2": smollm2_table,
     "stage-times": stage_times_table,
     "reward-model-chain": reward_model_chain_table,
@@ -487,8 +507,17 @@ TABLES = {
 _BLOCK = re.compile(r"(<!-- figures:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /figures:(?P=name) -->)", re.S)
 
 
-def render(text: str) -> str:
-    return _BLOCK.sub(lambda m: m.group(1) + TABLES[m.group("name")]() + "\n" + m.group(4), text)
+def render(text: str, page: Path) -> str:
+    """`text`, the page `page` (absolute, or from the repository's root), with every table rendered. The
+    tables name their files from the root (`docs/figures/x.json`), as markers do; each link is written
+    relative to the page's folder (`figures/x.json` in docs/)."""
+    to_figures = os.path.relpath(FIGURES, (ROOT / page).parent).replace(os.sep, "/")
+
+    def table(m: re.Match) -> str:
+        body = TABLES[m.group("name")]().replace("](docs/figures/", f"]({to_figures}/")
+        return m.group(1) + body + "\n" + m.group(4)
+
+    return _BLOCK.sub(table, text)
 
 
 def collect(run_dir: Path, out: Path, command: str, result: str | None = None) -> None:
@@ -626,6 +655,46 @@ def unbacked_numbers(page: Path, text: str | None = None) -> list[str]:
     return problems
 
 
+_FENCED = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _anchors(markdown: str) -> set[str]:
+    """The #anchors GitHub gives the headings of a page: lower case, punctuation dropped, spaces as
+    hyphens, a repeated heading's with -1, -2, ..."""
+    seen: dict[str, int] = {}
+    for heading in re.findall(r"^#{1,6}\s+(.*?)\s*#*$", _FENCED.sub("", markdown), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        seen[slug] = seen.get(slug, -1) + 1
+        if seen[slug]:
+            seen[f"{slug}-{seen[slug]}"] = 0
+    return set(seen)
+
+
+def broken_links(page: Path, text: str | None = None) -> list[str]:
+    """Each relative link of `page` (or of `text`, as if it were `page`; a page is absolute or named from
+    the repository's root), outside code, to a file that does not exist, counted from the page's folder,
+    or to an #anchor that no heading of its page makes: 'page:line: problem'. A paragraph moved from
+    README.md to docs/ keeps its links' text, and they must change with it."""
+    page = ROOT / page
+    rel = page.relative_to(ROOT)
+    source = page.read_text() if text is None else text
+    text = re.sub(r"`[^`\n]*`", _blank, _FENCED.sub(_blank, source))
+    problems = []
+    for line, row in enumerate(text.split("\n"), 1):
+        for target in _LINK.findall(row):
+            if re.match(r"[a-z][\w+.-]*:", target):  # https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve()
+            if path and not dest.exists():
+                problems.append(f"{rel}:{line}: {target} names no file (counted from {rel.parent}/)")
+            elif (anchor and (not path or dest.suffix == ".md")
+                  and anchor not in _anchors(dest.read_text() if path else source)):
+                problems.append(f"{rel}:{line}: {target}: no heading of {path or rel} makes #{anchor}")
+    return problems
+
+
 def code_paths(record: dict) -> list[str]:
     """The repository paths a figure file's command runs: a bench script with the package files it
     reaches (rloo.code_fingerprint, as the stages' own fingerprints are found), and the configs it names;
@@ -734,19 +803,22 @@ def main() -> int:
     stale = []
     for page in PAGES:
         text = page.read_text()
-        new = render(text)
+        new = render(text, page)
         if new != text:
             stale.append(str(page.relative_to(ROOT)))
             if not a.check:
                 page.write_text(new)
     unbacked = [p for page in PAGES for p in unbacked_numbers(page)]
+    broken = [p for page in PAGES for p in broken_links(page)]
     if a.check and stale:
         print(f"figures out of date in {', '.join(stale)}: run `python scripts/figures.py`", file=sys.stderr)
+    if broken:
+        print(f"{len(broken)} links lead nowhere:\n  " + "\n  ".join(broken), file=sys.stderr)
     if unbacked:
         print(f"{len(unbacked)} measured figures in prose with no file (mark each paragraph `<!-- figure: FILE -->`, "
               "`<!-- quoted: SOURCE -->` or `<!-- setting: WHAT -->`, or render it; scripts/figures.py says how):\n  "
               + "\n  ".join(unbacked), file=sys.stderr)
-    return 1 if (a.check and stale) or unbacked else 0
+    return 1 if (a.check and stale) or unbacked or broken else 0
 
 
 if __name__ == "__main__":

@@ -212,7 +212,7 @@ def test_gpu_config_plans_the_whole_pipeline_with_cluster_resources(tmp_path):
 
 @pytest.mark.parametrize("overlay, nodes", [("fsdp-1x8.yaml", 1), ("fsdp-2x8.yaml", 2)])
 def test_scale_out_overlays_plan_one_task_per_gpu(tmp_path, overlay, nodes):
-    """The README's "Scaling out" commands: sft, reward and rloo ask Slurm for `nodes` nodes of 8 GPUs and 8
+    """docs/scaling.md's commands ("In one screen"): sft, reward and rloo ask Slurm for `nodes` nodes of 8 GPUs and 8
     tasks each, started by the srun line in `mpi`; evaluate keeps its policy GPU and the judge's."""
     res = snakemake(make_copy(tmp_path / "workflow"), RLOO, "-n", "--cores", "64", "--profile", "slurm",
                     "--workflow-profile", "profiles/gpu", "--configfile", "config/gpu.yaml", f"config/{overlay}",

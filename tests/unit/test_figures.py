@@ -50,17 +50,39 @@ def provenance_problems(record: dict) -> list[str]:
 
 
 def test_tables_match_their_result_files():
-    stale = [str(p.relative_to(ROOT)) for p in figures.PAGES if figures.render(p.read_text()) != p.read_text()]
+    stale = [str(p.relative_to(ROOT)) for p in figures.PAGES if figures.render(p.read_text(), p) != p.read_text()]
     assert not stale, f"run `python scripts/figures.py`: tables out of date in {stale}"
 
 
 def test_every_table_names_a_file_that_exists():
-    for page in ("README.md", "BENCHMARKS.md", "docs/tuning.md"):
+    for page in ("README.md", "BENCHMARKS.md", "docs/tuning.md", "docs/results.md"):
         text = (ROOT / page).read_text()
         blocks = re.findall(r"<!-- figures:([\w-]+) -->", text)
         assert blocks, page
         for link in re.findall(r"\]\(((?:docs/)?figures/[\w.-]+)\)", text):
             assert ((ROOT / page).parent / link).is_file(), (page, link)
+
+
+def test_a_table_links_its_files_from_the_page_it_is_in():
+    """A block moves between pages as it is: README.md links docs/figures/x.json, a page in docs/ figures/x.json."""
+    block = "<!-- figures:pipeline -->\n<!-- /figures:pipeline -->"
+    front, inner = figures.render(block, Path("README.md")), figures.render(block, ROOT / "docs" / "results.md")
+    assert "](docs/figures/pipeline_seed0.json)" in front
+    assert "](figures/pipeline_seed0.json)" in inner and "](docs/figures/" not in inner
+
+
+def test_no_link_leads_nowhere():
+    problems = [p for page in figures.PAGES for p in figures.broken_links(page)]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_link_check_refuses_a_link_from_the_wrong_folder_and_a_missing_anchor():
+    page = Path("docs/probe.md")
+    ok = ("# Top\n\n[a](figures/seeds.json) [b](../README.md#results) [c](#top) [d](https://example.org/x) "
+          "`[e](nowhere.md)`\n\n```\n[f](nowhere.md)\n```\n")
+    assert figures.broken_links(page, ok) == []
+    for bad in ("[a](docs/figures/seeds.json)", "[b](../README.md#no-such-heading)", "[c](#gone)", "[d](results.md#top)"):
+        assert figures.broken_links(page, f"# Top\n\n{bad}\n"), bad
 
 
 @pytest.mark.parametrize("name", sorted(f.name for f in FIGURES.glob("*.json")))

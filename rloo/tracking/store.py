@@ -123,7 +123,7 @@ def ensure_experiment(uri: str, name: str = DEFAULT_EXPERIMENT) -> str:
                 # MLflow 3's UI: open this experiment's runs table (model training), not GenAI views.
                 "mlflow.experimentKind": "custom_model_development",
                 "mlflow.note.content": "rloo pipeline runs: one `pipeline` run per Snakemake invocation, "
-                "one child run per stage (see the README: Auditing runs in MLflow).",
+                "one child run per stage (docs/tracking.md: auditing runs in MLflow).",
             }
             try:
                 return client.create_experiment(name, artifact_location=location, tags=tags)

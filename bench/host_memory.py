@@ -70,10 +70,11 @@ def estimate(sets: list[str]) -> tuple[float, dict]:
     from rloo.config import load_config, parse_set
     from rloo.host_memory import host_plan
     from rloo.model_shape import model_shape
+    from rloo.settings import Config
 
-    cfg = load_config(MICRO, parse_set(sets))
-    shape, _ = model_shape(cfg)
-    worst = max((p for p in host_plan(cfg, shape) if p.stage.startswith("rloo")), key=lambda p: p.total)
+    sections = Config.from_config(load_config(MICRO, parse_set(sets)))
+    shape, _ = model_shape(sections.model)
+    worst = max((p for p in host_plan(sections, shape) if p.stage.startswith("rloo")), key=lambda p: p.total)
     return worst.total, {"phase": worst.name, **{k: round(v / 2**20, 1) for k, v in worst.terms.items()}}
 
 

@@ -130,9 +130,11 @@ def _one_update(folder: str, rows: int, prompt: int, completion: int, seed: int,
            "logits_chunk_tokens": cfg["model"]["logits_chunk_tokens"]}
     if configs:  # what `rloo plan` predicts for this update (the model's shape read from its folder)
         from rloo import memory_plan
+        from rloo.settings import Config
 
-        shape, _ = memory_plan.model_shape(cfg)
-        rloo_plan = next(p for p in memory_plan.plan(cfg, shape) if p.stage.startswith("rloo"))
+        sections = Config.from_config(cfg)
+        shape, _ = memory_plan.model_shape(sections.model)
+        rloo_plan = next(p for p in memory_plan.plan(sections, shape) if p.stage.startswith("rloo"))
         update = next(p for p in rloo_plan.phases if p.name == "update")
         out["planned_update_mb"] = update.total / 2**20
     return out

@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 from bench.record import provenance  # noqa: E402
 from rloo.config import load_config, parse_set  # noqa: E402
 from rloo.memory_plan import GB, MARGIN_GB, MARGIN_SHARE, Shape, plan, problem, usable_gb  # noqa: E402
+from rloo.settings import Config  # noqa: E402
 
 GPU_GB = 80
 # Qwen2.5 shapes (their config.json): hidden, layers, heads, KV heads, intermediate, vocabulary, tied
@@ -46,9 +47,9 @@ SETUPS = [  # (label, config files after gpu.yaml, --set overrides)
 ]
 
 
-def stage_rows(cfg: dict, shape: Shape) -> dict:
+def stage_rows(sections: Config, shape: Shape) -> dict:
     """Each stage's peak phase, its terms in GB and whether it fits; the plan's one-line verdict."""
-    plans = plan(cfg, shape, GPU_GB)
+    plans = plan(sections, shape, GPU_GB)
     stages = {}
     for sp in plans:
         p = sp.peak
@@ -63,9 +64,10 @@ def main() -> None:
     a = ap.parse_args()
     rows = []
     for label, overlays, sets in SETUPS:
-        cfg = load_config([ROOT / "config" / "gpu.yaml", *(ROOT / "config" / o for o in overlays)], parse_set(sets))
+        sections = Config.from_config(load_config([ROOT / "config" / "gpu.yaml",
+                                                   *(ROOT / "config" / o for o in overlays)], parse_set(sets)))
         row = {"setup": label, "configs": ["config/gpu.yaml", *(f"config/{o}" for o in overlays)], "set": sets,
-               "per_policy": {size: stage_rows(cfg, shape) for size, shape in POLICIES.items()}}
+               "per_policy": {size: stage_rows(sections, shape) for size, shape in POLICIES.items()}}
         rows.append(row)
         print(label)
         for size, r in row["per_policy"].items():

@@ -35,23 +35,23 @@ from rloo.data.prompting import PromptFormat  # noqa: E402
 from rloo.model import models  # noqa: E402
 from rloo.rollout.hf import generate as hf_generate  # noqa: E402
 from rloo.runtime import decode_dtype, resolve_device  # noqa: E402
+from rloo.settings import Config  # noqa: E402
 
 
 def policy_folder(cfg: dict, given: str | None, tmp: Path) -> tuple[Path, str]:
     if given:
         return Path(given), str(given)
+    sections = Config.from_config(cfg)
     sft = ROOT / "results" / "models" / "sft"
-    if cfg["name"] != "micro" and (sft / "config.json").exists():
+    if sections.name != "micro" and (sft / "config.json").exists():
         return sft, "pipeline SFT model"
-    train, _, _ = synthetic.generate(2000, 10, seed=cfg["seed"])
-    tmpl = cfg["prompt"]["template"]
+    train, _, _ = synthetic.generate(2000, 10, seed=sections.seed)
+    tmpl, tiny = sections.prompt.template, sections.model.tiny
     tok = models.train_tokenizer(
-        (format_prompt(r["question"], tmpl) + format_completion(r["answer"]) for r in train),
-        cfg["model"]["tiny"]["vocab_size"],
-    )
-    model = models.build_tiny_model(tok, cfg["model"]["tiny"], cfg["model"]["max_length"], cfg["seed"])
+        (format_prompt(r["question"], tmpl) + format_completion(r["answer"]) for r in train), tiny.vocab_size)
+    model = models.build_tiny_model(tok, tiny, sections.model.max_length, sections.seed)
     models.save_pretrained(model, tok, tmp / "policy")
-    return tmp / "policy", f"untrained {cfg['name']} architecture"
+    return tmp / "policy", f"untrained {sections.name} architecture"
 
 
 def timed(fn, repeats: int) -> tuple[float, int]:

@@ -404,10 +404,12 @@ def _validate_config(args: argparse.Namespace, cfg: dict) -> int:
 def _plan(args: argparse.Namespace, cfg: dict) -> int:
     """`rloo plan`: the table of rloo.memory_plan; exit 2 with one line when a stage does not fit."""
     from rloo import memory_plan
+    from rloo.settings import Config
 
-    gpu_gb = args.gpu_memory_gb or cfg["plan"]["gpu_memory_gb"]
-    shape, source = memory_plan.model_shape(cfg)
-    plans = memory_plan.plan(cfg, shape, gpu_gb)
+    sections = Config.from_config(cfg)
+    gpu_gb = args.gpu_memory_gb or sections.plan.gpu_memory_gb
+    shape, source = memory_plan.model_shape(sections.model)
+    plans = memory_plan.plan(sections, shape, gpu_gb)
     print(f"policy {shape.parameters() / 1e9:.2f}B parameters (shape from {source}); GB per GPU"
           + (f", {memory_plan.usable_gb(gpu_gb):.1f} usable of {gpu_gb:g} (margin: 1 GB + 10 %)" if gpu_gb else
              " (no GPU size: plan.gpu_memory_gb or --gpu-memory-gb; vLLM's share left out)"))

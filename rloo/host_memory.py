@@ -38,8 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rloo.errors import UserError
-from rloo.memory_plan import DTYPE_BYTES, GB, MARGIN_SHARE, StagePlan, plan
+from rloo.memory_plan import DTYPE_BYTES, GB, MARGIN_SHARE, StagePlan, plan, ranks
 from rloo.model_shape import Shape, model_shape
+from rloo.settings import Config
 
 BASELINE_BYTES = 0.4e9
 SAMPLER_BYTES_PER_LOGIT = 6 * 4  # logits, noise, its two logarithms, the noisy logits, log-softmax (float32)
@@ -80,48 +81,47 @@ def decode_bytes(shape: Shape, d: Decode, max_length: int, weight_bytes: int) ->
     return mask + scores + sampler
 
 
-def decodes(cfg: dict) -> dict[str, list[Decode]]:
+def decodes(sections: Config) -> dict[str, list[Decode]]:
     """The decode calls of each stage (its largest ones), by the GPU plan's stage name."""
-    world = cfg["distributed"]["nproc_per_node"] * cfg["distributed"]["nodes"] if cfg["distributed"]["strategy"] != "none" else 1
-    s, r, o, e = cfg["sft"], cfg["reward"], cfg["rloo"], cfg["evaluate"]
+    world, _ = ranks(sections)
+    s, r, o, e = sections.sft, sections.reward, sections.rloo, sections.evaluate
 
     def evaluation(batch: int, draws: int, new: int, key: str) -> Decode:  # rloo.eval.evaluation.decode
         return Decode(max(1, batch // draws), draws, new, key)
 
-    rloo = [Decode(math.ceil(o["prompts_per_step"] / world), o["k"], o["max_new_tokens"],
+    rloo = [Decode(math.ceil(o.prompts_per_step / world), o.k, o.max_new_tokens,
                    "lower rloo.k (the mask and scores grow with its square) or rloo.max_new_tokens")]
-    if o["eval_every"]:
-        rloo.append(evaluation(o["eval_batch_size"], o["eval_draws"], o["max_new_tokens"], "lower rloo.eval_batch_size"))
-    spp = r["samples_per_prompt"]
+    if o.eval_every:
+        rloo.append(evaluation(o.eval_batch_size, o.eval_draws, o.max_new_tokens, "lower rloo.eval_batch_size"))
+    spp = r.samples_per_prompt
     return {
-        "sft": [evaluation(s["eval_batch_size"], s["eval_draws"], s["eval_max_new_tokens"], "lower sft.eval_batch_size")],
-        "reward": [Decode(math.ceil(max(1, 128 // spp) / world), spp, r["max_new_tokens"],
+        "sft": [evaluation(s.eval_batch_size, s.eval_draws, s.eval_max_new_tokens, "lower sft.eval_batch_size")],
+        "reward": [Decode(math.ceil(max(1, 128 // spp) / world), spp, r.max_new_tokens,
                           "lower reward.samples_per_prompt or reward.max_new_tokens")],
-        f"rloo ({o['estimator']})": rloo if cfg["rollout"]["backend"] == "hf" else rloo[1:],
-        "evaluate": [evaluation(e["batch_size"], e["samples_per_prompt"], e["max_new_tokens"], "lower evaluate.batch_size")],
+        f"rloo ({o.estimator})": rloo if sections.rollout.backend == "hf" else rloo[1:],
+        "evaluate": [evaluation(e.batch_size, e.samples_per_prompt, e.max_new_tokens, "lower evaluate.batch_size")],
     }
 
 
-def host_plan(cfg: dict, shape: Shape) -> list[HostPhase]:
+def host_plan(sections: Config, shape: Shape) -> list[HostPhase]:
     """Every phase of every stage with its host-memory terms for one machine (module docstring)."""
-    m = cfg["model"]
-    w = DTYPE_BYTES[m["dtype"]]
-    local = cfg["distributed"]["nproc_per_node"] if cfg["distributed"]["strategy"] != "none" else 1
-    calls = decodes(cfg)
+    max_length, w = sections.model.max_length, DTYPE_BYTES[sections.model.dtype]
+    local = sections.distributed.nproc_per_node if sections.distributed.strategy != "none" else 1
+    calls = decodes(sections)
     out = []
     sp: StagePlan
-    for sp in plan(cfg, shape, None):
+    for sp in plan(sections, shape, None):
         for p in sp.phases:
             terms = {"interpreter": BASELINE_BYTES, "state": p.state, "activations": p.activations, "logits": p.logits}
             keys = dict(p.keys)
             if p.name == "sampling" and calls.get(sp.stage):
-                biggest = max(calls[sp.stage], key=lambda d: decode_bytes(shape, d, m["max_length"], w))
-                terms["decode"] = decode_bytes(shape, biggest, m["max_length"], w)
+                biggest = max(calls[sp.stage], key=lambda d: decode_bytes(shape, d, max_length, w))
+                terms["decode"] = decode_bytes(shape, biggest, max_length, w)
                 keys["decode"] = keys["activations"] = biggest.key
             if sp.stage.startswith("rloo") and p.name == "update":
-                o = cfg["rloo"]
-                rows = math.ceil(o["prompts_per_step"] / max(1, local)) * o["k"]
-                terms["rows"] = rows * m["max_length"] * ROW_BYTES_PER_TOKEN
+                o = sections.rloo
+                rows = math.ceil(o.prompts_per_step / max(1, local)) * o.k
+                terms["rows"] = rows * max_length * ROW_BYTES_PER_TOKEN
                 keys["rows"] = "lower rloo.k or rloo.prompts_per_step"
             out.append(HostPhase(sp.stage, p.name, {k: v * local for k, v in terms.items()}, keys))
     return out
@@ -154,13 +154,13 @@ def machine_memory() -> tuple[float, str]:
     return min(found)
 
 
-def cpu_run(cfg: dict) -> bool:
+def cpu_run(sections: Config) -> bool:
     """Whether the stages run on the CPU: model.device cpu, or auto with no GPU here and none planned
     (plan.gpu_memory_gb: a config for GPU nodes, validated on a login node without one)."""
-    device = cfg["model"]["device"]
+    device = sections.model.device
     if device != "auto":
         return device == "cpu"
-    if cfg["plan"]["gpu_memory_gb"]:
+    if sections.plan.gpu_memory_gb:
         return False
     hidden = os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1")
     return hidden or not any(Path("/proc/driver/nvidia/gpus").glob("*"))
@@ -170,13 +170,13 @@ def _size(b: float) -> str:
     return f"{b / 1e12:.1f} TB" if b >= 1e12 else f"{b / GB:.1f} GB"
 
 
-def problem(cfg: dict, shape: Shape) -> str | None:
+def problem(sections: Config, shape: Shape) -> str | None:
     """One line naming the key to lower when a stage's predicted host memory exceeds what this machine
     (or plan.host_memory_gb) gives, else None."""
-    limit_gb = cfg["plan"].get("host_memory_gb")
+    limit_gb = sections.plan.host_memory_gb
     limit, what = (limit_gb * GB, "plan.host_memory_gb") if limit_gb else machine_memory()
     usable = limit * (1 - MARGIN_SHARE)
-    worst = max(host_plan(cfg, shape), key=lambda p: p.total)
+    worst = max(host_plan(sections, shape), key=lambda p: p.total)
     if worst.total <= usable:
         return None
     # the largest term names the key (the interpreter's share is no key's)
@@ -192,14 +192,14 @@ def problem(cfg: dict, shape: Shape) -> str | None:
             f"less {MARGIN_SHARE:.0%}): {key}")
 
 
-def config_problems(cfg: dict) -> list[str]:
+def config_problems(sections: Config) -> list[str]:
     """The host-memory refusal of a CPU config, as validation asks it (none for a GPU run, or a model whose
     shape cannot be read: `rloo plan` names model.shape when asked)."""
-    if not cpu_run(cfg):
+    if not cpu_run(sections):
         return []
     try:
-        shape, _ = model_shape(cfg)
+        shape, _ = model_shape(sections.model)
     except UserError:  # no shape to plan with: `rloo plan` names model.shape when asked
         return []
-    found = problem(cfg, shape)
+    found = problem(sections, shape)
     return [found] if found else []

@@ -63,9 +63,12 @@ less than the update's at the same tokens), the judge, which the evaluate job se
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from rloo.model_shape import Shape, model_shape
+from rloo.settings import Config, ModelConfig
 
 GB = 1e9
 MARGIN_GB = 1.0       # the CUDA context and NCCL's buffers
@@ -157,119 +160,118 @@ class StagePlan:
         return max(self.phases, key=lambda p: p.total)
 
 
-def _world(cfg: dict) -> tuple[int, int]:
+def ranks(sections: Config) -> tuple[int, int]:
     """(ranks, shards of the trained state) of the data-parallel stages."""
-    d = cfg["distributed"]
-    world = d["nproc_per_node"] * d["nodes"] if d["strategy"] != "none" else 1
-    return world, world if d["strategy"] == "fsdp" else 1
+    d = sections.distributed
+    world = d.nproc_per_node * d.nodes if d.strategy != "none" else 1
+    return world, world if d.strategy == "fsdp" else 1
 
 
-def _strategy(cfg: dict) -> str:
+def _strategy(sections: Config) -> str:
     """A training stage's layout and memory options, for the table."""
-    world, _ = _world(cfg)
-    parts = [f"{cfg['distributed']['strategy']} x{world}" if world > 1 else "1 GPU"]
-    if cfg["model"]["lora"]["enabled"]:
+    world, _ = ranks(sections)
+    parts = [f"{sections.distributed.strategy} x{world}" if world > 1 else "1 GPU"]
+    if sections.model.lora.enabled:
         parts.append("LoRA")
-    if cfg["model"]["gradient_checkpointing"]:
+    if sections.model.gradient_checkpointing:
         parts.append("ckpt")
     return ", ".join(parts)
 
 
-def _trained(shape: Shape, cfg: dict, shards: int, params: int | None = None) -> float:
+def _trained(shape: Shape, mc: ModelConfig, shards: int, params: int | None = None) -> float:
     """Weights, gradients and AdamW moments of a trained network (LoRA: a frozen base, trained adapters)."""
-    m, w = cfg["model"], DTYPE_BYTES[cfg["model"]["dtype"]]
+    w = DTYPE_BYTES[mc.dtype]
     params = shape.parameters() if params is None else params
-    if m["lora"]["enabled"]:
-        return (params * w + shape.lora_parameters(m["lora"]["r"], m["lora"]["target_modules"]) * w * 4) / shards
+    if mc.lora.enabled:
+        return (params * w + shape.lora_parameters(mc.lora.r, mc.lora.target_modules) * w * 4) / shards
     return params * w * 4 / shards
 
 
-def _state_key(cfg: dict) -> str:
+def _state_key(sections: Config) -> str:
     """What shrinks a training stage's model state: sharding it, else LoRA, else narrower weights."""
-    if cfg["distributed"]["strategy"] != "fsdp":
+    if sections.distributed.strategy != "fsdp":
         return "set distributed.strategy=fsdp or model.lora.enabled=true"
-    return "set model.lora.enabled=true" if not cfg["model"]["lora"]["enabled"] else "lower model.dtype"
+    return "set model.lora.enabled=true" if not sections.model.lora.enabled else "lower model.dtype"
 
 
-def _update(shape: Shape, cfg: dict, section: str, state: float, rows: int, unit_rows: int = 1,
+def _update(shape: Shape, sections: Config, section: str, budget: int, state: float, rows: int, unit_rows: int = 1,
             logits: bool = True) -> Phase:
-    """An update phase: `state` + one micro-batch of the stage's gradient pass."""
-    m = cfg["model"]
-    world, shards = _world(cfg)
-    w = DTYPE_BYTES[m["dtype"]]
+    """An update phase: `state` + one micro-batch of the gradient pass of `section` (sft, reward or rloo),
+    whose `<section>.micro_batch_tokens` is `budget`."""
+    mc = sections.model
+    world, shards = ranks(sections)
+    w = DTYPE_BYTES[mc.dtype]
     if shards > 1:  # FSDP: the root stays gathered after forward, two layers gathered at a time
         state += (shape.root_params() + 2 * shape.layer_params()) * w * (world - 1) / world
-    tokens = micro_batch_tokens(cfg[section]["micro_batch_tokens"], rows, m["max_length"], unit_rows)
+    tokens = micro_batch_tokens(budget, rows, mc.max_length, unit_rows)
     # `auto` resolves on the node that runs the job, not here: plan for the larger of its two outcomes
-    modes = ("none", "bfloat16") if m["autocast"] == "auto" else (m["autocast"],)
+    modes = ("none", "bfloat16") if mc.autocast == "auto" else (mc.autocast,)
     # the reward model's one-output score head: no vocabulary, so no logits term
-    outcomes = [update_bytes(shape, tokens, m["logits_chunk_tokens"], m["dtype"], mode, m["gradient_checkpointing"],
-                             m["attn_implementation"] == "eager", m["max_length"]) for mode in modes]
+    outcomes = [update_bytes(shape, tokens, mc.logits_chunk_tokens, mc.dtype, mode, mc.gradient_checkpointing,
+                             mc.attn_implementation == "eager", mc.max_length) for mode in modes]
     acts, lg = max(((a, g if logits else 0) for a, g in outcomes), key=sum)
     return Phase("update", state, acts, lg, keys={"activations": f"lower {section}.micro_batch_tokens",
-                                                  "logits": "lower model.logits_chunk_tokens", "state": _state_key(cfg)})
+                                                  "logits": "lower model.logits_chunk_tokens",
+                                                  "state": _state_key(sections)})
 
 
-def _sampling(shape: Shape, cfg: dict, state: float, rows: int, key: str, gathered: bool = True) -> Phase:
+def _sampling(shape: Shape, sections: Config, state: float, rows: int, key: str, gathered: bool = True) -> Phase:
     """A decoding phase: `state` (+ the whole policy gathered under FSDP) + the KV cache of `rows` rows."""
-    m = cfg["model"]
-    world, shards = _world(cfg)
-    w = DTYPE_BYTES[m["dtype"]]
+    mc = sections.model
+    world, shards = ranks(sections)
+    w = DTYPE_BYTES[mc.dtype]
     if shards > 1 and gathered:
         state += shape.parameters() * w * (world - 1) / world
-    kv = rows * m["max_length"] * shape.kv_bytes_per_token(w)
+    kv = rows * mc.max_length * shape.kv_bytes_per_token(w)
     return Phase("sampling", state, kv, rows * shape.vocab_size * 4 * 2,
                  keys={"activations": f"lower {key}", "logits": f"lower {key}",
-                       "state": _state_key(cfg) if gathered else "lower model.dtype"})
+                       "state": _state_key(sections) if gathered else "lower model.dtype"})
 
 
-def plan(cfg: dict, shape: Shape, gpu_gb: float | None = None) -> list[StagePlan]:
-    """The predicted phases of each GPU stage under `cfg` (terms: module docstring). `gpu_gb` sizes
+def plan(sections: Config, shape: Shape, gpu_gb: float | None = None) -> list[StagePlan]:
+    """The predicted phases of each GPU stage under the config (terms: module docstring). `gpu_gb` sizes
     vLLM's share; without it the share is left out."""
-    m, w = cfg["model"], DTYPE_BYTES[cfg["model"]["dtype"]]
-    world, shards = _world(cfg)
+    mc, w = sections.model, DTYPE_BYTES[sections.model.dtype]
+    world, shards = ranks(sections)
     P = shape.parameters()
     per_rank = lambda n: math.ceil(n / world)  # noqa: E731  (a rank's contiguous share of a step)
     plans = []
 
-    s = cfg["sft"]
-    trained = _trained(shape, cfg, shards)
-    plans.append(StagePlan("sft", _strategy(cfg), [
-        _update(shape, cfg, "sft", trained, per_rank(s["batch_size"])),
-        _sampling(shape, cfg, trained, s["eval_batch_size"], "sft.eval_batch_size")]))
+    s = sections.sft
+    trained = _trained(shape, mc, shards)
+    plans.append(StagePlan("sft", _strategy(sections), [
+        _update(shape, sections, "sft", s.micro_batch_tokens, trained, per_rank(s.batch_size)),
+        _sampling(shape, sections, trained, s.eval_batch_size, "sft.eval_batch_size")]))
 
-    r = cfg["reward"]
+    r = sections.reward
     # rloo/stages/reward.py samples 128 // k prompts x k completions a call, split over the ranks
-    sample_rows = per_rank(max(1, 128 // r["samples_per_prompt"]) * r["samples_per_prompt"])
-    rm_trained = _trained(shape, cfg, shards, shape.reward_model_parameters())
-    plans.append(StagePlan("reward", _strategy(cfg), [
-        _sampling(shape, cfg, P * w, sample_rows, "model.max_length", gathered=False),
-        _update(shape, cfg, "reward", rm_trained, 2 * per_rank(r["batch_size"]), unit_rows=2, logits=False)]))
+    sample_rows = per_rank(max(1, 128 // r.samples_per_prompt) * r.samples_per_prompt)
+    rm_trained = _trained(shape, mc, shards, shape.reward_model_parameters())
+    plans.append(StagePlan("reward", _strategy(sections), [
+        _sampling(shape, sections, P * w, sample_rows, "model.max_length", gathered=False),
+        _update(shape, sections, "reward", r.micro_batch_tokens, rm_trained, 2 * per_rank(r.batch_size), unit_rows=2,
+                logits=False)]))
 
-    o = cfg["rloo"]
-    ppo = o["estimator"] == "ppo"
-    frozen = (0 if m["lora"]["enabled"] else P * w) + (shape.reward_model_parameters() * w
-                                                       if r["source"] == "model" else 0)
+    o, backend = sections.rloo, sections.rollout.backend
+    ppo = o.estimator == "ppo"
+    frozen = (0 if mc.lora.enabled else P * w) + (shape.reward_model_parameters() * w if r.source == "model" else 0)
     state = trained + frozen + (shape.parameters() * w * 4 if ppo else 0)  # PPO's critic trains whole
     vllm = 0.0
-    if cfg["rollout"]["backend"] == "vllm" and gpu_gb:
-        vllm = cfg["rollout"]["gpu_memory_utilization"] * gpu_gb * GB
-    rows = per_rank(o["prompts_per_step"]) * o["k"]
-    update = _update(shape, cfg, "rloo", state, rows // o["ppo"]["minibatches"] if ppo else rows)
-    decode_rows = max(rows if cfg["rollout"]["backend"] == "hf" else 0,
-                      o["eval_batch_size"] if o["eval_every"] else 0)
-    key = "rloo.eval_batch_size" if decode_rows != rows or cfg["rollout"]["backend"] != "hf" else "rloo.prompts_per_step"
-    sampling = _sampling(shape, cfg, state, decode_rows, key)
+    if backend == "vllm" and gpu_gb:
+        vllm = sections.rollout.gpu_memory_utilization * gpu_gb * GB
+    rows = per_rank(o.prompts_per_step) * o.k
+    update = _update(shape, sections, "rloo", o.micro_batch_tokens, state, rows // o.ppo.minibatches if ppo else rows)
+    decode_rows = max(rows if backend == "hf" else 0, o.eval_batch_size if o.eval_every else 0)
+    key = "rloo.eval_batch_size" if decode_rows != rows or backend != "hf" else "rloo.prompts_per_step"
+    sampling = _sampling(shape, sections, state, decode_rows, key)
     for p in (update, sampling):
         p.vllm = vllm
         p.keys["vllm"] = "lower rollout.gpu_memory_utilization"
-    name = f"rloo ({o['estimator']})"
-    plans.append(StagePlan(name, _strategy(cfg), [update, sampling]))
+    plans.append(StagePlan(f"rloo ({o.estimator})", _strategy(sections), [update, sampling]))
 
-    e = cfg["evaluate"]
     copies = P * w * 2 + shape.reward_model_parameters() * w  # the SFT reference, one policy, the reward model
-    plans.append(StagePlan("evaluate", "1 GPU", [_sampling(shape, cfg, copies, e["batch_size"], "evaluate.batch_size",
-                                                           gathered=False)]))
+    plans.append(StagePlan("evaluate", "1 GPU", [_sampling(shape, sections, copies, sections.evaluate.batch_size,
+                                                           "evaluate.batch_size", gathered=False)]))
     return plans
 
 
@@ -318,11 +320,12 @@ def table(plans: list[StagePlan], gpu_gb: float | None) -> str:
     return "\n".join(lines)
 
 
-def check(cfg: dict, gpu_gb: float | None = None) -> str | None:
-    """The one-line problem of `cfg` on GPUs of `gpu_gb` (default plan.gpu_memory_gb), or None: what the
-    Snakefile raises at parse time."""
-    gpu_gb = gpu_gb or cfg["plan"]["gpu_memory_gb"]
+def check(cfg: Mapping[str, Any], gpu_gb: float | None = None) -> str | None:
+    """The one-line problem of the validated config `cfg` on GPUs of `gpu_gb` (default plan.gpu_memory_gb),
+    or None: what the Snakefile raises at parse time (it holds the config as a dict)."""
+    sections = Config.from_config(cfg)
+    gpu_gb = gpu_gb or sections.plan.gpu_memory_gb
     if not gpu_gb:
         return None
-    shape, _ = model_shape(cfg)
-    return problem(plan(cfg, shape, gpu_gb), gpu_gb)
+    shape, _ = model_shape(sections.model)
+    return problem(plan(sections, shape, gpu_gb), gpu_gb)

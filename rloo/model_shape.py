@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from rloo.errors import UserError
+from rloo.settings import ModelConfig
 
 LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -55,7 +57,7 @@ class Shape:
         untied_head = 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
         return self.parameters() - untied_head + self.hidden_size
 
-    def lora_parameters(self, r: int, targets: str | list[str]) -> int:
+    def lora_parameters(self, r: int, targets: str | Sequence[str]) -> int:
         modules = LORA_MODULES if targets == "all-linear" else [t for t in targets if t in LORA_MODULES]
         shapes = self.linear_shapes()
         return self.num_layers * sum(r * (shapes[m][0] + shapes[m][1]) for m in modules)
@@ -95,20 +97,19 @@ def _config_json(name: str) -> dict | None:
     return json.loads(Path(found).read_text()) if isinstance(found, str) else None
 
 
-def model_shape(cfg: dict) -> tuple[Shape, str]:
+def model_shape(mc: ModelConfig) -> tuple[Shape, str]:
     """(the policy's shape, where it was read): config.json, else model.shape; the embedded tiny model's
     from model.tiny. An error naming model.shape when none is there."""
-    m = cfg["model"]
-    if m["name_or_path"] is None:
-        t = m["tiny"]
-        return Shape(t["hidden_size"], t["num_layers"], t["num_heads"], t["num_heads"], t["intermediate_size"],
-                     t["vocab_size"], True), "model.tiny"
-    if (d := _config_json(m["name_or_path"])) and (shape := shape_from_config_json(d)):
-        return shape, f"{m['name_or_path']} config.json"
-    if m["shape"]:
-        s = m["shape"]
-        return Shape(s["hidden_size"], s["num_layers"], s["num_heads"], s["num_kv_heads"], s["intermediate_size"],
-                     s["vocab_size"], s.get("tie_word_embeddings", False)), "model.shape"
-    raise UserError(f"model {m['name_or_path']}: no config.json in a local folder or the Hugging Face cache; "
+    if mc.name_or_path is None:
+        t = mc.tiny
+        return Shape(t.hidden_size, t.num_layers, t.num_heads, t.num_heads, t.intermediate_size, t.vocab_size,
+                     True), "model.tiny"
+    if (d := _config_json(mc.name_or_path)) and (shape := shape_from_config_json(d)):
+        return shape, f"{mc.name_or_path} config.json"
+    if mc.shape:
+        s = mc.shape
+        return Shape(s.hidden_size, s.num_layers, s.num_heads, s.num_kv_heads, s.intermediate_size, s.vocab_size,
+                     s.tie_word_embeddings), "model.shape"
+    raise UserError(f"model {mc.name_or_path}: no config.json in a local folder or the Hugging Face cache; "
                     "set model.shape (hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size, "
                     "vocab_size, tie_word_embeddings) to plan without it")

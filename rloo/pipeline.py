@@ -19,11 +19,17 @@ import hashlib
 import itertools
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rloo.errors import InputError
+from rloo.settings import Config
+
+# What the functions below take: the typed config, or the validated dict the Snakefile (workflow/rules/*.smk)
+# and the CLI hold, which each converts once (`_sections`) and hands on typed.
+ConfigLike = Config | Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -118,38 +124,53 @@ class Variant:
     varied: frozenset[str] = frozenset()
 
 
-def reads_reward_model(cfg: dict, estimator: str | None = None) -> bool:
+def _sections(cfg: ConfigLike) -> Config:
+    return cfg if isinstance(cfg, Config) else Config.from_config(cfg)
+
+
+def _pretrained(sections: Config) -> bool:
+    """Whether the base stage starts from a model (a hub id, a folder, a GGUF file) rather than building
+    the embedded one from the training texts."""
+    return bool(sections.model.name_or_path or sections.model.gguf)
+
+
+def reads_reward_model(cfg: ConfigLike, estimator: str | None = None) -> bool:
     """Whether the RLOO stage of `estimator` (default: the config's) reads the reward model: as its
     training reward, or as the start of PPO's critic."""
-    estimator = estimator or cfg["rloo"]["estimator"]
-    return cfg["reward"]["source"] == "model" or (
-        estimator == "ppo" and cfg["rloo"]["ppo"]["critic_init"] == "reward_model")
+    sections = _sections(cfg)
+    estimator = estimator or sections.rloo.estimator
+    return sections.reward.source == "model" or (
+        estimator == "ppo" and sections.rloo.ppo.critic_init == "reward_model")
 
 
-def upstream(stage: str, cfg: dict) -> tuple[str, ...]:
+def upstream(stage: str, cfg: ConfigLike) -> tuple[str, ...]:
     """The chain stages whose outputs `stage` reads (rloo reads the reward model only where it uses it)."""
-    reads_reward = reads_reward_model(cfg)
-    embedded = not (cfg["model"]["name_or_path"] or cfg["model"].get("gguf"))  # built from the training texts
+    sections = _sections(cfg)
+    reads_reward = reads_reward_model(sections)
+    embedded = not _pretrained(sections)  # built from the training texts
     return {"prepare": (), "base": ("prepare",) if embedded else (), "sft": ("prepare", "base"), "reward": ("prepare", "sft"),
             "rloo": ("prepare", "sft", *(("reward",) if reads_reward else ())),
             "evaluate": ("prepare", "base", "sft", "reward", "rloo")}[stage]
 
 
-def downstream_closure(stages: set[str], cfg: dict) -> frozenset[str]:
+def downstream_closure(stages: set[str], cfg: ConfigLike) -> frozenset[str]:
     """`stages` and every chain stage that reads, directly or not, the output of one of them."""
+    sections = _sections(cfg)
     out = set(stages)
     for stage in CHAIN:  # in order: a stage's upstream is settled before it
-        if any(u in out for u in upstream(stage, cfg)):
+        if any(u in out for u in upstream(stage, sections)):
             out.add(stage)
     return frozenset(out)
 
 
-def seed_variant(cfg: dict, seed: int | str) -> Variant:
+def seed_variant(cfg: ConfigLike, seed: int | str) -> Variant:
     """Seed `seed` of the `seeds` target: the seed of the stages of `seeds.scope`, and of every stage
     downstream of them. (A non-numeric seed stays a string: the DVC compiler's template job.)"""
+    sections = _sections(cfg)
     value = int(seed) if str(seed).lstrip("-").isdigit() else seed
     # only the scope's stages that read the seed (a pretrained base does not) and what follows them
-    varied = downstream_closure({s for s in SEED_SCOPES[cfg["seeds"]["scope"]] if reads_key(cfg, s, "seed")}, cfg)
+    scope = {s for s in SEED_SCOPES[sections.seeds.scope] if reads_key(sections, s, "seed")}
+    varied = downstream_closure(scope, sections)
     return Variant(SEED_FOLDER.format(seed=seed), f"seed={seed}", {"seed": value}, varied)
 
 
@@ -163,11 +184,13 @@ def variant_fields(folder: str) -> tuple[str, dict[str, str]]:
     raise InputError(f"'{folder}' is not a variant folder: a seed's is {SEED_FOLDER}, a sweep point's {SWEEP_FOLDER}")
 
 
-def parse_variant(cfg: dict, folder: str) -> Variant:
+def parse_variant(cfg: ConfigLike, folder: str) -> Variant:
     """The variant whose folder is `folder` (`Variant.folder`): a seed (`seed_variant`) or a sweep's point
     (`sweep_variant`: an error for a sweep or point not in the config)."""
     kind, fields = variant_fields(folder)
-    return seed_variant(cfg, fields["seed"]) if kind == "seed" else sweep_variant(cfg, fields["sweep"], fields["point"])
+    sections = _sections(cfg)
+    return (seed_variant(sections, fields["seed"]) if kind == "seed" else
+            sweep_variant(sections, fields["sweep"], fields["point"]))
 
 
 # Sweeps (`sweeps.<name>: {key.path: [values], ...}`): the grid's points, each a variant of the chain
@@ -185,37 +208,41 @@ def point_label(values: dict[str, Any]) -> str:
     return ",".join(f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in values.items())
 
 
-def sweep_grid(cfg: dict, name: str) -> dict[str, dict[str, Any]]:
+def sweep_grid(cfg: ConfigLike, name: str) -> dict[str, dict[str, Any]]:
     """{point id: {key: value}}: the cartesian product of `sweeps.<name>`, in the order the grid lists it."""
+    sweeps = _sections(cfg).sweeps
     try:
-        axes = cfg["sweeps"][name]
+        axes = sweeps[name]
     except KeyError:
         raise InputError(f"no sweep named '{name}' (config key sweeps.{name}); sweeps: "
-                         f"{', '.join(cfg.get('sweeps') or {}) or 'none'}") from None
+                         f"{', '.join(sweeps) or 'none'}") from None
     keys = list(axes)
     return {point_id(p): p for p in (dict(zip(keys, combo, strict=True)) for combo in itertools.product(*axes.values()))}
 
 
-def sweep_stages(cfg: dict, name: str) -> frozenset[str]:
+def sweep_stages(cfg: ConfigLike, name: str) -> frozenset[str]:
     """The chain stages a point of sweep `name` runs itself: those reading a swept key, and what follows them."""
-    keys = list(cfg["sweeps"][name])
-    return downstream_closure({s for s in CHAIN if any(reads_key(cfg, s, k) for k in keys)}, cfg)
+    sections = _sections(cfg)
+    keys = list(sections.sweeps[name])
+    return downstream_closure({s for s in CHAIN if any(reads_key(sections, s, k) for k in keys)}, sections)
 
 
-def sweep_variant(cfg: dict, name: str, point: str) -> Variant:
+def sweep_variant(cfg: ConfigLike, name: str, point: str) -> Variant:
     """Point `point` of sweep `name` as a variant of the chain; a point id not in the grid is an error
     naming the grid's points (never another point's values)."""
-    points = sweep_grid(cfg, name)
+    sections = _sections(cfg)
+    points = sweep_grid(sections, name)
     if point not in points:
         raise InputError(f"sweep {name}: no point '{point}' in its grid (sweeps.{name}); points: {', '.join(points)}")
     values = points[point]
     return Variant(SWEEP_FOLDER.format(sweep=name, point=point), f"sweep={name},{point_label(values)}",
-                   dict(values), sweep_stages(cfg, name))
+                   dict(values), sweep_stages(sections, name))
 
 
-def folders(cfg: dict, variant: Variant | None = None) -> dict[str, str]:
-    p = cfg["paths"]
-    base = {"data": p["data"], "models": p["models"], "results": p["results"]}
+def folders(cfg: ConfigLike, variant: Variant | None = None) -> dict[str, str]:
+    """The config's data, models and results folders (`paths.*`), or a variant's below each."""
+    p = _sections(cfg).paths
+    base = {"data": p.data, "models": p.models, "results": p.results}
     return {k: f"{v}/{variant.folder}" for k, v in base.items()} if variant else base
 
 
@@ -224,30 +251,32 @@ def _owner(stage: str, variant: Variant | None) -> Variant | None:
     return variant if variant is not None and stage in variant.varied else None
 
 
-def outputs(stage: str, cfg: dict, estimator: str | None = None, variant: Variant | None = None,
+def outputs(stage: str, cfg: ConfigLike, estimator: str | None = None, variant: Variant | None = None,
             sweep: str | None = None) -> dict[str, str]:
     """The output paths of `stage` under `cfg` (`estimator`: the config's rloo.estimator by default;
     `variant`: a seed's or sweep point's, where it varies the stage; `sweep`: the sweep stage's name)."""
-    est = estimator or cfg["rloo"]["estimator"]
-    f = folders(cfg, _owner(stage, variant))
+    sections = _sections(cfg)
+    est = estimator or sections.rloo.estimator
+    f = folders(sections, _owner(stage, variant))
     return {k: v.format(**f, estimator=est, sweep=sweep or "{sweep}") for k, v in STAGES[stage].outputs.items()}
 
 
-def rule_outputs(stage: str, cfg: dict, folder: str | None = None) -> dict[str, str]:
+def rule_outputs(stage: str, cfg: ConfigLike, folder: str | None = None) -> dict[str, str]:
     """The output paths for the Snakemake rule: config folders filled in, `{estimator}` (and `{sweep}`)
     left a wildcard; `folder`: a variant folder, or a template of one (`{variant}`: a wildcard too)."""
     f = folders(cfg, Variant(folder, "") if folder else None)
     return {k: v.format(**f, estimator="{estimator}", sweep="{sweep}") for k, v in STAGES[stage].outputs.items()}
 
 
-def work_dir(stage: str, cfg: dict, estimator: str | None = None, variant: Variant | None = None) -> str:
+def work_dir(stage: str, cfg: ConfigLike, estimator: str | None = None, variant: Variant | None = None) -> str:
     """Where a resumable stage keeps its checkpoints: outside its outputs, so a rerun resumes; a
     variant's below its own folder, so each seed or point resumes on its own."""
+    sections = _sections(cfg)
     name = STAGES[stage].name
     if STAGES[stage].per_estimator:
-        name = f"{name}_{estimator or cfg['rloo']['estimator']}"
+        name = f"{name}_{estimator or sections.rloo.estimator}"
     owner = _owner(stage, variant)
-    return f"{cfg['paths']['results']}/work/" + (f"{owner.folder}/" if owner else "") + name
+    return f"{sections.paths.results}/work/" + (f"{owner.folder}/" if owner else "") + name
 
 
 def run_name(stage: str, estimator: str | None = None, policy: str | None = None, variant: str | None = None) -> str:
@@ -268,26 +297,28 @@ def base_stage(run: str) -> str:
 PLUGIN_REWARDS = {"function": "reward.functions", "http": "reward.http"}
 
 
-def stage_keys(cfg: dict, stage: str, estimator: str | None = None) -> tuple[list[str], list[str]]:
+def stage_keys(cfg: ConfigLike, stage: str, estimator: str | None = None) -> tuple[list[str], list[str]]:
     """(dotted keys `stage` reads under this config, keys below those that it does not read);
     `estimator`: the RLOO stage's, when it is not the config's own (a Snakemake wildcard)."""
+    sections = _sections(cfg)
+    source = sections.reward.source
     decl = STAGES[stage]
     keys, excluded = list(decl.keys), list(decl.excluded)
-    if stage == "base" and (cfg["model"]["name_or_path"] or cfg["model"].get("gguf")):
+    if stage == "base" and _pretrained(sections):
         keys, excluded = list(PRETRAINED_BASE_KEYS), []  # a pretrained start: no seed, shape or data
-    if stage == "rloo" and (estimator or cfg["rloo"]["estimator"]) != "ppo":
+    if stage == "rloo" and (estimator or sections.rloo.estimator) != "ppo":
         excluded.append("rloo.ppo")  # PPO's settings: the critic-free estimators do not rerun on them
-    if stage == "rloo" and cfg["reward"]["source"] == "model":
+    if stage == "rloo" and source == "model":
         keys.append("reward.batch_size_score")  # the reward model's scoring batch inside RLOO
-    elif stage == "rloo" and cfg["reward"]["source"] == "judge":
+    elif stage == "rloo" and source == "judge":
         keys += ["evaluate.judge", "evaluate.llm_judge"]  # RLOO is scored by the evaluation judge
-    if stage in ("rloo", "evaluate") and (plugin := PLUGIN_REWARDS.get(cfg["reward"]["source"])):
+    if stage in ("rloo", "evaluate") and (plugin := PLUGIN_REWARDS.get(source)):
         # reward functions or a reward server: RLOO trains on them, the evaluation reports them
         keys += ["reward.source", plugin] if stage == "evaluate" else [plugin]
     return keys, excluded
 
 
-def reads_key(cfg: dict, stage: str, key: str) -> bool:
+def reads_key(cfg: ConfigLike, stage: str, key: str) -> bool:
     """Whether `stage` reads the dotted config `key` (or a key below it): a change of it reruns the stage."""
     keys, excluded = stage_keys(cfg, stage)
 
@@ -297,37 +328,40 @@ def reads_key(cfg: dict, stage: str, key: str) -> bool:
     return any(under(key, k) or under(k, key) for k in keys) and not any(under(key, e) for e in excluded)
 
 
-def evaluated_policies(args: Any, cfg: dict) -> dict[str, str]:
+def evaluated_policies(args: Any, cfg: ConfigLike) -> dict[str, str]:
     """`rloo evaluate`'s trained policies {name: folder}: its --policy NAME=FOLDER options, else the
     config's estimator's RLOO output."""
     given = getattr(args, "policy", None) or []
     if given:
         return dict(p.split("=", 1) for p in given)
-    return {cfg["rloo"]["estimator"]: outputs("rloo", cfg)["model"]}
+    sections = _sections(cfg)
+    return {sections.rloo.estimator: outputs("rloo", sections)["model"]}
 
 
-def cli_outputs(args: Any, cfg: dict) -> dict[str, str]:
+def cli_outputs(args: Any, cfg: ConfigLike) -> dict[str, str]:
     """What `rloo <verb>` writes: its --out (and --plot/--plots) where given, else the declared outputs.
     The CLI writes there and MLflow tags exactly these paths with their md5."""
+    sections = _sections(cfg)
     stage = BY_VERB[args.stage]
     out = getattr(args, "out", None)
     if stage.name == "prepare":
-        return {"data": out or folders(cfg)["data"]}
+        return {"data": out or folders(sections)["data"]}
     if stage.name == "evaluate":
-        names = list(evaluated_policies(args, cfg))
-        result = out or outputs("evaluate", cfg, names[0] if len(names) == 1 else None)["result"]
+        names = list(evaluated_policies(args, sections))
+        result = out or outputs("evaluate", sections, names[0] if len(names) == 1 else None)["result"]
         return {"result": result, "plots": getattr(args, "plots", None) or str(Path(result).with_suffix(""))}
-    declared = outputs(stage.name, cfg, sweep=getattr(args, "name", None))
+    declared = outputs(stage.name, sections, sweep=getattr(args, "name", None))
     if "model" in declared:
         return {"model": out or declared["model"]}
     return {"result": out or declared["result"], "plot": getattr(args, "plot", None) or declared["plot"]}
 
 
-def cli_run_name(args: Any, cfg: dict) -> str:
+def cli_run_name(args: Any, cfg: ConfigLike) -> str:
     """The MLflow run of `rloo <verb>`: see `run_name`."""
+    sections = _sections(cfg)
     stage = BY_VERB[args.stage]
     variant = getattr(args, "variant", None)
     if stage.name == "evaluate":
-        names = list(evaluated_policies(args, cfg))
+        names = list(evaluated_policies(args, sections))
         return run_name("evaluate", policy=names[0] if len(names) == 1 else None, variant=variant)
-    return run_name(stage.name, cfg["rloo"]["estimator"], variant=variant)
+    return run_name(stage.name, sections.rloo.estimator, variant=variant)

@@ -82,8 +82,9 @@ def _credentials(cfg: dict) -> list[str]:
 
 def _cross_checks(cfg: dict) -> list[str]:
     """Rules that tie several keys together, checked before any stage runs (so `snakemake -n` fails)."""
-    problems = Config.from_config(cfg).problems() + _sweep_checks(cfg)
-    return problems or host_memory_problems(cfg)  # the memory estimate only once the sizes themselves are sane
+    sections = Config.from_config(cfg)
+    problems = sections.problems() + _sweep_checks(cfg)
+    return problems or host_memory_problems(sections)  # the memory estimate only once the sizes themselves are sane
 
 
 # Keys a sweep may not set: they say where outputs go, or declare the seeds, sweeps and comparison themselves.

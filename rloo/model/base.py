@@ -15,19 +15,20 @@ from pathlib import Path
 
 from rloo.errors import InputError
 from rloo.io import file_digest
+from rloo.settings import ModelConfig
 
 RECORD = "base.json"
 # The files of a model folder that make the model (a hub snapshot may hold others: README, ONNX, ...).
 MODEL_FILES = ("*.json", "*.safetensors", "*.jinja", "*.model", "*.txt", "*.tiktoken", "*.py")
 
 
-def source(mcfg: dict) -> str:
+def source(mc: ModelConfig) -> str:
     """Where the configured model comes from: gguf | folder | hub | embedded."""
-    if mcfg.get("gguf"):
+    if mc.gguf:
         return "gguf"
-    if not mcfg["name_or_path"]:
+    if not mc.name_or_path:
         return "embedded"
-    return "folder" if Path(mcfg["name_or_path"]).is_dir() else "hub"
+    return "folder" if Path(mc.name_or_path).is_dir() else "hub"
 
 
 def gguf_file(spec: str) -> Path:
@@ -124,63 +125,63 @@ def read_record(folder: str | Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def mismatch(record: dict, mcfg: dict) -> str | None:
+def mismatch(record: dict, mc: ModelConfig) -> str | None:
     """The first `model.*` setting the base folder's record contradicts, as `key: folder vs config`, or
     None (also for a folder with no record: nothing to hold it to)."""
     if not record:
         return None
-    kind = source(mcfg)
+    kind = source(mc)
     if record.get("source") != kind:
         return f"model source: the folder holds a {record.get('source')!r} model, the config names a {kind!r} one"
-    named = {"gguf": ("model.gguf", "gguf", mcfg.get("gguf")),
-             "folder": ("model.name_or_path", "folder", str(mcfg["name_or_path"])),
-             "hub": ("model.name_or_path", "hub_id", mcfg["name_or_path"])}
+    named = {"gguf": ("model.gguf", "gguf", mc.gguf),
+             "folder": ("model.name_or_path", "folder", str(mc.name_or_path)),
+             "hub": ("model.name_or_path", "hub_id", mc.name_or_path)}
     if kind in named:
         key, field, want = named[kind]
         if record.get(field) != want:
             return f"{key}: the folder's model came from {record.get(field)!r}, the config says {want!r}"
-    else:
+    else:  # the record names the shape keys it was built with (a key the settings no longer have: None)
         for k, v in (record.get("tiny") or {}).items():
-            if mcfg["tiny"].get(k) != v:
-                return f"model.tiny.{k}: the folder's model has {v}, the config says {mcfg['tiny'].get(k)}"
-    if record.get("tokenizer") != (mcfg.get("tokenizer") or None):
-        return f"model.tokenizer: the folder's is {record.get('tokenizer')!r}, the config says {mcfg.get('tokenizer')!r}"
+            if (want := getattr(mc.tiny, k, None)) != v:
+                return f"model.tiny.{k}: the folder's model has {v}, the config says {want}"
+    if record.get("tokenizer") != (mc.tokenizer or None):
+        return f"model.tokenizer: the folder's is {record.get('tokenizer')!r}, the config says {mc.tokenizer!r}"
     return None
 
 
-def check_matches(folder: str | Path, mcfg: dict) -> None:
+def check_matches(folder: str | Path, mc: ModelConfig) -> None:
     """Refuse a base folder built from other `model.*` settings than the config's: training it would
     post-train a model the config does not describe (Snakemake reruns `base` on such a change; a stage
     run by hand with another --base or --set does not)."""
-    if problem := mismatch(read_record(folder), mcfg):
+    if problem := mismatch(read_record(folder), mc):
         raise InputError(f"{Path(folder) / RECORD}: {problem}; rerun `rloo base` with this config "
                          "(or pass the base folder built from it)")
 
 
-def resolve(mcfg: dict, out: Path, build: Callable[[Path], dict] | None = None) -> dict:
+def resolve(mc: ModelConfig, out: Path, build: Callable[[Path], dict] | None = None) -> dict:
     """Write the configured starting model into `out` (a fresh folder) and return its record.
     `build(out)`: makes the embedded tiny model there (the stage passes it: it needs the data)."""
-    kind = source(mcfg)
+    kind = source(mc)
     record: dict = {"source": kind}
     if kind == "gguf":
-        path = gguf_file(mcfg["gguf"])
-        record |= {"gguf": mcfg["gguf"], **from_gguf(path, out)}
+        path = gguf_file(mc.gguf)
+        record |= {"gguf": mc.gguf, **from_gguf(path, out)}
     elif kind == "folder":
-        copy_model(Path(mcfg["name_or_path"]), out)
-        record["folder"] = str(mcfg["name_or_path"])
+        copy_model(Path(mc.name_or_path), out)
+        record["folder"] = str(mc.name_or_path)
     elif kind == "hub":
-        snapshot = hub_snapshot(mcfg["name_or_path"], mcfg.get("revision"))
+        snapshot = hub_snapshot(mc.name_or_path, mc.revision)
         copy_model(snapshot, out)
-        record |= {"hub_id": mcfg["name_or_path"], "revision": snapshot.name}
+        record |= {"hub_id": mc.name_or_path, "revision": snapshot.name}
     else:
         if build is None:
             raise ValueError("the embedded model needs a builder")
         record |= build(out)
-    if mcfg.get("tokenizer"):
-        tok_source = mcfg["tokenizer"] if Path(mcfg["tokenizer"]).is_dir() else hub_snapshot(mcfg["tokenizer"])
+    if mc.tokenizer:
+        tok_source = mc.tokenizer if Path(mc.tokenizer).is_dir() else hub_snapshot(mc.tokenizer)
         from transformers import AutoTokenizer
 
-        AutoTokenizer.from_pretrained(str(tok_source), trust_remote_code=mcfg["trust_remote_code"]).save_pretrained(out)
-        record["tokenizer"] = mcfg["tokenizer"]
+        AutoTokenizer.from_pretrained(str(tok_source), trust_remote_code=mc.trust_remote_code).save_pretrained(out)
+        record["tokenizer"] = mc.tokenizer
     write_record(out, record)
     return record

@@ -29,7 +29,7 @@ from rloo.runtime import resolve_device
 
 if TYPE_CHECKING:
     from rloo.model.lora import Adapted
-    from rloo.settings import ModelConfig
+    from rloo.settings import ModelConfig, TinyConfig
 
 EOS = "<|endoftext|>"
 PAD = "<|pad|>"
@@ -66,18 +66,20 @@ def train_bpe(texts: Iterable[str], vocab_size: int, special_tokens: list[str]) 
 
 
 def build_tiny_model(
-    tokenizer: PreTrainedTokenizerBase, tiny: dict, max_length: int, seed: int, attn_implementation: str | None = None
+    tokenizer: PreTrainedTokenizerBase, tiny: TinyConfig, max_length: int, seed: int,
+    attn_implementation: str | None = None
 ) -> PreTrainedModel:
-    """A small Llama-family causal LM from a config; head_dim stays ≥ 32 so vLLM's CPU kernels can serve it."""
-    if tiny["hidden_size"] % tiny["num_heads"]:
+    """A small Llama-family causal LM of `tiny`'s shape (its vocabulary the tokenizer's); head_dim stays ≥ 32
+    so vLLM's CPU kernels can serve it."""
+    if tiny.hidden_size % tiny.num_heads:
         raise InputError("model.tiny.hidden_size must be divisible by model.tiny.num_heads")
     config = LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=tiny["hidden_size"],
-        intermediate_size=tiny["intermediate_size"],
-        num_hidden_layers=tiny["num_layers"],
-        num_attention_heads=tiny["num_heads"],
-        num_key_value_heads=tiny["num_heads"],
+        hidden_size=tiny.hidden_size,
+        intermediate_size=tiny.intermediate_size,
+        num_hidden_layers=tiny.num_layers,
+        num_attention_heads=tiny.num_heads,
+        num_key_value_heads=tiny.num_heads,
         max_position_embeddings=max_length,
         tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id,

@@ -66,12 +66,18 @@ class Section:
         if unknown := sorted(set(section) - names):
             # the schema has a key this dataclass lacks: the schema is generated from the dataclasses
             raise KeyError(f"{cls.__name__}: no field for config key(s) {', '.join(unknown)}")
-        hints = typing.get_type_hints(cls)
+        hints = _hints(cls)
         return cls(**{name: _typed(hints[name], section[name]) for name in names if name in section})
 
     def to_config(self) -> dict[str, Any]:
         """The section as the validated dict holds it: lists for tuples, dicts for nested sections."""
         return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+
+
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    """A section's field types (resolving them is most of a conversion's cost: the pipeline makes hundreds)."""
+    return typing.get_type_hints(cls)
 
 
 def _typed(hint: Any, value: Any) -> Any:

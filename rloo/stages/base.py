@@ -13,35 +13,39 @@ from rloo.data.gsm8k import format_completion, format_prompt, read_split
 from rloo.io import atomic_dir
 from rloo.model import base, models
 from rloo.runtime import setup
+from rloo.settings import Config
 
 log = logging.getLogger("rloo.base")
 
 
-def embedded_builder(cfg: dict, train: list[dict]) -> Callable[[Path], dict]:
+def embedded_builder(sections: Config, train: list[dict]) -> Callable[[Path], dict]:
     """Builds the embedded tiny model in a folder: a BPE tokenizer trained on the training texts (as
     the stages render them), a small Llama of `model.tiny`'s shape initialised from `seed`."""
-    mcfg = cfg["model"]
+    mc, template = sections.model, sections.prompt.template
 
     def build(out: Path) -> dict:
-        texts = (format_prompt(r["question"], cfg["prompt"]["template"]) + format_completion(r["answer"]) for r in train)
-        tok = models.train_tokenizer(texts, mcfg["tiny"]["vocab_size"])
-        model = models.build_tiny_model(tok, mcfg["tiny"], mcfg["max_length"], cfg["seed"], mcfg["attn_implementation"])
+        texts = (format_prompt(r["question"], template) + format_completion(r["answer"]) for r in train)
+        tok = models.train_tokenizer(texts, mc.tiny.vocab_size)
+        model = models.build_tiny_model(tok, mc.tiny, mc.max_length, sections.seed, mc.attn_implementation)
         models.save_pretrained(model, tok, out)
-        return {"parameters": models.count_parameters(model), "tiny": dict(mcfg["tiny"])}
+        return {"parameters": models.count_parameters(model), "tiny": mc.tiny.to_config()}
 
     return build
 
 
 def run(cfg: dict, data_dir: str | Path | None, out_dir: str | Path) -> dict:
     """Write the starting model to `out_dir` (with base.json, its record) and return the record;
-    `data_dir` is read only to build the embedded model."""
-    setup(cfg["threads"], cfg["seed"])
+    `data_dir` is read only to build the embedded model. `cfg`: the validated config, as every stage's
+    `run` takes it."""
+    sections = Config.from_config(cfg)
+    setup(sections.threads, sections.seed)
     build = None
-    if base.source(cfg["model"]) == "embedded":  # its tokenizer learns the texts SFT trains on
+    if base.source(sections.model) == "embedded":  # its tokenizer learns the texts SFT trains on
         train = read_split(data_dir, "train")
-        build = embedded_builder(cfg, train[: cfg["sft"]["max_train_examples"]] if cfg["sft"]["max_train_examples"] else train)
+        limit = sections.sft.max_train_examples
+        build = embedded_builder(sections, train[:limit] if limit else train)
     with atomic_dir(out_dir) as tmp:
-        record = base.resolve(cfg["model"], Path(tmp), build)
+        record = base.resolve(sections.model, Path(tmp), build)
     # MLflow: where the model came from (its folder's md5 is tagged with every stage's outputs)
     tracking.set_tags({f"rloo.base.{k}": v for k, v in record.items() if not isinstance(v, dict)})
     log.info("base model (%s) written to %s", record["source"], out_dir)

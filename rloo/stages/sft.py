@@ -126,7 +126,7 @@ def run(cfg: dict, data_dir: str | Path, base_dir: str | Path, out_dir: str | Pa
         train = train[: sc.max_train_examples]
 
     init = Path(base_dir)
-    base.check_matches(init, cfg["model"])
+    base.check_matches(init, mc)
     tokenizer = models.load_tokenizer(init, mc.trust_remote_code)
     # With LoRA the model trained is the loaded one with adapters injected, only they train.
     model, adapted = models.for_training(models.load_causal_lm(init, **models.load_options(mc), trainable=True), mc)

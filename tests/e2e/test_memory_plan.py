@@ -20,6 +20,7 @@ from rloo.errors import UserError
 from rloo.memory_plan import GB, micro_batch_tokens, plan, update_bytes
 from rloo.model_shape import Shape, model_shape
 from rloo.runtime import native_bf16
+from rloo.settings import Config
 
 CONFIGS = sorted(p.name for p in (ROOT / "config").glob("*.yaml"))
 QWEN_05B = Shape(896, 24, 14, 2, 4864, 151936, True)
@@ -100,12 +101,12 @@ def test_micro_batch_tokens_budget_unit_and_whole_step():
     assert micro_batch_tokens(65536, rows=4, row_tokens=1024) == 4096  # at most the rank's whole step
 
 
-def _cfg(*sets: str) -> dict:
-    return load_config(ROOT / "config" / "gpu.yaml", parse_set(list(sets)) if sets else None)
+def _cfg(*sets: str) -> Config:
+    return Config.from_config(load_config(ROOT / "config" / "gpu.yaml", parse_set(list(sets)) if sets else None))
 
 
-def _phase(cfg: dict, stage: str, phase: str = "update"):
-    return next(p for sp in plan(cfg, QWEN_05B, 80) if sp.stage.startswith(stage) for p in sp.phases if p.name == phase)
+def _phase(sections: Config, stage: str, phase: str = "update"):
+    return next(p for sp in plan(sections, QWEN_05B, 80) if sp.stage.startswith(stage) for p in sp.phases if p.name == phase)
 
 
 def test_model_state_terms_follow_the_code():
@@ -117,7 +118,7 @@ def test_model_state_terms_follow_the_code():
     assert _phase(fp32, "rloo").state == pytest.approx(16 * P + 4 * P + 4 * rm)
     # FSDP x8 shards the policy's weights, gradients and moments, not the reference or the reward model;
     # the root and two layers come gathered during the update
-    fsdp = load_config([ROOT / "config" / "gpu.yaml", ROOT / "config" / "fsdp-1x8.yaml"])
+    fsdp = Config.from_config(load_config([ROOT / "config" / "gpu.yaml", ROOT / "config" / "fsdp-1x8.yaml"]))
     gathered = (QWEN_05B.root_params() + 2 * QWEN_05B.layer_params()) * 4 * 7 / 8
     assert _phase(fsdp, "rloo").state == pytest.approx(16 * P / 8 + 4 * P + 4 * rm + gathered)
     # LoRA: no reference copy, the base frozen, AdamW on the adapters alone
@@ -165,16 +166,16 @@ def test_gpu_config_fits_80_gb_not_16(capsys):
 
 
 def test_a_hub_model_without_config_json_or_shape_names_model_shape(tmp_path):
-    cfg = _cfg("model.name_or_path=nobody/not-cached-anywhere", "model.shape=null")
+    sections = _cfg("model.name_or_path=nobody/not-cached-anywhere", "model.shape=null")
     with pytest.raises(UserError, match=r"model\.shape"):
-        model_shape(cfg)
+        model_shape(sections.model)
     # no config.json anywhere: model.shape, gpu.yaml's Qwen2.5-0.5B
-    assert model_shape(_cfg("model.name_or_path=nobody/not-cached-anywhere")) == (QWEN_05B, "model.shape")
+    assert model_shape(_cfg("model.name_or_path=nobody/not-cached-anywhere").model) == (QWEN_05B, "model.shape")
     # a folder's config.json wins over model.shape
     (tmp_path / "config.json").write_text(json.dumps({
         "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
         "intermediate_size": 128, "vocab_size": 1000, "tie_word_embeddings": False}))
-    shape, source = model_shape(_cfg(f"model.name_or_path={tmp_path}"))
+    shape, source = model_shape(_cfg(f"model.name_or_path={tmp_path}").model)
     assert shape == Shape(64, 2, 4, 2, 128, 1000, False) and source == f"{tmp_path} config.json"
 
 

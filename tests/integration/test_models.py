@@ -5,13 +5,14 @@ from model_helpers import random_lm
 from rloo.model import models
 from rloo.model.logprobs import completion_logits, completion_logprobs, join, token_logprobs
 from rloo.rollout import generate
+from rloo.settings import TinyConfig
 
 
 def _tiny(tmp_path):
     texts = ["Question: Ava has 12 apples. How many?\nAnswer: 12+3=<<12+3=15>>15\n#### 15"] * 20
     tok = models.train_tokenizer(texts, vocab_size=300)
     model = models.build_tiny_model(
-        tok, {"hidden_size": 64, "num_heads": 2, "num_layers": 2, "intermediate_size": 128}, 128, seed=0
+        tok, TinyConfig(hidden_size=64, num_heads=2, num_layers=2, intermediate_size=128), 128, seed=0
     )
     models.save_pretrained(model, tok, tmp_path)
     return tok, model

@@ -15,6 +15,7 @@ from rloo import runtime
 from rloo.config import load_config, parse_set
 from rloo.memory_plan import plan
 from rloo.model_shape import Shape
+from rloo.settings import Config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,8 +66,8 @@ def test_the_memory_plan_takes_the_larger_outcome_of_auto():
     shape = Shape(896, 24, 14, 2, 4864, 151936, True)
 
     def update(autocast: str) -> float:
-        cfg = load_config(ROOT / "config" / "gpu.yaml", parse_set([f"model.autocast={autocast}"]))
-        return next(p.total for sp in plan(cfg, shape, 80) if sp.stage == "sft" for p in sp.phases if p.name == "update")
+        sections = Config.from_config(load_config(ROOT / "config" / "gpu.yaml", parse_set([f"model.autocast={autocast}"])))
+        return next(p.total for sp in plan(sections, shape, 80) if sp.stage == "sft" for p in sp.phases if p.name == "update")
 
     assert update("auto") == max(update("none"), update("bfloat16"))
     assert update("none") != update("bfloat16")

@@ -7,6 +7,7 @@ import torch
 
 from rloo.config import load_config
 from rloo.model import models
+from rloo.settings import TinyConfig
 
 
 def test_trust_remote_code_is_off_by_default():
@@ -17,7 +18,7 @@ def test_pickled_weights_are_refused(tmp_path):
     texts = ["Question: 1+1?\nAnswer: 1+1=<<1+1=2>>2\n#### 2"] * 10
     tok = models.train_tokenizer(texts, vocab_size=300)
     model = models.build_tiny_model(
-        tok, {"hidden_size": 64, "num_heads": 2, "num_layers": 1, "intermediate_size": 64}, 64, seed=0
+        tok, TinyConfig(hidden_size=64, num_heads=2, num_layers=1, intermediate_size=64), 64, seed=0
     )
     # A folder whose weights are a pickle (pytorch_model.bin), which could run code when loaded.
     model.config.save_pretrained(tmp_path)

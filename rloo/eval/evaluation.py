@@ -105,10 +105,11 @@ def decode(policy, tokenizer, ids: list[list[int]], spec: EvalSpec, greedy: bool
                 kl = sequence_kl(completion_logprobs(policy, batch, logits_chunk_tokens=chunk),
                                  completion_logprobs(reference, batch, logits_chunk_tokens=chunk),
                                  batch.completion_mask).tolist()
-        texts, lengths, finished, ids = ro.texts(tokenizer), ro.lengths.tolist(), ro.finished.tolist(), ro.token_ids()
+        texts, lengths, finished = ro.texts(tokenizer), ro.lengths.tolist(), ro.finished.tolist()
+        completion_ids = ro.token_ids()
         for j, d in enumerate(out):
             d.texts += texts[j::draws]
-            d.ids += ids[j::draws]
+            d.ids += completion_ids[j::draws]
             d.lengths += lengths[j::draws]
             d.finished += finished[j::draws]
             d.kl += kl[j::draws] if kl is not None else []

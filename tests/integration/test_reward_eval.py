@@ -293,6 +293,29 @@ def test_sampled_accuracy_averages_independent_draws(micro_run):
     assert texts["sampled"] == first  # the pairwise judge sees the first draw, as with one draw
 
 
+def test_decoding_in_several_calls_matches_each_slice_decoded_alone(micro_run):
+    """More prompts than one call holds: every call decodes its own slice of the prompts (the full
+    evaluation set is 500 problems in calls of 256 rows; the micro one fits in one call)."""
+    from dataclasses import replace
+
+    from rloo.data.gsm8k import format_prompt
+    from rloo.eval.evaluation import decode, spec_for
+    from rloo.io import read_jsonl
+    from rloo.model import models
+
+    cfg = micro_run["cfg"]
+    rows = [r for _, r in read_jsonl(micro_run["data"] / "test.jsonl")][:6]
+    tok = models.load_tokenizer(micro_run["sft"])
+    policy = models.load_causal_lm(micro_run["sft"])
+    ids = [tok(format_prompt(r["question"], cfg["prompt"]["template"]))["input_ids"] for r in rows]
+    spec = replace(spec_for(cfg, "evaluate", 12, 1, stream=21), batch_size=2)
+    whole = decode(policy, tok, ids, spec, greedy=True)[0]
+    parts = [decode(policy, tok, ids[s : s + 2], spec, greedy=True)[0] for s in range(0, len(ids), 2)]
+    assert len(whole.texts) == len(rows)
+    assert whole.texts == [t for p in parts for t in p.texts]
+    assert whole.ids == [i for p in parts for i in p.ids]
+
+
 def test_other_field_names_and_bare_numbers_through_prepare_and_evaluate(micro_run, tmp_path):
     """config/examples/your-data.yaml's records ({"id", "problem", "result": 85, "steps"}) prepared and
     evaluated on, with reward functions that read the records' own columns (`steps`, `id`)."""

@@ -1,6 +1,7 @@
-"""RLOO from Python, without the pipeline: one call trains a policy folder on prompt rows with a reward
-function, through the same trainer, estimator, divergence guard, checkpoints, validation and metrics as
-`rloo train` (rloo/train/train_rloo.py).
+"""RLOO and SFT from Python, without the pipeline. `train_rloo` trains a policy (a folder, or a model object
+with its tokenizer) on prompt rows with a reward function, through the same trainer, estimator, divergence
+guard, checkpoints, validation and metrics as `rloo train` (rloo/train/train_rloo.py); `train_sft`
+fine-tunes one on question/answer rows as `rloo sft` does (rloo/train/train_sft.py).
 
     from rloo.api import Config, RlooConfig, train_rloo
 
@@ -20,19 +21,24 @@ import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rloo.errors import InputError
 from rloo.io import config_hash
 from rloo.reward.functions import RewardFunction
 from rloo.reward.rewards import FunctionReward, RewardSource, VerifierReward
 from rloo.runtime import setup
-from rloo.settings import Config, ModelConfig, PromptConfig, RlooConfig
+from rloo.settings import Config, ModelConfig, PromptConfig, RlooConfig, SftConfig
 from rloo.train.run_log import RunLog
 from rloo.train.train_rloo import bookkeeping
-from rloo.train.train_rloo import train_rloo as _train
+from rloo.train.train_rloo import train_rloo as _train_rloo
+from rloo.train.train_sft import train_sft as _train_sft
 
-__all__ = ["Config", "ModelConfig", "PromptConfig", "RewardSource", "RlooConfig", "RunLog", "VerifierReward",
-           "train_rloo"]
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+__all__ = ["Config", "ModelConfig", "PromptConfig", "RewardSource", "RlooConfig", "RunLog", "SftConfig",
+           "VerifierReward", "train_rloo", "train_sft"]
 
 Reward = RewardSource | Callable | Sequence[Callable | tuple[Callable, float]]
 
@@ -46,25 +52,58 @@ def reward_source(reward: Reward) -> RewardSource:
     return FunctionReward([RewardFunction.of(*p) if isinstance(p, tuple) else RewardFunction.of(p) for p in parts])
 
 
-def _fingerprint(config: Config, policy: Path, prompts: Sequence[Mapping], source: RewardSource) -> str:
-    """What a checkpoint must match to be resumed: the settings that shape the trajectory, the prompts, the
-    starting policy's config and weights index, and the reward's functions by name."""
+def _fingerprint(config: Config, stage: str, policy: Path, rows: Sequence[Mapping], ignore: tuple[str, ...] = (),
+                 reward: RewardSource | None = None) -> str:
+    """What a checkpoint must match to be resumed: the settings that shape the trajectory (but the
+    bookkeeping keys `ignore`), the training rows, the starting policy's config and weights index, and the
+    reward's functions by name."""
     cfg = config.to_config()
-    for dotted in bookkeeping(config.rloo):
+    for dotted in ignore:
         section, key = dotted.split(".", 1)
         cfg[section].pop(key, None)
-    h = hashlib.sha256(config_hash(cfg, ["seed", "model", "prompt", "rloo"]).encode())
-    h.update(json.dumps([dict(r) for r in prompts], sort_keys=True, default=str).encode())
+    h = hashlib.sha256(config_hash(cfg, ["seed", "model", "prompt", stage]).encode())
+    h.update(json.dumps([dict(r) for r in rows], sort_keys=True, default=str).encode())
     for path in [policy / "config.json", *sorted(policy.glob("*.safetensors"))]:
         h.update(f"{path.name}:{path.stat().st_size}".encode())
-    h.update(json.dumps([f.fn for f in getattr(source, "functions", [])] or [source.name]).encode())
+    if reward is not None:
+        h.update(json.dumps([f.fn for f in getattr(reward, "functions", [])] or [reward.name]).encode())
     return h.hexdigest()[:16]
 
 
-def train_rloo(policy: str | Path, prompts: Sequence[Mapping], reward: Reward, out_dir: str | Path, *,
+def _checked(config: Config) -> Config:
+    if problems := config.problems():
+        raise InputError("invalid settings:\n  " + "\n  ".join(problems))
+    return config
+
+
+def _work_dir(out_dir: Path, work_dir: str | Path | None) -> Path:
+    return Path(work_dir) if work_dir is not None else out_dir.with_name(out_dir.name + ".work")
+
+
+def policy_folder(policy: str | Path | PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None,
+                  work_dir: Path) -> Path:
+    """The folder the trainer loads the policy from: `policy` itself, or a model object and its tokenizer
+    saved to `work_dir`/start (the trainer loads the policy and its frozen reference from one folder, and
+    a rollout engine such as vLLM reads weights only from files)."""
+    if isinstance(policy, str | Path):
+        return Path(policy)
+    if not hasattr(policy, "save_pretrained"):
+        raise InputError(f"policy: a model folder or a transformers model object, not {type(policy).__name__}")
+    if tokenizer is None:
+        raise InputError("policy: a model object needs its tokenizer: train_rloo(model, ..., tokenizer=tokenizer)")
+    folder = work_dir / "start"
+    policy.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def train_rloo(policy: str | Path | PreTrainedModel, prompts: Sequence[Mapping], reward: Reward,
+               out_dir: str | Path, *, tokenizer: PreTrainedTokenizerBase | None = None,
                validation: Sequence[Mapping] = (), config: Config | RlooConfig | None = None,
                work_dir: str | Path | None = None, log: RunLog | Callable[[dict, int], None] | None = None) -> dict:
-    """Train the policy in the folder `policy` (a transformers causal LM with its tokenizer) with RLOO on
+    """Train `policy` (a folder holding a transformers causal LM and its tokenizer, or a model object
+    with its `tokenizer`: saved to `work_dir`/start and trained from there; the trained policy is
+    written to `out_dir`, the object left as it was) with RLOO on
     `prompts` (rows of at least `question`; their other fields, `answer` among them, reach the reward
     functions as columns) and write the trained policy, steps.jsonl and metrics.json to `out_dir`.
 
@@ -74,18 +113,42 @@ def train_rloo(policy: str | Path, prompts: Sequence[Mapping], reward: Reward, o
     RlooConfig alone is the `rloo` section; default: the pipeline's defaults). Checkpoints go to `work_dir`
     (default: beside `out_dir`), and a rerun of the same call resumes from them. `log(metrics, step)`
     receives every step's figures. Returns the run's summary (metrics.json) and its wall-clock figures."""
-    config = Config(rloo=config) if isinstance(config, RlooConfig) else config or Config()
-    if problems := config.problems():
-        raise InputError("invalid settings:\n  " + "\n  ".join(problems))
+    config = _checked(Config(rloo=config) if isinstance(config, RlooConfig) else config or Config())
     rc = config.rloo
     if rc.eval_every and not validation:
         raise InputError("validation rows are needed to evaluate every rloo.eval_every steps; pass validation= "
                          "(held-out rows with their answers) or RlooConfig(eval_every=0, select='last')")
     if not prompts:
         raise InputError("no prompts to train on")
-    out_dir, policy = Path(out_dir), Path(policy)
-    work_dir = Path(work_dir) if work_dir is not None else out_dir.with_name(out_dir.name + ".work")
+    out_dir = Path(out_dir)
+    work_dir = _work_dir(out_dir, work_dir)
+    policy = policy_folder(policy, tokenizer, work_dir)
     source = reward_source(reward)
     threads = setup(config.threads, config.seed)
-    return _train(config, policy, [dict(r) for r in prompts], [dict(r) for r in validation], source, out_dir,
-                  work_dir, _fingerprint(config, policy, prompts, source), log_to=log, facts={"threads": threads})
+    fingerprint = _fingerprint(config, "rloo", policy, prompts, bookkeeping(rc), source)
+    return _train_rloo(config, policy, [dict(r) for r in prompts], [dict(r) for r in validation], source, out_dir,
+                       work_dir, fingerprint, log_to=log, facts={"threads": threads})
+
+
+def train_sft(policy: str | Path | PreTrainedModel, rows: Sequence[Mapping], out_dir: str | Path, *,
+              test: Sequence[Mapping], tokenizer: PreTrainedTokenizerBase | None = None,
+              config: Config | SftConfig | None = None, work_dir: str | Path | None = None,
+              log: RunLog | Callable[[dict, int], None] | None = None) -> dict:
+    """Fine-tune `policy` (a folder, or a model object with its `tokenizer`, as for train_rloo) on `rows`
+    ({question, answer}: the loss on the answer and its EOS only), through the same loop as `rloo sft`;
+    evaluate it on the first `sft.eval_examples` rows of `test` and write the policy, metrics.json and
+    history.json to `out_dir`. `config`: the settings (an SftConfig alone is the `sft` section).
+    Checkpoints go to `work_dir` (default: beside `out_dir`), and a rerun of the same call resumes from
+    them. `log(metrics, step)` receives every logged step's figures. Returns the metrics and the run's
+    wall-clock figures."""
+    config = _checked(Config(sft=config) if isinstance(config, SftConfig) else config or Config())
+    if not rows:
+        raise InputError("no training rows")
+    if not test:
+        raise InputError("test rows are needed: the fine-tuned policy is evaluated on them (sft.eval_examples)")
+    out_dir = Path(out_dir)
+    work_dir = _work_dir(out_dir, work_dir)
+    policy = policy_folder(policy, tokenizer, work_dir)
+    threads = setup(config.threads, config.seed)
+    return _train_sft(config, policy, [dict(r) for r in rows], [dict(r) for r in test], out_dir, work_dir,
+                      _fingerprint(config, "sft", policy, rows), log_to=log, facts={"threads": threads})

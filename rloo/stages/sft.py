@@ -1,208 +1,32 @@
-"""Supervised fine-tuning of the reference policy on question → solution (loss on the solution only)."""
+"""`rloo sft`: supervised fine-tuning of the reference policy on the pipeline's files: the base stage's
+model, the training split, the test split it is evaluated on. The run itself (the loss on the solution
+only, one training loop) is rloo/train/train_sft.py's; this module reads the inputs, names what a
+checkpoint must match and logs to the stage's MLflow run.
+"""
 
 from __future__ import annotations
 
-import logging
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-import torch
-import torch.nn.functional as F
-
 from rloo import tracking
-from rloo.algo.schedules import lr_multiplier
 from rloo.data.gsm8k import read_split
-from rloo.data.prompting import PromptFormat, align_eos
-from rloo.errors import InputError
-from rloo.eval.evaluation import evaluate_policy, spec_for
-from rloo.model import base, distributed, lora, microbatch, models
-from rloo.model.head import causal_logprobs
-from rloo.model.logprobs import model_device
-from rloo.runtime import autocast, run_fingerprint, setup
+from rloo.model import base, distributed
+from rloo.runtime import run_fingerprint, setup
 from rloo.settings import Config
-from rloo.train.loop import TrainingLoop, write_model_output
-
-log = logging.getLogger("rloo.sft")
-
-
-@dataclass
-class Example:
-    ids: list[int]
-    n_prompt: int
-
-
-def tokenize(records: list[dict], tokenizer, prompt_cfg: dict, max_length: int) -> tuple[list[Example], int]:
-    """Prompt + solution + EOS token ids (rloo.data.prompting: the bare template or the chat template, the
-    loss on the solution and its EOS only); examples longer than max_length are dropped and counted."""
-    fmt = PromptFormat(tokenizer, prompt_cfg)
-    out, too_long = [], 0
-    for r in records:
-        p = fmt.prompt_ids(r["question"])
-        c = fmt.solution_ids(r["answer"])
-        if len(p) + len(c) > max_length:
-            too_long += 1
-            continue
-        out.append(Example(p + c, len(p)))
-    return out, too_long
-
-
-def batch_indices(lengths: np.ndarray, step: int, batch_size: int, seed: int) -> np.ndarray:
-    """The examples of `step`: a seeded epoch permutation, sorted by length within chunks of 32 batches.
-
-    Depends only on (seed, step), so a resumed run sees exactly the batches it would have seen.
-    """
-    per_epoch = max(1, len(lengths) // batch_size)
-    epoch, pos = divmod(step, per_epoch)
-    perm = np.random.default_rng([seed, epoch]).permutation(len(lengths))[: per_epoch * batch_size]
-    chunk = 32 * batch_size
-    start = (pos * batch_size) // chunk * chunk
-    block = perm[start : start + chunk]
-    block = block[np.argsort(lengths[block], kind="stable")]
-    batches = block.reshape(-1, batch_size)
-    order = np.random.default_rng([seed, epoch, start]).permutation(len(batches))
-    return batches[order[(pos * batch_size - start) // batch_size]]
-
-
-def collate(examples: list[Example], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    # Widths rounded up to a multiple of 16: few distinct shapes keep the CPU allocator from fragmenting.
-    width = -(-max(len(e.ids) for e in examples) // 16) * 16
-    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    labels = torch.full_like(ids, -100)
-    for i, e in enumerate(examples):
-        n = len(e.ids)
-        ids[i, :n] = torch.tensor(e.ids)
-        mask[i, :n] = 1
-        labels[i, e.n_prompt : n] = ids[i, e.n_prompt : n]
-    return ids, mask, labels
-
-
-def step_loss(train_model: torch.nn.Module, batch: list[Example], pad_id: int, budget: int, autocast_mode: str,
-              device: torch.device, logits_chunk_tokens: int = 0) -> float:
-    """Backward of one step's loss (the mean over the batch's answer tokens), its examples packed by
-    length into micro-batches under `sft.micro_batch_tokens`; returns the loss. Each micro-batch's loss
-    is its answer tokens' summed NLL over the whole batch's count (HF's `num_items_in_batch`), so the
-    gradients add up to the batch's. Data-parallel: weighed by this rank's share of the step's tokens.
-    `logits_chunk_tokens` > 0: the log-probabilities through the head in chunks (rloo.model.head), never
-    the [rows, T, vocabulary] logits HF's loss upcasts to float32."""
-    # The answer tokens the loss averages over: every label position after the first token.
-    n_tokens = sum(len(e.ids) - max(e.n_prompt, 1) for e in batch)
-    scale = distributed.loss_scale(float(n_tokens)) if distributed.enabled() else 1.0
-    parts = microbatch.even(microbatch.pack([len(e.ids) for e in batch], budget))
-    one_pass = len(parts) == 1
-
-    def loss_of(rows: torch.Tensor) -> torch.Tensor:
-        ids, mask, labels = (t.to(device) for t in collate([batch[i] for i in rows.tolist()], pad_id))
-        with autocast(autocast_mode, device):
-            if logits_chunk_tokens:
-                targets = F.pad(labels[:, 1:], (0, 1), value=-100)  # position t predicts token t + 1
-                answer = targets != -100
-                logp = causal_logprobs(train_model, ids, mask, None, targets, answer, logits_chunk_tokens)
-                loss = -(logp * answer).sum() / max(n_tokens, 1)
-            else:
-                extra = {} if one_pass else {"num_items_in_batch": torch.tensor(max(n_tokens, 1), device=device)}
-                loss = train_model(input_ids=ids, attention_mask=mask, labels=labels, use_cache=False, **extra).loss
-        return loss * scale if distributed.enabled() else loss
-
-    return microbatch.accumulate(train_model, parts, loss_of)[0]
+from rloo.train.train_sft import train_sft
 
 
 def run(cfg: dict, data_dir: str | Path, base_dir: str | Path, out_dir: str | Path, work_dir: str | Path) -> dict:
-    """Fine-tune the starting model of `base_dir` (the base stage's folder), evaluate it and write
-    `out_dir` (save_pretrained + metrics.json); resumable via `work_dir`.
-
-    Data-parallel (`distributed.strategy` ddp or fsdp under torchrun), each process trains on its
-    contiguous share of every step's batch, its loss weighted by its share of the batch's answer tokens
-    (so the averaged gradient is the single-process one); rank 0 evaluates and writes."""
+    """Fine-tune the starting model of `base_dir` (the base stage's folder) on `data_dir`'s training split,
+    evaluate it on its test split and write `out_dir` (save_pretrained + metrics.json); resumable via
+    `work_dir`. Under torchrun with `distributed.strategy` ddp or fsdp every process runs this
+    (rloo.train.train_sft)."""
     distributed.init(cfg)
     threads = setup(distributed.threads(cfg["threads"]), cfg["seed"])
-    sections = Config.from_config(cfg)
-    sc, mc = sections.sft, sections.model
-    data_dir, out_dir, work_dir = Path(data_dir), Path(out_dir), Path(work_dir)
+    config = Config.from_config(cfg)
+    data_dir = Path(data_dir)
     train, test = read_split(data_dir, "train"), read_split(data_dir, "test")
-    if sc.max_train_examples:
-        train = train[: sc.max_train_examples]
-
-    init = Path(base_dir)
-    base.check_matches(init, mc)
-    tokenizer = models.load_tokenizer(init, mc.trust_remote_code)
-    # With LoRA the model trained is the loaded one with adapters injected, only they train.
-    model, adapted = models.for_training(models.load_causal_lm(init, **models.load_options(mc), trainable=True), mc)
-    if eos := align_eos(tokenizer, cfg["prompt"]):  # saved with the policy: every later stage stops there
-        models.set_generation_ids(model, tokenizer)
-        log.info("EOS set to the chat template's end-of-turn token %s", eos)
-    device = model_device(model)
-    examples, too_long = tokenize(train, tokenizer, cfg["prompt"], mc.max_length)
-    if too_long / len(train) > sc.max_dropped_share:
-        raise InputError(
-            f"{data_dir / 'train.jsonl'}: {too_long} of {len(train)} training examples "
-            f"({too_long / len(train):.0%}) are longer than model.max_length={mc.max_length} tokens, more than "
-            f"sft.max_dropped_share={sc.max_dropped_share}; raise model.max_length (or that share)")
-    if not examples:
-        raise InputError(f"{data_dir / 'train.jsonl'}: no example fits model.max_length={mc.max_length}")
-    if too_long:
-        log.warning("dropped %d of %d training examples longer than model.max_length", too_long, len(train))
-    lengths = np.array([len(e.ids) for e in examples])
-    batch_size = min(sc.batch_size, len(examples))
-    if batch_size < sc.batch_size:  # validation refuses a batch above the split; dropped examples can still cut it
-        log.warning("!!! sft.batch_size=%d is more than the %d training examples that fit model.max_length: each "
-                    "step takes all of them", sc.batch_size, len(examples))
-    train_model = distributed.wrap(model)  # DDP around it, or the model sharded in place by FSDP
-
-    optimizer = torch.optim.AdamW(
-        lora.trainable(model), lr=sc.lr, weight_decay=sc.weight_decay, betas=(0.9, sc.adam_beta2)
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(sc.warmup_steps, sc.steps, "cosine", floor=0.1))
+    base.check_matches(Path(base_dir), config.model)
     fingerprint = distributed.fingerprint(run_fingerprint(cfg, ["seed", "model", "prompt", "sft"], data_dir))
-    loop = TrainingLoop("sft", sc.steps, work_dir / "checkpoints", model, optimizer, scheduler, fingerprint,
-                        sc.checkpoint_every, max_nonfinite_steps=sc.max_nonfinite_steps, log=tracking.STAGE_LOG)
-    loop.resume()
-
-    t0 = time.perf_counter()
-    tokens = 0
-    model.train()
-    for step in loop:
-        idx = batch_indices(lengths, step, batch_size, cfg["seed"])
-        if distributed.enabled():  # this rank's contiguous share of the step's batch
-            lo, hi = distributed.shard(len(idx))
-            idx = idx[lo:hi]
-        batch = [examples[i] for i in idx]
-        loss_value = step_loss(train_model, batch, tokenizer.pad_token_id, sc.micro_batch_tokens, mc.autocast,
-                               device, mc.logits_chunk_tokens)
-        grad_norm = distributed.clip_grad_norm_(model.parameters(), sc.grad_clip)
-        if loop.finite(step, loss=loss_value, grad_norm=float(grad_norm)):
-            optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        tokens += sum(len(e.ids) for e in batch)
-        if step % sc.log_every == 0 or step == sc.steps - 1:
-            value = distributed.mean_over_ranks({"loss": loss_value})["loss"]  # the whole batch's loss
-            loop.log({"step": step, "sft/loss": value, "sft/grad_norm": float(grad_norm),
-                      "sft/lr": scheduler.get_last_lr()[0]}, step, loss=f"{value:.3f}")
-    train_seconds = time.perf_counter() - t0
-    (tokens,) = distributed.all_sum(tokens) if distributed.enabled() else (tokens,)
-    model.eval()
-    spec = spec_for(cfg, "sft", sc.eval_max_new_tokens, sc.eval_draws, stream=7)
-    with distributed.gathered(model):  # rank 0 evaluates, every rank gets its report
-        report = distributed.on_main(lambda: evaluate_policy(model, tokenizer, test[: sc.eval_examples], spec,
-                                                             label="sft")[0])
-    metrics = {k: v for k, v in report.items() if v is not None}  # no reference, no proxy here
-    metrics.update(
-        {
-            "steps": sc.steps,
-            "train_examples": len(examples),
-            "dropped_too_long": too_long,
-            "parameters": models.count_parameters(model),
-            "final_loss": loop.history[-1]["sft/loss"] if loop.history else None,
-        }
-    )
-    # Tokens of this process's steps (a resumed run counts from its checkpoint).
-    timings = loop.record_timings({"threads": threads}, train_seconds=train_seconds,
-                                  tokens_per_second=tokens / max(train_seconds, 1e-9))
-    tracking.log_metrics({f"sft/eval_{k}": v for k, v in metrics.items() if isinstance(v, (int, float))}, sc.steps)
-    loop.check_weights(sc.steps, "the output")
-    write_model_output(out_dir, adapted, model, tokenizer, {"metrics.json": metrics, "history.json": loop.history})
-    log.info("sft done: %s", {**{k: metrics[k] for k in ("accuracy", "accuracy_sampled")}, **timings})
-    return {**metrics, **timings}
+    return train_sft(config, base_dir, train, test, out_dir, work_dir, fingerprint, log_to=tracking.STAGE_LOG,
+                     facts={"threads": threads}, source=str(data_dir / "train.jsonl"))

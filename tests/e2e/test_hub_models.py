@@ -32,6 +32,7 @@ from rloo.reward.rewards import RewardModelReward, VerifierReward
 from rloo.rollout import decode, generate
 from rloo.stages import base, evaluate, prepare, reward, sft
 from rloo.stages import train as rloo_stage
+from rloo.train import train_sft
 from rloo.train.rloo import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,9 +112,9 @@ def test_auto_leaves_the_embedded_tokenizer_on_the_bare_template(qwen_dir):
 
 def test_sft_trains_on_the_assistant_turn_only(qwen_dir, rows):
     tok = models.load_tokenizer(qwen_dir)
-    examples, too_long = sft.tokenize(rows, tok, _cfg(qwen_dir)["prompt"], 192)
+    examples, too_long = train_sft.tokenize(rows, tok, _cfg(qwen_dir)["prompt"], 192)
     assert too_long == 0
-    _, _, labels = sft.collate(examples, tok.pad_token_id)
+    _, _, labels = train_sft.collate(examples, tok.pad_token_id)
     for r, e, lab in zip(rows, examples, labels, strict=True):
         chat = [{"role": "user", "content": r["question"]}, {"role": "assistant", "content": r["answer"]}]
         # the example is the chat template's rendering of the conversation, up to the assistant's end of turn
@@ -141,7 +142,7 @@ def test_every_stage_builds_the_same_prompt_ids(qwen_dir, rows, monkeypatch):
     expected = [fmt.prompt_ids(r["question"]) for r in rows]
     assert all(tok.decode(e).startswith("<|im_start|>user\n" + r["question"]) for e, r in zip(expected, rows, strict=True))
 
-    examples, _ = sft.tokenize(rows, tok, cfg["prompt"], cfg["model"]["max_length"])
+    examples, _ = train_sft.tokenize(rows, tok, cfg["prompt"], cfg["model"]["max_length"])
     assert [e.ids[: e.n_prompt] for e in examples] == expected
 
     seen: dict[str, list[list[int]]] = {}

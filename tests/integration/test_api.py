@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import reward_functions
 
-from rloo.api import Config, RlooConfig, train_rloo
+from rloo.api import Config, RlooConfig, train_rloo, train_sft
 from rloo.data.gsm8k import read_split
 from rloo.errors import InputError
 from rloo.rollout.collect import training_prompts
@@ -27,14 +27,21 @@ def _digest(path: Path) -> str:
 
 
 @pytest.mark.slow
-def test_the_python_api_trains_as_the_rloo_stage_does(micro_run, tmp_path):
+@pytest.mark.parametrize("given", ["folder", "model object"])
+def test_the_python_api_trains_as_the_rloo_stage_does(micro_run, tmp_path, given):
+    from rloo.model import models
+
     cfg = json.loads(json.dumps(micro_run["cfg"]))
     cfg["reward"].update(source="function", functions=[{"name": "shorter", "fn": SHORTER, "weight": 1.0,
                                                         "max_failed_share": 0.0}])
     rloo_stage.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / "stage", tmp_path / "stage.work")
     rows = training_prompts(read_split(micro_run["data"], "train"), cfg["rloo"]["min_solution_steps"])
     logged = []
-    summary = train_rloo(micro_run["sft"], rows, reward_functions.shorter, tmp_path / "api",
+    policy, tokenizer = micro_run["sft"], None
+    if given == "model object":
+        policy, tokenizer = models.load_causal_lm(micro_run["sft"]), models.load_tokenizer(micro_run["sft"])
+        before = {k: v.clone() for k, v in policy.state_dict().items()}
+    summary = train_rloo(policy, rows, reward_functions.shorter, tmp_path / "api", tokenizer=tokenizer,
                          validation=read_split(micro_run["data"], "val"), config=Config.from_config(cfg),
                          log=lambda m, step: logged.append(step))
     stage, api = tmp_path / "stage", tmp_path / "api"
@@ -45,9 +52,36 @@ def test_the_python_api_trains_as_the_rloo_stage_does(micro_run, tmp_path):
     assert summary["steps_trained"] == cfg["rloo"]["steps"] and summary["reward_source"] == "function"
     assert logged[: cfg["rloo"]["steps"]] == list(range(cfg["rloo"]["steps"]))  # every step's figures
     assert (tmp_path / "api.work" / "checkpoints").is_dir()  # beside the output, as a rerun resumes from them
+    if given == "model object":  # trained from its saved copy; the caller's object is left as it was
+        assert (tmp_path / "api.work" / "start" / "model.safetensors").is_file()
+        assert all(v.equal(before[k]) for k, v in policy.state_dict().items())
 
 
-def test_settings_that_cannot_train_are_refused_before_anything_loads(tmp_path):
+@pytest.mark.slow
+def test_sft_from_python_trains_as_the_sft_stage_does(micro_run, tmp_path):
+    """rloo.api.train_sft on the micro run's base model and splits writes the SFT stage's policy and
+    metrics to the bit (micro_run's folder is the stage's output)."""
+    cfg, data = micro_run["cfg"], micro_run["data"]
+    logged = []
+    metrics = train_sft(micro_run["base_model"], read_split(data, "train"), tmp_path / "sft",
+                        test=read_split(data, "test"), config=Config.from_config(cfg),
+                        log=lambda m, step: logged.append(step))
+    assert _digest(tmp_path / "sft" / "model.safetensors") == _digest(micro_run["sft"] / "model.safetensors")
+    assert (tmp_path / "sft" / "metrics.json").read_bytes() == (micro_run["sft"] / "metrics.json").read_bytes()
+    assert metrics["accuracy"] == micro_run["sft_metrics"]["accuracy"] and 0 in logged
+    with pytest.raises(InputError, match="test rows are needed"):
+        train_sft(micro_run["base_model"], read_split(data, "train"), tmp_path / "other", test=[])
+
+
+def test_settings_that_cannot_train_are_refused_before_anything_loads(micro_run, tmp_path):
+    from rloo.model import models
+
+    last = RlooConfig(eval_every=0, select="last")
+    with pytest.raises(InputError, match="a model object needs its tokenizer"):
+        train_rloo(models.load_causal_lm(micro_run["sft"]), [{"question": "q"}], reward_functions.shorter, tmp_path,
+                   config=last)
+    with pytest.raises(InputError, match="policy: a model folder or a transformers model object, not dict"):
+        train_rloo({}, [{"question": "q"}], reward_functions.shorter, tmp_path, config=last)
     with pytest.raises(InputError, match="validation rows are needed"):
         train_rloo(tmp_path / "nosuch", [{"question": "q", "answer": "#### 1"}], reward_functions.shorter, tmp_path)
     with pytest.raises(InputError, match=r"key 'rloo.k': the rloo estimator needs k >= 2"):

@@ -164,7 +164,7 @@ def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def test_micro_batched_sft_step_has_the_one_pass_gradient(micro_run, logits_chunk):
     """SFT's loss, the mean over the batch's answer tokens, from micro-batches (HF's num_items_in_batch;
     or the chunked head's log-probabilities), equals HF's one-pass loss and its gradient."""
-    from rloo.stages import sft
+    from rloo.train import train_sft as sft
 
     cfg = micro_run["cfg"]
     tok = models.load_tokenizer(micro_run["sft"])

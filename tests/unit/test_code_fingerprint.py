@@ -64,6 +64,7 @@ def test_comments_docstrings_and_descriptions_change_no_stage(package, baseline)
     ("rloo/stages/reward.py", "run", {"reward"}),
     ("rloo/algo/estimators.py", "rloo_advantages", {"train", "toy"}),
     ("rloo/stages/sft.py", "run", {"sft"}),
+    ("rloo/train/train_sft.py", "step_loss", {"sft"}),  # the SFT loop, outside the stage's module
     # shared: every training stage's loop
     ("rloo/train/loop.py", "TrainingLoop.resume", {"sft", "reward", "train"}),
     # the CLI: what every stage runs, and what only `rloo summary` runs

@@ -58,13 +58,16 @@ def main() -> None:
         archive = subprocess.run(["git", "archive", a.baseline], cwd=ROOT, capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", str(trees["baseline"])], input=archive, check=True)
         _rloo(ROOT, "prepare", "--out", str(work / "data"))
+        # One starting model for both trees, built by this one: the same work, whatever each tree's base stage.
+        _rloo(ROOT, "base", "--data", str(work / "data"), "--out", str(work / "base"))
         for r in range(a.rounds):
             order = list(trees) if r % 2 == 0 else list(trees)[::-1]
             for name in order:
                 tree, tag = trees[name], f"{name.replace(' ', '_')}-{r}"
                 sft_work = work / f"sftw-{tag}"
                 _rloo(tree, "sft", "--set", f"sft.steps={a.sft_steps}", "--set", "sft.eval_examples=1",
-                      "--set", f"seed={r}", "--data", str(work / "data"), "--out", str(work / f"sft-{tag}"),
+                      "--set", f"seed={r}", "--data", str(work / "data"), "--base", str(work / "base"),
+                      "--out", str(work / f"sft-{tag}"),
                       "--work", str(sft_work))
                 figures[name]["sft"].append(json.loads((sft_work / "timings.json").read_text())["train_seconds"])
                 # Every RLOO run starts from the same SFT policy: round 0's of this tree.

@@ -19,7 +19,7 @@ import hashlib
 import itertools
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,14 +143,37 @@ def reads_reward_model(cfg: ConfigLike, estimator: str | None = None) -> bool:
         estimator == "ppo" and sections.rloo.ppo.critic_init == "reward_model")
 
 
-def upstream(stage: str, cfg: ConfigLike) -> tuple[str, ...]:
-    """The chain stages whose outputs `stage` reads (rloo reads the reward model only where it uses it)."""
+# The input graph, declared once: each chain stage's named inputs, as (stage, output) of the stage that
+# writes them. The Snakemake rules take their inputs from it (`job_inputs`), and a job's lineage (what
+# reruns it: `lineage`) and a variant's shared stages (`downstream_closure`) follow it.
+def input_graph(stage: str, cfg: ConfigLike, estimator: str | None = None) -> dict[str, tuple[str, str]]:
+    """{input name: (stage, output name)} of `stage`'s job (`estimator`: the RLOO stage's, when it is not
+    the config's own); rloo reads the reward model only where it uses it, base the training texts only
+    where it builds the embedded model from them."""
     sections = _sections(cfg)
-    reads_reward = reads_reward_model(sections)
-    embedded = not _pretrained(sections)  # built from the training texts
-    return {"prepare": (), "base": ("prepare",) if embedded else (), "sft": ("prepare", "base"), "reward": ("prepare", "sft"),
-            "rloo": ("prepare", "sft", *(("reward",) if reads_reward else ())),
-            "evaluate": ("prepare", "base", "sft", "reward", "rloo")}[stage]
+    if stage == "prepare":
+        return {}
+    if stage == "base":
+        return {} if _pretrained(sections) else {"train": ("prepare", "train")}
+    if stage == "sft":
+        return {"train": ("prepare", "train"), "test": ("prepare", "test"), "base": ("base", "model")}
+    if stage == "reward":
+        return {"train": ("prepare", "train"), "policy": ("sft", "model")}
+    if stage == "rloo":
+        reward = {"reward_model": ("reward", "model")} if reads_reward_model(sections, estimator) else {}
+        return {**reward, "train": ("prepare", "train"), "val": ("prepare", "val"), "policy": ("sft", "model")}
+    if stage == "evaluate":
+        # the reward model is the proxy every policy is scored by; the untrained base is evaluated beside
+        # SFT and RLOO (base -> SFT -> RL)
+        return {"reward_model": ("reward", "model"), "test": ("prepare", "test"), "manifest": ("prepare", "manifest"),
+                "base": ("base", "model"), "sft": ("sft", "model"), "policy": ("rloo", "model")}
+    raise KeyError(f"{stage} is not a stage of the chain ({', '.join(CHAIN)})")
+
+
+def upstream(stage: str, cfg: ConfigLike, estimator: str | None = None) -> tuple[str, ...]:
+    """The chain stages whose outputs `stage` reads (`input_graph`), in chain order."""
+    read = {u for u, _ in input_graph(stage, cfg, estimator).values()}
+    return tuple(s for s in CHAIN if s in read)
 
 
 def downstream_closure(stages: set[str], cfg: ConfigLike) -> frozenset[str]:
@@ -277,6 +300,49 @@ def work_dir(stage: str, cfg: ConfigLike, estimator: str | None = None, variant:
         name = f"{name}_{estimator or sections.rloo.estimator}"
     owner = _owner(stage, variant)
     return f"{sections.paths.results}/work/" + (f"{owner.folder}/" if owner else "") + name
+
+
+def job_config(cfg: Mapping[str, Any], stage: str, variant: Variant | None = None) -> Mapping[str, Any]:
+    """The config `stage`'s job runs on: `cfg`, with the variant's keys set where it varies the stage."""
+    from rloo.config.selection import with_overrides
+
+    owner = _owner(stage, variant)
+    return with_overrides(dict(cfg), owner.overrides) if owner else cfg
+
+
+def job_settings(cfg: Mapping[str, Any], stage: str, estimator: str | None = None,
+                 variant: Variant | None = None) -> dict:
+    """What `stage`'s job reads of its config (`stage_keys`): the part a rule hands its command, and
+    reruns on. The RLOO stage's estimator is the job's (a target's wildcard), else its config's."""
+    from rloo.config.selection import stage_config
+
+    jcfg = job_config(cfg, stage, variant)
+    estimator = estimator or _sections(jcfg).rloo.estimator
+    return stage_config(dict(jcfg), stage, {"rloo.estimator": estimator} if stage == "rloo" else None)
+
+
+def job_inputs(cfg: Mapping[str, Any], stage: str, estimator: str | None = None,
+               variant: Variant | None = None) -> dict[str, str]:
+    """{input name: path} of `stage`'s job (`input_graph`): each upstream output for the job's estimator,
+    in the variant's folders where the variant varies that stage, else the main chain's."""
+    decide = estimator or _sections(job_config(cfg, stage, variant)).rloo.estimator
+    return {name: outputs(up, cfg, estimator, variant)[out]
+            for name, (up, out) in input_graph(stage, job_config(cfg, stage, variant), decide).items()}
+
+
+def lineage(cfg: Mapping[str, Any], stage: str, code: Callable[[str], str], estimator: str | None = None,
+            variant: Variant | None = None) -> str:
+    """`lineage:<digest>` of `stage`'s job: what it reads of the config (`job_settings`) and its code
+    (`code(verb)`: its fingerprint), and the same of every job upstream of it, recursively. A rule's
+    `lineage` param: a change anywhere above a job reruns it, whether or not the job in between still has
+    its output (an interrupted rerun deletes it)."""
+    jcfg = job_config(cfg, stage, variant)
+    decide = estimator or _sections(jcfg).rloo.estimator
+    parts = {"stage": stage, "config": job_settings(cfg, stage, estimator, variant),
+             "code": code(STAGES[stage].verb),
+             "upstream": {up: lineage(cfg, up, code, estimator, variant) for up in upstream(stage, jcfg, decide)}}
+    blob = json.dumps(parts, sort_keys=True, separators=(",", ":"))
+    return "lineage:" + hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def run_name(stage: str, estimator: str | None = None, policy: str | None = None, variant: str | None = None) -> str:

@@ -18,6 +18,8 @@ from rloo.config import changed_keys
 from rloo.dvc.dag import Rerun, rerun_reasons
 from rloo.dvc.dvcyaml import DvcError, configfile_parser, project_root
 
+LINEAGE_PREFIX = "lineage:"  # rloo.pipeline.lineage's params
+
 
 def _code_lines(root: Path, before: str, now: str) -> list[str]:
     (_, old), (_, new) = parse_param(before), parse_param(now)
@@ -43,7 +45,13 @@ def explain(root: Path, rerun: Rerun) -> list[str]:
     lines: list[str] = []
     if rerun.missing:
         lines.append(f"its output is missing: {', '.join(rerun.missing)}")
+    if rerun.forced and (gone := [i for i in rerun.job.inputs if not (root / i).exists()]):
+        # workflow/rules/common.smk's rerun_if_stale: an output standing on an input that is gone
+        lines.append(f"an input it was made from is missing: {', '.join(gone)} (made again, then this job)")
     before, now = list(rerun.params_before), list(rerun.params_now)
+    lineage = [p for p in before + now if p.startswith(LINEAGE_PREFIX)]
+    before = [p for p in before if p not in lineage]
+    now = [p for p in now if p not in lineage]
     old_code = next((p for p in before if parse_param(p)), None)
     new_code = next((p for p in now if parse_param(p)), None)
     if old_code and new_code:
@@ -60,6 +68,8 @@ def explain(root: Path, rerun: Rerun) -> list[str]:
         lines.append(f"its params changed: before {before or '-'}, now {now or '-'}")
     if rerun.rebuilt_inputs:
         lines.append(f"its inputs are made again: {', '.join(rerun.rebuilt_inputs)}")
+    if len(lineage) == 2 and not lines:  # the keys or code of a stage above it (rloo.pipeline.lineage)
+        lines.append("the config keys or code of a stage above it changed since its output was made")
     if rerun.updated_inputs:
         lines.append(f"its inputs changed: {', '.join(rerun.updated_inputs)}")
     if rerun.shell_changed:

@@ -8,7 +8,8 @@ jobs as text. None gives each job's wildcards, inputs, outputs, benchmark file a
 command, and none builds the job for a wildcard value that no target asks for (the template of a
 `foreach` stage). So the DAG is built with `snakemake.api` (public) and read off the objects behind
 it. Every attribute read beyond `snakemake.api` and `snakemake.settings` goes through `attr()` or
-`call()` and is listed in INTERNALS: when a Snakemake upgrade removes one or changes its arguments,
+`call()` and is listed in INTERNALS (`force_rerun` too, which the rules call while Snakemake builds
+its DAG): when a Snakemake upgrade removes one or changes its arguments,
 the error names the call and the installed version. `rerun_reasons` reads Snakemake's reason for running a
 job the same way (`rloo why-rerun`). pyproject.toml pins Snakemake to the minor
 version tested (TESTED); tests/integration/test_snakemake_api.py runs every call on a small workflow.
@@ -40,10 +41,11 @@ INTERNALS: dict[str, tuple[str, ...]] = {
     "Workflow": ("get_rule", "_prepare_dag", "_build_dag", "dag", "async_run", "config"),
     "Rule": ("name", "wildcard_names", "get_some_product", "get_wildcards"),
     "IOFile": ("apply_wildcards",),
-    "DAG": ("jobs", "needrun", "job_factory", "_jobid", "reason"),
+    # forcefiles: the outputs whose jobs run whatever their records say (`force_rerun`)
+    "DAG": ("jobs", "needrun", "job_factory", "_jobid", "reason", "forcefiles"),
     # why a job would run (rerun_reasons); ParamsChange is what Reason.params_changed holds
     "Reason": ("missing_output", "updated_input", "updated_input_run", "params_changed", "code_changed",
-               "input_changed", "software_stack_changed"),
+               "input_changed", "software_stack_changed", "forced"),
     "ParamsChange": ("only_old", "only_new"),
     "JobFactory": ("new",),
     "Job": ("rule", "wildcards_dict", "input", "output", "shellcmd", "params", "benchmark"),
@@ -253,6 +255,15 @@ def snakemake_dag(root: Path, configfiles: list[str], stages: list[str] = (), ta
     return Dag(jobs=toposort(jobs), templates=templates, config=config)
 
 
+def force_rerun(workflow, outputs: Iterable[str]) -> None:
+    """Have the jobs of `outputs` run in the DAG `workflow` is building, as `--forcerun` would, and with
+    them everything below them. Called from an input function (workflow/rules/common.smk: a stale job,
+    one of whose inputs is missing): Snakemake builds a job's inputs before it decides what to run, and
+    has no public way for a workflow to add to what it forces."""
+    dag = attr("Workflow", workflow, "dag")
+    attr("DAG", dag, "forcefiles").update(str(o) for o in outputs)
+
+
 @dataclass
 class Rerun:
     """Why Snakemake would run a job again (its Reason, read off): `params_before` / `params_now` are
@@ -268,6 +279,7 @@ class Rerun:
     inputs_changed: bool
     software_changed: bool
     words: str  # Snakemake's own sentence for it
+    forced: bool = False  # forced to run (force_rerun: an input it was made from is missing)
 
 
 def _unrepr(values: Iterable[Any]) -> list[str]:
@@ -302,6 +314,7 @@ def rerun_reasons(root: Path, configfiles: list[str], targets: list[str] = ()) -
                 inputs_changed=bool(attr("Reason", reason, "input_changed")),
                 software_changed=bool(attr("Reason", reason, "software_stack_changed")),
                 words=str(reason),
+                forced=bool(attr("Reason", reason, "forced")),
             ))
     by_stage = {r.job.stage: r for r in out}
     return [by_stage[j.stage] for j in toposort([r.job for r in out])]

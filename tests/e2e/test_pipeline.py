@@ -108,3 +108,58 @@ def test_the_typed_config_and_its_dict_declare_the_same_pipeline():
     for folder in ("seeds/seed2", *(f"sweeps/beta/{p}" for p in pipeline.sweep_grid(cfg, "beta"))):
         assert pipeline.parse_variant(sections, folder) == pipeline.parse_variant(cfg, folder)
     assert pipeline.upstream("rloo", sections) == pipeline.upstream("rloo", cfg) == ("prepare", "sft", "reward")
+
+
+MICRO = [ROOT / "config" / "config.yaml", ROOT / "config" / "micro.yaml"]  # as the workflow reads it
+
+
+def _code(verb: str) -> str:
+    return f"code:{verb}:0"
+
+
+def test_a_jobs_lineage_holds_every_key_and_code_above_it_and_nothing_else():
+    """rloo.pipeline.lineage, the rules' `lineage` param: a key or a stage's code changes the lineage of
+    the stages reading it and of every stage below them, never of a stage above or beside them."""
+    cfg = load_config(MICRO)
+
+    def lineages(c: dict, code=_code) -> dict[str, str]:
+        return {s: pipeline.lineage(c, s, code) for s in pipeline.CHAIN}
+
+    before = lineages(cfg)
+    assert lineages(cfg) == before  # a function of the config and the code alone
+    changed = {
+        "rloo.lr": {"rloo", "evaluate"},
+        "sft.lr": {"sft", "reward", "rloo", "evaluate"},
+        "reward.lr": {"reward", "evaluate"},  # RLOO trains on the verifier
+        "data.synthetic.n_train": set(pipeline.CHAIN),
+        "evaluate.examples": {"evaluate"},
+        "threads": set(),  # how a job runs, not what it computes
+    }
+    for key, stages in changed.items():
+        section, *rest = key.split(".")
+        node = {rest[-1]: 999} if rest else 999
+        for name in reversed(rest[:-1]):
+            node = {name: node}
+        after = lineages(load_config(MICRO, {section: node}))
+        assert {s for s in pipeline.CHAIN if after[s] != before[s]} == stages, key
+    # the reward model is upstream of RLOO only where RLOO trains on it
+    on_model = load_config(MICRO, {"reward": {"source": "model"}})
+    assert "reward" in pipeline.upstream("rloo", on_model) and "reward" not in pipeline.upstream("rloo", cfg)
+    after = lineages(load_config(MICRO, {"reward": {"source": "model", "lr": 999}}))
+    assert after["rloo"] != lineages(on_model)["rloo"]
+    # a stage's code: that stage and below
+    sft_code = lineages(cfg, lambda verb: _code(verb) + ("x" if verb == "sft" else ""))
+    assert {s for s in pipeline.CHAIN if sft_code[s] != before[s]} == {"sft", "reward", "rloo", "evaluate"}
+
+
+def test_a_variants_jobs_read_the_main_chains_outputs_where_it_shares_them():
+    """A seed of scope `rloo` varies rloo and evaluate: their jobs read the main chain's SFT and data,
+    have lineages of their own, and the shared stages' lineages are the main chain's."""
+    cfg = load_config(MICRO)
+    seed = pipeline.seed_variant(cfg, 3)
+    inputs = pipeline.job_inputs(cfg, "evaluate", variant=seed)
+    assert inputs["sft"] == "results/models/sft" and inputs["policy"] == "results/models/seeds/seed3/rloo_rloo"
+    assert pipeline.job_inputs(cfg, "rloo", "grpo")["policy"] == "results/models/sft"
+    for stage in pipeline.CHAIN:
+        same = pipeline.lineage(cfg, stage, _code, variant=seed) == pipeline.lineage(cfg, stage, _code)
+        assert same == (stage not in seed.varied), stage

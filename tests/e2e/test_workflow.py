@@ -22,6 +22,7 @@ import pytest
 import yaml
 from code_edits import append_comment, edit_module_docstring, edit_setting_docs, semantic_edit
 from conftest import copy_tree
+from stage_server import ENV_VAR as STAGE_SERVER_ENV
 from workflow_helpers import (
     CONFIGFILES,
     CPU_RULES,
@@ -365,19 +366,19 @@ def test_workdir_guard_keeps_checkpoints_of_the_same_job_only(tmp_path):
     assert workdir.main([]) == 2
 
 
-def _stage_pids(copy: Path, work: str) -> list[int]:
-    """Processes of `rloo train ... --work WORK` running in `copy` (started by this test's snakemake)."""
+def _job_pids(copy: Path, *words: str) -> list[int]:
+    """Processes of `rloo ...` with every one of `words` among its arguments, running in `copy` (started
+    by this test's snakemake): `_job_pids(copy, "train", "results/work/rloo_grpo")`."""
     pids = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            args = [a.decode(errors="replace") for a in (proc / "cmdline").read_bytes().split(b"\0")]
             cwd = Path(os.readlink(proc / "cwd"))
         except OSError:
             continue
-        args = [a.decode(errors="replace") for a in argv]
-        if "train" in args and work in args and any(a.endswith("/rloo") for a in args) and cwd == copy:
+        if cwd == copy and all(w in args for w in words) and any(a.endswith("/rloo") for a in args[:2]):
             pids.append(int(proc.name))
     return pids
 
@@ -399,7 +400,7 @@ def test_sigterm_checkpoint_retry_resumes(run):
         signalled = None
         while signalled is None and time.monotonic() < deadline and proc.poll() is None:
             if list((c / work / "checkpoints").glob("step_*/checkpoint.json")):
-                pids = _stage_pids(c.resolve(), work)
+                pids = _job_pids(c.resolve(), "train", work)
                 if pids:
                     for pid in pids:
                         os.kill(pid, signal.SIGTERM)
@@ -419,48 +420,144 @@ def test_sigterm_checkpoint_retry_resumes(run):
     assert "same job, resuming" in (c / "logs/rloo_reinforce.log").read_text()
 
 
-def test_ctrl_c_and_resume_give_the_uninterrupted_results_byte_for_byte(micro_workflow, tmp_path):
-    """Ctrl-C (SIGINT to Snakemake's process group, as a terminal sends it) while the rloo job trains,
-    then the same command again: the job resumes from its checkpoint and the results JSON (and every
-    stage output) is the same bytes as an uninterrupted run's, the resume being a run fact kept in the
-    work folder's timings.json, MLflow and the logs, never in an output. On a copy of the session's
-    micro run with a longer RLOO stage (its params change: rloo and evaluate run again, from scratch)."""
-    c = copy_tree(micro_workflow["copy"], tmp_path / "wf")
-    (c / "config" / "longer.yaml").write_text("rloo: {steps: 30, checkpoint_every: 3}\n")
-    cmd = [snakemake_bin(), RLOO, "--cores", "1", *CONFIGFILES, "config/longer.yaml"]
-    work, outputs = c / "results/work/rloo_rloo", (RLOO, "results/models/rloo_rloo/metrics.json",
-                                                   "results/models/rloo_rloo/steps.jsonl")
-
-    def forget() -> None:  # the RLOO job's output, results and checkpoints: the next run starts at step 0
-        for f in ("results/models/rloo_rloo", RLOO, "results/work/rloo_rloo"):
-            path = c / f
-            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
-
-    forget()  # (Snakemake would rerun them: their params changed)
-    proc = subprocess.Popen(cmd, cwd=c, env=env_for(c), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+def _interrupted(c: Path, cmd: list[str], when, stop) -> str:
+    """Run `cmd` in `c` in a session of its own, call `stop(proc)` as soon as `when()` holds, and wait for
+    it to end (in failure); its output. Its jobs run in fresh interpreters, as in a terminal: the stage
+    server's client and forked process would see the signal otherwise (tests/conftest.py)."""
+    env = {**env_for(c), "PYTHONPATH": str(c)}
+    env.pop(STAGE_SERVER_ENV, None)
+    proc = subprocess.Popen(cmd, cwd=c, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
         deadline = time.monotonic() + 300
         while proc.poll() is None and time.monotonic() < deadline:
-            if list((work / "checkpoints").glob("step_*/checkpoint.json")):
-                os.killpg(proc.pid, signal.SIGINT)
+            if when():
+                stop(proc)
                 break
             time.sleep(0.05)
         output, _ = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode != 0 and not (c / RLOO).exists(), output[-3000:]
-    resumed = subprocess.run(cmd, cwd=c, env=env_for(c), capture_output=True, text=True, timeout=600)
-    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-5000:]
+    assert proc.returncode != 0, output[-3000:]
+    return output
+
+
+def _again(c: Path, cmd: list[str]) -> str:
+    """The same command again, to its end: its output."""
+    again = subprocess.run(cmd, cwd=c, env=env_for(c), capture_output=True, text=True, timeout=600)
+    out = again.stdout + again.stderr
+    assert again.returncode == 0, out[-5000:]
+    assert "Nothing to be done" not in out, out[-3000:]
+    return out
+
+
+def test_ctrl_c_after_a_key_change_then_the_same_command_ends_in_the_new_configs_results(micro_workflow, tmp_path):
+    """Issue 61's probe: after a finished run, a key of the rloo stage changes (a longer run), and the rloo
+    job is interrupted with SIGINT while it trains. Snakemake records the job's new params for its output,
+    then deletes the output as incomplete; the same command again must not call the old config's results
+    current (no job's record then differs: Snakemake alone said "Nothing to be done"). It resumes the job
+    from its checkpoint, evaluates again, and every output is the same bytes as an uninterrupted run of the
+    new config (the resume a run fact kept in timings.json, MLflow and the logs, never in an output).
+    The signal goes to the job's processes: a Ctrl-C in a terminal reaches Snakemake too, which then
+    either handles the job's failure first (this path, the probe's) or cancels the job (whose record
+    then keeps the old params, and which reruns anyway)."""
+    c = copy_tree(micro_workflow["copy"], tmp_path / "wf")
+    (c / "config" / "longer.yaml").write_text("rloo: {steps: 30, checkpoint_every: 3}\n")
+    # the default target, as the probe ran it (results/gsm8k_rloo.json and the toy experiment)
+    cmd = [snakemake_bin(), "--cores", "1", *CONFIGFILES, "config/longer.yaml"]
+    work, outputs = c / "results/work/rloo_rloo", (RLOO, "results/models/rloo_rloo/metrics.json",
+                                                   "results/models/rloo_rloo/steps.jsonl")
+    old_stamp = (work / "job.stamp").read_text()
+
+    def training() -> bool:  # the new job's own checkpoint (the guard has emptied the old job's folder)
+        stamp = work / "job.stamp"
+        return (stamp.is_file() and stamp.read_text() != old_stamp
+                and bool(list((work / "checkpoints").glob("step_*/checkpoint.json"))))
+
+    def ctrl_c(proc) -> None:
+        for pid in _job_pids(c.resolve(), "train"):
+            os.kill(pid, signal.SIGINT)
+
+    output = _interrupted(c, cmd, training, ctrl_c)
+    assert not (c / "results/models/rloo_rloo").exists() and (c / RLOO).exists(), output[-3000:]
+    _again(c, cmd)
     facts = json.loads((work / "timings.json").read_text())
     assert facts["resumed_from_step"] > 0, facts
     got = {f: (c / f).read_bytes() for f in outputs}
-    forget()  # the same run again, uninterrupted
-    snakemake(c, RLOO, "--cores", "1", *CONFIGFILES, "config/longer.yaml")
+    for f in ("results/models/rloo_rloo", RLOO, "results/work/rloo_rloo"):  # the same run, uninterrupted
+        shutil.rmtree(c / f) if (c / f).is_dir() else (c / f).unlink()
+    snakemake(c, "--cores", "1", *CONFIGFILES, "config/longer.yaml")
     assert json.loads((work / "timings.json").read_text())["resumed_from_step"] == 0
     for f in outputs:
         assert (c / f).read_bytes() == got[f], f
+    assert planned(c, RLOO, extra_config="rloo: {steps: 30, checkpoint_every: 3}") == {}
+
+
+def test_kill_9_of_prepare_after_a_data_change_then_the_same_command_remakes_the_chain(micro_workflow, tmp_path):
+    """Issue 61's second probe: after a finished run, a data key changes; prepare's job is killed with
+    SIGKILL mid-run, and Snakemake deletes its outputs. The same command again runs prepare and every stage
+    below it, and its results equal a clean run of the new config (Snakemake alone left the old results
+    standing, and data/ holding only the killed writer's temporary file)."""
+    c = copy_tree(micro_workflow["copy"], tmp_path / "wf")
+    change = "data: {synthetic: {n_train: 40000}}\n"  # a prepare of a few seconds, to be killed in
+    (c / "config" / "bigger.yaml").write_text(change)
+    cmd = [snakemake_bin(), RLOO, "--cores", "1", *CONFIGFILES, "config/bigger.yaml"]
+    killed: list[int] = []
+
+    def preparing() -> bool:
+        killed[:] = _job_pids(c.resolve(), "prepare")
+        return bool(killed)
+
+    def kill(proc) -> None:
+        time.sleep(0.5)
+        for pid in killed:
+            os.kill(pid, signal.SIGKILL)
+
+    output = _interrupted(c, cmd, preparing, kill)
+    assert killed and not (c / "data/gsm8k/train.jsonl").exists() and (c / RLOO).exists(), output[-3000:]
+    _again(c, cmd)
+    got = (c / RLOO).read_bytes()
+    clean = copy_tree(micro_workflow["copy"], tmp_path / "clean")
+    for f in ("data", "results", ".snakemake"):  # nothing of the old run: a clean run of the new config
+        shutil.rmtree(clean / f, ignore_errors=True)
+    (clean / "config" / "bigger.yaml").write_text(change)
+    snakemake(clean, RLOO, "--cores", "1", *CONFIGFILES, "config/bigger.yaml")
+    assert json.loads(got) == json.loads((clean / RLOO).read_bytes())
+    assert got == (clean / RLOO).read_bytes()
+
+
+# What a missing output of each stage reruns (rloo.pipeline.input_graph): the stage and everything below it.
+BELOW = {
+    "data/gsm8k/train.jsonl": {"prepare": 1, "base": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 2},
+    "results/models/base": {"base": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 2},
+    "results/models/sft": {"sft": 1, "reward": 1, "rloo": 2, "evaluate": 2},
+    "results/models/reward": {"reward": 1, "evaluate": 2},
+    "results/models/rloo_grpo": {"rloo": 1, "evaluate": 1},
+    "results/gsm8k_grpo.json": {"evaluate": 1},
+}
+
+
+@pytest.mark.parametrize("gone", list(BELOW))
+def test_a_missing_output_reruns_its_stage_and_everything_below_it(run, gone):
+    """Snakemake's own rule leaves a missing intermediate output alone while what was made from it is
+    current; here it reruns its stage and every stage below it (workflow/rules/common.smk's
+    rerun_if_stale), and `rloo why-rerun` says so. Dry runs; the output is put back after."""
+    c = run["copy"]
+    aside = c / "aside"
+    (c / gone).rename(aside)
+    try:
+        assert planned(c, RLOO, GRPO) == BELOW[gone]
+        if gone == "results/models/reward":
+            res = subprocess.run(["rloo", "why-rerun", *CONFIGFILES], cwd=c, env=env_for(c),
+                                 capture_output=True, text=True, timeout=300)
+            assert res.returncode == 0, res.stderr
+            assert ("evaluate@rloo: an input it was made from is missing: results/models/reward (made again, "
+                    "then this job)") in res.stdout, res.stdout
+            assert "reward: its output is missing: results/models/reward" in res.stdout, res.stdout
+    finally:
+        aside.rename(c / gone)
+    assert planned(c, RLOO, GRPO) == {}
 
 
 @pytest.mark.slow

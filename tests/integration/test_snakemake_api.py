@@ -28,8 +28,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 SNAKEFILE = """\
 import json
+import os
+
+from rloo.dvc.dag import force_rerun
 
 configfile: "config.yaml"
+
+def b_input(wildcards):
+    if os.path.exists("stale"):  # as workflow/rules/common.smk's rerun_if_stale does
+        force_rerun(workflow, [f"out/{wildcards.name}.txt"])
+    return "a.txt"
 
 wildcard_constraints:
     name="x|y",
@@ -44,7 +52,7 @@ rule a:
     shell: "echo {params.cfg:q} > {output}"
 
 rule b:
-    input: "a.txt"
+    input: b_input
     output: "out/{name}.txt"
     benchmark: "bench/b_{name}.tsv"
     shell: "cp {input} {output} 2> logs/b_{wildcards.name}.log"
@@ -104,8 +112,13 @@ def test_every_internal_works_with_the_installed_snakemake(workflow_dir, capsys)
     assert list(reasons) == ["a", "b@x"]
     assert (reasons["a"].params_before, reasons["a"].params_now) == (['{"k": 1}'], ['{"k": 2}'])
     assert reasons["b@x"].rebuilt_inputs == ["a.txt"] and not reasons["b@x"].params_now
+    (workflow_dir / "config.yaml").write_text("k: 1\n")
+    assert smk.rerun_reasons(workflow_dir, []) == []
+    (workflow_dir / "stale").touch()  # a job forced from its input function (force_rerun)
+    assert [(r.job.stage, r.forced) for r in smk.rerun_reasons(workflow_dir, [])] == [("b@x", True)]
+    (workflow_dir / "stale").unlink()
     (workflow_dir / "out/x.txt").unlink()
-    assert smk.rerun_reasons(workflow_dir, [])[1].missing == ["out/x.txt"]
+    assert [(r.job.stage, r.missing) for r in smk.rerun_reasons(workflow_dir, [])] == [("b@x", ["out/x.txt"])]
 
     unused = _declared() - smk.USED
     assert not unused, f"declared in rloo.dvc.dag.INTERNALS but not exercised here: {sorted(unused)}"

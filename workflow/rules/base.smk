@@ -3,16 +3,17 @@
 # later stage reads this folder; a changed source reruns everything below it, and nothing else.
 rule base:
     input:
-        unpack(base_data),
+        unpack(chain_inputs("base")),
         # model.name_or_path / model.tokenizer when they are local folders; the GGUF file itself
         start=local_inputs(config["model"]["name_or_path"], config["model"]["tokenizer"]) + gguf_input(config),
     output:
         model=directory(OUT["base"]["model"]),
     params:
         code=code("base"),
-        cfg=lambda wildcards: stage_config("base"),
+        cfg=chain_cfg("base"),
+        lineage=chain_lineage("base"),
         data=base_data_arg,
-        variant=NO_VARIANT,
+        variant=variant_arg,
     conda:
         RLOO_ENV
     log:

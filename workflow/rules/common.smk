@@ -1,6 +1,8 @@
 # Shared helpers: the validated config, what each stage reads of it, stage code fingerprints, resources.
 import json
 import os
+import shlex
+import sys
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
@@ -10,10 +12,11 @@ from rloo.config import load_schema
 from rloo.config import stage_config as _stage_config
 from rloo.config import validate as _validate_config
 from rloo.config import with_overrides
+from rloo.dvc.dag import force_rerun
 from rloo.launch import srun_command
 from rloo.model.base import gguf_file
-from rloo.pipeline import STAGES, VARIANT_FIELDS, VARIANT_PATTERN, outputs, parse_variant, reads_reward_model
-from rloo.pipeline import rule_outputs, upstream, work_dir
+from rloo.pipeline import STAGES, VARIANT_FIELDS, VARIANT_PATTERN, job_inputs, job_settings, lineage, outputs
+from rloo.pipeline import parse_variant, rule_outputs, work_dir
 from rloo.code_fingerprint import stage_code_param
 
 # Snakemake reads each --configfile as it is and knows nothing of an overlay's `base:` (the file it
@@ -56,11 +59,8 @@ wildcard_constraints:
 
 
 def stage_config(stage, overrides=None):
-    """The config a stage reads (rloo.config.STAGE_KEYS), as compact JSON: a Snakemake param and the
-    stage's --config-json, so a changed value reruns exactly the stages that read it.
-
-    `overrides`: {dotted key: value} set on top (e.g. the RLOO estimator from the wildcard).
-    """
+    """The config a stage reads (rloo.config.STAGE_KEYS), as compact JSON: the `cfg` param of a rule outside
+    the chain (the chain's: `chain_cfg`), and its --config-json."""
     return json.dumps(_stage_config(config, stage, overrides), sort_keys=True, separators=(",", ":"))
 
 
@@ -77,8 +77,14 @@ def code(verb):
     """The `code` param of `rloo <verb>`'s jobs: its code fingerprint (rloo/code_fingerprint.py), so that
     a change to what the stage computes reruns it and its descendants, and a comment, a docstring or a
     schema description reruns nothing. Computed from the package `rloo` is imported from here (PYTHONPATH
-    or the installed package); its manifest is kept for `rloo why-rerun`."""
-    return stage_code_param(verb, config)
+    or the installed package); its manifest is kept for `rloo why-rerun`. Once per process: every job's
+    lineage reads the fingerprints of the stages above it."""
+    if verb not in _CODE:
+        _CODE[verb] = stage_code_param(verb, config)
+    return _CODE[verb]
+
+
+_CODE = {}
 
 
 def local_inputs(*values):
@@ -92,9 +98,14 @@ def local_inputs(*values):
 WORKDIR_GUARD = _local(Path(workflow.basedir) / "workflow" / "scripts" / "workdir.py")
 
 
-# The main chain's jobs and a variant's (a seed or a sweep point: the variant rules' `variant` wildcard,
-# its folder) read the same inputs of their own config: these serve both.
-NO_VARIANT = ""  # the main chain's jobs' `variant` param: MLflow runs named after the stage alone
+# A chain rule serves the main chain and, as `<rule>_variant` (workflow/rules/variants.smk), every seed
+# and sweep point: its inputs and params below read the job's estimator (the `estimator` wildcard, else
+# the config's) and its variant (the `variant` wildcard: rloo.pipeline.parse_variant) off its wildcards.
+
+
+def job_estimator(wildcards):
+    """The job's estimator: its `estimator` wildcard; None (the config's) for a variant's jobs."""
+    return wildcards.estimator if "estimator" in wildcards.keys() else None
 
 
 def job_variant(wildcards):
@@ -108,22 +119,73 @@ def job_config(wildcards):
     return with_overrides(config, v.overrides) if v else config
 
 
-def reward_model(wildcards):
-    """The reward model as a named input of an rloo job, where it reads it (rloo.pipeline.reads_reward_model;
-    the estimator: the wildcard's, else the job's config's)."""
-    estimator = wildcards.estimator if "estimator" in wildcards.keys() else None
-    reads = reads_reward_model(job_config(wildcards), estimator)
-    return {"reward_model": outputs("reward", config, variant=job_variant(wildcards))["model"]} if reads else {}
+_STALE_SAID = set()
+
+
+def rerun_if_stale(outs, ins):
+    """Run a job again, and with it everything below it, where one of its outputs exists while an input it
+    was made from is missing: Snakemake alone would leave such a result standing as current (its own
+    record is unchanged) once an interrupted rerun above it had deleted what it was made from."""
+    made = [str(o) for o in outs if os.path.exists(o)]
+    gone = [str(i) for i in ins if not os.path.exists(i)]
+    if made and gone:
+        force_rerun(workflow, outs)
+        if made[0] not in _STALE_SAID:
+            _STALE_SAID.add(made[0])
+            print(f"rloo: {made[0]} was made from {gone[0]}, which is missing: both are made again",
+                  file=sys.stderr)
+
+
+def chain_inputs(stage):
+    """A chain rule's input function: the stage's inputs from the pipeline's one declaration
+    (rloo.pipeline.input_graph), for the job's estimator and variant; a stale job runs again (rerun_if_stale)."""
+    def inputs(wildcards):
+        est, variant = job_estimator(wildcards), job_variant(wildcards)
+        found = job_inputs(config, stage, est, variant)
+        rerun_if_stale(list(outputs(stage, config, est, variant).values()), list(found.values()))
+        return found
+
+    return inputs
+
+
+def guarded(outs, ins):
+    """The input function of a job outside the chain, `ins` ({name: path or paths}, or a function of the
+    wildcards giving it), the job run again where its outputs (templates) exist while an input is missing."""
+    def inputs(wildcards):
+        found = ins(wildcards) if callable(ins) else ins
+        flat = [p for v in found.values() for p in ([v] if isinstance(v, str) else v)]
+        rerun_if_stale([o.format(**dict(wildcards.items())) for o in outs], flat)
+        return found
+
+    return inputs
+
+
+def chain_cfg(stage):
+    """A chain rule's `cfg` param: what the job reads of its config (rloo.pipeline.job_settings), as compact
+    JSON, so a changed value reruns exactly the stages that read it."""
+    return lambda wildcards: json.dumps(job_settings(config, stage, job_estimator(wildcards), job_variant(wildcards)),
+                                        sort_keys=True, separators=(",", ":"))
+
+
+def chain_lineage(stage):
+    """A chain rule's `lineage` param (rloo.pipeline.lineage): the keys and code of the job and of every job
+    above it, so a change above it reruns it even where the job between lost its output to an interrupt."""
+    return lambda wildcards: lineage(config, stage, code, job_estimator(wildcards), job_variant(wildcards))
+
+
+def chain_work(stage):
+    """A training rule's work folder (checkpoints): the job's own, a variant's below its folder."""
+    return lambda wildcards: work_dir(stage, config, job_estimator(wildcards), job_variant(wildcards))
+
+
+def variant_arg(wildcards):
+    """`--variant LABEL` of a variant's job: its MLflow run is named <stage>[LABEL] (rloo[seed=1])."""
+    v = job_variant(wildcards)
+    return f"--variant {shlex.quote(v.label)}" if v else ""
 
 
 def reward_model_arg(wildcards, input):
     return f"--reward-model {input.reward_model}" if "reward_model" in input.keys() else ""
-
-
-def base_data(wildcards):
-    """The training split as a named input of a base job where it builds the embedded model from it."""
-    reads = "prepare" in upstream("base", job_config(wildcards))
-    return {"train": outputs("prepare", config, variant=job_variant(wildcards))["train"]} if reads else {}
 
 
 def base_data_arg(wildcards, input):

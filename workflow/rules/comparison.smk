@@ -1,7 +1,8 @@
 rule comparison:
     input:
-        results=expand(OUT["evaluate"]["result"], estimator=COMPARED),
-        completions=expand(OUT["evaluate"]["completions"], estimator=COMPARED),
+        unpack(guarded(OUT["comparison"].values(), {
+            "results": expand(OUT["evaluate"]["result"], estimator=COMPARED),
+            "completions": expand(OUT["evaluate"]["completions"], estimator=COMPARED)})),
         judge=JUDGE_MODEL,
     output:
         result=OUT["comparison"]["result"],

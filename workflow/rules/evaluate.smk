@@ -1,13 +1,7 @@
 rule evaluate:
     input:
-        # the trained reward model, the proxy every policy is scored by beside the judge
-        reward_model=rules.reward.output.model,
-        test=rules.prepare.output.test,
-        manifest=rules.prepare.output.manifest,
-        # the untrained start, evaluated beside SFT and RLOO: base -> SFT -> RL
-        base=rules.base.output.model,
-        sft=rules.sft.output.model,
-        policy=rules.rloo.output.model,
+        # the reward model (the proxy), the data, base, SFT and the trained policy (rloo.pipeline.input_graph)
+        unpack(chain_inputs("evaluate")),
         judge=JUDGE_MODEL,
     output:
         result=OUT["evaluate"]["result"],
@@ -29,12 +23,13 @@ rule evaluate:
         completions=OUT["evaluate"]["completions"],
     params:
         code=code("evaluate"),
-        cfg=lambda wildcards: stage_config("evaluate"),
+        cfg=chain_cfg("evaluate"),
+        lineage=chain_lineage("evaluate"),
         data=data_dir,
         plots=lambda wildcards, output: os.path.dirname(output.policies),
-        # the trained policy's name in the results: its estimator
-        policy=lambda wildcards: wildcards.estimator,
-        variant=NO_VARIANT,
+        # the trained policy's name in the results: its estimator (a sweep may set rloo.estimator)
+        policy=lambda wildcards: job_estimator(wildcards) or job_config(wildcards)["rloo"]["estimator"],
+        variant=variant_arg,
     conda:
         RLOO_ENV
     log:

@@ -8,9 +8,10 @@ rule prepare:
         **OUT["prepare"],
     params:
         code=code("prepare"),
-        cfg=lambda wildcards: stage_config("prepare"),
+        cfg=chain_cfg("prepare"),
+        lineage=chain_lineage("prepare"),
         out=lambda wildcards, output: os.path.dirname(output.manifest),
-        variant=NO_VARIANT,
+        variant=variant_arg,
     conda:
         RLOO_ENV
     log:

@@ -1,18 +1,18 @@
 rule reward:
     input:
-        train=rules.prepare.output.train,
-        policy=rules.sft.output.model,
+        unpack(chain_inputs("reward")),
         # reward.init when it is a local folder
         start=local_inputs(config["reward"]["init"]),
     output:
         model=directory(OUT["reward"]["model"]),
     params:
         code=code("reward"),
-        cfg=lambda wildcards: stage_config("reward"),
+        cfg=chain_cfg("reward"),
+        lineage=chain_lineage("reward"),
         data=data_dir,
         guard=WORKDIR_GUARD,
-        work=work_dir("reward", config),
-        variant=NO_VARIANT,
+        work=chain_work("reward"),
+        variant=variant_arg,
     conda:
         RLOO_ENV
     log:

@@ -1,19 +1,17 @@
 rule rloo:
     input:
-        unpack(reward_model),
-        train=rules.prepare.output.train,
-        val=rules.prepare.output.val,
-        policy=rules.sft.output.model,
+        unpack(chain_inputs("rloo")),
     output:
         model=directory(OUT["rloo"]["model"]),
     params:
         code=code("train"),
-        cfg=lambda wildcards: stage_config("rloo", {"rloo.estimator": wildcards.estimator}),
+        cfg=chain_cfg("rloo"),
+        lineage=chain_lineage("rloo"),
         data=data_dir,
         guard=WORKDIR_GUARD,
-        work=lambda wildcards: work_dir("rloo", config, wildcards.estimator),
+        work=chain_work("rloo"),
         reward_model=reward_model_arg,
-        variant=NO_VARIANT,
+        variant=variant_arg,
     conda:
         RLOO_ENV
     log:

@@ -2,7 +2,7 @@
 # stages run per seed: `seeds.scope`), then their results side by side with a t-interval across seeds.
 rule seeds:
     input:
-        results=list(SEED_RESULTS.values()),
+        unpack(guarded(outputs("seeds", config).values(), {"results": list(SEED_RESULTS.values())})),
     output:
         result=outputs("seeds", config)["result"],
         plot=report(outputs("seeds", config)["plot"], caption="../report/seeds.rst", category="Seeds"),

@@ -1,17 +1,16 @@
 rule sft:
     input:
-        train=rules.prepare.output.train,
-        test=rules.prepare.output.test,
-        base=rules.base.output.model,
+        unpack(chain_inputs("sft")),
     output:
         model=directory(OUT["sft"]["model"]),
     params:
         code=code("sft"),
-        cfg=lambda wildcards: stage_config("sft"),
+        cfg=chain_cfg("sft"),
+        lineage=chain_lineage("sft"),
         data=data_dir,
         guard=WORKDIR_GUARD,
-        work=work_dir("sft", config),
-        variant=NO_VARIANT,
+        work=chain_work("sft"),
+        variant=variant_arg,
     conda:
         RLOO_ENV
     log:

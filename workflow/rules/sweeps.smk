@@ -2,7 +2,7 @@
 # stages it changes (workflow/rules/variants.smk), then one table, the best point by validation accuracy.
 rule sweep:
     input:
-        results=lambda wildcards: list(sweep_results(wildcards.sweep).values()),
+        unpack(guarded(OUT["sweep"].values(), lambda wildcards: {"results": list(sweep_results(wildcards.sweep).values())})),
     output:
         result=OUT["sweep"]["result"],
         plot=report(OUT["sweep"]["plot"], caption="../report/sweep.rst", category="Sweeps",

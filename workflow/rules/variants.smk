@@ -1,23 +1,17 @@
 # Seeds and sweeps (rloo.pipeline.Variant): the chain's rules again (`<rule>_variant`) for one variant,
 # a seed of the `seeds` target or a point of a sweep, named by its folder: the wildcard `variant`,
 # seeds/seed<N> or sweeps/<sweep>/<point id> (rloo.pipeline: VARIANT_FOLDERS; parse_variant reads the
-# seed or point back from it). The same commands, resources and environment (`use rule`), their
-# outputs, logs and work folders below that folder, so that each runs, and resumes, as a job of its
-# own. A job reads the main chain's outputs for the stages its variant does not change (v_input), so
-# only the changed stages and what follows them run per seed or point. The aggregates: the `seeds`
+# seed or point back from it). The same inputs, params, commands, resources and environment (`use rule`:
+# the chain rules read the job's variant off its wildcards, workflow/rules/common.smk), their outputs,
+# logs and work folders below that folder, so that each runs, and resumes, as a job of its own. A job
+# reads the main chain's outputs for the stages its variant does not change (rloo.pipeline.job_inputs),
+# so only the changed stages and what follows them run per seed or point. The aggregates: the `seeds`
 # and `sweep` rules (workflow/rules/seeds.smk, sweeps.smk), on SEED_RESULTS and sweep_results.
 # Helpers: workflow/rules/variant_helpers.smk.
 
 use rule prepare as prepare_variant with:
-    input:
-        files=rules.prepare.input.files,
     output:
         **VARIANT_OUT["prepare"],
-    params:
-        code=code("prepare"),
-        cfg=v_cfg("prepare"),
-        out=lambda wildcards, output: os.path.dirname(output.manifest),
-        variant=v_label,
     log:
         f"{LOGS}/{VARIANT}/prepare.log",
     benchmark:
@@ -25,16 +19,8 @@ use rule prepare as prepare_variant with:
 
 
 use rule base as base_variant with:
-    input:
-        unpack(base_data),
-        start=rules.base.input.start,
     output:
         model=directory(VARIANT_OUT["base"]["model"]),
-    params:
-        code=code("base"),
-        cfg=v_cfg("base"),
-        data=base_data_arg,
-        variant=v_label,
     log:
         f"{LOGS}/{VARIANT}/base.log",
     benchmark:
@@ -42,19 +28,8 @@ use rule base as base_variant with:
 
 
 use rule sft as sft_variant with:
-    input:
-        train=v_input("prepare", "train"),
-        test=v_input("prepare", "test"),
-        base=v_input("base", "model"),
     output:
         model=directory(VARIANT_OUT["sft"]["model"]),
-    params:
-        code=code("sft"),
-        cfg=v_cfg("sft"),
-        data=data_dir,
-        guard=WORKDIR_GUARD,
-        work=v_work("sft"),
-        variant=v_label,
     log:
         f"{LOGS}/{VARIANT}/sft.log",
     benchmark:
@@ -62,19 +37,8 @@ use rule sft as sft_variant with:
 
 
 use rule reward as reward_variant with:
-    input:
-        train=v_input("prepare", "train"),
-        policy=v_input("sft", "model"),
-        start=rules.reward.input.start,
     output:
         model=directory(VARIANT_OUT["reward"]["model"]),
-    params:
-        code=code("reward"),
-        cfg=v_cfg("reward"),
-        data=data_dir,
-        guard=WORKDIR_GUARD,
-        work=v_work("reward"),
-        variant=v_label,
     log:
         f"{LOGS}/{VARIANT}/reward.log",
     benchmark:
@@ -82,21 +46,8 @@ use rule reward as reward_variant with:
 
 
 use rule rloo as rloo_variant with:
-    input:
-        unpack(reward_model),
-        train=v_input("prepare", "train"),
-        val=v_input("prepare", "val"),
-        policy=v_input("sft", "model"),
     output:
         model=directory(VARIANT_OUT["rloo"]["model"]),
-    params:
-        code=code("train"),
-        cfg=v_cfg("rloo"),
-        data=data_dir,
-        guard=WORKDIR_GUARD,
-        work=v_work("rloo"),
-        reward_model=reward_model_arg,
-        variant=v_label,
     log:
         f"{LOGS}/{VARIANT}/rloo_{ESTIMATOR}.log",
     benchmark:
@@ -104,23 +55,8 @@ use rule rloo as rloo_variant with:
 
 
 use rule evaluate as evaluate_variant with:
-    input:
-        reward_model=v_input("reward", "model"),
-        test=v_input("prepare", "test"),
-        manifest=v_input("prepare", "manifest"),
-        base=v_input("base", "model"),
-        sft=v_input("sft", "model"),
-        policy=v_input("rloo", "model"),
-        judge=JUDGE_MODEL,
     output:
         **VARIANT_OUT["evaluate"],
-    params:
-        code=code("evaluate"),
-        cfg=v_cfg("evaluate"),
-        data=data_dir,
-        plots=lambda wildcards, output: os.path.dirname(output.policies),
-        policy=v_policy,
-        variant=v_label,
     log:
         stage=f"{LOGS}/{VARIANT}/evaluate_{ESTIMATOR}.log",
         judge=f"{LOGS}/{VARIANT}/evaluate_{ESTIMATOR}.judge.log",

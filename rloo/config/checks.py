@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import math
 import re
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from rloo.config.schema import ConfigError, Validator, coerce, key_path, load_schema
@@ -15,11 +16,14 @@ from rloo.host_memory import config_problems as host_memory_problems
 from rloo.settings import Config
 
 
-def validate(cfg: dict, source: str = "config") -> dict:
-    """Validate `cfg` in place, filling defaults; raise ConfigError naming the offending key."""
+def validate(cfg: dict, source: str = "config", overrides: dict | None = None) -> dict:
+    """Validate `cfg` in place, filling defaults; raise ConfigError naming the offending key. `overrides`:
+    the part of `cfg` set last (`--set`, `snakemake --config`, a sweep's value), whose keys a rule that
+    ties several keys together names first (`_lead_with_given`)."""
     schema = load_schema()
     cfg.pop("base", None)  # an overlay's declared base, already merged by load_config
     coerce(cfg, schema)
+    given = {**dict.fromkeys(_paths(cfg), 1), **dict.fromkeys(_paths(overrides or {}), 2)}  # before the defaults
     if problems := _non_finite(cfg) + _credentials(cfg):
         raise ConfigError(f"{source}: invalid configuration:\n  " + "\n  ".join(problems))
     errors = sorted(Validator(schema).iter_errors(cfg), key=lambda e: list(e.absolute_path))
@@ -38,7 +42,7 @@ def validate(cfg: dict, source: str = "config") -> dict:
             else:
                 lines.append(f"key '{key_path(e)}': {e.message}")
         raise ConfigError(f"{source}: invalid configuration:\n  " + "\n  ".join(lines))
-    if problems := _cross_checks(cfg):
+    if problems := [_lead_with_given(line, given, cfg) for line in _cross_checks(cfg)]:
         raise ConfigError(f"{source}: invalid configuration:\n  " + "\n  ".join(problems))
     return cfg
 
@@ -87,6 +91,49 @@ def _cross_checks(cfg: dict) -> list[str]:
     return problems or host_memory_problems(sections)  # the memory estimate only once the sizes themselves are sane
 
 
+def _paths(tree: dict, prefix: str = "") -> list[str]:
+    """The dotted path of every key of a config tree, sections included (a list is one value)."""
+    out = []
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        out.append(path)
+        if isinstance(value, dict):
+            out += _paths(value, path + ".")
+    return out
+
+
+_LEAD = re.compile(r"key '([^']+)': ")
+_DOTTED = re.compile(r"\b[a-z_]+(?:\.[a-z0-9_]+)+\b")
+
+
+def _lookup(cfg: dict, dotted: str) -> tuple[bool, Any]:
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def _lead_with_given(line: str, given: dict[str, int], cfg: dict) -> str:
+    """A rule's line leads with the key its section checks (`key 'reward.max_new_tokens': ...`), though the
+    value that broke it may be another key's that the line names: one the user set, against a default or a
+    value set earlier (`--set model.max_length=16` leaves no room for reward.max_new_tokens' default). Then
+    the line leads with the key set last (`given`: 2 set last, 1 in a config file, 0 a default), naming
+    the other and both values, so that the refusal names the key the user just changed."""
+    head = _LEAD.match(line)
+    if head is None:
+        return line
+    key, rest = head.group(1), line[head.end():]
+    named = [k for k in dict.fromkeys(_DOTTED.findall(rest)) if k != key and _lookup(cfg, k)[0]]
+    lead = max(named, key=lambda k: given.get(k, 0), default=None)  # the first named of the highest rank
+    if lead is None or given.get(lead, 0) <= given.get(key, 0):
+        return line
+    default = " (the default)" if not given.get(key) else ""
+    return (f"key '{lead}': {_lookup(cfg, lead)[1]!r} conflicts with {key}={_lookup(cfg, key)[1]!r}{default}: "
+            f"{rest}")
+
+
 # Keys a sweep may not set: they say where outputs go, or declare the seeds, sweeps and comparison themselves.
 UNSWEEPABLE = ("paths", "seeds", "sweeps", "comparison")
 
@@ -112,8 +159,10 @@ def _sweep_checks(cfg: dict) -> list[str]:
             for i, value in enumerate(values):
                 point = copy.deepcopy({k: v for k, v in cfg.items() if k != "sweeps"})
                 put(point, key, value)
+                swept: dict = {}
+                put(swept, key, value)
                 try:
-                    resolved = validate(point, where)
+                    resolved = validate(point, where, swept)
                 except ConfigError as e:
                     detail = str(e).split("invalid configuration:", 1)[-1].strip()
                     problems.append(f"key '{where}': value {value!r}: {detail}")

@@ -222,6 +222,12 @@ def test_snakemake_config_values_are_typed_and_checked_before_any_job(workflow):
                         check=False)
         out = res.stdout + res.stderr
         assert res.returncode != 0 and f"key '{key}'" in out and "Job stats" not in out, out[-3000:]
+    # a key given with --config that breaks a rule of another key is the one named, with that other key
+    for size, other in (("100000000", "reward.micro_batch_tokens=32768"), ("16", "sft.eval_max_new_tokens=24")):
+        res = snakemake(workflow, "-n", "--cores", "1", *CONFIGFILES, "--config",
+                        f"model={{device: cpu, max_length: {size}}}", check=False)
+        out = res.stdout + res.stderr
+        assert res.returncode != 0 and "key 'model.max_length': " in out and other in out, out[-3000:]
 
 
 def test_an_overlay_read_alone_says_what_it_misses():

@@ -54,33 +54,63 @@ def _non_finite(cfg: dict) -> list[str]:
 
 
 _SECRET_PARAM = re.compile(r"key|token|secret|password|passwd|auth|signature|credential", re.IGNORECASE)
+# Short names of secrets, matched as a whole word of a parameter's name (`sig` of an Azure SAS URL, `code` of
+# an Azure function's key, `X-Hdnts-Sig`): inside longer words they mean other things (design, zipcode).
+_SECRET_WORDS = frozenset({"sig", "sigs", "pwd", "pass", "jwt", "bearer", "hmac", "code", "sid", "session", "otp"})
+_WORDS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
+
+
+def _secret_name(name: str) -> bool:
+    """Whether a URL parameter of this name carries a secret: a long name containing one, or a short one as
+    a word of it (split at punctuation and camelCase: access_token, X-Amz-Signature, apiSig, sig)."""
+    return bool(_SECRET_PARAM.search(name)) or any(w.lower() in _SECRET_WORDS for w in _WORDS.findall(name))
+
+
+def _secret_parts(url) -> list[str]:
+    """What of a parsed URL carries a credential, as the refusal names it (never its value)."""
+    found = []
+    if url.password is not None:
+        found.append("a password (user:password@)")
+    elif url.username:  # `http://TOKEN@host`: how many services take a token
+        found.append("a user part (...@, where a token is often passed)")
+    for part, text in (("query", url.query), ("fragment", url.fragment)):
+        names = [k for k, _ in parse_qsl(text, keep_blank_values=True) if _secret_name(k)]
+        if names:
+            found.append(f"a secret {part} parameter ({', '.join(dict.fromkeys(names))})")
+    return found
+
+
+def _secret_home(path: str, cfg: dict) -> str:
+    """Where the secret of the URL at `path` belongs instead (docs/rewards-and-data.md, docs/tracking.md)."""
+    if path.startswith("evaluate.llm_judge"):
+        env = (cfg.get("evaluate", {}).get("llm_judge") or {}).get("api_key_env") or "OPENAI_API_KEY"
+        return (f"put the API key in an environment variable and name it in evaluate.llm_judge.api_key_env "
+                f"(now {env}): it is sent as an Authorization: Bearer header")
+    if path.startswith("reward.http"):
+        return ("put the key in an environment variable and name it in reward.http.api_key_env: it is sent as an "
+                "Authorization: Bearer header")
+    if path.startswith("tracking"):
+        return ("MLflow reads MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) "
+                "from the environment")
+    return "pass secrets through environment variables"
 
 
 def _credentials(cfg: dict) -> list[str]:
-    """A URL that carries a password or a key ends up in params.yaml, dvc.lock, logs, the results and
-    the command line: refuse it, and say where a secret belongs. The message never repeats it."""
+    """A URL that carries a password, a token or a key ends up in params.yaml, dvc.lock, logs, the results,
+    MLflow and the command line: refuse it, and say where a secret belongs. The message never repeats it."""
     problems = []
     for path, value in leaves(cfg):
         if not isinstance(value, str) or "://" not in value:
             continue
         try:
             url = urlsplit(value.strip())
-        except ValueError:
+            found = _secret_parts(url)
+        except ValueError:  # a port that is no number: not a URL to read, and the schema names what it wants
             continue
-        secret_params = [k for k, _ in parse_qsl(url.query, keep_blank_values=True) if _SECRET_PARAM.search(k)]
-        if url.password is None and not secret_params:
-            continue
-        what = "a password (user:password@)" if url.password is not None else f"a secret query parameter ({', '.join(secret_params)})"
-        host = url.hostname or "?"
-        where = ("put the API key in an environment variable and name it in evaluate.llm_judge.api_key_env"
-                 if path.startswith("evaluate.llm_judge") else
-                 "MLflow reads MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) "
-                 "from the environment" if path.startswith("tracking") else
-                 "put the key in an environment variable and name it in reward.http.api_key_env"
-                 if path.startswith("reward.http") else
-                 "pass secrets through environment variables")
-        problems.append(f"key '{path}': the URL for {url.scheme}://{host} carries {what}, which would be written "
-                        f"to params.yaml, dvc.lock, logs and command lines; remove it and {where}")
+        if found:
+            problems.append(f"key '{path}': the URL for {url.scheme}://{url.hostname or '?'} carries "
+                            f"{' and '.join(found)}, which would be written to params.yaml, dvc.lock, logs and "
+                            f"command lines; remove it and {_secret_home(path, cfg)}")
     return problems
 
 

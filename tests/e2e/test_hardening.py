@@ -54,6 +54,19 @@ def _free_port() -> int:
     ("tracking.tracking_uri", f"https://rloo:{SECRET}@mlflow.example"),
     ("reward.http.url", f"http://scorer:{SECRET}@scorer.example/score"),
     ("reward.http.url", f"https://scorer.example/score?token={SECRET}"),
+    # a user part without a password: how a token is often passed (the second probe's, issue 61)
+    ("reward.http.url", f"http://{SECRET}@127.0.0.1:18100/score"),
+    ("evaluate.llm_judge.base_url", f"http://{SECRET}@judge.example/v1"),
+    ("tracking.tracking_uri", f"https://{SECRET}@mlflow.example"),
+    # short names of secrets, as a word of the parameter's name; long ones within it; the fragment too
+    ("reward.http.url", f"http://127.0.0.1:18100/score?sig={SECRET}"),
+    ("reward.http.url", f"https://scorer.example/score?model=m&apiSig={SECRET}"),
+    ("reward.http.url", f"https://scorer.example/api/score?code={SECRET}"),
+    ("reward.http.url", f"https://scorer.example/score?pwd={SECRET}"),
+    ("reward.http.url", f"https://scorer.example/score?auth={SECRET}"),
+    ("reward.http.url", f"https://scorer.example/score?access_token={SECRET}"),
+    ("evaluate.llm_judge.base_url", f"https://judge.example/v1?X-Amz-Signature={SECRET}"),
+    ("evaluate.llm_judge.base_url", f"https://judge.example/v1#access_token={SECRET}"),
 ])
 def test_credentials_in_a_url_are_refused_without_repeating_them(key, url):
     with pytest.raises(ConfigError) as info:
@@ -62,8 +75,31 @@ def test_credentials_in_a_url_are_refused_without_repeating_them(key, url):
     assert key in message and SECRET not in message
     assert {"evaluate": "evaluate.llm_judge.api_key_env", "tracking": "MLFLOW_TRACKING_PASSWORD",
             "reward": "reward.http.api_key_env"}[key.split(".")[0]] in message
-    # A URL without credentials is fine.
+    # A URL without credentials is fine, whose parameters' names only contain a short one's letters too.
     assert load_config(None, parse_set([f"{key}=https://judge.example:8000/v1"]))
+    assert load_config(None, parse_set([f"{key}=https://judge.example:8000/v1?design=a&zipcode=1&passage=2&codec=3"]))
+
+
+@pytest.mark.slow
+def test_a_token_in_a_config_file_is_refused_before_anything_is_written(tmp_path):
+    """The second probe's forms (a token as the URL's user part, a `sig` parameter) given in a config file,
+    to Snakemake and to a stage, MLflow tracking on: refused at validation, before any file is written,
+    so the token is nowhere in the work tree (.snakemake/, data/, results/, logs/, mlruns/, mlflow.db)."""
+    token = "TOKEN789-9d3e51"
+    copy = make_copy(tmp_path / "wf")
+    secret = tmp_path / "secret.yaml"  # the user's own file, outside the work tree
+    secret.write_text(f"tracking: {{enabled: true}}\nreward: {{source: http, http: {{url: 'http://{token}@127.0.0.1:18100/score'}}}}\n"
+                      f"evaluate: {{llm_judge: {{base_url: 'http://127.0.0.1:8000/v1?sig={token}'}}}}\n")
+    res = snakemake(copy, "--cores", "1", "--configfile", "config/micro.yaml", str(secret), check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and token not in out, out[-3000:]
+    assert "key 'reward.http.url'" in out and "a user part" in out and "reward.http.api_key_env" in out, out[-3000:]
+    assert "key 'evaluate.llm_judge.base_url'" in out and "(sig)" in out and "api_key_env (now OPENAI_API_KEY)" in out
+    stage = _rloo("prepare", "-c", str(ROOT / "config" / "config.yaml"), "-c", MICRO, "-c", str(secret), cwd=copy)
+    assert stage.returncode == 2 and token not in stage.stdout + stage.stderr, stage.stderr[-2000:]
+    assert "key 'reward.http.url'" in _last_line(stage) or "key 'reward.http.url'" in stage.stderr
+    assert not _files_holding(copy, token)
+    assert not (copy / "data").exists() and not (copy / "results").exists() and not (copy / "mlflow.db").exists()
 
 
 @pytest.fixture(scope="module")

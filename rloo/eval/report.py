@@ -57,6 +57,10 @@ def prepare_lines(manifest: dict) -> list[str]:
         lines.append(f"!! prepare: skipped {total} bad records (data.on_bad_record: skip; "
                      + ", ".join(f"{k} {v}" for k, v in skipped.items() if v) + ")"
                      + (f"; first: {reasons[0]}" if reasons else ""))
+    oversized = manifest.get("oversized") or {}
+    if total := sum(oversized.values()):
+        lines.append(f"!! prepare: dropped {total} records over data.max_record_chars (data.on_oversized: drop; "
+                     + ", ".join(f"{k} {v}" for k, v in oversized.items() if v) + ")")
     return lines
 
 

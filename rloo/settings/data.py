@@ -65,6 +65,14 @@ class DataConfig(Section):
     on_bad_record: Literal["error", "skip"] = "error"
     """error = stop at the first bad record, naming file and line; skip = drop it and count it in the
     manifest."""
+    max_record_chars: int = setting(20000, minimum=1)
+    """The longest record a jsonl or hub split may hold, in characters of its JSON line, far above any real
+    GSM8K record: a longer one is a broken export, or text no training stage could use that would cost
+    the tokenizer and every stage's memory. `on_oversized` says what prepare does with one."""
+    on_oversized: Literal["error", "drop"] = "error"
+    """error = prepare stops, naming the file and line of the first record over max_record_chars and how
+    many are; drop = it drops them, with their count in the log, the manifest (`oversized`) and `rloo
+    summary`."""
     fields: DataFieldsConfig = field(default_factory=DataFieldsConfig)
     """Which field holds the question and which the answer."""
     answer_format: Literal["gsm8k", "number"] = "gsm8k"

@@ -38,7 +38,8 @@ def load_splits(cfg: dict) -> tuple[list[dict], list[dict], list[dict], dict]:
         }
         strip = lambda rows: [{"question": r["question"], "answer": r["answer"]} for r in rows]  # noqa: E731
         return strip(train), strip(test), strip(val), info
-    shape = {"fields": dict(d["fields"]), "answer_format": d["answer_format"]}  # how the records name and write them
+    shape = {"fields": dict(d["fields"]), "answer_format": d["answer_format"],  # how the records name and write them
+             "limit": gsm8k.SizeLimit(d["max_record_chars"], d["on_oversized"])}
     if d["source"] == "hub":
         train, rep_tr = gsm8k.load_hub_split(d["hub_id"], d["hub_config"], "train", d["on_bad_record"], **shape)
         test, rep_te = gsm8k.load_hub_split(d["hub_id"], d["hub_config"], "test", d["on_bad_record"], **shape)
@@ -57,9 +58,13 @@ def load_splits(cfg: dict) -> tuple[list[dict], list[dict], list[dict], dict]:
         }
     info["skipped"] = {"train": rep_tr.skipped, "test": rep_te.skipped}
     info["skip_reasons"] = rep_tr.reasons + rep_te.reasons
+    info["oversized"] = {"train": rep_tr.oversized, "test": rep_te.oversized}
     for split, rep in (("train", rep_tr), ("test", rep_te)):
         if rep.skipped:
             log.warning("%s: skipped %d bad records (data.on_bad_record=skip)", split, rep.skipped)
+        if rep.oversized:
+            log.warning("!!! %s: dropped %d records over data.max_record_chars=%d (data.on_oversized=drop)", split,
+                        rep.oversized, d["max_record_chars"])
     train, val = hold_out(train, d["val_examples"], cfg["seed"])
     return train, test, val, info
 

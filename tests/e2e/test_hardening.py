@@ -327,6 +327,38 @@ def test_skipped_records_are_counted_and_shown(tmp_path):
     assert "!! prepare: skipped 2 bad records" in summary.stderr and "not UTF-8" in summary.stderr
 
 
+def _with_oversized(at: tuple[int, ...], chars: int = 5_000_000) -> bytes:
+    """30 good records with a record of `chars` characters (a 5 MB line) at each 1-based line of `at`."""
+    lines = _records(30)
+    for n in sorted(at):
+        lines.insert(n - 1, json.dumps({"question": "Why? " * (chars // 5), "answer": "1 + 1 = 2\n#### 2"}))
+    return ("\n".join(lines) + "\n").encode()
+
+
+def test_an_oversized_record_is_refused_at_prepare_naming_its_line(tmp_path):
+    res = _prepare_jsonl(tmp_path, _with_oversized((4, 20)))
+    assert res.returncode == 2, res.stderr[-2000:]
+    line = _last_line(res)
+    assert line.startswith("rloo prepare: error: ") and "train.jsonl:4: a record of 5,000,0" in line, line
+    assert "over data.max_record_chars=20,000; 2 records of the split are over it" in line and "on_oversized" in line
+    assert "Traceback" not in res.stderr and not (tmp_path / "data").exists()
+    # a bound of the user's own: a 30,000-character record passes at 40,000, not at the default
+    assert _prepare_jsonl(tmp_path, _with_oversized((4,), 30_000), "data.max_record_chars=40000").returncode == 0
+
+
+def test_oversized_records_dropped_are_counted_in_the_log_manifest_and_summary(tmp_path):
+    res = _prepare_jsonl(tmp_path, _with_oversized((4, 20)), "data.on_oversized=drop")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "!!! train: dropped 2 records over data.max_record_chars=20000 (data.on_oversized=drop)" in res.stderr
+    manifest = json.loads((tmp_path / "data" / "manifest.json").read_text())
+    assert manifest["oversized"] == {"train": 2, "test": 0}
+    assert manifest["counts"]["train"] + manifest["counts"]["val"] == 30  # the 30 good ones, none dropped
+    held = [len(line) for name in ("train", "val") for line in (tmp_path / "data" / f"{name}.jsonl").read_text().splitlines()]
+    assert max(held) < 20_000
+    summary = _rloo("summary", str(tmp_path / "data" / "manifest.json"), cwd=tmp_path)
+    assert "!! prepare: dropped 2 records over data.max_record_chars (data.on_oversized: drop; train 2)" in summary.stderr
+
+
 @pytest.mark.slow
 def test_sft_stops_when_the_context_would_drop_the_data(micro_run, tmp_path):
     res = _rloo("sft", "-c", MICRO, "--set", "model.max_length=40", "--set", "tracking.enabled=false",

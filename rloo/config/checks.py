@@ -150,11 +150,14 @@ def _lead_with_given(line: str, given: dict[str, int], cfg: dict) -> str:
     value that broke it may be another key's that the line names: one the user set, against a default or a
     value set earlier (`--set model.max_length=16` leaves no room for reward.max_new_tokens' default). Then
     the line leads with the key set last (`given`: 2 set last, 1 in a config file, 0 a default), naming
-    the other and both values, so that the refusal names the key the user just changed."""
+    the other and both values, so that the refusal names the key the user just changed. A rule whose key
+    is empty (reward.source http without reward.http.url) asks for that key: its line stays as it is."""
     head = _LEAD.match(line)
     if head is None:
         return line
     key, rest = head.group(1), line[head.end():]
+    if _lookup(cfg, key)[1] in (None, "", [], {}):
+        return line
     named = [k for k in dict.fromkeys(_DOTTED.findall(rest)) if k != key and _lookup(cfg, k)[0]]
     lead = max(named, key=lambda k: given.get(k, 0), default=None)  # the first named of the highest rank
     if lead is None or given.get(lead, 0) <= given.get(key, 0):

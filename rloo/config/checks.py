@@ -8,7 +8,7 @@ import copy
 import math
 import re
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 from rloo.config.schema import ConfigError, Validator, coerce, key_path, load_schema
 from rloo.config.selection import leaves, put, select
@@ -66,7 +66,7 @@ def _secret_name(name: str) -> bool:
     return bool(_SECRET_PARAM.search(name)) or any(w.lower() in _SECRET_WORDS for w in _WORDS.findall(name))
 
 
-def _secret_parts(url) -> list[str]:
+def _secret_parts(url: SplitResult) -> list[str]:
     """What of a parsed URL carries a credential, as the refusal names it (never its value)."""
     found = []
     if url.password is not None:

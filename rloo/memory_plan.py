@@ -210,9 +210,22 @@ def _update(shape: Shape, sections: Config, section: str, budget: int, state: fl
     outcomes = [update_bytes(shape, tokens, mc.logits_chunk_tokens, mc.dtype, mode, mc.gradient_checkpointing,
                              mc.attn_implementation == "eager", mc.max_length) for mode in modes]
     acts, lg = max(((a, g if logits else 0) for a, g in outcomes), key=sum)
-    return Phase("update", state, acts, lg, keys={"activations": f"lower {section}.micro_batch_tokens",
+    return Phase("update", state, acts, lg, keys={"activations": _activations_key(section, budget, mc.max_length,
+                                                                                  unit_rows),
                                                   "logits": "lower model.logits_chunk_tokens",
                                                   "state": _state_key(sections)})
+
+
+def _activations_key(section: str, budget: int, max_length: int, unit_rows: int) -> str:
+    """What lowers an update's activations: its micro-batch budget, unless one unit (a row, or a reward pair)
+    at model.max_length already exceeds it, so that every micro-batch is that unit and the budget bounds
+    nothing: then the row length, named with the budget it overruns (which lowering would not help)."""
+    unit = unit_rows * max_length
+    if budget and unit > budget:
+        what = "pair of rows" if unit_rows == 2 else "row"
+        return (f"lower model.max_length (one {what} of model.max_length={max_length} tokens is over "
+                f"{section}.micro_batch_tokens={budget}, so that budget cannot split it)")
+    return f"lower {section}.micro_batch_tokens"
 
 
 def _sampling(shape: Shape, sections: Config, state: float, rows: int, key: str, gathered: bool = True) -> Phase:

@@ -93,7 +93,7 @@ def load_config(
     if overrides:
         cfg = deep_merge(cfg, overrides)
         source += " (with overrides)"
-    return validate(cfg, source)
+    return validate(cfg, source, overrides)
 
 
 def _read_yaml(path: str | Path, seen: tuple[Path, ...] = ()) -> dict:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,12 +22,49 @@ class LoadReport:
     kept: int = 0
     skipped: int = 0
     reasons: list[str] = field(default_factory=list)
+    oversized: int = 0  # records over data.max_record_chars, dropped (data.on_oversized: drop)
 
     def skip(self, why: str) -> None:
         """Count a dropped record; the first 20 reasons are kept for the manifest."""
         self.skipped += 1
         if len(self.reasons) < 20:
             self.reasons.append(why)
+
+
+@dataclass(frozen=True)
+class SizeLimit:
+    """The longest record a split may hold (data.max_record_chars), in characters of its JSON line, and
+    what happens to a longer one (data.on_oversized): error stops, naming the first and the count; drop
+    drops and counts them. A record far longer than any real problem is a broken export or an attack on the
+    tokenizer and the stages' memory, and no training stage could use it."""
+
+    max_chars: int
+    on_oversized: str = "error"
+
+    def dropped(self, sizes: Iterable[tuple[str, int]], report: LoadReport) -> set[str]:
+        """The places (file:line, split[index]) of the records over the limit among (place, characters),
+        counted in `report`; with `error` a DataError naming the first of them and their number."""
+        over = [(where, n) for where, n in sizes if n > self.max_chars]
+        if over and self.on_oversized == "error":
+            where, n = over[0]
+            more = f"; {len(over)} records of the split are over it" if len(over) > 1 else ""
+            raise DataError(f"{where}: a record of {n:,} characters, over data.max_record_chars={self.max_chars:,}"
+                            f"{more}; fix the data, or set data.on_oversized: drop to drop and count them")
+        report.oversized += len(over)
+        return {where for where, _ in over}
+
+
+def record_chars(rec: dict) -> int:
+    """A record's size as SizeLimit counts it where no line holds it (a hub row): its JSON line's characters."""
+    return len(json.dumps(rec, ensure_ascii=False, default=str))
+
+
+def line_chars(path: str) -> Iterator[tuple[str, int]]:
+    """(file:line, characters) of each line of a JSONL file, its line break left out, read without parsing
+    it (a line of megabytes costs no JSON object)."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            yield f"{path}:{lineno}", len(raw.rstrip(b"\r\n").decode("utf-8", errors="replace"))
 
 
 # How a record names its question and answer (data.fields) and writes its answer (data.answer_format).
@@ -65,9 +104,11 @@ def check_record(rec: dict, where: str, fields: dict[str, str] | None = None, an
 
 
 def _collect(records, on_bad: str, report: LoadReport, fields: dict[str, str] | None = None,
-             answer_format: str = "gsm8k") -> list[dict]:
+             answer_format: str = "gsm8k", dropped: set[str] = frozenset()) -> list[dict]:
     out = []
     for where, rec in records:
+        if where in dropped:
+            continue
         try:
             out.append(check_record(rec, where, fields, answer_format))
         except DataError as e:
@@ -78,9 +119,12 @@ def _collect(records, on_bad: str, report: LoadReport, fields: dict[str, str] | 
     return out
 
 
-def _jsonl_records(path: str, on_bad: str, report: LoadReport):
-    """(file:line, record) pairs; a bad line raises, or with on_bad=skip is counted and dropped."""
+def _jsonl_records(path: str, on_bad: str, report: LoadReport, dropped: set[str] = frozenset()):
+    """(file:line, record) pairs; a bad line raises, or with on_bad=skip is counted and dropped; a line in
+    `dropped` (oversized) is passed over."""
     for lineno, rec, bad in jsonl_records(path):
+        if f"{path}:{lineno}" in dropped:
+            continue
         if bad is None:
             yield f"{path}:{lineno}", rec
         elif on_bad == "error":
@@ -90,9 +134,10 @@ def _jsonl_records(path: str, on_bad: str, report: LoadReport):
 
 
 def load_jsonl_split(path: str, on_bad: str = "error", fields: dict[str, str] | None = None,
-                     answer_format: str = "gsm8k") -> tuple[list[dict], LoadReport]:
+                     answer_format: str = "gsm8k", limit: SizeLimit | None = None) -> tuple[list[dict], LoadReport]:
     """Local files in the official GSM8K release format, one {"question","answer"} per line (or the
-    keys `fields` names, the answer as `answer_format` says: `check_record`).
+    keys `fields` names, the answer as `answer_format` says: `check_record`); lines longer than `limit`
+    refused or dropped before any is parsed.
 
     Lines are checked by our own reader first, so that an error names the line; the file then goes
     through `datasets.load_dataset("json")`, the same loader a user's own JSON data set takes.
@@ -100,11 +145,14 @@ def load_jsonl_split(path: str, on_bad: str = "error", fields: dict[str, str] | 
     if not Path(path).exists():
         raise DataError(f"{path}: file not found")
     report = LoadReport()
-    records = _collect(_jsonl_records(path, on_bad, report), on_bad, report, fields, answer_format)
+    dropped = limit.dropped(line_chars(path), report) if limit else set()
+    records = _collect(_jsonl_records(path, on_bad, report, dropped), on_bad, report, fields, answer_format)
     if not records:
-        why = f"all {report.skipped} records are invalid ({report.reasons[0]})" if report.skipped else "the file holds no records"
+        why = (f"all {report.skipped} records are invalid ({report.reasons[0]})" if report.skipped else
+               f"all {report.oversized} records are over data.max_record_chars" if report.oversized else
+               "the file holds no records")
         raise DataError(f"{path}: no usable GSM8K records: {why}")
-    if report.skipped == 0:
+    if report.skipped == 0 and report.oversized == 0:  # else the loader's rows are not the lines kept
         import datasets
 
         try:
@@ -119,15 +167,16 @@ def load_jsonl_split(path: str, on_bad: str = "error", fields: dict[str, str] | 
 
 def load_hub_split(
     hub_id: str, config: str, split: str, on_bad: str = "error", fields: dict[str, str] | None = None,
-    answer_format: str = "gsm8k",
+    answer_format: str = "gsm8k", limit: SizeLimit | None = None,
 ) -> tuple[list[dict], LoadReport]:
     """A split of a hub data set such as openai/gsm8k (needs network access to the hub)."""
     import datasets
 
     ds = datasets.load_dataset(hub_id, config, split=split)
     report = LoadReport()
-    records = _collect(((f"{hub_id}[{split}][{i}]", dict(r)) for i, r in enumerate(ds)), on_bad, report, fields,
-                       answer_format)
+    rows = [(f"{hub_id}[{split}][{i}]", dict(r)) for i, r in enumerate(ds)]
+    dropped = limit.dropped(((where, record_chars(r)) for where, r in rows), report) if limit else set()
+    records = _collect(rows, on_bad, report, fields, answer_format, dropped)
     return records, report
 
 
@@ -146,11 +195,30 @@ def format_completion(answer: str) -> str:
     return " " + answer
 
 
+class Row(dict):
+    """A prepared record that knows where it was read (`where`: data/gsm8k/train.jsonl:12, the file and its
+    1-based line), so that a later stage's error about it cites that; a plain dict to everything else (the
+    reward functions' columns are its keys)."""
+
+    where: str | None = None
+
+
+def cite(row: dict, index: int, rows: str = "prompts") -> str:
+    """Where a row came from: its file:line when a split was read (`Row`), else its place among the `rows`
+    handed in from Python (rloo.api: `prompts[3]`)."""
+    return getattr(row, "where", None) or f"{rows}[{index}]"
+
+
 def read_split(data_dir: str | Path, name: str) -> list[dict]:
-    """The records of `<data_dir>/<name>.jsonl` (train, val or test), an error naming a missing split or
-    one whose bytes differ from the manifest's record of them (rloo.data.manifest)."""
+    """The records of `<data_dir>/<name>.jsonl` (train, val or test), each a `Row` citing its line; an error
+    naming a missing split or one whose bytes differ from the manifest's record of them (rloo.data.manifest)."""
     data_dir = Path(data_dir)
     path = data_dir / f"{name}.jsonl"
     if not path.is_file():
         raise MissingInputError(f"{path}: no {name} split; run `rloo prepare` (this data folder predates it)")
-    return [row for _, row in read_jsonl(verify_split(data_dir, name))]
+    rows = []
+    for lineno, rec in read_jsonl(verify_split(data_dir, name)):
+        row = Row(rec)
+        row.where = f"{path}:{lineno}"
+        rows.append(row)
+    return rows

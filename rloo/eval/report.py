@@ -51,12 +51,18 @@ def prepare_lines(manifest: dict) -> list[str]:
              f"problems from {manifest['source']}"]
     if (line := overlap_line("prepare", manifest.get("train_test_overlap"))) is not None:
         lines.append(line)
+    if (line := ngram_line("prepare", manifest.get("train_test_ngram_overlap"))) is not None:
+        lines.append(line)
     skipped = manifest.get("skipped") or {}
     if total := sum(skipped.values()):
         reasons = manifest.get("skip_reasons") or []
         lines.append(f"!! prepare: skipped {total} bad records (data.on_bad_record: skip; "
                      + ", ".join(f"{k} {v}" for k, v in skipped.items() if v) + ")"
                      + (f"; first: {reasons[0]}" if reasons else ""))
+    oversized = manifest.get("oversized") or {}
+    if total := sum(oversized.values()):
+        lines.append(f"!! prepare: dropped {total} records over data.max_record_chars (data.on_oversized: drop; "
+                     + ", ".join(f"{k} {v}" for k, v in oversized.items() if v) + ")")
     return lines
 
 
@@ -70,10 +76,21 @@ def overlap_line(stage: str, overlap: int | None) -> str | None:
     return f"{stage}: no training problem occurs in the test split"
 
 
+def ngram_line(stage: str, found: dict | None) -> str | None:
+    """How many training problems share a run of n normalised words with a test problem; a `!!` line where
+    data.on_ngram_overlap asked for a warning; None with the check off or unknown."""
+    if not found:
+        return None
+    line = (f"{stage}: {found['count']} training problems share a run of {found['words']} words with a test problem "
+            f"(data.on_ngram_overlap: {found['mode']})")
+    return f"!! {line}" if found["count"] and found["mode"] != "count" else line
+
+
 def evaluate_lines(result: dict) -> list[str]:
     """An evaluation result: each policy's held-out accuracy, proxy score and alarms; the win rates."""
     sft = result["policies"]["sft"]
-    lines = [line] if (line := overlap_line("evaluate", result.get("train_test_overlap"))) is not None else []
+    lines = [line for line in (overlap_line("evaluate", result.get("train_test_overlap")),
+                               ngram_line("evaluate", result.get("train_test_ngram_overlap"))) if line is not None]
     for name, p in result["policies"].items():
         gain = "" if name == "sft" else (f" ({100 * (p['accuracy_sampled'] - sft['accuracy_sampled']):+.1f} sampled, "
                                           f"{100 * (p['accuracy'] - sft['accuracy']):+.1f} greedy vs SFT)")

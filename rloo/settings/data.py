@@ -65,6 +65,14 @@ class DataConfig(Section):
     on_bad_record: Literal["error", "skip"] = "error"
     """error = stop at the first bad record, naming file and line; skip = drop it and count it in the
     manifest."""
+    max_record_chars: int = setting(20000, minimum=1)
+    """The longest record a jsonl or hub split may hold, in characters of its JSON line, far above any real
+    GSM8K record: a longer one is a broken export, or text no training stage could use that would cost
+    the tokenizer and every stage's memory. `on_oversized` says what prepare does with one."""
+    on_oversized: Literal["error", "drop"] = "error"
+    """error = prepare stops, naming the file and line of the first record over max_record_chars and how
+    many are; drop = it drops them, with their count in the log, the manifest (`oversized`) and `rloo
+    summary`."""
     fields: DataFieldsConfig = field(default_factory=DataFieldsConfig)
     """Which field holds the question and which the answer."""
     answer_format: Literal["gsm8k", "number"] = "gsm8k"
@@ -72,9 +80,18 @@ class DataConfig(Section):
     "1,000", -2.5), prepared as '#### N' so that the verifier grades against it and SFT teaches the policy
     that form."""
     allow_train_test_overlap: bool = False
-    """A training problem whose question is also a test question stops `prepare` (naming the count and the
-    first few): the held-out accuracy would be measured on problems trained on. true = a warning instead;
-    the manifest, the results JSON and `rloo summary` carry the count either way."""
+    """A training problem whose question is also a test question, compared once both are normalised (case,
+    whitespace, punctuation, how numbers are written: "1,000" is 1000, "3.0" is 3), stops `prepare` (naming
+    the count and the first few): the held-out accuracy would be measured on problems trained on. true = a
+    warning instead; the manifest, the results JSON and `rloo summary` carry the count either way."""
+    ngram_overlap_words: int = setting(13, minimum=0)
+    """n of the n-gram contamination check: a training question that shares a run of this many normalised
+    words with a test question is counted (13: the common decontamination); 0 = no such check. Templated
+    problems share runs by construction (the embedded generator's do), so it is a count unless
+    `on_ngram_overlap` says otherwise."""
+    on_ngram_overlap: Literal["count", "warn", "error"] = "count"
+    """count = the number goes to the manifest, the results JSON and `rloo summary`; warn = also a `!!!` line
+    in the log and a `!!` line of the summary; error = prepare stops, naming the count and the first few."""
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     """The embedded generator's settings."""
 

@@ -162,6 +162,8 @@ def _evaluate(cfg: dict, judge, data_dir, sft_dir, policies: dict[str, str], out
         # test problems whose question is also a training problem's (prepare refuses them unless
         # data.allow_train_test_overlap): a held-out accuracy is only as held out as this is zero
         "train_test_overlap": read_manifest(data_dir).get("train_test_overlap"),
+        # and those sharing a run of n normalised words with a test problem ({words, count, mode}; data.on_ngram_overlap)
+        "train_test_ngram_overlap": read_manifest(data_dir).get("train_test_ngram_overlap"),
         "training": training,
     }
     if base_dir is not None:  # base -> SFT -> RL: what each step of post-training added

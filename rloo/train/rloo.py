@@ -25,6 +25,7 @@ import torch
 from rloo.algo.estimators import MovingBaseline, compute_advantages
 from rloo.algo.losses import kl_loss_term, policy_loss, sequence_kl, shaped_reward
 from rloo.algo.schedules import lr_multiplier
+from rloo.data.gsm8k import cite
 from rloo.data.prompting import PromptFormat
 from rloo.errors import InputError
 from rloo.eval.evaluation import evaluate_policy, record_arguments, spec_for
@@ -130,9 +131,11 @@ class Trainer:
         ids = [fmt.encode(p) for p in texts]
         too_long = [i for i, p in enumerate(ids) if len(p) > limit]
         if too_long:
+            first = too_long[0]
             raise InputError(
-                f"{len(too_long)} training prompts (first: #{too_long[0]}) are longer than model.max_length - "
-                f"rloo.max_new_tokens = {limit} tokens; raise model.max_length or shorten the prompts"
+                f"{cite(rows[first], first)}: a training prompt of {len(ids[first])} tokens, longer than "
+                f"model.max_length - rloo.max_new_tokens = {limit} ({len(too_long)} of {len(rows)} training prompts "
+                "are); raise model.max_length, or shorten or remove those prompts"
             )
         return texts, ids
 

@@ -54,6 +54,19 @@ def _free_port() -> int:
     ("tracking.tracking_uri", f"https://rloo:{SECRET}@mlflow.example"),
     ("reward.http.url", f"http://scorer:{SECRET}@scorer.example/score"),
     ("reward.http.url", f"https://scorer.example/score?token={SECRET}"),
+    # a user part without a password: how a token is often passed (the second probe's, issue 61)
+    ("reward.http.url", f"http://{SECRET}@127.0.0.1:18100/score"),
+    ("evaluate.llm_judge.base_url", f"http://{SECRET}@judge.example/v1"),
+    ("tracking.tracking_uri", f"https://{SECRET}@mlflow.example"),
+    # short names of secrets, as a word of the parameter's name; long ones within it; the fragment too
+    ("reward.http.url", f"http://127.0.0.1:18100/score?sig={SECRET}"),
+    ("reward.http.url", f"https://scorer.example/score?model=m&apiSig={SECRET}"),
+    ("reward.http.url", f"https://scorer.example/api/score?code={SECRET}"),
+    ("reward.http.url", f"https://scorer.example/score?pwd={SECRET}"),
+    ("reward.http.url", f"https://scorer.example/score?auth={SECRET}"),
+    ("reward.http.url", f"https://scorer.example/score?access_token={SECRET}"),
+    ("evaluate.llm_judge.base_url", f"https://judge.example/v1?X-Amz-Signature={SECRET}"),
+    ("evaluate.llm_judge.base_url", f"https://judge.example/v1#access_token={SECRET}"),
 ])
 def test_credentials_in_a_url_are_refused_without_repeating_them(key, url):
     with pytest.raises(ConfigError) as info:
@@ -62,8 +75,31 @@ def test_credentials_in_a_url_are_refused_without_repeating_them(key, url):
     assert key in message and SECRET not in message
     assert {"evaluate": "evaluate.llm_judge.api_key_env", "tracking": "MLFLOW_TRACKING_PASSWORD",
             "reward": "reward.http.api_key_env"}[key.split(".")[0]] in message
-    # A URL without credentials is fine.
+    # A URL without credentials is fine, whose parameters' names only contain a short one's letters too.
     assert load_config(None, parse_set([f"{key}=https://judge.example:8000/v1"]))
+    assert load_config(None, parse_set([f"{key}=https://judge.example:8000/v1?design=a&zipcode=1&passage=2&codec=3"]))
+
+
+@pytest.mark.slow
+def test_a_token_in_a_config_file_is_refused_before_anything_is_written(tmp_path):
+    """The second probe's forms (a token as the URL's user part, a `sig` parameter) given in a config file,
+    to Snakemake and to a stage, MLflow tracking on: refused at validation, before any file is written,
+    so the token is nowhere in the work tree (.snakemake/, data/, results/, logs/, mlruns/, mlflow.db)."""
+    token = "TOKEN789-9d3e51"
+    copy = make_copy(tmp_path / "wf")
+    secret = tmp_path / "secret.yaml"  # the user's own file, outside the work tree
+    secret.write_text(f"tracking: {{enabled: true}}\nreward: {{source: http, http: {{url: 'http://{token}@127.0.0.1:18100/score'}}}}\n"
+                      f"evaluate: {{llm_judge: {{base_url: 'http://127.0.0.1:8000/v1?sig={token}'}}}}\n")
+    res = snakemake(copy, "--cores", "1", "--configfile", "config/micro.yaml", str(secret), check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and token not in out, out[-3000:]
+    assert "key 'reward.http.url'" in out and "a user part" in out and "reward.http.api_key_env" in out, out[-3000:]
+    assert "key 'evaluate.llm_judge.base_url'" in out and "(sig)" in out and "api_key_env (now OPENAI_API_KEY)" in out
+    stage = _rloo("prepare", "-c", str(ROOT / "config" / "config.yaml"), "-c", MICRO, "-c", str(secret), cwd=copy)
+    assert stage.returncode == 2 and token not in stage.stdout + stage.stderr, stage.stderr[-2000:]
+    assert "key 'reward.http.url'" in _last_line(stage) or "key 'reward.http.url'" in stage.stderr
+    assert not _files_holding(copy, token)
+    assert not (copy / "data").exists() and not (copy / "results").exists() and not (copy / "mlflow.db").exists()
 
 
 @pytest.fixture(scope="module")
@@ -222,6 +258,12 @@ def test_snakemake_config_values_are_typed_and_checked_before_any_job(workflow):
                         check=False)
         out = res.stdout + res.stderr
         assert res.returncode != 0 and f"key '{key}'" in out and "Job stats" not in out, out[-3000:]
+    # a key given with --config that breaks a rule of another key is the one named, with that other key
+    for size, other in (("100000000", "reward.micro_batch_tokens=32768"), ("16", "sft.eval_max_new_tokens=24")):
+        res = snakemake(workflow, "-n", "--cores", "1", *CONFIGFILES, "--config",
+                        f"model={{device: cpu, max_length: {size}}}", check=False)
+        out = res.stdout + res.stderr
+        assert res.returncode != 0 and "key 'model.max_length': " in out and other in out, out[-3000:]
 
 
 def test_an_overlay_read_alone_says_what_it_misses():
@@ -283,6 +325,38 @@ def test_skipped_records_are_counted_and_shown(tmp_path):
     assert manifest["skipped"]["train"] == 2
     summary = _rloo("summary", str(tmp_path / "data" / "manifest.json"), cwd=tmp_path)
     assert "!! prepare: skipped 2 bad records" in summary.stderr and "not UTF-8" in summary.stderr
+
+
+def _with_oversized(at: tuple[int, ...], chars: int = 5_000_000) -> bytes:
+    """30 good records with a record of `chars` characters (a 5 MB line) at each 1-based line of `at`."""
+    lines = _records(30)
+    for n in sorted(at):
+        lines.insert(n - 1, json.dumps({"question": "Why? " * (chars // 5), "answer": "1 + 1 = 2\n#### 2"}))
+    return ("\n".join(lines) + "\n").encode()
+
+
+def test_an_oversized_record_is_refused_at_prepare_naming_its_line(tmp_path):
+    res = _prepare_jsonl(tmp_path, _with_oversized((4, 20)))
+    assert res.returncode == 2, res.stderr[-2000:]
+    line = _last_line(res)
+    assert line.startswith("rloo prepare: error: ") and "train.jsonl:4: a record of 5,000,0" in line, line
+    assert "over data.max_record_chars=20,000; 2 records of the split are over it" in line and "on_oversized" in line
+    assert "Traceback" not in res.stderr and not (tmp_path / "data").exists()
+    # a bound of the user's own: a 30,000-character record passes at 40,000, not at the default
+    assert _prepare_jsonl(tmp_path, _with_oversized((4,), 30_000), "data.max_record_chars=40000").returncode == 0
+
+
+def test_oversized_records_dropped_are_counted_in_the_log_manifest_and_summary(tmp_path):
+    res = _prepare_jsonl(tmp_path, _with_oversized((4, 20)), "data.on_oversized=drop")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "!!! train: dropped 2 records over data.max_record_chars=20000 (data.on_oversized=drop)" in res.stderr
+    manifest = json.loads((tmp_path / "data" / "manifest.json").read_text())
+    assert manifest["oversized"] == {"train": 2, "test": 0}
+    assert manifest["counts"]["train"] + manifest["counts"]["val"] == 30  # the 30 good ones, none dropped
+    held = [len(line) for name in ("train", "val") for line in (tmp_path / "data" / f"{name}.jsonl").read_text().splitlines()]
+    assert max(held) < 20_000
+    summary = _rloo("summary", str(tmp_path / "data" / "manifest.json"), cwd=tmp_path)
+    assert "!! prepare: dropped 2 records over data.max_record_chars (data.on_oversized: drop; train 2)" in summary.stderr
 
 
 @pytest.mark.slow

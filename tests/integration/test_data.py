@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rloo.data import gsm8k, synthetic
+from rloo.data import contamination, gsm8k, synthetic
 from rloo.data.gsm8k import DataError
 from rloo.errors import InputError, MissingInputError
 from rloo.io import read_jsonl
@@ -88,11 +88,20 @@ def test_bad_jsonl_names_file_and_line(tmp_path, line, message):
     assert len(records) == 3 and report.skipped == 1
 
 
+def _shares_a_run(a: list[str], b: list[str], n: int) -> bool:
+    """Whether word lists a and b have n consecutive words in common, by brute force."""
+    return any(a[i:i + n] == b[j:j + n] for i in range(len(a) - n + 1) for j in range(len(b) - n + 1))
+
+
 def test_prepare_synthetic_writes_splits_and_manifest(tmp_path, micro_cfg):
     manifest = prepare.run(micro_cfg, tmp_path)
     train = (tmp_path / "train.jsonl").read_text().splitlines()
     assert len(train) == manifest["counts"]["train"] == 256
     assert manifest["train_test_overlap"] == 0
+    # the embedded generator's templates share 13-word runs by construction: counted, not refused
+    test = [contamination.words(json.loads(t)["question"]) for t in (tmp_path / "test.jsonl").read_text().splitlines()]
+    runs = sum(any(_shares_a_run(contamination.words(json.loads(t)["question"]), b, 13) for b in test) for t in train)
+    assert manifest["train_test_ngram_overlap"] == {"words": 13, "count": runs, "mode": "count"} and runs > 0
     assert manifest["source"] == "synthetic" and manifest["seed"] == 0
     assert set(json.loads(train[0])) == {"question", "answer"}
     from rloo.io import sha256_file
@@ -218,9 +227,10 @@ def test_train_test_contamination_is_an_error_naming_the_count_and_the_first_pro
     with pytest.raises(InputError) as e:
         prepare.run(micro_cfg, tmp_path / "out")
     msg = str(e.value)
-    assert msg.startswith("data: 10 training problems also occur in the test split (first: "), msg
+    assert msg.startswith("data: 10 training problems also occur in the test split (compared with case, whitespace, "
+                          "punctuation and number formatting normalised; first: "), msg
     assert "data.allow_train_test_overlap: true" in msg and "\n" not in msg
-    quoted = re.findall(r"'([^']+)'", msg.split("(first: ", 1)[1])
+    quoted = re.findall(r"'([^']+)'", msg.split("first: ", 1)[1])
     assert len(quoted) == prepare.SHOWN and all(any(s["question"].startswith(q.removesuffix("...")) for s in shared)
                                                for q in quoted), msg
     assert not (tmp_path / "out").exists()  # nothing written
@@ -238,6 +248,91 @@ def test_allowed_contamination_is_a_warning_counted_in_the_manifest_and_summary(
 
     assert any(line.startswith(f"!! prepare: {manifest['train_test_overlap']} training problems also occur")
                for line in prepare_lines(manifest))
+
+
+# The second probe's alterations of a test problem (issue 61, item 3): 6 of 10 such copies were counted.
+ALTERATIONS = {  # the first is applied to the test problem that asks about 12000 items
+    "thousands separators": lambda q: re.sub(r"\b(\d+)000\b", r"\1,000", q, count=1),
+    "upper case": str.upper,
+    "lower case": str.lower,
+    "swapped case, doubled spaces": lambda q: q.swapcase().replace(" ", "  "),
+    "doubled spaces": lambda q: q.replace(" ", "  "),
+    "' ?' before the question mark": lambda q: q.replace("?", " ?"),
+    "trailing punctuation": lambda q: q + "!!",
+    "no punctuation": lambda q: q.replace(".", "").replace("?", ""),
+    "tabs and line breaks": lambda q: "\t" + q.replace(". ", ".\n"),
+    "full-width question mark": lambda q: q.replace("?", "\uff1f"),
+    "a number as 3.0": lambda q: re.sub(r"\b(\d+)\b", r"\1.0", q, count=1),
+}
+
+
+def _altered_copies(tmp_path, micro_cfg) -> dict[str, str]:
+    """A test split of 22 problems, one of them asking about 12000 items, and a train split of 40 problems
+    holding an altered copy of 11 of them (one per alteration, none held out for validation)."""
+    train, test, _ = synthetic.generate(40, 22, seed=5)
+    test = [dict(r) for r in test]
+    test[0]["question"] = re.sub(r"\b\d+\b", "12000", test[0]["question"], count=1)
+    rest, _ = prepare.hold_out(train, 4, micro_cfg["seed"])
+    kept = [r["question"] for r in rest]
+    copies = {}
+    for (name, alter), original, slot in zip(ALTERATIONS.items(), test, kept, strict=False):
+        copies[name] = alter(original["question"])
+        assert copies[name] != original["question"], name
+        next(r for r in train if r["question"] == slot)["question"] = copies[name]
+    rows = lambda rs: "".join(json.dumps({"question": r["question"], "answer": r["answer"]}) + "\n" for r in rs)  # noqa: E731
+    (tmp_path / "tr.jsonl").write_text(rows(train))
+    (tmp_path / "te.jsonl").write_text(rows(test))
+    micro_cfg["data"].update(source="jsonl", train_file=str(tmp_path / "tr.jsonl"),
+                             test_file=str(tmp_path / "te.jsonl"), val_examples=4)
+    return copies
+
+
+def test_altered_copies_of_test_problems_are_all_counted(tmp_path, micro_cfg):
+    copies = _altered_copies(tmp_path, micro_cfg)
+    assert len(copies) == len(ALTERATIONS) == 11
+    with pytest.raises(InputError, match=r"^data: 11 training problems also occur in the test split"):
+        prepare.run(micro_cfg, tmp_path / "out")
+    micro_cfg["data"]["allow_train_test_overlap"] = True
+    manifest = prepare.run(micro_cfg, tmp_path / "out")
+    assert manifest["train_test_overlap"] == 11
+    # each copy is a run of 13 words too; other training problems may share template text with test ones
+    assert manifest["train_test_ngram_overlap"]["count"] >= 11
+
+
+def test_a_shared_run_of_13_words_is_counted_warned_or_refused(tmp_path, micro_cfg, caplog):
+    """A training question that contains a test question's first 13 words, and is not that question."""
+    train, test, _ = synthetic.generate(40, 22, seed=5)
+    long = next(r for r in test if len(contamination.words(r["question"])) >= 16)
+    run = " ".join(long["question"].split()[:14])
+    rows = [{"question": f"{run} Then it rains. How many are left?", "answer": "#### 1"}]
+    rows += [{"question": r["question"], "answer": r["answer"]} for r in train]
+    (tmp_path / "tr.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "te.jsonl").write_text("".join(json.dumps({"question": r["question"], "answer": r["answer"]}) + "\n"
+                                              for r in test))
+    micro_cfg["data"].update(source="jsonl", train_file=str(tmp_path / "tr.jsonl"),
+                             test_file=str(tmp_path / "te.jsonl"), val_examples=4, max_train=None)
+    expected = sum(any(_shares_a_run(contamination.words(r["question"]), contamination.words(t["question"]), 13)
+                       for t in test) for r in prepare.hold_out(rows, 4, micro_cfg["seed"])[0])
+    assert expected >= 1
+    manifest = prepare.run(micro_cfg, tmp_path / "a")
+    assert manifest["train_test_overlap"] == 0
+    assert manifest["train_test_ngram_overlap"] == {"words": 13, "count": expected, "mode": "count"}
+    micro_cfg["data"]["on_ngram_overlap"] = "warn"
+    with caplog.at_level("WARNING", logger="rloo.prepare"):
+        manifest = prepare.run(micro_cfg, tmp_path / "b")
+    assert any(r.getMessage().startswith(f"!!! data: {expected} training problems share a run of 13 words")
+               for r in caplog.records)
+    from rloo.eval.report import prepare_lines
+
+    assert f"!! prepare: {expected} training problems share a run of 13 words with a test problem " \
+           "(data.on_ngram_overlap: warn)" in prepare_lines(manifest)
+    micro_cfg["data"]["on_ngram_overlap"] = "error"
+    with pytest.raises(InputError, match=rf"^data: {expected} training problems share a run of 13 words .*"
+                                         r"data\.on_ngram_overlap: warn or count$"):
+        prepare.run(micro_cfg, tmp_path / "c")
+    assert not (tmp_path / "c").exists()
+    micro_cfg["data"]["ngram_overlap_words"] = 0  # the check off
+    assert prepare.run(micro_cfg, tmp_path / "d")["train_test_ngram_overlap"] is None
 
 
 def test_a_split_that_differs_from_its_manifest_is_refused_by_every_reader(tmp_path, micro_cfg):

@@ -135,6 +135,13 @@ def test_results_file_matches_its_schema(micro_run, tmp_path):
     assert result["train_test_overlap"] == 0
     assert "evaluate: no training problem occurs in the test split" in report.evaluate_lines(result)
     assert "!! evaluate: 3 training problems" in report.evaluate_lines({**result, "train_test_overlap": 3})[0]
+    # and the count of those sharing a run of 13 normalised words with a test problem (counted, not refused)
+    from rloo.data.manifest import read_manifest
+
+    ngram = read_manifest(micro_run["data"])["train_test_ngram_overlap"]
+    assert result["train_test_ngram_overlap"] == ngram and ngram["words"] == 13 and ngram["mode"] == "count"
+    assert (f"evaluate: {ngram['count']} training problems share a run of 13 words with a test problem "
+            "(data.on_ngram_overlap: count)") in report.evaluate_lines(result)
     trained_on = cfg["reward"]["source"]  # micro.yaml alone: the reward model
     assert trained_on == "model"
     assert result["judges"]["proxy_reward"]["independent_of_training_reward"] is False

@@ -12,11 +12,14 @@ from model_helpers import LengthReward
 from workflow_helpers import same_weights
 
 from rloo.algo.estimators import ESTIMATORS
+from rloo.data import synthetic
+from rloo.errors import InputError
 from rloo.io import read_jsonl
 from rloo.model import checkpoint, models
 from rloo.reward.rewards import VerifierReward
 from rloo.rollout.collect import training_prompts
 from rloo.settings import RlooConfig
+from rloo.stages import prepare
 from rloo.stages import train as rloo_stage
 from rloo.train.rloo import Trainer
 from rloo.train.train_rloo import check_sampling
@@ -87,8 +90,31 @@ def test_prompts_per_step_larger_than_the_data_is_a_clear_error(micro_run):
 def test_prompts_longer_than_the_context_are_a_clear_error(micro_run):
     cfg = _cfg(micro_run)
     cfg["model"]["max_length"] = 40
-    with pytest.raises(ValueError, match=r"longer than model\.max_length"):
+    # rows handed in from Python (rloo.api) are cited by their place among them
+    with pytest.raises(ValueError, match=r"^prompts\[\d+\]: a training prompt of \d+ tokens, longer than model\.max_length"):
         Trainer(cfg, micro_run["sft"], VerifierReward(), _train_rows(micro_run))
+
+
+def test_a_prompt_too_long_for_the_stage_is_cited_by_its_file_and_line(micro_run, tmp_path):
+    """The second probe's: RLOO with min_solution_steps=0 refused a long prompt as `first: #4`. The stage
+    reads the prepared split, so it cites data/gsm8k/train.jsonl's line (issue 61, item 4)."""
+    train, test, _ = synthetic.generate(40, 8, seed=5)
+    rows = [{"question": r["question"], "answer": r["answer"]} for r in train]
+    long_question = " ".join(f"apples{i % 7} and pears" for i in range(300)) + "?"  # ~7,000 characters
+    rows.insert(17, {"question": long_question, "answer": "1 + 1 = 2\n#### 2"})
+    (tmp_path / "tr.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "te.jsonl").write_text("".join(json.dumps({"question": r["question"], "answer": r["answer"]}) + "\n"
+                                              for r in test))
+    cfg = _cfg(micro_run, min_solution_steps=0)
+    cfg["data"].update(source="jsonl", train_file=str(tmp_path / "tr.jsonl"), test_file=str(tmp_path / "te.jsonl"),
+                       val_examples=4)
+    prepare.run(cfg, tmp_path / "data")
+    line = next(n for n, r in read_jsonl(tmp_path / "data" / "train.jsonl") if r["question"] == long_question)
+    with pytest.raises(InputError) as e:
+        rloo_stage.run(cfg, tmp_path / "data", micro_run["sft"], tmp_path / "out", tmp_path / "work")
+    assert str(e.value).startswith(f"{tmp_path / 'data' / 'train.jsonl'}:{line}: a training prompt of "), str(e.value)
+    n_train = sum(1 for _ in read_jsonl(tmp_path / "data" / "train.jsonl"))
+    assert "#" not in str(e.value) and f"(1 of {n_train} training prompts are)" in str(e.value)
 
 
 def test_biased_sampling_settings_warn_loudly(caplog, micro_cfg):

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from rloo.cli import main
-from rloo.config import ConfigError, load_config
+from rloo.config import ConfigError, load_config, parse_set
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,7 +33,9 @@ def test_defaults_are_filled_and_not_shared():
         ({"prompt": {"chat_template": "yes"}}, "key 'prompt.chat_template': 'yes' is not one of"),
         # rules across keys, caught at validation (before any stage runs)
         ({"rloo": {"k": 1}}, "key 'rloo.k': the rloo estimator needs k >= 2"),
-        ({"rloo": {"eval_every": 0}}, "key 'rloo.select': 'best' picks a checkpoint by validation accuracy"),
+        # the key set leads (rloo.select's 'best' is the default): test_a_rule_across_keys_leads_with_the_key_set
+        ({"rloo": {"eval_every": 0}}, "key 'rloo.eval_every': 0 conflicts with rloo.select='best' (the default): "
+                                      "'best' picks a checkpoint by validation accuracy"),
         ({"rloo": {"stop_on": ["reward_hack"]}}, "key 'rloo.stop_on.0'"),
         # the comparison judges every estimator against RLOO's policy: RLOO must be among them
         ({"comparison": {"estimators": ["grpo", "ppo"]}}, "key 'comparison.estimators': must include 'rloo'"),
@@ -131,8 +133,8 @@ MICRO_CPU = [ROOT / "config" / "config.yaml", ROOT / "config" / "micro.yaml"]
                                              r"\(data\.synthetic\.n_train\); lower sft\.batch_size to at most 256"),
         ({"data": {"max_train": 100}, "rloo": {"prompts_per_step": 101}}, r"key 'rloo\.prompts_per_step': 101 is more "
                                                                           r"than the 100 training problems \(data\.max_train\)"),
-        ({"sft": {"max_train_examples": 8}}, r"key 'sft\.batch_size': 16 is more than the 8 training problems "
-                                             r"\(sft\.max_train_examples\)"),
+        ({"sft": {"max_train_examples": 8}}, r"key 'sft\.max_train_examples': 8 conflicts with sft\.batch_size=16: 16 is "
+                                             r"more than the 8 training problems \(sft\.max_train_examples\)"),
         # a machine (or a Slurm CPU node) of the given size: the interpreter alone needs 0.4 GB
         ({"plan": {"host_memory_gb": 0.3}}, r"would need 0\.\d GB of host memory .* of 0\.3 GB \(plan\.host_memory_gb"),
     ],
@@ -141,6 +143,46 @@ def test_sizes_are_refused_at_validation_naming_the_key(override, message):
     override = {**override, "model": {"device": "cpu"}}  # a CPU run, whatever this machine has
     with pytest.raises(ConfigError, match=message):
         load_config(MICRO_CPU, override)
+
+
+CONFIG = ROOT / "config" / "config.yaml"
+
+
+@pytest.mark.parametrize(("files", "sets", "lead", "other"), [
+    # the probe's: a context no micro-batch budget can split (a CPU run's host memory), the budget named
+    ([CONFIG], ["model.max_length=100000000"], "model.max_length", "reward.micro_batch_tokens=32768"),
+    ([CONFIG], ["model.max_length=20000"], "model.max_length", "reward.micro_batch_tokens=32768"),
+    # a context too short for the completions config/micro.yaml sets, and for a default one (96)
+    (MICRO_CPU, ["model.max_length=16"], "model.max_length", "sft.eval_max_new_tokens=24"),
+    ([CONFIG], ["model.max_length=64"], "model.max_length", "sft.eval_max_new_tokens=96 (the default)"),
+    # the other way round, the rule's own key leads: it is the one set
+    (MICRO_CPU, ["rloo.max_new_tokens=500"], "rloo.max_new_tokens", "model.max_length=192"),
+    # a cap below the batch size of the config file; the validation turned off under select's default
+    (MICRO_CPU, ["sft.max_train_examples=8"], "sft.max_train_examples", "sft.batch_size=16"),
+    ([], ["rloo.eval_every=0"], "rloo.eval_every", "rloo.select='best' (the default)"),
+])
+def test_a_rule_across_keys_leads_with_the_key_set(files, sets, lead, other):
+    """A refusal tied to several keys names first the one the user set (--set after the files, a file's
+    after a default), with the key it conflicts with (issue 61, item 9)."""
+    with pytest.raises(ConfigError) as info:
+        load_config(files, {**parse_set(sets), "model": {**parse_set(sets).get("model", {}), "device": "cpu"}})
+    first = str(info.value).splitlines()[1].strip()
+    assert first.startswith(f"key '{lead}':") and other in first, first
+
+
+def test_keys_set_alike_keep_the_rules_own_key_first(tmp_path):
+    # model.max_length and rloo.max_new_tokens both from config files: the rule's key leads, as before
+    overlay = tmp_path / "short.yaml"
+    overlay.write_text("model: {max_length: 16, device: cpu}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config([*MICRO_CPU, overlay])
+    assert str(info.value).splitlines()[1].strip().startswith("key 'sft.eval_max_new_tokens': 24 new tokens")
+
+
+def test_a_sweep_value_leads_its_refusal():
+    with pytest.raises(ConfigError) as info:
+        load_config(MICRO_CPU, {"sweeps": {"ctx": {"model.max_length": [16]}}})
+    assert "key 'sweeps.ctx.model.max_length': value 16: key 'model.max_length': 16 conflicts with " in str(info.value)
 
 
 def test_sizes_that_fit_pass_and_a_gpu_run_is_not_held_to_this_machines_memory():

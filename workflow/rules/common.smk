@@ -29,8 +29,9 @@ for _i, _file in enumerate(_read[1:], start=1):
         raise WorkflowError(
             f"{_file}: its base {_base} was not read: Snakemake does not follow `base:`; give both, the "
             f"base first: --configfile {os.path.relpath(_base)} {os.path.relpath(_file)}")
-# The same schema and validator as `rloo <stage>`: defaults filled in place, unknown keys named.
-_validate_config(config, source="snakemake config")
+# The same schema and validator as `rloo <stage>`: defaults filled in place, unknown keys named; a rule
+# across keys names the one given with --config first, as --set does.
+_validate_config(config, source="snakemake config", overrides=dict(workflow.config_settings.config))
 
 # Every rule's software: the rloo package and its dependencies (used with --software-deployment-method
 # conda; a plain run uses the environment it was started in). Relative to the rule files.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -117,6 +118,16 @@ def load_jsonl_split(path: str, on_bad: str = "error", fields: dict[str, str] | 
     return records, report
 
 
+def load_records(rows: Iterable[Mapping], name: str, on_bad: str = "error", fields: dict[str, str] | None = None,
+                 answer_format: str = "gsm8k") -> tuple[list[dict], LoadReport]:
+    """Records already in memory (a hub split, a caller's list), each checked as a JSONL line is
+    (`check_record`); an error names `name[index]`."""
+    report = LoadReport()
+    records = _collect(((f"{name}[{i}]", dict(r)) for i, r in enumerate(rows)), on_bad, report, fields,
+                       answer_format)
+    return records, report
+
+
 def load_hub_split(
     hub_id: str, config: str, split: str, on_bad: str = "error", fields: dict[str, str] | None = None,
     answer_format: str = "gsm8k",
@@ -124,11 +135,8 @@ def load_hub_split(
     """A split of a hub data set such as openai/gsm8k (needs network access to the hub)."""
     import datasets
 
-    ds = datasets.load_dataset(hub_id, config, split=split)
-    report = LoadReport()
-    records = _collect(((f"{hub_id}[{split}][{i}]", dict(r)) for i, r in enumerate(ds)), on_bad, report, fields,
-                       answer_format)
-    return records, report
+    return load_records(datasets.load_dataset(hub_id, config, split=split), f"{hub_id}[{split}]", on_bad, fields,
+                        answer_format)
 
 
 def solution_steps(answer: str) -> int:

@@ -121,7 +121,7 @@ def _first_body_line(e: urllib.error.HTTPError) -> str:
     be read only once, and each retry's warning and the final error name it."""
     if not hasattr(e, "rloo_first_line"):
         try:
-            text = (e.read() or b"").decode("utf-8", "replace")
+            text = (e.read(4096) or b"").decode("utf-8", "replace")  # a line, not a whole page
         except OSError:
             text = ""
         e.rloo_first_line = next((line.strip() for line in text.splitlines() if line.strip()), "")[:200]

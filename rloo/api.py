@@ -1,14 +1,24 @@
 """RLOO and SFT from Python, without the pipeline. `train_rloo` trains a policy (a folder, or a model object
 with its tokenizer) on prompt rows with a reward function, through the same trainer, estimator, divergence
 guard, checkpoints, validation and metrics as `rloo train` (rloo/train/train_rloo.py); `train_sft`
-fine-tunes one on question/answer rows as `rloo sft` does (rloo/train/train_sft.py).
+fine-tunes one on question/answer rows as `rloo sft` does (rloo/train/train_sft.py). `load_rows` reads
+the rows from a JSONL file or a list of records as `rloo prepare` does, other field names and bare-number
+answers included (data.fields, data.answer_format).
 
-    from rloo.api import Config, RlooConfig, train_rloo
+A row is a dict: `question` (the prompt's question), `answer` (GSM8K's form: the solution's lines, then
+`#### N`; `#### N` alone where the data gives a bare number) and any further field. RLOO reads the question
+and hands every field to the reward functions as a column; SFT learns the answer as written, so it needs
+full solutions. Each reward function's mean is logged as `train/reward/<name>`: its Python name by
+default (the verifier, `rloo.reward.verifier.reward`, logs as `train/reward/reward`), or the name given
+as `(function, weight, name)`.
+
+    from rloo.api import Config, RlooConfig, load_rows, train_rloo
 
     def correct(completions, answer, **kwargs):       # TRL's form: one float (or None) per completion
         return [1.0 if c.strip().endswith(a.split("####")[-1].strip()) else 0.0 for c, a in zip(completions, answer)]
 
-    summary = train_rloo("my-sft-model", rows, correct, "runs/rloo", validation=held_out,
+    rows = load_rows("my_problems.jsonl", fields={"question": "problem", "answer": "result"}, answer_format="number")
+    summary = train_rloo("my-sft-model", rows[32:], correct, "runs/rloo", validation=rows[:32],
                          config=Config(rloo=RlooConfig(k=4, steps=100, lr=5e-5)), log=print_metrics)
 
 Nothing of the pipeline (config files, Snakemake, MLflow, DVC) is imported: a notebook, a script or
@@ -19,16 +29,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+import os
+import typing
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rloo.data import gsm8k
 from rloo.errors import InputError
 from rloo.io import config_hash
 from rloo.reward.functions import RewardFunction
 from rloo.reward.rewards import FunctionReward, RewardSource, VerifierReward
 from rloo.runtime import setup
 from rloo.settings import Config, ModelConfig, PromptConfig, RlooConfig, SftConfig
+from rloo.settings.data import DataConfig, DataFieldsConfig
 from rloo.train.run_log import RunLog
 from rloo.train.train_rloo import bookkeeping
 from rloo.train.train_rloo import train_rloo as _train_rloo
@@ -38,14 +52,45 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 __all__ = ["Config", "ModelConfig", "PromptConfig", "RewardSource", "RlooConfig", "RunLog", "SftConfig",
-           "VerifierReward", "train_rloo", "train_sft"]
+           "VerifierReward", "load_rows", "train_rloo", "train_sft"]
 
-Reward = RewardSource | Callable | Sequence[Callable | tuple[Callable, float]]
+Reward = RewardSource | Callable | Sequence[Callable | tuple[Callable, float] | tuple[Callable, float, str]]
+
+
+def load_rows(path_or_records: str | os.PathLike | Iterable[Mapping], *, fields: Mapping[str, str] | None = None,
+              answer_format: str | None = None, on_bad: str | None = None) -> list[dict]:
+    """Rows for `train_rloo` and `train_sft` from a JSONL file (one record per line) or from records in
+    memory, read and checked by the functions `rloo prepare` reads `data.train_file` with
+    (rloo.data.gsm8k): each row `{"question", "answer" (GSM8K's form, '... #### N'), every further
+    field}`. `fields` names the record's question and answer fields (data.fields: `{"question":
+    "problem", "answer": "result"}`), `answer_format` says how the answer is written (data.answer_format:
+    "gsm8k", or "number", a bare number written as '#### N'), `on_bad` what a bad record does
+    (data.on_bad_record: "error", or "skip" it); the defaults are the pipeline's. A bad record is a
+    DataError (a UserError) naming the file and line (or `records[i]`) and the field."""
+    defaults = DataConfig()
+    try:
+        field_names = DataFieldsConfig(**dict(fields or {}))
+    except TypeError:
+        raise InputError(f"fields: {dict(fields or {})} names other keys than question and answer") from None
+    shape = {"fields": field_names.to_config(), "answer_format": answer_format or defaults.answer_format}
+    on_bad = on_bad or defaults.on_bad_record
+    hints = typing.get_type_hints(DataConfig)
+    for name, key, value in (("answer_format", "answer_format", shape["answer_format"]),
+                             ("on_bad", "on_bad_record", on_bad)):
+        if value not in (allowed := typing.get_args(hints[key])):
+            raise InputError(f"{name}: {value!r} is not one of {', '.join(allowed)} (data.{key})")
+    if isinstance(path_or_records, str | os.PathLike):
+        rows, _ = gsm8k.load_jsonl_split(os.fspath(path_or_records), on_bad, **shape)
+    else:
+        rows, _ = gsm8k.load_records(path_or_records, "records", on_bad, **shape)
+    return rows
 
 
 def reward_source(reward: Reward) -> RewardSource:
     """A reward source from what a caller hands in: a source as it is (rloo.reward.rewards), one function in
-    TRL's form, or several (each alone, weight 1, or as (function, weight)): their weighted sum."""
+    TRL's form, or several (each alone, weight 1, as (function, weight) or as (function, weight, name)):
+    their weighted sum. A function's mean is logged as `train/reward/<name>`: the name given, else its
+    Python name (`__name__`: the verifier `rloo.reward.verifier.reward` is `train/reward/reward`)."""
     if hasattr(reward, "score"):
         return reward  # type: ignore[return-value]
     parts = [reward] if callable(reward) else list(reward)
@@ -108,7 +153,9 @@ def train_rloo(policy: str | Path | PreTrainedModel, prompts: Sequence[Mapping],
     functions as columns) and write the trained policy, steps.jsonl and metrics.json to `out_dir`.
 
     `reward`: a function in TRL's form (`f(completions, **kwargs) -> list[float | None]`), several
-    (weighted), or a RewardSource. `validation`: held-out rows (with `answer`) the policy is evaluated on
+    (each alone, `(f, weight)` or `(f, weight, name)`: their weighted sum), or a RewardSource; each
+    function's mean is logged as `train/reward/<name>`, its Python name unless the tuple names it
+    (`reward_source`). `validation`: held-out rows (with `answer`) the policy is evaluated on
     every `rloo.eval_every` steps, the best checkpoint kept (`rloo.select`). `config`: the settings (an
     RlooConfig alone is the `rloo` section; default: the pipeline's defaults). Checkpoints go to `work_dir`
     (default: beside `out_dir`), and a rerun of the same call resumes from them. `log(metrics, step)`
@@ -135,7 +182,8 @@ def train_sft(policy: str | Path | PreTrainedModel, rows: Sequence[Mapping], out
               config: Config | SftConfig | None = None, work_dir: str | Path | None = None,
               log: RunLog | Callable[[dict, int], None] | None = None) -> dict:
     """Fine-tune `policy` (a folder, or a model object with its `tokenizer`, as for train_rloo) on `rows`
-    ({question, answer}: the loss on the answer and its EOS only), through the same loop as `rloo sft`;
+    ({question, answer}: the loss on the answer and its EOS only, so the answer must be a full solution
+    ending in '#### N', not a bare '#### N'), through the same loop as `rloo sft`;
     evaluate it on the first `sft.eval_examples` rows of `test` and write the policy, metrics.json and
     history.json to `out_dir`. `config`: the settings (an SftConfig alone is the `sft` section).
     Checkpoints go to `work_dir` (default: beside `out_dir`), and a rerun of the same call resumes from

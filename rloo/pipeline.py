@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rloo.config.selection import put, select, with_overrides
 from rloo.errors import InputError
 from rloo.settings import Config
 
@@ -304,8 +305,6 @@ def work_dir(stage: str, cfg: ConfigLike, estimator: str | None = None, variant:
 
 def job_config(cfg: Mapping[str, Any], stage: str, variant: Variant | None = None) -> Mapping[str, Any]:
     """The config `stage`'s job runs on: `cfg`, with the variant's keys set where it varies the stage."""
-    from rloo.config.selection import with_overrides
-
     owner = _owner(stage, variant)
     return with_overrides(dict(cfg), owner.overrides) if owner else cfg
 
@@ -314,8 +313,6 @@ def job_settings(cfg: Mapping[str, Any], stage: str, estimator: str | None = Non
                  variant: Variant | None = None) -> dict:
     """What `stage`'s job reads of its config (`stage_keys`): the part a rule hands its command, and
     reruns on. The RLOO stage's estimator is the job's (a target's wildcard), else its config's."""
-    from rloo.config.selection import stage_config
-
     jcfg = job_config(cfg, stage, variant)
     estimator = estimator or _sections(jcfg).rloo.estimator
     return stage_config(dict(jcfg), stage, {"rloo.estimator": estimator} if stage == "rloo" else None)
@@ -382,6 +379,23 @@ def stage_keys(cfg: ConfigLike, stage: str, estimator: str | None = None) -> tup
         # reward functions or a reward server: RLOO trains on them, the evaluation reports them
         keys += ["reward.source", plugin] if stage == "evaluate" else [plugin]
     return keys, excluded
+
+
+def stage_config(cfg: dict, stage: str, overrides: dict[str, Any] | None = None) -> dict:
+    """The part of `cfg` that `stage` reads (a copy; `stage_keys`), with {dotted key: value}
+    `overrides` set on top. Snakemake passes a stage exactly this part (workflow/rules/common.smk), so a
+    changed value reruns just the stages that read it; a stage run by hand logs it as MLflow parameters."""
+    keys, excluded = stage_keys(cfg, stage, (overrides or {}).get("rloo.estimator"))
+    part = select(cfg, keys)
+    for key in excluded:
+        *parents, leaf = key.split(".")
+        node = part
+        for name in parents:
+            node = node.get(name, {})
+        node.pop(leaf, None)
+    for key, value in (overrides or {}).items():
+        put(part, key, value)
+    return part
 
 
 def reads_key(cfg: ConfigLike, stage: str, key: str) -> bool:

@@ -9,7 +9,7 @@ of config/micro.yaml, so that every stage can be run on a hub architecture on a 
 
     python scripts/make_tiny_hub_model.py                          # models/qwen2-tiny
     python scripts/make_tiny_hub_model.py models/qwen2-tiny-nopad --no-pad
-    snakemake --cores all --configfile config/micro.yaml config/qwen2-tiny.yaml results/gsm8k_rloo.json
+    snakemake --cores all results/gsm8k_rloo.json --configfile config/micro.yaml config/qwen2-tiny.yaml
 """
 
 from __future__ import annotations

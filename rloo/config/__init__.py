@@ -13,10 +13,10 @@ from rloo.config.overlays import (
     resolved_base,
 )
 from rloo.config.schema import SCHEMA_PATH, ConfigError, load_schema
-from rloo.config.selection import changed_keys, config_hash, select, stage_config, with_overrides
+from rloo.config.selection import changed_keys, config_hash, select, with_overrides
 
 __all__ = [
     "RESOLVED_ENV", "SCHEMA_PATH", "ConfigError", "changed_keys", "config_base", "config_hash", "declares_base", "deep_merge",
-    "export_resolved", "load_config", "load_schema", "parse_set", "resolved_base", "select", "stage_config",
+    "export_resolved", "load_config", "load_schema", "parse_set", "resolved_base", "select",
     "validate", "with_overrides",
 ]

@@ -1,4 +1,5 @@
-"""Parts of a config: the keys a stage reads, dotted-key copies and overrides, hashes and differences."""
+"""Parts of a config: dotted-key copies and overrides, hashes and differences (what a stage reads of it:
+rloo.pipeline.stage_config)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from rloo.io import config_hash  # noqa: F401 (re-exported: rloo.config.config_hash)
-from rloo.pipeline import stage_keys
 
 
 def leaves(node: Any, path: str = "") -> Iterator[tuple[str, Any]]:
@@ -26,23 +26,6 @@ def changed_keys(a: dict, b: dict) -> list[str]:
     """Dotted keys whose values differ between two configs."""
     left, right = dict(leaves(a)), dict(leaves(b))
     return sorted(k for k in left.keys() | right.keys() if left.get(k) != right.get(k))
-
-
-def stage_config(cfg: dict, stage: str, overrides: dict[str, Any] | None = None) -> dict:
-    """The part of `cfg` that `stage` reads (a copy; `pipeline.stage_keys`), with {dotted key: value}
-    `overrides` set on top. Snakemake passes a stage exactly this part (workflow/rules/common.smk), so a
-    changed value reruns just the stages that read it; a stage run by hand logs it as MLflow parameters."""
-    keys, excluded = stage_keys(cfg, stage, (overrides or {}).get("rloo.estimator"))
-    part = select(cfg, keys)
-    for key in excluded:
-        *parents, leaf = key.split(".")
-        node = part
-        for name in parents:
-            node = node.get(name, {})
-        node.pop(leaf, None)
-    for key, value in (overrides or {}).items():
-        put(part, key, value)
-    return part
 
 
 def with_overrides(cfg: dict, overrides: dict[str, Any]) -> dict:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -165,6 +165,16 @@ def load_jsonl_split(path: str, on_bad: str = "error", fields: dict[str, str] | 
     return records, report
 
 
+def load_records(rows: Iterable[Mapping], name: str, on_bad: str = "error", fields: dict[str, str] | None = None,
+                 answer_format: str = "gsm8k", limit: SizeLimit | None = None) -> tuple[list[dict], LoadReport]:
+    """Records already in memory (a hub split, a caller's list), each checked as a JSONL line is
+    (`check_record`; `limit`: data.max_record_chars, on each record's JSON); an error names `name[index]`."""
+    report = LoadReport()
+    named = [(f"{name}[{i}]", dict(r)) for i, r in enumerate(rows)]
+    dropped = limit.dropped(((where, record_chars(r)) for where, r in named), report) if limit else set()
+    return _collect(named, on_bad, report, fields, answer_format, dropped), report
+
+
 def load_hub_split(
     hub_id: str, config: str, split: str, on_bad: str = "error", fields: dict[str, str] | None = None,
     answer_format: str = "gsm8k", limit: SizeLimit | None = None,
@@ -172,12 +182,8 @@ def load_hub_split(
     """A split of a hub data set such as openai/gsm8k (needs network access to the hub)."""
     import datasets
 
-    ds = datasets.load_dataset(hub_id, config, split=split)
-    report = LoadReport()
-    rows = [(f"{hub_id}[{split}][{i}]", dict(r)) for i, r in enumerate(ds)]
-    dropped = limit.dropped(((where, record_chars(r)) for where, r in rows), report) if limit else set()
-    records = _collect(rows, on_bad, report, fields, answer_format, dropped)
-    return records, report
+    return load_records(datasets.load_dataset(hub_id, config, split=split), f"{hub_id}[{split}]", on_bad, fields,
+                        answer_format, limit)
 
 
 def solution_steps(answer: str) -> int:

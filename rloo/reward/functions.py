@@ -15,7 +15,8 @@ reward) per completion.
 Checked before any stage runs (`config_problems`, from rloo.config.checks): the function imports and
 its signature fits. Checked at every call (`RewardFunction.__call__`): one reward per completion, each a
 finite number or None; an exception on more than `max_failed_share` of a batch stops the run. Each
-problem is one line naming the key or the function. Nothing here imports torch: the checks run when
+problem is one line naming the key or the function; an exception's names the file and line of the
+user's code it was raised at (`user_frame`), its traceback chained for the stage's log. Nothing here imports torch: the checks run when
 Snakemake reads the workflow.
 """
 
@@ -30,6 +31,7 @@ import math
 import numbers
 import os
 import sys
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +56,43 @@ class RewardFunctionError(UserError, RuntimeError):
 
 def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {' '.join(str(e).split())}"[:300]
+
+
+def _not_user_roots() -> set[Path]:
+    """Where code that is not the user's lies: this package, the Python installation and its environment."""
+    return {Path(__file__).resolve().parents[1], Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()}
+
+
+def _is_user_file(path: Path, not_user: set[Path]) -> bool:
+    return not (not_user & set(path.resolve().parents))
+
+
+def user_frame(e: BaseException, own_file: str | None = None) -> str | None:
+    """`file:line` of the innermost frame of `e`'s traceback in the user's code (outside this package and
+    Python's installation; a SyntaxError's own file and line), else the innermost one in `own_file` (a
+    function of this package the config names), else None. The path is relative where it lies under the
+    working directory, as a config names it."""
+    if isinstance(e, SyntaxError) and e.filename and e.lineno:
+        return f"{_shown(e.filename)}:{e.lineno}"
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename and not f.filename.startswith("<")]
+    not_user = _not_user_roots()
+    for wanted in (lambda f: _is_user_file(Path(f.filename), not_user),
+                   lambda f: own_file is not None and Path(f.filename).resolve() == Path(own_file).resolve()):
+        if found := [f for f in frames if wanted(f)]:
+            return f"{_shown(found[-1].filename)}:{found[-1].lineno}"
+    return None
+
+
+def _shown(filename: str) -> str:
+    path = Path(filename).resolve()
+    return os.path.relpath(path) if Path.cwd().resolve() in path.parents else str(path)
+
+
+def _raised(e: BaseException, own_file: str | None = None) -> str:
+    """'ZeroDivisionError: division by zero at my_reward.py:12': the exception and where in the user's
+    code it was raised."""
+    where = user_frame(e, own_file)
+    return _one_line(e) + (f" at {where}" if where else "")
 
 
 def is_path(target: str) -> bool:
@@ -104,12 +143,12 @@ def load(fn: str, key: str) -> tuple[Callable, str]:
         try:
             module = _load_file(path)
         except Exception as e:
-            raise RewardFunctionError(f"key '{key}': {path}: importing it raised {_one_line(e)}") from None
+            raise RewardFunctionError(f"key '{key}': {path}: importing it raised {_raised(e)}") from e
     else:
         try:
             module = importlib.import_module(target)
         except Exception as e:
-            raise RewardFunctionError(f"key '{key}': module '{target}' does not import ({_one_line(e)})") from None
+            raise RewardFunctionError(f"key '{key}': module '{target}' does not import ({_raised(e)})") from e
         where = getattr(module, "__file__", None) or f"module {target}"
     func = getattr(module, name, None)
     if func is None:
@@ -221,7 +260,7 @@ def user_files(cfg: dict) -> list[Path]:
     if cfg["reward"]["source"] != "function":
         return []
     out: list[Path] = []
-    not_user = {Path(__file__).resolve().parents[1], Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()}
+    not_user = _not_user_roots()
     for f in cfg["reward"]["functions"]:
         target = f["fn"].rpartition(":")[0]
         if is_path(target):
@@ -234,7 +273,7 @@ def user_files(cfg: dict) -> list[Path]:
             if spec is None or not spec.origin or not spec.has_location:
                 continue
             path = Path(spec.origin)
-            if not_user & set(path.resolve().parents):
+            if not _is_user_file(path, not_user):
                 continue
         if path not in out:
             out.append(path)
@@ -274,6 +313,12 @@ class RewardFunction:
         return cls(f"reward[{name}]", name, fn, float(weight), float(max_failed_share), func, Parameters.of(func))
 
     @property
+    def _file(self) -> str | None:
+        """The file the function's code lies in (its own lines, where it is this package's)."""
+        code = getattr(self.func, "__code__", None)
+        return code.co_filename if code is not None else None
+
+    @property
     def label(self) -> str:
         return f"reward function '{self.name}' ({self.fn})"
 
@@ -310,13 +355,14 @@ class RewardFunction:
                 failed, last = failed + 1, e
                 out.append(None)
                 if failed > allowed:
+                    # `from last`: the user's own frames follow where tracebacks go (the stage's log)
                     raise RewardFunctionError(
-                        f"{self.label} raised {_one_line(last)} on {failed} of the {i + 1} completions tried one by "
-                        f"one, more than {self.key}.max_failed_share={self.max_failed_share:g} of the batch of {n} "
-                        "allows: the run stops") from None
+                        f"{self.label} raised {_raised(last, self._file)} on {failed} of the {i + 1} completions "
+                        f"tried one by one, more than {self.key}.max_failed_share={self.max_failed_share:g} of the "
+                        f"batch of {n} allows: the run stops") from last
         if failed:
             log.warning("%s raised on %d of %d completions (last: %s): missing rewards", self.label, failed, n,
-                        _one_line(last))
+                        _raised(last, self._file))
         return out
 
     def _checked(self, values: Any, n: int) -> list[float | None]:

@@ -10,7 +10,7 @@ A request that fails (no connection, a timeout, an HTTP error) is retried `max_r
 0.5, 1, 2 ... s (at most 5 s) between tries; one that still fails leaves its completions without
 rewards, and the run stops once more than `max_failed_share` of the requests so far have failed (with
 the default 0, at the first). A reply that breaks the protocol stops it at once. The stop is one line
-naming the server; the training loop's last checkpoint stays, so a rerun resumes from it.
+naming the server (and an HTTP error's status and the first line of its body); the training loop's last checkpoint stays, so a rerun resumes from it.
 The URL never carries a credential (rloo.config.checks refuses one): a key comes from the environment
 variable `api_key_env` names, as a bearer token.
 """
@@ -107,9 +107,22 @@ class RewardClient:
 
 
 def _reason(e: BaseException) -> str:
-    """What went wrong with a request, in a few words (never the request's headers)."""
+    """What went wrong with a request, in a few words (never the request's headers): an HTTP error's
+    status and the first line of the body, where a server says why."""
     if isinstance(e, urllib.error.HTTPError):
-        return f"HTTP {e.code} {e.reason}"
+        return f"HTTP {e.code} {e.reason}" + (f": {line}" if (line := _first_body_line(e)) else "")
     if isinstance(e, urllib.error.URLError):
         e = e.reason if isinstance(e.reason, BaseException) else e
     return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
+def _first_body_line(e: urllib.error.HTTPError) -> str:
+    """The first non-blank line of an HTTP error's body (at most 200 characters), read once: a body can
+    be read only once, and each retry's warning and the final error name it."""
+    if not hasattr(e, "rloo_first_line"):
+        try:
+            text = (e.read(4096) or b"").decode("utf-8", "replace")  # a line, not a whole page
+        except OSError:
+            text = ""
+        e.rloo_first_line = next((line.strip() for line in text.splitlines() if line.strip()), "")[:200]
+    return e.rloo_first_line

@@ -19,7 +19,7 @@ import numpy as np
 import yaml
 from safetensors.torch import load_file
 
-from rloo.config import config_hash, stage_config
+from rloo.config import config_hash
 from rloo.data.gsm8k import read_split
 from rloo.data.manifest import read_manifest
 from rloo.errors import InputError
@@ -30,6 +30,7 @@ from rloo.eval.reward_figures import reward_figures
 from rloo.eval.stats import wilson_interval
 from rloo.io import sha256_file, write_json_atomic
 from rloo.model import checkpoint, models
+from rloo.pipeline import stage_config
 from rloo.reward.functions import VERIFIER_FN
 from rloo.reward.judge_server import open_judge
 from rloo.reward.judges import VerifierJudge, agreement, win_rate

@@ -88,8 +88,8 @@ def _stage_base(stage: str) -> str:
 
 
 def _start_stage_run(cfg: dict, stage: str, keys: list[str] | None, outputs: list[Path]) -> Run:
-    from rloo.config import config_hash, stage_config
-    from rloo.pipeline import STAGES
+    from rloo.config import config_hash
+    from rloo.pipeline import STAGES, stage_config
 
     uri = store.tracking_uri(cfg)
     parent = os.environ.get(store.ENV_PARENT, "").strip() or None

@@ -4,8 +4,9 @@ temporary folder) on a copy of the session's finished micro chain (`micro_workfl
 tracking on. Only rloo and evaluate run; each function is logged (steps.jsonl, MLflow, `rloo summary`)
 and their weighted sum is the training reward; the evaluation reports them for base, SFT and RLOO;
 a change to what the file computes reruns rloo and evaluate only, and a comment nothing; a function that
-does not import stops Snakemake before any job in one line; the file counts in the code fingerprints of
-those two stages that DVC reads."""
+does not import stops Snakemake before any job in one line; one that raises stops the rloo job with one
+line naming the user's file and line, its traceback in the job's log; the file counts in the code
+fingerprints of those two stages that DVC reads."""
 
 from __future__ import annotations
 
@@ -112,6 +113,33 @@ def test_a_function_that_does_not_import_stops_snakemake_before_any_job(chain):
     out = res.stdout + res.stderr
     line = f"key 'reward.functions[1].fn': {chain['copy'] / FORMAT}: no function 'nosuch'"
     assert res.returncode != 0 and line in out, out[-3000:]
+
+
+RAISES = '''def bonus(completions, **kwargs):
+    return [_length_score(c) for c in completions]
+
+
+def _length_score(completion):
+    return 1.0 / (len(completion) - len(completion))  # raises on every completion
+'''
+
+
+def test_a_function_that_raises_is_one_line_naming_the_users_file_and_line_and_the_log_has_its_frames(
+        micro_workflow, tmp_path):
+    copy = copy_tree(micro_workflow["copy"], tmp_path / "wf")
+    (copy / "my_bonus.py").write_text(RAISES)
+    (copy / "config" / "raises.yaml").write_text(yaml.safe_dump({"reward": {"source": "function", "functions": [
+        {"name": "correct", "fn": "rloo.reward.verifier:reward"}, {"name": "bonus", "fn": "my_bonus.py:bonus"}]}}))
+    res = snakemake(copy, RLOO, "--cores", "1", *CONFIGFILES, "config/raises.yaml", check=False)
+    out = res.stdout + res.stderr
+    one_line = ("rloo train: error: reward function 'bonus' (my_bonus.py:bonus) raised ZeroDivisionError: float "
+                "division by zero at my_bonus.py:6 on 1 of the 1 completions tried one by one")
+    assert res.returncode != 0 and one_line in out, out[-4000:]
+    log = (copy / "logs" / "rloo_rloo.log").read_text()
+    assert log.rstrip().splitlines()[-1].startswith(one_line), log[-3000:]  # the log ends with it too
+    # the traceback, above it in the log: the user's own frames, not only the package's
+    assert f'File "{copy / "my_bonus.py"}", line 2, in bonus' in log and \
+        f'File "{copy / "my_bonus.py"}", line 6, in _length_score' in log, log[-3000:]
 
 
 def test_the_reward_file_counts_in_the_code_fingerprints_dvc_reads_of_rloo_and_evaluate(chain):

@@ -146,6 +146,17 @@ def test_a_dead_server_is_one_line(tmp_path):
     assert "1 of 1 requests failed, more than reward.http.max_failed_share=0: the run stops" in message
 
 
+def test_an_http_error_is_one_line_with_the_url_the_status_and_the_first_line_of_the_body(tmp_path, functions_file,
+                                                                                         servers):
+    body = "\n  scorer crashed: KeyError 'answer'\nTraceback (most recent call last):\n  File \"scorer.py\", line 9\n"
+    servers.append(server := Server(tmp_path, functions_file, "--fail-first", "5", "--fail-body", body))
+    with pytest.raises(RewardServerError) as info:
+        _score(_http(server.url, max_retries=1))
+    message = str(info.value)
+    assert message.startswith(f"the reward server at {server.url} did not answer (HTTP 500 Internal Server Error: "
+                              "scorer crashed: KeyError 'answer', after 1 retries)") and "\n" not in message, message
+
+
 @pytest.mark.parametrize(("reply", "expected"), [
     ('{"rewards": [1.0]}', "returned 1 rewards for 4 completions"),
     ('{"rewards": [1.0, "2", 3, 4]}', "returned '2' for completion 1: not a number"),

@@ -22,13 +22,13 @@ from conftest import copy_tree
 from workflow_helpers import CONFIGFILES, ROOT, env_for, job_counts, make_copy, planned, snakemake
 
 from rloo import cli, pipeline, tracking
-from rloo.config import ConfigError, load_config, stage_config
+from rloo.config import ConfigError, load_config
 from rloo.dvc import dvcyaml as rdvc
 from rloo.errors import InputError
 from rloo.eval.seed_table import aggregate
 from rloo.eval.stats import t_interval
 from rloo.eval.sweep_table import table
-from rloo.pipeline import point_id, sweep_grid, sweep_variant
+from rloo.pipeline import point_id, stage_config, sweep_grid, sweep_variant
 
 SEEDS = "results/seeds/gsm8k_rloo.json"
 MICRO = [ROOT / "config" / "config.yaml", ROOT / "config" / "micro.yaml"]

@@ -1,6 +1,6 @@
 """RLOO from Python (rloo/api.py): one call on a policy folder, prompt rows and a reward function in TRL's
-form trains as `rloo train` does (the same steps and the same weights, to the bit), and the README's
-snippet runs as it is written."""
+form trains as `rloo train` does (the same steps and the same weights, to the bit), load_rows reads a
+user's records as `rloo prepare` does, and the README's snippet runs as it is written."""
 
 from __future__ import annotations
 
@@ -12,10 +12,13 @@ from pathlib import Path
 import pytest
 import reward_functions
 
-from rloo.api import Config, RlooConfig, train_rloo, train_sft
-from rloo.data.gsm8k import read_split
+from rloo.api import Config, RlooConfig, load_rows, train_rloo, train_sft
+from rloo.config import load_config
+from rloo.data.gsm8k import DataError, read_split
 from rloo.errors import InputError
+from rloo.io import read_jsonl
 from rloo.rollout.collect import training_prompts
+from rloo.stages import prepare
 from rloo.stages import train as rloo_stage
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,6 +111,39 @@ def test_the_readme_snippet_runs_as_written(micro_run, tmp_path, monkeypatch, ca
     exec(compile(readme_snippet(), "README.md", "exec"), namespace)
     summary = namespace["summary"]
     assert summary["steps_trained"] > 0 and (tmp_path / "runs" / "rloo" / "model.safetensors").is_file()
-    assert set(summary["reward_functions"]) == {"reward", "concise"}
+    assert set(summary["reward_functions"]) == {"correct", "concise"}  # the tuple's name, the function's own
     printed = capsys.readouterr().out
     assert printed.count("\n") >= summary["steps_trained"]  # the log printed every step
+
+
+def test_load_rows_reads_a_users_records_as_prepare_does(tmp_path, monkeypatch):
+    """config/examples/your-data.yaml's files ({"id", "problem", "result": 85, "steps"}) through a real
+    `prepare` run and through load_rows with the overlay's data.fields and data.answer_format: the same
+    rows, from the file and from the records as a list of dicts."""
+    monkeypatch.chdir(ROOT)  # the overlay names its files relative to the repository
+    cfg = load_config(ROOT / "config" / "examples" / "your-data.yaml", {"tracking": {"enabled": False}})
+    data = cfg["data"]
+    shape = {"fields": data["fields"], "answer_format": data["answer_format"]}
+    assert shape == {"fields": {"question": "problem", "answer": "result"}, "answer_format": "number"}
+    prepare.run(cfg, tmp_path / "data")
+    prepared = {split: read_split(tmp_path / "data", split) for split in ("train", "val", "test")}
+    assert load_rows(data["test_file"], **shape) == prepared["test"]
+    held_out = {r["id"] for r in prepared["val"]}
+    rows = load_rows(ROOT / data["train_file"], **shape)  # a Path as well as a str
+    assert [r for r in rows if r["id"] not in held_out] == prepared["train"]
+    assert [r for r in rows if r["id"] in held_out] == prepared["val"]
+    assert rows[0] == {"question": "Hana has 17 beads. Then Hana's beads become 5 times as many. How many beads "
+                                   "does Hana have now?", "answer": "#### 85", "id": "train-0000", "steps": 1}
+    records = [r for _, r in read_jsonl(data["test_file"])]
+    assert load_rows(records, **shape) == prepared["test"]
+    # a bad record names where it is and the field, as prepare's do
+    with pytest.raises(DataError, match=r"^records\[1\]: field 'result' is not a number \(data.answer_format: "
+                                        r"number\): 'about 4'$"):
+        load_rows([records[0], {**records[1], "result": "about 4"}], **shape)
+    with pytest.raises(DataError, match=r"^records\[0\]: missing field 'question'$"):
+        load_rows(records)  # the pipeline's defaults: GSM8K's names
+    assert load_rows([records[0], {"problem": "?"}], **shape, on_bad="skip") == prepared["test"][:1]
+    with pytest.raises(InputError, match=r"^answer_format: 'bare' is not one of gsm8k, number \(data.answer_format\)$"):
+        load_rows(records, fields=shape["fields"], answer_format="bare")
+    with pytest.raises(InputError, match=r"^fields: \{'prompt': 'problem'\} names other keys than question and answer$"):
+        load_rows(records, fields={"prompt": "problem"})

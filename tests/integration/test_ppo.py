@@ -149,7 +149,7 @@ def test_ppo_run_trains_policy_and_critic_and_resumes_bit_identically(micro_run,
 
 
 def test_ppo_settings_do_not_rerun_the_critic_free_estimators(micro_run):
-    from rloo.config import stage_config
+    from rloo.pipeline import stage_config
 
     cfg = json.loads(json.dumps(micro_run["cfg"]))
     assert "ppo" not in stage_config(cfg, "rloo", {"rloo.estimator": "rloo"})["rloo"]

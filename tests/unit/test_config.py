@@ -99,7 +99,7 @@ def test_cli_reports_config_errors(capsys):
 
 def test_stage_config_is_what_each_stage_reads():
     """One definition feeds Snakemake's rerun params and MLflow's: check what it selects."""
-    from rloo.config import stage_config
+    from rloo.pipeline import stage_config
 
     cfg = load_config(None, {"reward": {"source": "model"}})
     reward = stage_config(cfg, "reward")

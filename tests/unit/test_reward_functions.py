@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import textwrap
+import traceback
 from pathlib import Path
 
 import pytest
@@ -146,8 +147,9 @@ def test_the_verifier_as_a_function_is_the_verifier(rewards_file):
     ("not_a_number", "reward function 'f' ({fn}) returned '1.0' for completion 0: not a number"),
     ("not_finite", "reward function 'f' ({fn}) returned inf for completion 0: a reward must be finite"),
     ("not_a_list", "reward function 'f' ({fn}) returned a float, not a list of rewards"),
-    ("raises_on_x", "reward function 'f' ({fn}) raised ZeroDivisionError: division by zero on 1 of the 2 "
-                    "completions tried one by one, more than reward.functions[0].max_failed_share=0 of the batch"),
+    ("raises_on_x", "reward function 'f' ({fn}) raised ZeroDivisionError: division by zero at {file}:{line} on 1 "
+                    "of the 2 completions tried one by one, more than reward.functions[0].max_failed_share=0 of the "
+                    "batch"),
 ])
 def test_what_a_function_returns_is_checked_at_every_call(rewards_file, fn, expected):
     spec = f"{rewards_file}:{fn}"
@@ -155,7 +157,53 @@ def test_what_a_function_returns_is_checked_at_every_call(rewards_file, fn, expe
     with pytest.raises(RewardFunctionError) as info:
         score(reward)
     message = str(info.value)
-    assert message.startswith(expected.format(fn=spec)) and "\n" not in message, message
+    line = FUNCTIONS.splitlines().index("    return [1 / 0 if c.startswith(\"x\") else 1.0 for c in completions]") + 1
+    assert message.startswith(expected.format(fn=spec, file=rewards_file, line=line)) and "\n" not in message, message
+
+
+HELPERS = textwrap.dedent('''
+    import json
+
+
+    def parse(text):
+        return json.loads(text)  # a completion that is no JSON raises inside json, called from here
+''')
+
+CALLER = textwrap.dedent('''
+    from helpers_of_mine import parse
+
+
+    def json_score(completions, **kwargs):
+        return [float(parse(c)["score"]) for c in completions]
+''')
+
+
+def test_a_raising_function_is_one_line_with_the_users_file_and_line_and_its_traceback_follows(tmp_path,
+                                                                                                monkeypatch):
+    # the innermost frame in the user's code: their helper in a second file, not json's frames nor rloo's
+    (tmp_path / "helpers_of_mine.py").write_text(HELPERS)
+    (tmp_path / "scores.py").write_text(CALLER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    reward = reward_of({"name": "js", "fn": "scores.py:json_score"})
+    with pytest.raises(RewardFunctionError) as info:
+        score(reward, completions=['{"score": 1}', "not json"])
+    message = str(info.value)
+    line = HELPERS.splitlines().index("    return json.loads(text)  # a completion that is no JSON raises inside json,"
+                                      " called from here") + 1
+    assert message.startswith("reward function 'js' (scores.py:json_score) raised JSONDecodeError: Expecting value: "
+                              f"line 1 column 1 (char 0) at helpers_of_mine.py:{line} on 1 of the 2 completions"), message
+    assert "\n" not in message
+    # the full traceback (what the CLI prints to the stage's log) holds every frame of the user's code
+    shown = "".join(traceback.format_exception(info.value))
+    assert f'helpers_of_mine.py", line {line}, in parse' in shown and 'scores.py", line 6, in' in shown, shown
+
+
+def test_a_reward_file_that_raises_on_import_names_its_line(tmp_path):
+    (tmp_path / "bad_import.py").write_text("import os\n\nLIMIT = int(os.environ['RLOO_NO_SUCH_VARIABLE'])\n")
+    problems = _problems([{"name": "f", "fn": f"{tmp_path}/bad_import.py:f"}])
+    assert problems == [f"  key 'reward.functions[0].fn': {tmp_path}/bad_import.py: importing it raised KeyError: "
+                        f"'RLOO_NO_SUCH_VARIABLE' at {tmp_path}/bad_import.py:3"], problems
 
 
 def test_a_function_that_raises_within_its_share_gives_missing_rewards(rewards_file, caplog):

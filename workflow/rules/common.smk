@@ -9,13 +9,13 @@ from snakemake.exceptions import WorkflowError
 
 from rloo.config import config_base as _config_base
 from rloo.config import load_schema
-from rloo.config import stage_config as _stage_config
 from rloo.config import validate as _validate_config
 from rloo.config import with_overrides
 from rloo.dvc.dag import force_rerun
 from rloo.launch import srun_command
 from rloo.model.base import gguf_file
 from rloo.pipeline import STAGES, VARIANT_FIELDS, VARIANT_PATTERN, job_inputs, job_settings, lineage, outputs
+from rloo.pipeline import stage_config as _stage_config
 from rloo.pipeline import parse_variant, rule_outputs, work_dir
 from rloo.code_fingerprint import stage_code_param
 

@@ -22,10 +22,12 @@ from rloo.config import (
     deep_merge,
     load_config,
     parse_set,
+    read_job_config,
     resolved_base,
 )
 from rloo.errors import MissingInputError, UserError
 from rloo.io import failed_write_line
+from rloo.job_log import run_logged
 
 DEFAULT_CONFIG = "config/config.yaml"
 # The stages that train data-parallel under torchrun or srun (rloo/model/distributed.py).
@@ -33,19 +35,14 @@ DATA_PARALLEL = tuple(s.verb for s in pipeline.STAGES.values() if s.data_paralle
 
 
 def _config(args: argparse.Namespace) -> dict:
-    overrides: dict = {}
-    if args.config_json:
-        try:
-            overrides = json.loads(args.config_json)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"--config-json: not valid JSON ({e.msg})") from None
+    overrides: dict = read_job_config(args.job_config) if args.job_config else {}
     if args.set:
         overrides = deep_merge(overrides, parse_set(args.set))
     paths = args.config
-    if not paths and not args.config_json and Path(DEFAULT_CONFIG).is_file():
+    if not paths and not args.job_config and Path(DEFAULT_CONFIG).is_file():
         paths = [DEFAULT_CONFIG]
-    if args.config_json and not paths:
-        # A Snakemake job: its keys (--config-json) over the pipeline's resolved config, where the main
+    if args.job_config and not paths:
+        # A Snakemake job: its keys (--job-config) over the pipeline's resolved config, where the main
         # process exported one; else over the schema's defaults.
         overrides = deep_merge(resolved_base(), overrides)
     cfg = load_config(paths or None, overrides)
@@ -83,9 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override one key, e.g. --set rloo.k=8 (repeatable)",
     )
-    common.add_argument(
-        "--config-json", default=None, help="overrides as one JSON object (used by Snakemake)"
-    )
+    common.add_argument("--job-config", default=None, metavar="FILE",
+                        help="the keys a Snakemake job reads, as a JSON file named by its content (set by the "
+                             "rules: .rloo/config/<stage>-<digest>.json), over the run's resolved config")
+    common.add_argument("--log", default=None, metavar="FILE",
+                        help="append everything the stage prints to FILE; a failure shows the terminal the "
+                             "log's last lines and its path (set by the rules)")
     common.add_argument("--debug", action="store_true", help="show the traceback of an input error")
     common.add_argument("--variant", default=None, metavar="LABEL",
                         help="the job is a seed or a sweep point of the chain: its MLflow run is named "
@@ -200,6 +200,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.stage in ("summary", "schema"):  # tools that read no config
         return COMMANDS[args.stage](args)
+    return run_logged(getattr(args, "log", None), f"rloo {args.stage}", lambda: _main(args, argv))
+
+
+def _main(args: argparse.Namespace, argv: list[str]) -> int:
+    """A command that reads the config, its launch in several processes, and its errors as one line."""
     try:
         cfg = _config(args)
     except ConfigError as e:

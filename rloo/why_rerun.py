@@ -32,9 +32,12 @@ def _code_lines(root: Path, before: str, now: str) -> list[str]:
         f"its code fingerprint changed ({old} -> {new})"]
 
 
-def _config(value: str) -> dict | None:
+def _config(root: Path, value: str) -> dict | None:
+    """The config a `cfg` param holds: the file it names (--job-config, kept under .rloo/config), or the
+    JSON itself (the records of runs before those files)."""
+    path = root / value
     try:
-        parsed = json.loads(value)
+        parsed = json.loads(path.read_text() if value.endswith(".json") and path.is_file() else value)
     except ValueError:
         return None
     return parsed if isinstance(parsed, dict) else None
@@ -58,12 +61,12 @@ def explain(root: Path, rerun: Rerun) -> list[str]:
         lines += _code_lines(root, old_code, new_code)
         before.remove(old_code)
         now.remove(new_code)
-    old_cfg = next((c for p in before if (c := _config(p)) is not None), None)
-    new_cfg = next((c for p in now if (c := _config(p)) is not None), None)
+    old_cfg = next((c for p in before if (c := _config(root, p)) is not None), None)
+    new_cfg = next((c for p in now if (c := _config(root, p)) is not None), None)
     if old_cfg is not None and new_cfg is not None:
         lines.append(f"its config changed: {', '.join(changed_keys(old_cfg, new_cfg))}")
-        before = [p for p in before if _config(p) is None]
-        now = [p for p in now if _config(p) is None]
+        before = [p for p in before if _config(root, p) is None]
+        now = [p for p in now if _config(root, p) is None]
     if before or now:
         lines.append(f"its params changed: before {before or '-'}, now {now or '-'}")
     if rerun.rebuilt_inputs:

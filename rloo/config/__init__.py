@@ -3,20 +3,23 @@ The names below are what stages, the CLI and the Snakefile use."""
 
 from rloo.config.checks import validate
 from rloo.config.overlays import (
+    JOB_CONFIG_DIR,
     RESOLVED_ENV,
     config_base,
     declares_base,
     deep_merge,
     export_resolved,
+    job_config_file,
     load_config,
     parse_set,
+    read_job_config,
     resolved_base,
 )
 from rloo.config.schema import SCHEMA_PATH, ConfigError, load_schema
 from rloo.config.selection import changed_keys, config_hash, select, with_overrides
 
 __all__ = [
-    "RESOLVED_ENV", "SCHEMA_PATH", "ConfigError", "changed_keys", "config_base", "config_hash", "declares_base", "deep_merge",
-    "export_resolved", "load_config", "load_schema", "parse_set", "resolved_base", "select",
+    "JOB_CONFIG_DIR", "RESOLVED_ENV", "SCHEMA_PATH", "ConfigError", "changed_keys", "config_base", "config_hash", "declares_base", "deep_merge",
+    "export_resolved", "job_config_file", "load_config", "load_schema", "parse_set", "read_job_config", "resolved_base", "select",
     "validate", "with_overrides",
 ]

@@ -4,6 +4,7 @@ and the resolved config a Snakemake run hands its jobs."""
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -58,13 +59,45 @@ RESOLVED_ENV = "RLOO_RESOLVED_CONFIG"
 def export_resolved(cfg: dict, path: str | Path) -> Path:
     """Write the resolved `cfg` to `path` and name it in the environment the jobs inherit, so that
     each stage sees the user's whole config (provenance, config hash) while Snakemake reruns it on its
-    own keys only (its --config-json)."""
+    own keys only (its --job-config)."""
     from rloo.io import write_json_atomic
 
     path = Path(path).resolve()
     write_json_atomic(path, cfg)
     os.environ[RESOLVED_ENV] = str(path)
     return path
+
+
+# Where a Snakemake job's part of the config goes (`job_config_file`), below the project's state folder.
+JOB_CONFIG_DIR = ".rloo/config"
+
+
+def job_config_file(stage: str, part: dict, root: str | Path = ".") -> str:
+    """The file holding what a job reads of the config (`part`), named by its content
+    (<JOB_CONFIG_DIR>/<stage>-<digest>.json; written once): a rule's `cfg` param and its command's
+    --job-config. A changed value is another file, so Snakemake reruns the job; and the command a
+    terminal shows, at the job's start and when it fails, is one short path, not the config."""
+    from rloo.io import write_json_atomic
+
+    text = json.dumps(part, sort_keys=True, separators=(",", ":"))
+    name = f"{JOB_CONFIG_DIR}/{stage}-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
+    path = Path(root) / name
+    if not path.is_file():
+        write_json_atomic(path, part)
+    return name
+
+
+def read_job_config(path: str | Path) -> dict:
+    """A job's part of the config (`job_config_file`), or a ConfigError naming the file."""
+    try:
+        part = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise ConfigError(f"--job-config {path}: cannot read it ({e.strerror})") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--job-config {path}: not valid JSON ({e.msg}, line {e.lineno})") from None
+    if not isinstance(part, dict):
+        raise ConfigError(f"--job-config {path}: not a JSON object")
+    return part
 
 
 def resolved_base() -> dict:

@@ -13,7 +13,7 @@ committed to the DVC cache after a run, and a pulled run that Snakemake sees as 
 
 dvc.yaml: one stage per Snakemake rule; a rule with a wildcard ({estimator}) is a `foreach` stage whose
 stage names are `rule@value` (`rloo@grpo`). Each stage has the rule's command, its inputs as deps, its
-outputs as outs, and as params exactly the config keys the rule passes the stage (`--config-json`,
+outputs as outs, and as params exactly the config keys the rule passes the stage (`--job-config`,
 workflow/rules/common.smk) and its code fingerprint (the rule's `code` param, rloo/code_fingerprint.py:
 what the stage computes, not how its files are spelled), which `yaml` writes to .rloo/fingerprints.yaml
 (not kept in git; every snakemake run and `restore` write it too: after editing code, run one of them

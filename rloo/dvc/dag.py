@@ -93,8 +93,9 @@ class Job:
     inputs: list[str]
     outputs: list[str]
     shellcmd: str
-    cfg: str | None
+    cfg: str | None  # the config the job reads, as JSON (its `cfg` param, or the file that param names)
     needrun: bool = True
+    cfg_file: str | None = None  # the file of its `cfg` param: its command's --job-config
     code: str | None = None  # the `code` param: the stage's code fingerprint (rloo/code_fingerprint.py)
     benchmark: str | None = None
 
@@ -128,9 +129,20 @@ def _wildcards(job) -> dict[str, str]:
     return {k: str(v) for k, v in dict(attr("Job", job, "wildcards_dict")).items()}
 
 
+def _cfg(param: Any) -> tuple[str | None, str | None]:
+    """(the config a job reads, as JSON text; the file its `cfg` param names, where it names one: a job's
+    --job-config, rloo.config.job_config_file)."""
+    if param is None:
+        return None, None
+    path = Path(str(param))
+    if path.suffix == ".json" and path.is_file():
+        return path.read_text(), str(param)
+    return str(param), None
+
+
 def _job(job, needrun: bool) -> Job:
     params = attr("Job", job, "params")
-    cfg = params.get("cfg") if hasattr(params, "get") else None
+    cfg, cfg_file = _cfg(params.get("cfg") if hasattr(params, "get") else None)
     code = params.get("code") if hasattr(params, "get") else None
     benchmark = attr("Job", job, "benchmark")
     rule, wildcards = dvc_rule(_rule_name(job), _wildcards(job))
@@ -140,7 +152,8 @@ def _job(job, needrun: bool) -> Job:
         inputs=_flat(attr("Job", job, "input")),
         outputs=_flat(attr("Job", job, "output")),
         shellcmd=attr("Job", job, "shellcmd") or "",
-        cfg=str(cfg) if cfg is not None else None,
+        cfg=cfg,
+        cfg_file=cfg_file,
         needrun=needrun,
         code=str(code) if code is not None else None,
         benchmark=str(benchmark) if benchmark else None,

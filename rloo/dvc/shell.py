@@ -1,8 +1,8 @@
 """A rule's shell command as a DVC stage command: read as a POSIX shell reads it, written again with
 the config from params.yaml.
 
-What carries over: commands joined by `&&` and output redirections (dropped: a log is how a job ran,
-not what it computes). Anything the rewrite could not carry over faithfully is refused with an error
+What carries over: commands joined by `&&`; output redirections and `--log FILE` are dropped (a log is
+how a job ran, not what it computes). Anything the rewrite could not carry over faithfully is refused with an error
 naming the rule: other operators (`|`, `;`, `||`, `&`, `<`, `(`, a newline), expansions (`$`,
 backquotes) outside single quotes, unquoted glob characters, a comment.
 """
@@ -119,8 +119,9 @@ def _set_value(value: Any) -> str:
 def dvc_command(shellcmd: str, cfg: str | None, sets: dict[str, Any], rule: str | None = None,
                 code: str | None = None) -> str:
     """The DVC command of a Snakemake job: its shell command with the config read from params.yaml
-    (`--config params.yaml` + `--set` for per-job keys) instead of the inline `--config-json`, and
-    without log redirections and `--set threads=` (how a job runs, not what it computes)."""
+    (`--config params.yaml` + `--set` for per-job keys) instead of the job's `--job-config` file (`cfg`: its
+    path, which the workdir guard also takes), and without logs (redirections, `--log`) and `--set
+    threads=` (how a job runs, not what it computes)."""
     where = f"rule {rule}: " if rule else ""
     try:
         tokens = shell_words(shellcmd.strip())
@@ -139,7 +140,9 @@ def dvc_command(shellcmd: str, cfg: str | None, sets: dict[str, Any], rule: str 
             segments.append([])
         elif op:
             next(it, None)  # a redirection and its target
-        elif tok == "--config-json":
+        elif tok == "--log":
+            next(it, None)
+        elif tok == "--job-config":
             next(it, None)
             seg += ["--config", shlex.quote(PARAMS)]
             for key, value in sets.items():

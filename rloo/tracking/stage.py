@@ -282,18 +282,20 @@ def stage_run(
 def cli_context(args: Any, cfg: dict, stage: str | None = None) -> dict:
     """stage_run's arguments for `rloo <stage>`: the run's name, its outputs, the config keys given.
 
-    Under Snakemake a stage gets only the keys its rule passes (--config-json, --set): those are its
-    parameters. Run by hand (no --config-json), the stage's declared keys are used. Names and outputs
+    Under Snakemake a stage gets only the keys its rule passes (--job-config, --set): those are its
+    parameters. Run by hand (no --job-config), the stage's declared keys are used. Names and outputs
     come from the pipeline's declaration (rloo/pipeline.py), as the CLI's do. (`stage` is ignored.)
     """
     from rloo import pipeline
 
     ctx: dict[str, Any] = {"stage": pipeline.cli_run_name(args, cfg),
                            "outputs": list(pipeline.cli_outputs(args, cfg).values())}
-    if getattr(args, "config_json", None):
+    if getattr(args, "job_config", None):
         keys: list[str] = []
-        with contextlib.suppress(json.JSONDecodeError, TypeError):
-            keys += leaf_keys(json.loads(args.config_json))
+        with contextlib.suppress(Exception):
+            from rloo.config import read_job_config
+
+            keys += leaf_keys(read_job_config(args.job_config))
         with contextlib.suppress(Exception):
             from rloo.config import parse_set
 

@@ -126,6 +126,9 @@ def _length_score(completion):
 
 def test_a_function_that_raises_is_one_line_naming_the_users_file_and_line_and_the_log_has_its_frames(
         micro_workflow, tmp_path):
+    """Issue 62: a rerun of rloo and evaluate whose reward function raises shows one screen (at most 60
+    lines, Snakemake's own included): the user's file:line, the log's last lines and its path; not the
+    stage's config (it reaches the command as a file: --job-config), nor the whole log."""
     copy = copy_tree(micro_workflow["copy"], tmp_path / "wf")
     (copy / "my_bonus.py").write_text(RAISES)
     (copy / "config" / "raises.yaml").write_text(yaml.safe_dump({"reward": {"source": "function", "functions": [
@@ -135,6 +138,10 @@ def test_a_function_that_raises_is_one_line_naming_the_users_file_and_line_and_t
     one_line = ("rloo train: error: reward function 'bonus' (my_bonus.py:bonus) raised ZeroDivisionError: float "
                 "division by zero at my_bonus.py:6 on 1 of the 1 completions tried one by one")
     assert res.returncode != 0 and one_line in out, out[-4000:]
+    assert job_counts(out) == {"rloo": 1, "evaluate": 1}, out[-4000:]
+    assert len(out.splitlines()) <= 60, f"{len(out.splitlines())} lines:\n{out}"
+    assert "rloo train failed (exit 2); the end of its log, logs/rloo_rloo.log:" in out, out
+    assert '"rloo":{' not in out and "--config-json" not in out and "rloo: 0%" not in out, out  # no config, no log
     log = (copy / "logs" / "rloo_rloo.log").read_text()
     assert log.rstrip().splitlines()[-1].startswith(one_line), log[-3000:]  # the log ends with it too
     # the traceback, above it in the log: the user's own frames, not only the package's

@@ -25,4 +25,4 @@ rule base:
         mem_mb=8000,
         runtime=60,
     shell:
-        "rloo base --config-json {params.cfg:q} {params.variant} {params.data} --out {output.model} > {log} 2>&1"
+        "rloo base --job-config {params.cfg} {params.variant} {params.data} --out {output.model} --log {log}"

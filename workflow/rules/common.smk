@@ -1,5 +1,4 @@
 # Shared helpers: the validated config, what each stage reads of it, stage code fingerprints, resources.
-import json
 import os
 import shlex
 import sys
@@ -9,6 +8,7 @@ from snakemake.exceptions import WorkflowError
 
 from rloo.config import config_base as _config_base
 from rloo.config import load_schema
+from rloo.config import job_config_file
 from rloo.config import validate as _validate_config
 from rloo.config import with_overrides
 from rloo.dvc.dag import force_rerun
@@ -60,9 +60,10 @@ wildcard_constraints:
 
 
 def stage_config(stage, overrides=None):
-    """The config a stage reads (rloo.config.STAGE_KEYS), as compact JSON: the `cfg` param of a rule outside
-    the chain (the chain's: `chain_cfg`), and its --config-json."""
-    return json.dumps(_stage_config(config, stage, overrides), sort_keys=True, separators=(",", ":"))
+    """The `cfg` param of a rule outside the chain (the chain's: `chain_cfg`), and its command's --job-config:
+    the file of what the stage reads of the config (rloo.pipeline.stage_config), named by its content
+    (rloo.config.job_config_file), so a changed value reruns the stage and a command stays one line."""
+    return job_config_file(stage, _stage_config(config, stage, overrides))
 
 
 def _local(path):
@@ -162,10 +163,11 @@ def guarded(outs, ins):
 
 
 def chain_cfg(stage):
-    """A chain rule's `cfg` param: what the job reads of its config (rloo.pipeline.job_settings), as compact
-    JSON, so a changed value reruns exactly the stages that read it."""
-    return lambda wildcards: json.dumps(job_settings(config, stage, job_estimator(wildcards), job_variant(wildcards)),
-                                        sort_keys=True, separators=(",", ":"))
+    """A chain rule's `cfg` param and its command's --job-config: the file of what the job reads of its config
+    (rloo.pipeline.job_settings), named by its content, so a changed value reruns exactly the stages that
+    read it."""
+    return lambda wildcards: job_config_file(stage, job_settings(config, stage, job_estimator(wildcards),
+                                                                 job_variant(wildcards)))
 
 
 def chain_lineage(stage):

@@ -33,5 +33,5 @@ rule comparison:
         # a served judge's GPUs (evaluate.llm_judge.serve); none for the verifier or an external judge
         **({"gpu": JUDGE_GPUS} if JUDGE_GPUS else {}),
     shell:
-        "rloo compare --config-json {params.cfg:q} {params.results} {params.timings} --out {output.result} --plot {output.plot} "
-        "--judge-log {log.judge} > {log.stage} 2>&1"
+        "rloo compare --job-config {params.cfg} {params.results} {params.timings} --out {output.result} --plot {output.plot} "
+        "--judge-log {log.judge} --log {log.stage}"

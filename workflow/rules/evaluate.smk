@@ -46,10 +46,10 @@ rule evaluate:
         runtime=60,
         cpus_per_task=cpus,
     shell:
-        "rloo evaluate --config-json {params.cfg:q} {params.variant} --set threads={threads} "
+        "rloo evaluate --job-config {params.cfg} {params.variant} --set threads={threads} "
         "--data {params.data} --base {input.base} --sft {input.sft} --policy {params.policy}={input.policy} "
         "--reward-model {input.reward_model} --out {output.result} --plots {params.plots} "
-        "--judge-log {log.judge} 2> {log.stage} && "
+        "--judge-log {log.judge} --log {log.stage} && "
         "rloo summary {output.result}"
 
 

@@ -23,5 +23,5 @@ rule prepare:
         mem_mb=4000,
         runtime=30,
     shell:
-        "rloo prepare --config-json {params.cfg:q} {params.variant} --out {params.out} > {log} 2>&1 && "
+        "rloo prepare --job-config {params.cfg} {params.variant} --out {params.out} --log {log} && "
         "rloo summary {output.manifest}"

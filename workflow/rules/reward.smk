@@ -26,6 +26,6 @@ rule reward:
         runtime=120,
         cpus_per_task=cpus,
     shell:
-        "python {params.guard} {params.work} {params.cfg:q} {params.code} {input} > {log} 2>&1 && "
-        "rloo reward --config-json {params.cfg:q} {params.variant} --set threads={threads} "
-        "--data {params.data} --policy {input.policy} --out {output.model} --work {params.work} 2>> {log}"
+        "python {params.guard} {params.work} {params.cfg} {params.code} {input} > {log} 2>&1 && "
+        "rloo reward --job-config {params.cfg} {params.variant} --set threads={threads} "
+        "--data {params.data} --policy {input.policy} --out {output.model} --work {params.work} --log {log}"

@@ -25,8 +25,8 @@ rule rloo:
         runtime=480,
         cpus_per_task=cpus,
     shell:
-        "python {params.guard} {params.work} {params.cfg:q} {params.code} {input} > {log} 2>&1 && "
-        "rloo train --config-json {params.cfg:q} {params.variant} --set threads={threads} "
+        "python {params.guard} {params.work} {params.cfg} {params.code} {input} > {log} 2>&1 && "
+        "rloo train --job-config {params.cfg} {params.variant} --set threads={threads} "
         "--data {params.data} --policy {input.policy} {params.reward_model} "
-        "--out {output.model} --work {params.work} 2>> {log} && "
+        "--out {output.model} --work {params.work} --log {log} && "
         "rloo summary {output.model}/metrics.json"

@@ -21,5 +21,5 @@ rule seeds:
         mem_mb=2000,
         runtime=10,
     shell:
-        "rloo seeds --config-json {params.cfg:q} {params.results} --out {output.result} --plot {output.plot} "
-        "> {log} 2>&1"
+        "rloo seeds --job-config {params.cfg} {params.results} --out {output.result} --plot {output.plot} "
+        "--log {log}"

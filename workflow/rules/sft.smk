@@ -24,6 +24,6 @@ rule sft:
         runtime=240,
         cpus_per_task=cpus,
     shell:
-        "python {params.guard} {params.work} {params.cfg:q} {params.code} {input} > {log} 2>&1 && "
-        "rloo sft --config-json {params.cfg:q} {params.variant} --set threads={threads} "
-        "--data {params.data} --base {input.base} --out {output.model} --work {params.work} 2>> {log}"
+        "python {params.guard} {params.work} {params.cfg} {params.code} {input} > {log} 2>&1 && "
+        "rloo sft --job-config {params.cfg} {params.variant} --set threads={threads} "
+        "--data {params.data} --base {input.base} --out {output.model} --work {params.work} --log {log}"

@@ -22,5 +22,5 @@ rule sweep:
         mem_mb=2000,
         runtime=10,
     shell:
-        "rloo sweep --config-json {params.cfg:q} --name {wildcards.sweep} {params.results} "
-        "--out {output.result} --plot {output.plot} > {log} 2>&1"
+        "rloo sweep --job-config {params.cfg} --name {wildcards.sweep} {params.results} "
+        "--out {output.result} --plot {output.plot} --log {log}"

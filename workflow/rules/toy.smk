@@ -20,4 +20,4 @@ rule toy:
         mem_mb=2000,
         runtime=30,
     shell:
-        "rloo toy --config-json {params.cfg:q} --out {output.result} --plot {output.plot} > {log} 2>&1"
+        "rloo toy --job-config {params.cfg} --out {output.result} --plot {output.plot} --log {log}"

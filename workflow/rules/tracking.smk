@@ -14,7 +14,7 @@ from rloo.config import export_resolved as _export_resolved
 
 onstart:
     # The user's resolved config for every job (RLOO_RESOLVED_CONFIG): each stage reruns on its own keys
-    # (--config-json) but sees, logs and hashes what the user ran.
+    # (--job-config) but sees, logs and hashes what the user ran.
     _export_resolved(config, f"{config['paths']['results']}/runs/config.json")
     _tracking.start_pipeline(config, results_dir=config["paths"]["results"])
 

@@ -334,7 +334,8 @@ class RlooConfig(Section):
     """Steps whose loss, KL, advantages or gradient norm are not finite that are skipped (never applied,
     counted) before the run stops with an error naming the step; 0 stops at the first."""
     keep_checkpoints: int = setting(2, minimum=1)
-    """Checkpoints kept (the newest; older ones are removed once a newer one is complete)."""
+    """Checkpoints kept, at most (the newest, the one written at a SIGINT or SIGTERM included; older ones are
+    removed once a newer one is complete)."""
     eval_every: int = setting(50, minimum=0)
     """Evaluate on the validation split every this many steps (and after the last); 0 never."""
     eval_examples: int = setting(200, minimum=1)

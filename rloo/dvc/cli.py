@@ -39,16 +39,20 @@ all its rerun triggers (mtime included: editing a source file still reruns its s
 
 Not a DVC repository (no `.dvc/`), no `dvc` executable, or RLOO_DVC=0: the commit after a run is
 skipped with one line of output.
+
+One `rloo dvc` at a time in a project (driver.exclusive, an flock on .rloo/rloo-dvc.lock): two
+Snakemake runs that end together commit one after the other.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from rloo.dvc.commit import commit
 from rloo.dvc.compile import check, generate
-from rloo.dvc.driver import dvc, is_dvc_repo
+from rloo.dvc.driver import dvc, exclusive, is_dvc_repo
 from rloo.dvc.dvcyaml import DVC_YAML, DvcError, configfile_parser, expand_stages, log, project_root
 from rloo.dvc.restore import restore
 
@@ -80,6 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     root = project_root("rloo dvc")
     if root is None:
         return 2
+    with exclusive(root):
+        return _run(root, args)
+
+
+def _run(root: Path, args: argparse.Namespace) -> int:
     try:
         if args.command == "yaml":
             if args.check:

@@ -47,7 +47,7 @@ def commit(root: Path, configfiles: list[str], stages: list[str] | None = None) 
     if missing:
         raise DvcError(f"outputs missing, not committed: {', '.join(missing)}")
     before = snapshot(root, outs)
-    dvc(root, "commit", "--force", "--quiet", *stages)
+    dvc(root, "commit", "--force", *stages)
     relink_folders(root, outs)
     unprotect(root, outs)
     for out, mtime in before.items():

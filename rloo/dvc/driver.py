@@ -1,15 +1,39 @@
-"""Running `dvc`: one subprocess per call, waiting for DVC's repository lock, its JSON read as JSON;
-and the workspace links DVC leaves behind, made what Snakemake can work with."""
+"""Running `dvc`: one subprocess per call, waiting for DVC's repository lock, its JSON read as JSON,
+its own message in the error when it fails; one `rloo dvc` at a time in a project (`exclusive`); and
+the workspace links DVC leaves behind, made what Snakemake can work with."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rloo.dvc.dvcyaml import MARKER, DvcError, venv_executable
+from rloo.dvc.dvcyaml import MARKER, DvcError, log, venv_executable
+
+LOCK_FILE = ".rloo/rloo-dvc.lock"
+
+
+@contextlib.contextmanager
+def exclusive(root: Path) -> Iterator[None]:
+    """Hold the project's `rloo dvc` lock (an flock on .rloo/rloo-dvc.lock, released however the process
+    ends). DVC's own lock (--wait-for-lock) covers one dvc command, not a sequence: two Snakemake runs
+    that end together (two targets at once) each regenerate dvc.yaml for their own stages, and one
+    run's `dvc checkout --relink` then named outputs the other's dvc.yaml no longer had (DVC exited
+    255). Every `rloo dvc` command, the commit after a run included, runs whole under this lock."""
+    path = Path(root) / LOCK_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as held:
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"waiting for another `rloo dvc` in this project ({LOCK_FILE}: the DVC step of another run)")
+            fcntl.flock(held, fcntl.LOCK_EX)
+        yield
 
 
 def is_dvc_repo(root: Path) -> bool:
@@ -22,7 +46,8 @@ def dvc_executable() -> list[str] | None:
 
 
 def dvc(root: Path, *args: str, check: bool = True, capture: bool = True) -> subprocess.CompletedProcess:
-    """`dvc --wait-for-lock ARGS` in `root` (DVC holds a repository-wide lock: wait, never race)."""
+    """`dvc --wait-for-lock ARGS` in `root` (DVC holds a repository-wide lock: wait, never race). Never
+    `--quiet`: DVC then prints not even its error, and a failure said only `exited 255:`."""
     exe = dvc_executable()
     if exe is None:
         raise DvcError("no `dvc` executable on PATH")
@@ -80,4 +105,4 @@ def relink_folders(root: Path, outs: list[str]) -> None:
             if any(p.stat().st_nlink == 1 for p in files):
                 folders.append(out)
     if folders:
-        dvc(root, "checkout", "--relink", "--quiet", *folders)
+        dvc(root, "checkout", "--relink", *folders)

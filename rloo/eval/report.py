@@ -117,6 +117,10 @@ def evaluate_lines(result: dict) -> list[str]:
             lines.append(f"evaluate: {name}: {solution_check_line(check)}")
         if (best := p.get("pass_at_k")) and (vote := p.get("maj_at_k")):
             lines.append(f"evaluate: {name}: {at_k_line('pass', best)}, {at_k_line('maj', vote)}")
+    if (judge := result.get("judge") or {}).get("calls") is not None:  # an LLM judge's calls
+        lines.append(f"evaluate: LLM judge {judge.get('base_url')}: {judge['calls']} calls, {judge.get('retries', 0)} "
+                     f"retries, {judge['failed_calls']} failed after their retries, {judge['unparsed_replies']} "
+                     "answered without a verdict")
     independent = result.get("judges", {}).get("win_rate", {}).get("independent_of_training_reward")
     for name, wr in result.get("win_rates", {}).items():
         if wr.get("value") is not None:

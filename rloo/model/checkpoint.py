@@ -50,7 +50,8 @@ def save(
     companions: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]] | None = None,
 ) -> Path:
     """Write checkpoint `step` under `root`: the model and its optimizer/scheduler, plus each of the
-    `companions` ({name: (model, optimizer)}, e.g. PPO's critic) as `<name>.safetensors` + `<name>_optimizer.pt`."""
+    `companions` ({name: (model, optimizer)}, e.g. PPO's critic) as `<name>.safetensors` + `<name>_optimizer.pt`.
+    Then remove the oldest folders under `root` until `keep` are left, this one among them (0: keep all)."""
     final = Path(root) / f"step_{step:08d}"
     parts = {"model": (model, optimizer), **(companions or {})}
     states = {name: (_weights(module), distributed.optim_state(module, opt)) for name, (module, opt) in parts.items()}
@@ -67,7 +68,9 @@ def save(
                     torch.save({"optimizer": opt_state}, tmp / f"{name}_optimizer.pt")
             (tmp / _DONE).write_text(json.dumps({"step": step, "fingerprint": fingerprint, "extra": extra or {},
                                                  "sha256": digests(tmp)}))
-        for old in sorted(p for p in Path(root).glob("step_*") if p != final)[:-keep] if keep else []:
+        # `keep` in all, this one included (a checkpoint written at a signal counts like any other).
+        older = sorted(p for p in Path(root).glob("step_*") if p != final)
+        for old in older[: max(0, len(older) - (keep - 1))] if keep else []:
             shutil.rmtree(old, ignore_errors=True)
     distributed.barrier()
     return final

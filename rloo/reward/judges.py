@@ -16,6 +16,7 @@ from typing import Protocol
 import torch
 
 from rloo.errors import UserError
+from rloo.reward import retries
 from rloo.reward.verifier import is_correct
 from rloo.settings import EvaluateConfig, LlmJudgeConfig
 
@@ -82,35 +83,32 @@ class JudgeUnavailable(UserError):
 class LLMJudge:
     """A model behind an OpenAI-compatible endpoint; the API key comes only from the environment.
 
-    Each call is retried by the client (`max_retries`); a call that still fails is an invalid verdict,
-    never a loss. Until the judge has answered once, a call is tried at most `FIRST_CALL_TRIES` times and
-    a judge that gives no reply within `timeout_s` to them (it accepted the connection and hangs, or the
-    connection attempt itself hangs) is taken to be down: the stage stops with one line after about
-    2 x timeout_s, rather than waiting out timeout_s x (1 + max_retries) for each of the first calls. A
-    judge that answers, however slowly within timeout_s, is never failed this way; one that refuses
-    the connection fails after its first `FAIL_FAST` calls (seconds: nothing to wait for).
+    Each call gets the tries of rloo/reward/retries.py (each retry a console line, counted in the
+    calls' record); a call that still fails is an invalid verdict, never a loss. Until the judge has
+    answered once, a call that gets no reply within `timeout_s` is not tried past FIRST_CALL_TRIES, and
+    the judge is then taken to be down (it accepted the connection and hangs, or the connection attempt
+    itself hangs): the stage stops with one line after about 2 x timeout_s, rather than waiting out
+    timeout_s x (1 + max_retries) for each of the first calls. A judge that answers, however slowly
+    within timeout_s, is never failed this way; one that refuses the connection fails after its first
+    `FAIL_FAST` calls (seconds: nothing to wait for).
     """
 
     name = "llm"
     FAIL_FAST = 8
-    FIRST_CALL_TRIES = 2
-    CONNECT_TIMEOUT_S = 10.0  # a host that drops connection attempts is known down in seconds
+    FIRST_CALL_TRIES = retries.FIRST_CALL_TRIES
+    CONNECT_TIMEOUT_S = retries.CONNECT_TIMEOUT_S
 
     def __init__(self, base_url: str, model: str, api_key_env: str, timeout_s: float, max_retries: int,
                  max_failed_share: float = 1.0, structured: bool = False, api_key: str | None = None) -> None:
         import openai  # optional dependency: pip install 'rloo[judge]'
 
         # The key is read here (or is a served judge's one-run key) and handed to the client only: it is
-        # never logged or stored.
+        # never logged or stored. The client tries once: the tries are rloo.reward.retries', visible.
         self.client = openai.OpenAI(base_url=base_url, api_key=api_key or os.environ.get(api_key_env) or "EMPTY",
                                     timeout=openai.Timeout(timeout_s, connect=min(timeout_s, self.CONNECT_TIMEOUT_S)),
-                                    max_retries=max_retries)
-        # Until the judge has answered: FIRST_CALL_TRIES tries that may time out; a call that fails
-        # otherwise (a 503 while the judge starts, a refused connection) gets the rest of its tries.
-        first = min(max_retries + 1, self.FIRST_CALL_TRIES)
-        self._first_client = self.client.with_options(max_retries=first - 1)
-        self._rest_client = self.client.with_options(max_retries=max_retries - first) if max_retries >= first else None
-        self._timeout_error = openai.APITimeoutError
+                                    max_retries=0)
+        self.retries = retries.Retries(f"LLM judge {base_url}", max_retries)
+        self._openai = openai
         # vLLM's structured outputs: the reply can only be one of the verdicts (a small judge otherwise
         # often answers something parse_verdict cannot read).
         self.extra_body = {"structured_outputs": {"choice": list(VERDICTS)}} if structured else None
@@ -123,22 +121,34 @@ class LLMJudge:
         self.calls = 0
         self.failed = 0
         self.unparsed = 0  # answered, but with no verdict in the reply: as useless as a failed call
-        self.answered = False  # the judge has replied to a call at least once
         self.last_error = ""
+
+    @property
+    def answered(self) -> bool:
+        """The judge has replied to a call at least once."""
+        return self.retries.answered
+
+    def _retryable(self, e: BaseException) -> bool:
+        """What the OpenAI client itself retries: no connection or reply, 408, 409, 429 and 5xx."""
+        if isinstance(e, self._openai.APIStatusError):
+            return e.status_code in (408, 409, 429) or e.status_code >= 500
+        return isinstance(e, self._openai.APIConnectionError)  # a timeout is one
+
+    def _silent(self, e: BaseException) -> bool:
+        return isinstance(e, self._openai.APITimeoutError)
+
+    def _reason(self, e: BaseException) -> str:
+        if isinstance(e, self._openai.APIStatusError):  # its message holds the reply's body: the code is enough
+            return f"HTTP {e.status_code} ({type(e).__name__})"
+        if self._silent(e):
+            return f"no reply within evaluate.llm_judge.timeout_s={self.timeout_s:g} s"
+        return type(e).__name__
 
     def _ask(self, prompt: str):
         request = {"model": self.model, "temperature": 0.0, "max_tokens": 8, "extra_body": self.extra_body,
                    "messages": [{"role": "user", "content": prompt}]}
-        if self.answered:
-            return self.client.chat.completions.create(**request)
-        try:
-            return self._first_client.chat.completions.create(**request)
-        except self._timeout_error:
-            raise
-        except Exception:  # not a silence: the configured tries go on
-            if self._rest_client is None:
-                raise
-            return self._rest_client.chat.completions.create(**request)
+        return self.retries.call(lambda: self.client.chat.completions.create(**request), retryable=self._retryable,
+                                 silent=self._silent, reason=self._reason)
 
     def judge(self, question: str, gold: str, answer_a: str, answer_b: str) -> Verdict:
         self.calls += 1
@@ -151,7 +161,6 @@ class LLMJudge:
             if not self.answered and self.max_failed_share < 1:
                 self._fail_fast(e)
             return None
-        self.answered = True
         verdict = parse_verdict(resp.choices[0].message.content)
         if verdict is None:
             self.unparsed += 1
@@ -161,11 +170,10 @@ class LLMJudge:
     def _fail_fast(self, e: Exception) -> None:
         """Stop the stage when the judge, never having answered, is evidently down: no reply within
         timeout_s to a call's tries, or the first FAIL_FAST calls all failed."""
-        tries = min(self.max_retries, self.FIRST_CALL_TRIES - 1) + 1
-        if isinstance(e, self._timeout_error):
+        if self._silent(e):
             raise JudgeUnavailable(
                 f"the LLM judge at {self.base_url} gave no reply within evaluate.llm_judge.timeout_s="
-                f"{self.timeout_s:g} s to its first call ({tries} tries): is it up and serving {self.model!r}? "
+                f"{self.timeout_s:g} s to its first call ({self.retries.tries} tries): is it up and serving {self.model!r}? "
                 "For a judge that is only slow raise timeout_s; or set evaluate.judge: verifier") from None
         if self.failed == self.calls == self.FAIL_FAST:
             raise JudgeUnavailable(
@@ -183,7 +191,8 @@ class LLMJudge:
                 f"{self.failed} of {self.calls} LLM-judge calls to {self.base_url} failed and {self.unparsed} "
                 f"answered without a verdict ({useless:.1%}, last: {self.last_error}), more than "
                 f"evaluate.llm_judge.max_failed_share={self.max_failed_share}")
-        return {"calls": self.calls, "failed_calls": self.failed, "failed_share": share, "unparsed_replies": self.unparsed}
+        return {"calls": self.calls, "failed_calls": self.failed, "failed_share": share, "unparsed_replies": self.unparsed,
+                "retries": self.retries.count}
 
     @classmethod
     def from_config(cls, j: LlmJudgeConfig, base_url: str | None = None, api_key: str | None = None) -> LLMJudge:

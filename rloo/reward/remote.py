@@ -7,24 +7,29 @@ Protocol, one request per batch of completions:
 
 `rows` are the data records of the completions (question, answer in its GSM8K form, any further field).
 A request that fails (no connection, a timeout, an HTTP error) is retried `max_retries` times, waiting
-0.5, 1, 2 ... s (at most 5 s) between tries; one that still fails leaves its completions without
-rewards, and the run stops once more than `max_failed_share` of the requests so far have failed (with
-the default 0, at the first). A reply that breaks the protocol stops it at once. The stop is one line
-naming the server (and an HTTP error's status and the first line of its body); the training loop's last checkpoint stays, so a rerun resumes from it.
+0.5, 1, 2 ... s (at most 5 s) between tries, each retry one console line and counted
+(rloo/reward/retries.py); one that still fails leaves its completions without rewards, and the run
+stops once more than `max_failed_share` of the requests so far have failed (with the default 0, at the
+first). A server that has never answered and gives no reply to a request's first two tries is taken to
+be down (about 2 x timeout_s); connecting gets 10 s at most. A reply that breaks the protocol stops
+the run at once. The stop is one line naming the server (and an HTTP error's status and the first line of its
+body); the training loop's last checkpoint stays, so
+a rerun resumes from it.
 The URL never carries a credential (rloo.config.checks refuses one): a key comes from the environment
 variable `api_key_env` names, as a bearer token.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import os
-import time
 import urllib.error
 import urllib.request
 
 from rloo.errors import UserError
+from rloo.reward import retries
 from rloo.reward.functions import BadRewards, reward_list
 
 log = logging.getLogger("rloo.reward.remote")
@@ -41,6 +46,7 @@ class RewardClient:
         self.max_failed_share, self.api_key_env = max_failed_share, api_key_env
         self.requests = 0
         self.failed = 0
+        self.retries = retries.Retries(f"reward server {url}", max_retries)
 
     @classmethod
     def from_config(cls, cfg: dict) -> RewardClient:
@@ -59,18 +65,19 @@ class RewardClient:
         return headers
 
     def _post(self, body: bytes) -> bytes:
-        """The reply's body, after up to `max_retries` retries; raises the last error."""
-        for attempt in range(self.max_retries + 1):
-            try:
-                request = urllib.request.Request(self.url, data=body, headers=self._headers(), method="POST")
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as reply:
-                    return reply.read()
-            except (OSError, urllib.error.URLError) as e:  # refused, reset, timed out, an HTTP error status
-                if attempt == self.max_retries:
-                    raise
-                log.warning("reward server %s: %s; retrying", self.url, _reason(e))
-                time.sleep(min(0.5 * 2**attempt, 5.0))
-        raise AssertionError("not reached")
+        """The reply's body, after the tries rloo.reward.retries allows; raises the last error."""
+        def send() -> bytes:
+            request = urllib.request.Request(self.url, data=body, headers=self._headers(), method="POST")
+            with _OPENER.open(request, timeout=self.timeout_s) as reply:
+                return reply.read()
+
+        # Any failure may be a passing one (refused, reset, timed out, an HTTP error status).
+        return self.retries.call(send, retryable=lambda e: isinstance(e, OSError), silent=_silent, reason=_reason)
+
+    def summary(self) -> str:
+        """The requests of this process, for the stage's last lines: how many, retried, failed."""
+        return (f"reward server {self.url}: {self.requests} requests, {self.retries.count} retries, {self.failed} "
+                "failed after their retries")
 
     def rewards(self, prompts: list[str], completions: list[str], rows: list[dict]) -> list[float | None]:
         """One reward (or None) per completion from the server."""
@@ -81,6 +88,15 @@ class RewardClient:
             raw = self._post(body)
         except (OSError, urllib.error.URLError) as e:
             self.failed += 1
+            if not self.retries.answered and _silent(e) and self.max_failed_share < 1:
+                # a reply that never came, or (urllib wraps what fails before the reply) a connection
+                why = (f"no connection within {retries.CONNECT_TIMEOUT_S:g} s" if isinstance(e, urllib.error.URLError)
+                       else f"no reply within reward.http.timeout_s={self.timeout_s:g} s")
+                raise RewardServerError(
+                    f"the reward server at {self.url} did not answer its first request ({why}, "
+                    f"{self.retries.tries} tries): is it up? For a server that is only slow raise "
+                    "reward.http.timeout_s; the run stops (its last checkpoint is kept; rerun once the server "
+                    "answers)") from None
             if self.failed / self.requests > self.max_failed_share:
                 raise RewardServerError(
                     f"the reward server at {self.url} did not answer ({_reason(e)}, after {self.max_retries} "
@@ -104,6 +120,46 @@ class RewardClient:
             return reward_list(reply["rewards"], n)
         except BadRewards as e:
             raise RewardServerError(f"the reward server at {self.url} {e}") from None
+
+
+class _ConnectWithin:
+    """An HTTP(S) connection that connects within retries.CONNECT_TIMEOUT_S, then waits for the reply up
+    to the request's own timeout (urllib has one timeout for both)."""
+
+    def connect(self) -> None:
+        wait = self.timeout
+        self.timeout = min(wait, retries.CONNECT_TIMEOUT_S)
+        try:
+            super().connect()
+        finally:
+            self.timeout = wait
+        self.sock.settimeout(wait)
+
+
+class _HTTPConnection(_ConnectWithin, http.client.HTTPConnection):
+    pass
+
+
+class _HTTPSConnection(_ConnectWithin, http.client.HTTPSConnection):
+    pass
+
+
+class _HTTPHandler(urllib.request.HTTPHandler):
+    def http_open(self, req):
+        return self.do_open(_HTTPConnection, req)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    def https_open(self, req):
+        return self.do_open(_HTTPSConnection, req, context=self._context)
+
+
+_OPENER = urllib.request.build_opener(_HTTPHandler, _HTTPSHandler)
+
+
+def _silent(e: BaseException) -> bool:
+    """No reply in time: connecting or reading timed out."""
+    return isinstance(e, TimeoutError) or (isinstance(e, urllib.error.URLError) and isinstance(e.reason, TimeoutError))
 
 
 def _reason(e: BaseException) -> str:

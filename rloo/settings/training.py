@@ -79,6 +79,11 @@ class SftConfig(Section):
     counted) before the run stops with an error naming the step; 0 stops at the first."""
     log_every: int = setting(10, minimum=1)
     """Steps between the training loss's log lines (every step goes to MLflow)."""
+    min_loss_drop_nats: float = setting(0.25, minimum=0)
+    """How far (nats) the final training loss must be below ln(vocabulary size), the loss of a uniform guess
+    over the vocabulary; a run that ends closer (it learned nothing, or was wrecked by its learning rate
+    and ends near uniform) stops with no output. 0 = no such check. A run whose final loss is not below
+    its first step's stops too, whatever this is."""
     micro_batch_tokens: int = setting(32768, minimum=0)
     """Token budget of one forward/backward pass of the SFT update (rows x padded length): a step's rows are
     packed by length into micro-batches under it and their gradients accumulated, so the step's gradient
@@ -329,7 +334,8 @@ class RlooConfig(Section):
     """Steps whose loss, KL, advantages or gradient norm are not finite that are skipped (never applied,
     counted) before the run stops with an error naming the step; 0 stops at the first."""
     keep_checkpoints: int = setting(2, minimum=1)
-    """Checkpoints kept (the newest; older ones are removed once a newer one is complete)."""
+    """Checkpoints kept, at most (the newest, the one written at a SIGINT or SIGTERM included; older ones are
+    removed once a newer one is complete)."""
     eval_every: int = setting(50, minimum=0)
     """Evaluate on the validation split every this many steps (and after the last); 0 never."""
     eval_examples: int = setting(200, minimum=1)

@@ -34,10 +34,10 @@ from rloo.pipeline import stage_config
 from rloo.reward.functions import VERIFIER_FN
 from rloo.reward.judge_server import open_judge
 from rloo.reward.judges import VerifierJudge, agreement, win_rate
-from rloo.reward.rewards import RewardModelReward, build_plugin
+from rloo.reward.rewards import HttpReward, RewardModelReward, build_plugin
 from rloo.reward.solution_check import ANSWER_FIGURES, WORK_FIGURES
 from rloo.reward.solution_check import summarize as check_solutions
-from rloo.runtime import setup
+from rloo.runtime import console, setup
 from rloo.settings import Config
 
 log = logging.getLogger("rloo.evaluate")
@@ -130,6 +130,8 @@ def _evaluate(cfg: dict, judge, data_dir, sft_dir, policies: dict[str, str], out
             detail["agreement_with_verifier"] = {**agree, "ci95": list(interval) if interval else None}
     # An LLM judge that failed more often than allowed stops the stage here, before any output is written.
     calls = judge.check()
+    if isinstance(plugin, HttpReward):  # its retries were console lines as they came; their count here
+        console(f"evaluate: {plugin.client.summary()}", log)
     # Every policy on the same problems: each one's gain over SFT with its uncertainty, per problem
     # paired; the resampling is seeded by the run's seed, so the result is a function of the inputs.
     correct = {name: correctness(t, golds) for name, t in texts.items()}

@@ -56,6 +56,8 @@ def start_pipeline(
     results = Path(results_dir or ((config.get("paths") or {}).get("results") or "results")).resolve()
     os.environ[ENV_RUNS_DIR] = str(results / "runs")
     try:
+        if down := store.unanswered(uri):  # a server that does not answer costs this one short call
+            raise ConnectionError(f"the tracking server does not answer: {down}")
         experiment_id = store.ensure_experiment(uri, store.experiment_name(config))
         client = store.mlflow_client(uri)
         from rloo.config import config_hash

@@ -50,8 +50,15 @@ def is_secret_key(key: str) -> bool:
 
 def _secret_env_values() -> list[str]:
     """Values of secret-named environment variables (not those that merely name another variable)."""
-    vals = {v for k, v in os.environ.items()
-            if is_secret_key(k) and len(v) >= 8 and not re.fullmatch(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+", v)}
+    # Another thread may change the environment meanwhile (MLflow's telemetry thread deletes
+    # _MLFLOW_TELEMETRY_SESSION_ID): os.environ.items() then raises KeyError for a key it listed a
+    # moment before. A snapshot of the names, each read with .get, skips what went away.
+    vals = set()
+    for k in list(os.environ):
+        v = os.environ.get(k)
+        if v is not None and is_secret_key(k) and len(v) >= 8 \
+                and not re.fullmatch(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+", v):
+            vals.add(v)
     return sorted(vals, key=len, reverse=True)
 
 

@@ -2,10 +2,11 @@
 
 Every call goes through `_safe`, and a tracker that fails cannot stall the stage: after the first
 failed call (one warning) the run stops calling the server. Its metrics are kept and sent again once,
-when the stage ends (`end`); if the server is still away then, the run's record says the metrics are
-missing there, and the stage's own files (steps.jsonl, history.json) hold them all. Over HTTP each
-call is bounded (store.mlflow_client: a few retries, a short timeout) so that even the first failure
-costs seconds, not MLflow's default minutes. Everything logged is redacted first; the run keeps a
+when the stage ends (`end`), unless that call got no reply in time (a server that is stopped or
+overloaded would make the resend wait as long again); if they are not sent, the run's record says
+how many metric values are missing there and why, and the stage's own files (steps.jsonl,
+history.json) hold them all. Over HTTP each call is bounded (store.mlflow_client: two tries of 5 s at
+most) so that even the first failure costs seconds, not MLflow's default minutes. Everything logged is redacted first; the run keeps a
 copy of its metric history for the curves drawn at the end.
 """
 
@@ -20,6 +21,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import rloo.tracking.store as store  # not `from rloo.tracking import store`: that init imports this module
 from rloo.tracking.artifacts import MAX_ARTIFACT_BYTES, TEXT_SUFFIXES, WEIGHT_SUFFIXES, redacted_file_text
 from rloo.tracking.provenance import base_tags
 from rloo.tracking.records import write_record
@@ -40,6 +42,7 @@ class Run:
         self.history: dict[str, list[tuple[int, float]]] = defaultdict(list)
         self.failures = 0
         self.offline = False  # set by the first failed call: nothing more is sent until `end`
+        self.timed_out = False  # that call got no reply in time: `end` does not ask again
         self.pending: list = []  # metrics not sent while offline, sent again by `end`
 
     def _safe(self, what: str, fn, *args, **kwargs):
@@ -50,8 +53,10 @@ class Run:
         except Exception as e:
             self.failures += 1
             self.offline = True
+            self.timed_out = store.timed_out(e)
+            then = "not sent again: it did not reply in time" if self.timed_out else "sent again when it ends"
             log.warning("MLflow: could not %s for run %s (%s); the stage stops waiting on the tracking store: its "
-                        "metrics stay in the stage's own files and are sent again when it ends", what, self.run_id, e)
+                        "metrics stay in the stage's own files and are %s", what, self.run_id, e, then)
             return None
 
     def log_metrics(self, metrics: dict, step: int | None) -> None:
@@ -124,19 +129,20 @@ class Run:
             write_record(self.record_path, self.record)
 
     def end(self, status: str) -> None:
-        if self.offline:  # one more try for what was kept back: the store may be back
+        if self.offline and not self.timed_out:  # one more try for what was kept back: the store may be back
             try:
                 for i in range(0, len(self.pending), 1000):
                     self.client.log_batch(self.run_id, metrics=self.pending[i : i + 1000])
-                self.offline = False
+                self.offline, self.pending = False, []
             except Exception as e:
                 log.debug("MLflow: the kept metrics of run %s were not sent: %s", self.run_id, e)
-            if self.offline:
-                log.warning("MLflow: run %s is missing %d metric values (the tracking store did not come back); "
-                            "the stage's own files hold them", self.run_id, len(self.pending))
-                self.write_record(status=status, metrics_missing=len(self.pending))
-                return
-            self.pending = []
+        if self.offline:
+            why = ("the tracking store gave no reply in time, and was not asked again" if self.timed_out
+                   else "the tracking store did not come back")
+            log.warning("MLflow: run %s is missing %d metric values (%s); the stage's own files hold them",
+                        self.run_id, len(self.pending), why)
+            self.write_record(status=status, metrics_missing=len(self.pending), tracking_store=why)
+            return
         self.write_record(status=status)
         self._safe("end the run", self.client.set_terminated, self.run_id, status)
 

@@ -92,6 +92,8 @@ def _start_stage_run(cfg: dict, stage: str, keys: list[str] | None, outputs: lis
     from rloo.pipeline import STAGES, stage_config
 
     uri = store.tracking_uri(cfg)
+    if down := store.unanswered(uri):  # a server that does not answer costs this one short call
+        raise ConnectionError(f"the tracking server does not answer: {down}")
     parent = os.environ.get(store.ENV_PARENT, "").strip() or None
     client = None
     experiment_id = None
@@ -100,6 +102,8 @@ def _start_stage_run(cfg: dict, stage: str, keys: list[str] | None, outputs: lis
         try:
             experiment_id = client.get_run(parent).info.experiment_id
         except Exception as e:
+            if store.timed_out(e):  # not a missing run: a server that stopped answering
+                raise
             log.warning("MLflow: parent run %s not found at %s (%s); this stage gets a top-level run",
                         parent, store.display_uri(uri), e)
             parent = None

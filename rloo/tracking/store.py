@@ -87,17 +87,26 @@ def _store_lock(uri: str) -> Iterator[None]:
         os.close(fd)  # closing the descriptor releases the lock
 
 
+# Seconds a tracking server has to answer one request: a live one answers in milliseconds.
+HTTP_TIMEOUT_S = 5
+
+
+def _is_server(uri: str) -> bool:
+    return uri.startswith(("http://", "https://"))
+
+
 def mlflow_client(uri: str) -> Any:
     """An MlflowClient on `uri` (mlflow is imported only here, when a run is actually opened)."""
     from mlflow import MlflowClient
 
     # Bounded calls to a tracking server: MLflow's defaults (7 retries, exponential back-off, 120 s
-    # timeout) make one call to a server that went away wait about 4 minutes, at every step. A run
-    # that fails once stops calling (tracking/run.py), so the stage loses seconds. The environment wins.
-    if uri.startswith(("http://", "https://")):
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    # timeout) make one call to a server that went away wait about 4 minutes, at every step. Here one
+    # call is two tries of HTTP_TIMEOUT_S at most (a frozen server: about 10 s); a run that fails once
+    # stops calling (tracking/run.py), so the stage loses seconds. The environment wins.
+    if _is_server(uri):
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(HTTP_TIMEOUT_S))
     # The SQLite store announces table creation and migrations on every first use: keep it quiet.
     for name in ("mlflow.store.db.utils", "alembic.runtime.migration", "mlflow.store.db"):
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -134,3 +143,37 @@ def ensure_experiment(uri: str, name: str = DEFAULT_EXPERIMENT) -> str:
         if exp.lifecycle_stage == LifecycleStage.DELETED:
             client.restore_experiment(exp.experiment_id)
         return exp.experiment_id
+
+
+def unanswered(uri: str) -> str | None:
+    """Why the tracking server at `uri` is taken to be down, or None: the first call of a stage or a
+    pipeline, one GET of its /health with HTTP_TIMEOUT_S to answer and no retry, so that a server that
+    is stopped (SIGSTOP: it accepts connections and never replies) or unreachable costs seconds before
+    anything else asks it. Any HTTP status is an answer; a store that is not a server (SQLite) is None."""
+    if not _is_server(uri):
+        return None
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=HTTP_TIMEOUT_S):
+            return None
+    except urllib.error.HTTPError:
+        return None  # it answered
+    except (OSError, ValueError) as e:
+        reason = e.reason if isinstance(e, urllib.error.URLError) else e
+        if isinstance(reason, TimeoutError):
+            return f"no reply within {HTTP_TIMEOUT_S} s"
+        return f"{type(reason).__name__}: {reason}"
+
+
+def timed_out(e: BaseException) -> bool:
+    """Whether a failed MLflow call got no reply in time (its cause, or a cause of that, is a timeout):
+    a server that is stopped or overloaded, which another call would only wait on again."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, TimeoutError) or "Timeout" in type(e).__name__:
+            return True
+        e = e.__cause__ or e.__context__
+    return False

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -188,10 +189,14 @@ class TrainingLoop:
                 stop.requested = distributed.any_rank(stop.requested)
                 if stop.requested or (done % self.checkpoint_every == 0 and done < self.steps):
                     self.check_weights(step, "a checkpoint")
-                    checkpoint.save(self.ckpt_dir, done, self.model, self.optimizer, self.scheduler,
-                                    {"history": self.history, **self.state()}, keep=self.keep,
-                                    fingerprint=self.fingerprint, companions=self.companions)
+                    saved = checkpoint.save(self.ckpt_dir, done, self.model, self.optimizer, self.scheduler,
+                                            {"history": self.history, **self.state()}, keep=self.keep,
+                                            fingerprint=self.fingerprint, companions=self.companions)
                     if stop.requested:
+                        if distributed.is_main():
+                            log.warning("%s: stopped by %s: checkpoint of step %d saved at %s (the same command "
+                                        "resumes from it)", self.name, signal.Signals(stop.exit_code - 128).name,
+                                        done, saved)
                         raise Preempted(done, stop.exit_code)
 
 

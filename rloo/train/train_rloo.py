@@ -22,7 +22,8 @@ from rloo.algo.estimators import MovingBaseline
 from rloo.errors import MissingInputError
 from rloo.io import atomic_dir, write_json_atomic
 from rloo.model import checkpoint, distributed, lora, models
-from rloo.reward.rewards import FunctionReward, RewardSource
+from rloo.reward.rewards import FunctionReward, HttpReward, RewardSource
+from rloo.runtime import console
 from rloo.settings import Config, RlooConfig, RolloutCorrectionConfig
 from rloo.train import alarms
 from rloo.train.loop import TrainingLoop
@@ -198,6 +199,12 @@ def train_rloo(config: Config, policy_dir: str | Path, train: list[dict], val: l
         if isinstance(reward, FunctionReward):  # each function, and its mean reward over the last 10 steps
             summary["reward_functions"] = {f.name: {"fn": f.fn, "weight": f.weight, "final_mean": _final_mean(
                 [x.get(f"train/reward/{f.name}", math.nan) for x in last10])} for f in reward.functions}
+        if isinstance(reward, HttpReward):  # the server's record: run facts (a rerun's may differ), not outputs
+            client = reward.client
+            facts = {**(facts or {}), "reward_server_requests": client.requests,
+                     "reward_server_retries": client.retries.count, "reward_server_failed": client.failed}
+            if distributed.is_main():
+                console(f"rloo: {client.summary()}", log)
         timings = loop.record_timings(
             facts,
             train_seconds=seconds,

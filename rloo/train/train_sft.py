@@ -7,6 +7,7 @@ pipeline's files (rloo/stages/sft.py); `rloo.api.train_sft` on a notebook's rows
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,9 +19,9 @@ import torch.nn.functional as F
 
 from rloo.algo.schedules import lr_multiplier
 from rloo.data.prompting import PromptFormat, align_eos
-from rloo.errors import InputError
+from rloo.errors import InputError, UserError
 from rloo.eval.evaluation import evaluate_policy, spec_for
-from rloo.model import distributed, lora, microbatch, models
+from rloo.model import checkpoint, distributed, lora, microbatch, models
 from rloo.model.head import causal_logprobs
 from rloo.model.logprobs import model_device
 from rloo.runtime import autocast
@@ -29,6 +30,28 @@ from rloo.train.loop import TrainingLoop, write_model_output
 from rloo.train.run_log import RunLog
 
 log = logging.getLogger("rloo.sft")
+
+
+class LearnedNothingError(UserError, RuntimeError):
+    """An SFT run ended with finite weights but a loss that shows it learned nothing."""
+
+
+def learned_nothing(history: list[dict], vocab_size: int, min_drop_nats: float) -> str | None:
+    """Why the losses of `history` (the logged steps' `sft/loss`) show a run that learned nothing, or None:
+    the final loss is not below the first step's (with two steps or more logged), or not below
+    ln(vocab_size), a uniform guess's loss, by `min_drop_nats` (0: that check off). A learning rate far too
+    high can leave finite weights whose predictions are near uniform, which the divergence guard passes."""
+    losses = [(r["step"], r["sft/loss"]) for r in history if "sft/loss" in r]
+    if not losses:
+        return None
+    (first_step, first), (last_step, last) = losses[0], losses[-1]
+    if last_step > first_step and not last < first:
+        return f"the final training loss {last:.4f} (step {last_step}) is not below the first step's {first:.4f}"
+    uniform = math.log(vocab_size)
+    if min_drop_nats > 0 and not last < uniform - min_drop_nats:
+        return (f"the final training loss {last:.4f} (step {last_step}) is not below ln({vocab_size}) = {uniform:.4f}, "
+                f"a uniform guess over the vocabulary, by sft.min_loss_drop_nats={min_drop_nats:g}")
+    return None
 
 
 @dataclass
@@ -188,6 +211,14 @@ def train_sft(config: Config, base_dir: str | Path, train: list[dict], test: lis
             loop.log({"step": step, "sft/loss": value, "sft/grad_norm": float(grad_norm),
                       "sft/lr": scheduler.get_last_lr()[0]}, step, loss=f"{value:.3f}")
     train_seconds = time.perf_counter() - t0
+    # Every rank holds the same history (the losses are averaged over ranks), so all stop together.
+    if why := learned_nothing(loop.history, model.config.vocab_size, sc.min_loss_drop_nats):
+        loop.run_log.tags({"rloo.learned_nothing": why})
+        last = checkpoint.latest(loop.ckpt_dir)
+        kept = f"its last checkpoint, {last}, is kept" if last else "no checkpoint had been written"
+        raise LearnedNothingError(
+            f"sft: {why}: the run learned nothing; no output written, {kept} (check sft.lr={sc.lr:g} and "
+            f"sft.steps={sc.steps}; sft.min_loss_drop_nats=0 turns the second check off)")
     (tokens,) = distributed.all_sum(tokens) if distributed.enabled() else (tokens,)
     model.eval()
     spec = spec_for(config, "sft", sc.eval_max_new_tokens, sc.eval_draws, stream=7)

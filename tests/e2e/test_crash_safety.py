@@ -182,3 +182,28 @@ def test_reward_stage_killed_then_rerun_gives_the_same_model(micro_run, tmp_path
     assert json.loads((cut / "work" / "timings.json").read_text())["resumed_from_step"] > 0
     got = models.load_reward_model(cut / "out").state_dict()
     assert all(torch.equal(expected[k], got[k]) for k in expected)
+
+
+@pytest.mark.parametrize("keep", [1, 2, 3])
+def test_sigint_checkpoint_is_logged_and_counts_towards_the_kept_ones(tmp_path, caplog, keep):
+    """A real SIGINT to this process at step 20 of a loop that checkpoints every 2 steps: the loop
+    saves step 21, logs its step and path in one line, and leaves `keep` checkpoints, that one
+    included (the issue's probe found 18, 20 and 21 with a limit of 2)."""
+    from rloo.runtime import Preempted
+    from rloo.train.loop import TrainingLoop
+
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loop = TrainingLoop("rloo", 30, tmp_path / "ckpt", model, opt, None, "f", 2, keep=keep)
+    with caplog.at_level("WARNING", logger="rloo"), pytest.raises(Preempted) as stopped:
+        for step in loop:
+            if step == 20:
+                os.kill(os.getpid(), signal.SIGINT)
+    assert stopped.value.step == 21 and stopped.value.code == 130
+    kept = [p.name for p in checkpoint.complete(tmp_path / "ckpt")]
+    assert kept == [f"step_{s:08d}" for s in (16, 18, 20, 21)[-keep:]], kept
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == kept  # nothing else left there
+    saved = tmp_path / "ckpt" / "step_00000021"
+    lines = [r.getMessage() for r in caplog.records if "checkpoint of step" in r.getMessage()]
+    assert lines == [f"rloo: stopped by SIGINT: checkpoint of step 21 saved at {saved} (the same command "
+                     "resumes from it)"], caplog.text

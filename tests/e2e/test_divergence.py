@@ -83,6 +83,27 @@ def test_an_exploding_sft_stops_too(micro_run, tmp_path, capsys):
     assert record["stage"] == "sft" and record["quantity"] in ("loss", "grad_norm"), record
 
 
+@pytest.mark.parametrize(("lr", "why"), [
+    # the loss climbs from 5.79 to about 24: finite, so the divergence guard passes it
+    (1.0, r"the final training loss [\d.]+ \(step 11\) is not below the first step's 5\.79"),
+    # the weights hardly move: the final loss (5.79) is a hair below the first step's, not below ln(320) - 0.25
+    (1e-7, r"not below ln\(320\) = 5\.7683, a uniform guess over the vocabulary, by sft\.min_loss_drop_nats=0\.25"),
+    # the probe saw it end finite near ln(320); here it overflows at step 1: either guard stops it
+    (1e6, r"the run (diverged|learned nothing)"),
+], ids=["loss-climbs", "loss-flat", "lr-1e6"])
+def test_an_sft_that_learned_nothing_stops_without_output(micro_run, tmp_path, capsys, lr, why):
+    code = cli.main(["sft", "-c", MICRO, "--set", f"sft.lr={lr}", "--set", "tracking.enabled=false",
+                     "--data", str(micro_run["data"]), "--base", str(micro_run["base_model"]),
+                     "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")])
+    err = capsys.readouterr().err
+    line = [x for x in err.splitlines() if x.startswith("rloo sft: error:")]
+    assert code == 2 and line and re.search(why, line[0]), err[-3000:]
+    assert not (tmp_path / "out").exists()
+    if lr != 1e6:
+        assert "the run learned nothing; no output written, its last checkpoint" in line[0], line[0]
+        assert (tmp_path / "work" / "checkpoints" / "step_00000010").is_dir()  # finished work kept
+
+
 @pytest.mark.parametrize("damage", ["nan-weights", "one-byte"])
 def test_a_damaged_newest_checkpoint_is_passed_over(micro_run, micro_reward, tmp_path, caplog, damage):
     assert cli.main(_train(micro_run, micro_reward, tmp_path, steps=6)) == 0

@@ -28,6 +28,8 @@ from code_edits import append_comment, edit_module_docstring, edit_setting_docs,
 from workflow_helpers import (
     CONFIGFILES,
     ROOT,
+    SERVED_SNAKEMAKE,
+    env_for,
     make_copy,
     make_dvc_repo,
     planned,
@@ -394,6 +396,57 @@ def test_split_params_whole_sections_where_possible():
     keys, sets = rdvc.split_params(part, full, {"rloo.estimator"})
     assert keys == ["seed", "reward.lr", "reward.steps", "rloo.k"]
     assert sets == {"rloo.estimator": "grpo"}
+
+
+@pytest.mark.slow
+def test_two_targets_at_once_both_commit(origin, tmp_path):
+    """Two `snakemake` runs at once in the same project (results/gsm8k_grpo.json and
+    results/gsm8k_reinforce.json, on a copy of the finished micro run): each one's DVC step ran while
+    the other's rewrote dvc.yaml for its own stages, and one failed (`dvc commit --force --quiet ...
+    exited 1:` and nothing more, or `dvc checkout --relink ... exited 255:`). One `rloo dvc` at a time:
+    both commit, and dvc.lock holds the stages of both."""
+    repo = tmp_path / "repo"
+    subprocess.run(["cp", "-a", str(origin["repo"]), str(repo)], check=True)
+    procs = [subprocess.Popen([sys.executable, str(SERVED_SNAKEMAKE), f"results/gsm8k_{estimator}.json", "--cores", "1",
+                               *CONFIGFILES], cwd=repo, env=env_for(repo), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for estimator in ("grpo", "reinforce")]
+    outputs = [p.communicate(timeout=900)[0] for p in procs]
+    for p, out in zip(procs, outputs, strict=True):
+        assert p.returncode == 0 and "committed 6 stage(s)" in out, out[-4000:]
+        assert "commit failed" not in out, out[-4000:]
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+    assert {"rloo@grpo", "evaluate@grpo", "rloo@reinforce", "evaluate@reinforce"} <= set(lock), sorted(lock)
+    assert dvc_status(repo) == {}
+
+
+def test_one_rloo_dvc_at_a_time_in_a_project(tmp_path):
+    """`rloo dvc` (every command; the commit after a run is one) waits, saying so, while another holds the
+    project's lock, and goes on once it is released."""
+    copy = make_copy(tmp_path / "copy")
+    for name in ("dvc.yaml", "params.yaml"):
+        shutil.copy2(ROOT / name, copy / name)
+    with driver.exclusive(copy):
+        waiting = subprocess.Popen([sys.executable, "-m", "rloo.dvc", "yaml", "--check"], cwd=copy, env=env_for(copy),
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(8)  # long enough for the check itself (a Snakemake DAG): it must still be waiting
+        assert waiting.poll() is None, waiting.communicate()
+    out, err = waiting.communicate(timeout=300)
+    assert waiting.returncode == 0, err
+    assert err.startswith("rloo dvc: waiting for another `rloo dvc` in this project (.rloo/rloo-dvc.lock"), err
+    assert "in sync with the Snakemake workflow" in out
+
+
+def test_a_failing_dvc_call_says_what_dvc_said(tmp_path):
+    """DVC's own error in the message: with `--quiet` DVC printed none, and a relink of a folder that
+    dvc.yaml does not name failed as `dvc checkout --relink --quiet results/models/... exited 255:`."""
+    repo = make_dvc_repo(make_copy(tmp_path / "wf"))
+    (repo / "results" / "models" / "stray").mkdir(parents=True)
+    (repo / "results" / "models" / "stray" / "weights.txt").write_text("x")
+    with pytest.raises(rdvc.DvcError) as info:
+        driver.relink_folders(repo, ["results/models/stray"])
+    first, rest = str(info.value).split("\n", 1)
+    assert first == "dvc checkout --relink results/models/stray exited 255:", first
+    assert "ERROR" in rest and "'results/models/stray' does not exist as an output or a stage name" in rest, rest
 
 
 def test_commit_after_run_is_skipped_outside_a_dvc_repository(tmp_path, monkeypatch, capsys):

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fault_helpers import silent_server
 from workflow_helpers import pythonpath
 
 from rloo.config import ConfigError, load_config
@@ -232,7 +233,8 @@ def test_a_judge_whose_replies_never_parse_fails_like_one_that_is_down(tmp_path)
         judge = LLMJudge(server.base_url, "judge", "NO_SUCH_KEY_ENV", 10.0, 0, max_failed_share=0.01,
                          api_key="EMPTY")
         win_rate(judge, ["q1"], ["1"], ["#### 1"], ["#### 2"])
-        assert judge.check() == {"calls": 2, "failed_calls": 0, "failed_share": 0.0, "unparsed_replies": 0}
+        assert judge.check() == {"calls": 2, "failed_calls": 0, "failed_share": 0.0, "unparsed_replies": 0,
+                                 "retries": 0}
 
 
 def _default_judge(base_url: str):
@@ -247,44 +249,33 @@ def test_a_judge_that_accepts_and_never_replies_fails_within_three_minutes_at_de
     """A real socket that accepts every connection and never answers (a hung server): at the default
     timeout_s and max_retries the stage's judging stops with one line after the first call's two tries
     (about 2 x 60 s), where it used to wait 60 s x 4 tries for each of the first 8 calls (32 minutes)."""
-    import socket
     import threading
 
     from rloo.reward.judges import JudgeUnavailable, win_rate
 
-    listener = socket.create_server(("127.0.0.1", 0))
-    held = []  # accepted, never read from nor answered
-
-    def accept() -> None:
-        while True:
-            try:
-                held.append(listener.accept()[0])
-            except OSError:
-                return
-
-    threading.Thread(target=accept, daemon=True).start()
-    url = f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
-    judge = _default_judge(url)
     outcome: dict = {}
+    with silent_server() as (port, held):
+        url = f"http://127.0.0.1:{port}/v1"
+        judge = _default_judge(url)
 
-    def judging() -> None:
-        t0 = time.monotonic()
-        try:
-            win_rate(judge, ["q"] * 8, ["1"] * 8, ["#### 1"] * 8, ["#### 2"] * 8)
-        except JudgeUnavailable as e:
-            outcome["error"] = str(e)
-        outcome["seconds"] = time.monotonic() - t0
+        def judging() -> None:
+            t0 = time.monotonic()
+            try:
+                win_rate(judge, ["q"] * 8, ["1"] * 8, ["#### 1"] * 8, ["#### 2"] * 8)
+            except JudgeUnavailable as e:
+                outcome["error"] = str(e)
+            outcome["seconds"] = time.monotonic() - t0
 
-    worker = threading.Thread(target=judging, daemon=True)
-    worker.start()
-    worker.join(timeout=180)
-    listener.close()
+        worker = threading.Thread(target=judging, daemon=True)
+        worker.start()
+        worker.join(timeout=180)
+        connections = len(held)
     assert not worker.is_alive(), "the judge was still waiting after 3 minutes"
     print(f"a judge that never replies: failed after {outcome['seconds']:.0f} s")
     assert outcome["error"] == (f"the LLM judge at {url} gave no reply within evaluate.llm_judge.timeout_s=60 s to its "
                                 "first call (2 tries): is it up and serving 'judge'? For a judge that is only slow "
                                 "raise timeout_s; or set evaluate.judge: verifier")
-    assert 110 < outcome["seconds"] < 180 and len(held) == 2 and judge.calls == 1
+    assert 110 < outcome["seconds"] < 180 and connections == 2 and judge.calls == 1
 
 
 @pytest.mark.slow
@@ -298,5 +289,6 @@ def test_a_slow_judge_that_answers_is_not_failed(tmp_path):
         judge = _default_judge(server.base_url)
         assert judge.CONNECT_TIMEOUT_S < 11 and isinstance(judge, LLMJudge)
         wr = win_rate(judge, ["q1"], ["1"], ["#### 1"], ["#### 2"])
-        assert judge.check() == {"calls": 2, "failed_calls": 0, "failed_share": 0.0, "unparsed_replies": 0}
+        assert judge.check() == {"calls": 2, "failed_calls": 0, "failed_share": 0.0, "unparsed_replies": 0,
+                                 "retries": 0}
         assert wr.invalid == 0 and wr.ties == 1

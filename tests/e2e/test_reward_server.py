@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fault_helpers import silent_server
 
 from rloo.config import load_config
 from rloo.model import checkpoint
@@ -135,6 +136,115 @@ def test_a_request_that_still_fails_within_its_share_leaves_rewards_missing(tmp_
     reward = _http(server.url, max_retries=0, max_failed_share=1.0)
     assert _score(reward).isnan().all()  # missing rewards, kept out of the baselines
     assert not _score(reward).isnan().any()
+
+
+def test_each_retry_is_a_console_line_and_counted(tmp_path, functions_file, servers, capfd):
+    """Two HTTP 500s, then the answer, at the default settings (2 retries): each retry is one line on
+    stdout, which reaches the terminal under Snakemake (a stage's stderr goes to its log), naming the
+    server, what failed and the attempt; the client counts them for the stage's last lines."""
+    servers.append(server := Server(tmp_path, functions_file, "--fail-first", "2"))
+    reward = _http(server.url)
+    assert not _score(reward).isnan().any() and server.requests == 3
+    out = capfd.readouterr().out.splitlines()
+    assert len(out) == 2, out
+    for line, attempt, wait in zip(out, (1, 2), ("0.5", "1"), strict=True):
+        assert line.startswith(f"reward server {server.url}: HTTP 500"), line
+        assert line.endswith(f" on attempt {attempt} of 3; retrying in {wait} s"), line
+    assert reward.client.retries.count == 2
+    assert reward.client.summary() == f"reward server {server.url}: 1 requests, 2 retries, 0 failed after their retries"
+
+
+def _timed_failure(reward: HttpReward, limit_s: float) -> tuple[str, float]:
+    """The stop's message and when it came, the scoring run in a thread given `limit_s` seconds."""
+    import threading
+
+    outcome: dict = {}
+
+    def scoring() -> None:
+        t0 = time.monotonic()
+        try:
+            _score(reward)
+        except RewardServerError as e:
+            outcome["error"] = str(e)
+        outcome["seconds"] = time.monotonic() - t0
+
+    worker = threading.Thread(target=scoring, daemon=True)
+    worker.start()
+    worker.join(timeout=limit_s)
+    assert not worker.is_alive(), f"the reward client was still waiting after {limit_s} s"
+    return outcome.get("error", "no error"), outcome["seconds"]
+
+
+@pytest.mark.slow
+def test_a_server_that_accepts_and_never_replies_fails_within_three_minutes_at_default_settings():
+    """At the default timeout_s (60) and max_retries (2) the first request's two tries, about 2 x 60 s,
+    then one line; it used to take three tries and the waits between them (3:01)."""
+    with silent_server() as (port, held):
+        url = f"http://127.0.0.1:{port}/score"
+        error, seconds = _timed_failure(_http(url), 180)
+    print(f"a reward server that never replies: failed after {seconds:.0f} s")
+    assert error == (f"the reward server at {url} did not answer its first request (no reply within "
+                     "reward.http.timeout_s=60 s, 2 tries): is it up? For a server that is only slow raise "
+                     "reward.http.timeout_s; the run stops (its last checkpoint is kept; rerun once the server "
+                     "answers)")
+    assert 110 < seconds < 180 and len(held) == 2
+
+
+@pytest.mark.slow
+def test_a_server_that_never_takes_the_connection_fails_in_seconds():
+    """A listening socket whose queue is full (a process stopped with its backlog filled): the
+    connection attempt itself hangs; connecting gets 10 s, so two tries end in about 20 s, not 2 x 60."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/score"
+    fillers = []
+    for _ in range(3):  # fill the accept queue: further connection attempts get no answer
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex(listener.getsockname())
+        fillers.append(s)
+    time.sleep(0.2)
+    try:
+        error, seconds = _timed_failure(_http(url), 60)
+    finally:
+        for s in (*fillers, listener):
+            s.close()
+    assert error.startswith(f"the reward server at {url} did not answer its first request (no connection within "
+                            "10 s, 2 tries): is it up?"), error
+    assert 19 < seconds < 40, seconds
+
+
+@pytest.mark.slow
+def test_a_slow_server_that_answers_is_not_failed(tmp_path, functions_file, servers, capfd):
+    """A server that takes 11 s (longer than the 10 s connect limit) to answer, at the default settings:
+    scored, with no retry."""
+    servers.append(server := Server(tmp_path, functions_file, "--delay", "11"))
+    reward = _http(server.url)
+    assert not _score(reward).isnan().any()
+    assert reward.client.retries.count == 0 and server.requests == 1 and capfd.readouterr().out == ""
+
+
+def test_a_run_shows_its_retries_on_the_terminal_and_counts_them(micro_run, tmp_path, functions_file, servers):
+    """`rloo train` as a Snakemake rule runs it, stderr to its log file: the two retries and the count at
+    the end reach stdout (the terminal); the count is a run fact in timings.json, not in the outputs."""
+    servers.append(server := Server(tmp_path, functions_file, "--fail-first", "2"))
+    work, out = tmp_path / "work", tmp_path / "rloo"
+    cmd = [sys.executable, "-m", "rloo.cli", "train", "-c", str(ROOT / "config" / "micro.yaml"),
+           "--set", "reward.source=http", "--set", f"reward.http.url={server.url}", "--set", "rloo.eval_every=0",
+           "--set", "rloo.steps=2", "--set", "tracking.enabled=false",
+           "--data", str(micro_run["data"]), "--policy", str(micro_run["sft"]), "--out", str(out), "--work", str(work)]
+    with open(tmp_path / "rloo.log", "w") as log:
+        res = subprocess.run(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=log, text=True, timeout=300)
+    assert res.returncode == 0, (tmp_path / "rloo.log").read_text()[-3000:]
+    lines = res.stdout.splitlines()
+    assert [line.rsplit(" on attempt ", 1)[1] for line in lines[:2]] == ["1 of 3; retrying in 0.5 s",
+                                                                         "2 of 3; retrying in 1 s"], lines
+    assert lines[2:] == [f"rloo: reward server {server.url}: 2 requests, 2 retries, 0 failed after their retries"]
+    assert all(line in (tmp_path / "rloo.log").read_text() for line in lines)  # the log has them too
+    facts = json.loads((work / "timings.json").read_text())
+    assert (facts["reward_server_requests"], facts["reward_server_retries"], facts["reward_server_failed"]) == (2, 2, 0)
+    assert "retries" not in (out / "metrics.json").read_text()
 
 
 def test_a_dead_server_is_one_line(tmp_path):

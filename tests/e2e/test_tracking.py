@@ -540,3 +540,64 @@ def test_a_tracking_server_killed_mid_stage_costs_seconds_not_minutes(micro_run,
         lines = (tmp_path / tag / "out" / "steps.jsonl").read_text().splitlines()
         assert [json.loads(x)["step"] for x in lines] == list(range(steps)), tag
     assert (tmp_path / "tracked" / "out" / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_a_frozen_tracking_server_costs_a_stage_seconds(micro_run, tmp_path):
+    """An `mlflow server` stopped by SIGSTOP (it accepts connections and never replies), before `rloo
+    train` starts and in the middle of it: each costs the stage under 15 s, one bounded call (the
+    first call's 5 s; mid-stage two tries of 5 s) and no resend at the end, where it cost about a
+    minute (two retries of 20 s, and the resend); the stage's record says what MLflow lacks."""
+    steps = 12
+
+    def run(tag: str, url: str | None, freeze_mid: int | None = None) -> tuple[float, str]:
+        folder = tmp_path / tag
+        folder.mkdir()
+        cmd = [str(BIN / "rloo"), "train", "-c", str(MICRO), "--set", f"rloo.steps={steps}",
+               "--set", "rloo.checkpoint_every=2", "--set", "rloo.eval_every=0", "--set", "reward.source=verifier",
+               "--data", str(micro_run["data"]), "--policy", str(micro_run["sft"]),
+               "--out", str(folder / "out"), "--work", str(folder / "work")]
+        env = pipeline_env(MLFLOW_TRACKING_URI=url) if url else pipeline_env(RLOO_TRACKING="0")
+        t0 = time.monotonic()
+        proc = subprocess.Popen(cmd, cwd=folder, env=env, stderr=subprocess.PIPE, text=True)
+        if freeze_mid is not None:  # once the run has its first checkpoint: the server stops mid-stage
+            deadline = time.monotonic() + 300
+            while not list((folder / "work" / "checkpoints").glob("step_*/checkpoint.json")):
+                assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint before the freeze"
+                time.sleep(0.05)
+            os.killpg(freeze_mid, signal.SIGSTOP)
+        _, err = proc.communicate(timeout=600)
+        seconds = time.monotonic() - t0
+        assert proc.returncode == 0, err[-3000:]
+        lines = (folder / "out" / "steps.jsonl").read_text().splitlines()
+        assert [json.loads(x)["step"] for x in lines] == list(range(steps)), tag
+        return seconds, err
+
+    untracked, _ = run("untracked", None)
+    server_dir = tmp_path / "server"
+    server_dir.mkdir()
+    with _mlflow_server(server_dir, f"sqlite:///{server_dir / 'server.db'}",
+                        "--artifacts-destination", str(server_dir / "artifacts")) as url:
+        group = _SERVERS[url].pid
+        live, _ = run("live", url)
+        os.killpg(group, signal.SIGSTOP)
+        try:
+            before, err_before = run("frozen_before", url)
+        finally:
+            os.killpg(group, signal.SIGCONT)
+        try:
+            mid, err_mid = run("frozen_mid", url, freeze_mid=group)
+        finally:
+            os.killpg(group, signal.SIGCONT)
+    print(f"untracked {untracked:.1f} s, tracked {live:.1f} s; server frozen before the stage {before:.1f} s, "
+          f"mid-stage {mid:.1f} s")
+    # against the faster of the two runs: the first run of a test pays for the disk cache
+    fastest = min(untracked, live)
+    assert "could not start a run for stage rloo" in err_before and "no reply within 5 s" in err_before, err_before[-3000:]
+    assert before - fastest < 15, (before, untracked, live)
+    assert err_mid.count("MLflow: could not") == 1 and "not sent again: it did not reply in time" in err_mid, err_mid[-3000:]
+    assert "gave no reply in time, and was not asked again" in err_mid
+    assert mid - fastest < 15, (mid, untracked, live, err_mid[-3000:])
+    record = json.loads((tmp_path / "frozen_mid" / "results" / "runs" / "rloo.json").read_text())
+    assert record["status"] == "FINISHED" and record["metrics_missing"] > 0, record
+    assert record["tracking_store"] == "the tracking store gave no reply in time, and was not asked again"

@@ -539,6 +539,20 @@ def test_llm_judge_retries_then_gives_up(stub, monkeypatch, caplog, retries, exp
 
 
 @needs_openai
+def test_llm_judge_retries_are_console_lines_and_counted(stub, capfd):
+    """Each retry is one line on stdout (the terminal under Snakemake, whose rules send the stage's
+    stderr to its log): the judge, the status, the attempt; the calls' record counts them."""
+    _Stub.fail_first = 2  # two 503s, then an answer
+    url = f"http://127.0.0.1:{stub.server_address[1]}/v1"
+    judge = LLMJudge(url, "judge", "RLOO_TEST_JUDGE_KEY", timeout_s=10, max_retries=2)
+    assert judge.judge("q", "#### 1", "a", "b") == "B"
+    assert capfd.readouterr().out.splitlines() == [
+        f"LLM judge {url}: HTTP 503 (InternalServerError) on attempt 1 of 3; retrying in 0.5 s",
+        f"LLM judge {url}: HTTP 503 (InternalServerError) on attempt 2 of 3; retrying in 1 s"]
+    assert judge.check() == {"calls": 1, "failed_calls": 0, "failed_share": 0.0, "unparsed_replies": 0, "retries": 2}
+
+
+@needs_openai
 def test_llm_judge_timeout_is_an_invalid_verdict(stub, monkeypatch, caplog):
     _Stub.fail_first, _Stub.delay_s = 0, 3.0  # answers, but long after the judge's timeout
     judge = LLMJudge(f"http://127.0.0.1:{stub.server_address[1]}/v1", "judge", "RLOO_TEST_JUDGE_KEY",

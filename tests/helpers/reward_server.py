@@ -2,7 +2,7 @@
 reward functions in TRL's form, the same ones a `reward.source: function` config names.
 
     python tests/helpers/reward_server.py PORT FILE.py:FUNCTION=WEIGHT ... [--key-env VAR] [--seen FILE]
-        [--fail-first N [--fail-body TEXT]] [--hang-after N --hung FILE] [--reply JSON]
+        [--fail-first N [--fail-body TEXT]] [--hang-after N --hung FILE] [--reply JSON] [--delay S]
 
 POST (any path) takes {"prompts", "completions", "rows"} and answers {"rewards": [...]}: per completion
 the weighted sum of the functions' rewards over those that gave a number (math.fsum, in the order
@@ -11,7 +11,7 @@ GET /health answers 200. `--key-env`: only requests with `Bearer $VAR` are answe
 `--seen`: a line per scoring request; `--fail-first N`: the first N requests get a 500 (`--fail-body`: its
 body); `--hang-after
 N`: requests after the N-th write FILE and never answer (the test then kills the server); `--reply`:
-that JSON body instead of the rewards.
+that JSON body instead of the rewards; `--delay S`: every scoring request is answered after S seconds.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ def main() -> None:
     ap.add_argument("--hang-after", type=int, default=None)
     ap.add_argument("--hung", default=None)
     ap.add_argument("--reply", default=None)
+    ap.add_argument("--delay", type=float, default=0.0)
     args = ap.parse_args()
     functions = [load(s) for s in args.functions]
     key = os.environ.get(args.key_env) if args.key_env else None
@@ -81,6 +82,7 @@ def main() -> None:
             if args.hang_after is not None and count["requests"] > args.hang_after:
                 Path(args.hung).write_text(str(os.getpid()))
                 time.sleep(3600)
+            time.sleep(args.delay)
             reply = args.reply.encode() if args.reply else json.dumps({"rewards": score(body)}).encode()
             self._send(200, reply)
 

@@ -1,6 +1,7 @@
 """Secrets stay in the environment; remote code and pickled weights are never loaded by default."""
 
 import logging
+import os
 
 import pytest
 import torch
@@ -44,3 +45,40 @@ def test_llm_judge_key_comes_from_env_and_is_never_logged(monkeypatch, caplog):
     assert verdict is None
     assert secret not in caplog.text
     assert secret not in str(judge.description)
+
+
+def test_redaction_survives_another_thread_changing_the_environment(monkeypatch):
+    """MLflow's telemetry thread deletes _MLFLOW_TELEMETRY_SESSION_ID while the onstart handler
+    redacts the config; os.environ.items() then raised KeyError for the key it had just listed."""
+    import sys
+    import threading
+
+    from rloo.tracking.redact import REDACTED, redact
+
+    secret = "churn-secret-value-0123456789"
+    monkeypatch.setenv("RLOO_TEST_CHURN_TOKEN", secret)
+    names = [f"RLOO_TEST_CHURN_{i}_TOKEN" for i in range(40)]
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.is_set():
+            for name in names:
+                os.environ[name] = "transient-value-0123"
+            for name in names:
+                os.environ.pop(name, None)
+
+    # Switch threads as often as the interpreter allows, so that a deletion lands between the
+    # listing of the names and the reading of their values within a few calls.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    thread = threading.Thread(target=churn, daemon=True)
+    thread.start()
+    try:
+        for _ in range(300):
+            assert redact({"note": f"url {secret}"}) == {"note": f"url {REDACTED}"}
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(interval)
+        for name in names:
+            os.environ.pop(name, None)

@@ -17,6 +17,7 @@ from rloo.code_fingerprint import changes, load_manifest, parse_param
 from rloo.config import changed_keys
 from rloo.dvc.dag import Rerun, rerun_reasons
 from rloo.dvc.dvcyaml import DvcError, configfile_parser, project_root
+from rloo.run_record import run_args
 
 LINEAGE_PREFIX = "lineage:"  # rloo.pipeline.lineage's params
 
@@ -98,8 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if (root := project_root("rloo why-rerun")) is None:
         return 2
+    run = run_args(root, args.configfile)
+    if run.source:
+        print(f"rloo why-rerun: {run.source}", file=sys.stderr)
     try:
-        reruns = [r for r in rerun_reasons(root, args.configfile, args.target) if _matches(r, args.stage)]
+        reruns = [r for r in rerun_reasons(root, run.configfiles, [*run.targets, *args.target])
+                  if _matches(r, args.stage)]
     except DvcError as e:
         print(f"rloo why-rerun: {e}", file=sys.stderr)
         return 1

@@ -9,7 +9,8 @@ committed to the DVC cache after a run, and a pulled run that Snakemake sees as 
     rloo dvc checkout [--configfile F ...]                the last committed outputs back (e.g. after a
                                                           failed rerun deleted them), then `restore`
 
-(`python -m rloo.dvc ...` is the same.) `--configfile` takes the files given to `snakemake --configfile`.
+(`python -m rloo.dvc ...` is the same.) `--configfile` takes the files given to `snakemake --configfile`;
+without it, the last snakemake run's files and --config values are used (rloo/run_record.py).
 
 dvc.yaml: one stage per Snakemake rule; a rule with a wildcard ({estimator}) is a `foreach` stage whose
 stage names are `rule@value` (`rloo@grpo`). Each stage has the rule's command, its inputs as deps, its
@@ -55,6 +56,7 @@ from rloo.dvc.compile import check, generate
 from rloo.dvc.driver import dvc, exclusive, is_dvc_repo
 from rloo.dvc.dvcyaml import DVC_YAML, DvcError, configfile_parser, expand_stages, log, project_root
 from rloo.dvc.restore import restore
+from rloo.run_record import run_args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     root = project_root("rloo dvc")
     if root is None:
         return 2
+    run = run_args(root, args.configfile)  # no --configfile: the last snakemake run's (rloo/run_record.py)
+    if run.source:
+        log(run.source)
+    args.configfile = run.configfiles
     with exclusive(root):
         return _run(root, args)
 

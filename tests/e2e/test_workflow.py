@@ -183,6 +183,31 @@ def test_a_change_of_what_a_stage_computes_reruns_it_and_its_descendants(run, so
     assert planned(run["copy"], "all", GRPO) == {}  # the same code again: nothing
 
 
+def test_why_rerun_without_configfile_reads_what_the_last_run_was_given(run):
+    """Issue 62: `rloo why-rerun` run bare compares with the configuration the last `snakemake` run was
+    given (.rloo/last-run.json: its --configfile files, --config values and targets), and says so; a bare
+    `snakemake -n` reads config/config.yaml alone and plans every stage. --configfile still chooses."""
+    c = run["copy"]
+    last = json.loads((c / ".rloo/last-run.json").read_text())
+    assert last["configfiles"] == ["config/micro.yaml", "config/test.yaml"], last
+    assert last["targets"] == ["all", GRPO], last
+
+    def why(*args: str) -> subprocess.CompletedProcess:
+        res = subprocess.run(["rloo", "why-rerun", *args], cwd=c, env=env_for(c), capture_output=True, text=True,
+                             timeout=300)
+        assert res.returncode == 0, res.stderr
+        return res
+
+    bare = why()
+    assert bare.stdout == "nothing to rerun: its outputs are up to date\n", bare.stdout
+    assert ("rloo why-rerun: the last run's configuration (" in bare.stderr
+            and f": all {GRPO} --configfile config/micro.yaml config/test.yaml; --configfile to give another)"
+            in bare.stderr), bare.stderr
+    assert job_counts(snakemake(c, "-n", "--quiet", "rules").stdout)  # Snakemake's own bare dry run: config.yaml
+    given = why("--configfile", "config/config.yaml")
+    assert "prepare: its config changed: data." in given.stdout and "last run" not in given.stderr, given.stdout
+
+
 def test_gpu_config_plans_the_whole_pipeline_with_cluster_resources(tmp_path):
     """The README's cluster command: each rule's GPUs, threads, memory and time for config/gpu.yaml."""
     # A dry run caps threads at --cores (1 unless given); a Slurm run has no such cap.

@@ -56,3 +56,4 @@ def test_the_tail_shows_the_one_error_line_once_without_a_tracebacks_markers(tmp
                    "rloo.x.Err: bad thing at my.py:3\nrloo train: error: bad thing at my.py:3\n")
     assert tail(log) == ["a", '  File "x.py", line 2, in f', "    1 / 0", "rloo train: error: bad thing at my.py:3"]
     assert tail(tmp_path / "missing.log") == []
+

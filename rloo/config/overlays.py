@@ -77,13 +77,14 @@ def job_config_file(stage: str, part: dict, root: str | Path = ".") -> str:
     (<JOB_CONFIG_DIR>/<stage>-<digest>.json; written once): a rule's `cfg` param and its command's
     --job-config. A changed value is another file, so Snakemake reruns the job; and the command a
     terminal shows, at the job's start and when it fails, is one short path, not the config."""
-    from rloo.io import write_json_atomic
+    from rloo.io import atomic_path
 
-    text = json.dumps(part, sort_keys=True, separators=(",", ":"))
+    text = json.dumps(part, sort_keys=True, separators=(",", ":"))  # sorted: the same keys, the same file
     name = f"{JOB_CONFIG_DIR}/{stage}-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
     path = Path(root) / name
     if not path.is_file():
-        write_json_atomic(path, part)
+        with atomic_path(path) as tmp:
+            tmp.write_text(text + "\n")
     return name
 
 

@@ -79,7 +79,7 @@ class SftConfig(Section):
     counted) before the run stops with an error naming the step; 0 stops at the first."""
     log_every: int = setting(10, minimum=1)
     """Steps between the training loss's log lines (every step goes to MLflow)."""
-    min_loss_drop_nats: float = setting(0.25, minimum=0)
+    min_loss_drop_nats: float = setting(0.1, minimum=0)
     """How far (nats) the final training loss must be below ln(vocabulary size), the loss of a uniform guess
     over the vocabulary; a run that ends closer (it learned nothing, or was wrecked by its learning rate
     and ends near uniform) stops with no output. 0 = no such check. A run whose final loss is not below

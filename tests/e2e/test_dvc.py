@@ -341,12 +341,12 @@ def test_a_foreach_item_that_reads_more_params_than_the_others_is_written_so_and
 # Without Snakemake
 
 
-def test_dvc_command_reads_params_yaml_instead_of_inline_json():
-    cfg = '{"rloo":{"estimator":"grpo","k":4},"seed":0}'
+def test_dvc_command_reads_params_yaml_instead_of_the_jobs_config_file():
+    cfg = ".rloo/config/rloo-0123456789abcdef.json"  # the rule's cfg param: rloo.config.job_config_file
     code = "code:train:0123456789abcdef"
-    shell = (f"python workflow/scripts/workdir.py results/work/rloo_grpo '{cfg}' {code} data/x > logs/r.log 2>&1 && "
-             f"rloo train --config-json '{cfg}' --set threads=4 --data data/gsm8k --out results/models/rloo_grpo "
-             ">> logs/r.log 2>&1")
+    shell = (f"python workflow/scripts/workdir.py results/work/rloo_grpo {cfg} {code} data/x > logs/r.log 2>&1 && "
+             f"rloo train --job-config {cfg} --set threads=4 --data data/gsm8k --out results/models/rloo_grpo "
+             "--log logs/r.log")
     cmd = rdvc.dvc_command(shell, cfg, {"rloo.estimator": "grpo"}, code=code)
     # the guard's stamp: the config and the code fingerprints DVC reads (dvc.yaml names no digest)
     assert cmd == ('python workflow/scripts/workdir.py results/work/rloo_grpo "$(cat params.yaml)" '
@@ -399,14 +399,14 @@ def test_split_params_whole_sections_where_possible():
 
 
 @pytest.mark.slow
-def test_two_targets_at_once_both_commit(origin, tmp_path):
+def test_two_targets_at_once_both_commit(tracked_workflow, tmp_path):
     """Two `snakemake` runs at once in the same project (results/gsm8k_grpo.json and
     results/gsm8k_reinforce.json, on a copy of the finished micro run): each one's DVC step ran while
     the other's rewrote dvc.yaml for its own stages, and one failed (`dvc commit --force --quiet ...
     exited 1:` and nothing more, or `dvc checkout --relink ... exited 255:`). One `rloo dvc` at a time:
     both commit, and dvc.lock holds the stages of both."""
-    repo = tmp_path / "repo"
-    subprocess.run(["cp", "-a", str(origin["repo"]), str(repo)], check=True)
+    repo = tmp_path / "repo"  # the run as committed (other tests change `origin` in place: dvc repro)
+    subprocess.run(["cp", "-a", str(tracked_workflow["wf"]), str(repo)], check=True)
     procs = [subprocess.Popen([sys.executable, str(SERVED_SNAKEMAKE), f"results/gsm8k_{estimator}.json", "--cores", "1",
                                *CONFIGFILES], cwd=repo, env=env_for(repo), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for estimator in ("grpo", "reinforce")]

@@ -250,20 +250,21 @@ def test_dvc_md5_matches_dvc(tmp_path):
     assert tracking.dvc_md5(data / "a.txt")[0] == hashlib.md5(b"hello\n").hexdigest()
 
 
-def test_cli_context_names_and_keys():
+def test_cli_context_names_and_keys(tmp_path):
     import argparse
 
     cfg = load_config(MICRO)
+    job_config = tmp_path / "evaluate-0123.json"  # the rules' --job-config (rloo.config.job_config_file)
+    job_config.write_text('{"seed":0,"evaluate":{"examples":16},"reward":{"source":"model"}}')
     args = argparse.Namespace(stage="evaluate", out="results/gsm8k_grpo.json", plots=None, policy=["grpo=m/rloo_grpo"],
-                              config_json='{"seed":0,"evaluate":{"examples":16},"reward":{"source":"model"}}',
-                              set=["threads=1", 'tracking={"enabled": true}', "name=micro"])
+                              job_config=str(job_config), set=["threads=1", 'tracking={"enabled": true}', "name=micro"])
     ctx = tracking.cli_context(args, cfg, "evaluate")
     assert ctx["stage"] == "evaluate_grpo"
     assert ctx["outputs"] == ["results/gsm8k_grpo.json", "results/gsm8k_grpo"]
     assert ctx["keys"] == ["evaluate.examples", "name", "reward.source", "seed", "threads", "tracking.enabled"]
     params = tracking.config_params(cfg, ctx["keys"])
     assert set(params) == {"evaluate.examples", "name", "reward.source", "seed", "threads"}  # tracking: no param
-    args = argparse.Namespace(stage="train", out=None, config_json=None, set=[])
+    args = argparse.Namespace(stage="train", out=None, job_config=None, set=[])
     assert tracking.cli_context(args, cfg, "rloo") == {"stage": "rloo", "outputs": ["results/models/rloo_rloo"]}
 
 

@@ -60,7 +60,7 @@ wildcard_constraints:
 
 
 def stage_config(stage, overrides=None):
-    """The `cfg` param of a rule outside the chain (the chain's: `chain_cfg`), and its command's --job-config:
+    """The `cfg` param of the jobs outside the chain (the chain's are `chain_cfg`), and their command's --job-config:
     the file of what the stage reads of the config (rloo.pipeline.stage_config), named by its content
     (rloo.config.job_config_file), so a changed value reruns the stage and a command stays one line."""
     return job_config_file(stage, _stage_config(config, stage, overrides))

@@ -1,4 +1,5 @@
-# rloo pipeline: prepare → base → sft → reward → rloo → evaluate (+ the toy experiment and the comparison).
+# rloo pipeline: prepare → base → sft → reward → rloo → evaluate (one job per policy) → report (+ the toy
+# experiment and the comparison).
 # Laptop:  snakemake --cores all                        (the embedded default on CPU)
 # Cluster: snakemake --profile slurm results/gsm8k_rloo.json
 # Targets: results/gsm8k_{estimator}.json, results/comparison.json, results/toy_variance.json,
@@ -33,5 +34,5 @@ include: "workflow/rules/tracking.smk"
 rule all:
     default_target: True
     input:
-        expand(OUT["evaluate"]["result"], estimator=ESTIMATOR),
+        expand(OUT["report"]["result"], estimator=ESTIMATOR),
         OUT["toy"]["result"],

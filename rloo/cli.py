@@ -129,19 +129,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="default: paths.models/reward")
     p.add_argument("--work", default=None, help="checkpoints (default: results/work/reward)")
 
-    p = sub.add_parser("evaluate", parents=[common], help="evaluate SFT and trained policies; write results JSON")
+    p = sub.add_parser("evaluate", parents=[common],
+                       help="evaluate one policy on the held-out problems: its records and figures")
     p.add_argument("--data", default=None)
-    p.add_argument("--sft", default=None)
-    p.add_argument("--base", default=None,
-                   help="the untrained starting model, evaluated beside SFT (default: paths.models/base where it exists)")
-    p.add_argument("--policy", action="append", default=[], metavar="NAME=FOLDER",
-                   help="a trained policy to evaluate against SFT (repeatable)")
+    p.add_argument("--policy", default=None, metavar="NAME=FOLDER",
+                   help="the policy: base, sft or an estimator, and its folder (default: the config's estimator "
+                        "and its RLOO output)")
+    p.add_argument("--sft", default=None, help="the SFT policy: tokenizer and KL reference (default: paths.models/sft)")
     p.add_argument("--reward-model", default=None, help="reward model for the proxy score")
-    p.add_argument("--out", default=None, help="default: paths.results/gsm8k_<policy>.json (one policy) or <rloo.estimator>")
-    p.add_argument("--plots", default=None, help="folder for PNG plots (default: next to --out)")
+    p.add_argument("--out", default=None, help="its records (default: paths.results/eval/<policy>.jsonl; its "
+                                                "figures beside them, .json)")
+
+    p = sub.add_parser("judge", parents=[common], help="an LLM judge's verdicts: trained policies against SFT")
+    p.add_argument("--policy", action="append", default=[], metavar="NAME=RECORDS",
+                   help="a trained policy's evaluation records (repeatable; default: the config's estimator's)")
+    p.add_argument("--sft", default=None, metavar="RECORDS", help="SFT's evaluation records (default: paths.results/eval/sft.jsonl)")
+    p.add_argument("--out", default=None, help="default: paths.results/gsm8k_<policy>/judged.json")
     p.add_argument("--judge-log", default=None,
-                   help="the served judge's output (evaluate.llm_judge.serve; default: "
-                        "<paths.logs>/evaluate_<policy>.judge.log)")
+                   help="the served judge's output (evaluate.llm_judge.serve; default: <paths.logs>/judge_<policy>.judge.log)")
+
+    p = sub.add_parser("report", parents=[common],
+                       help="base -> SFT -> RL from the evaluations' records (no model): the results JSON and plots")
+    p.add_argument("--policy", default=None, metavar="NAME=RECORDS",
+                   help="the trained policy's evaluation records (default: the config's estimator's)")
+    p.add_argument("--sft", default=None, metavar="RECORDS", help="default: paths.results/eval/sft.jsonl")
+    p.add_argument("--base", default=None, metavar="RECORDS", help="default: paths.results/eval/base.jsonl")
+    p.add_argument("--training", default=None, metavar="FOLDER",
+                   help="the trained policy's folder, for its metrics.json (default: its RLOO output)")
+    p.add_argument("--data", default=None, help="the data folder, for its manifest (default: paths.data)")
+    p.add_argument("--judged", default=None, metavar="FILE", help="an LLM judge's verdicts (`rloo judge`), "
+                                                                   "where evaluate.judge is llm")
+    p.add_argument("--out", default=None, help="default: paths.results/gsm8k_<policy>.json")
+    p.add_argument("--plots", default=None, help="folder for PNG plots (default: next to --out)")
 
     p = sub.add_parser("toy", parents=[common], help="the article's toy variance experiment")
     p.add_argument("--out", default=None, help="default: paths.results/toy_variance.json")
@@ -152,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="an evaluation result (results/gsm8k_<estimator>.json) named by its estimator (repeatable)")
     p.add_argument("--timings", action="append", default=[], metavar="NAME=FILE",
                    help="an RLOO run's wall-clock figures (default: <paths.results>/work/rloo_<NAME>/timings.json)")
+    p.add_argument("--records", action="append", default=[], metavar="NAME=FILE",
+                   help="an estimator's evaluation records, judged against RLOO's (default: "
+                        "<paths.results>/eval/<NAME>.jsonl)")
     p.add_argument("--out", default=None, help="default: paths.results/comparison.json")
     p.add_argument("--plot", default=None, help="default: paths.results/comparison.png")
     p.add_argument("--judge-log", default=None,
@@ -299,22 +321,37 @@ def _inputs_exist(args: argparse.Namespace, cfg: dict, data: str, sft: str) -> N
                       "base"))
     if args.stage in ("reward", "train"):
         needs.append((args.policy or sft, "--policy" if args.policy else "the SFT output", "sft"))
-    if args.stage == "evaluate" and args.base:
-        needs.append((args.base, "--base", "base"))
     if args.stage == "train" and (args.reward_model or cfg["reward"]["source"] == "model"):
         needs.append((args.reward_model or pipeline.outputs("reward", cfg)["model"],
                       "--reward-model" if args.reward_model else "reward.source=model", "reward"))
     if args.stage == "evaluate":
         needs.append((args.sft or sft, "--sft" if args.sft else "the SFT output", "sft"))
-        needs += [(folder, f"the {name} policy", "rloo") for name, folder in pipeline.evaluated_policies(args, cfg).items()]
+        name, folder = pipeline.evaluated_policy(args, cfg)
+        needs.append((folder, f"the {name} policy", pipeline.policy_model(name).stage))
         if args.reward_model:
             needs.append((args.reward_model, "--reward-model", "reward"))
+    if args.stage in ("report", "judge"):
+        needs += [(path, f"the {name} evaluation", "evaluate") for name, path in _evaluations(args, cfg).items()]
     for path, source, writer in needs:
         # A hub id given on the command line (namespace/name) is transformers' to resolve.
         hub_id = source.startswith("--") and writer != "prepare" and re.fullmatch(r"[\w.-]+/[\w.-]+", str(path))
         if not Path(path).exists() and not hub_id:
             raise MissingInputError(f"{path} ({source}) does not exist: the {writer} stage writes it "
                                     f"(rloo {pipeline.STAGES[writer].verb}, or snakemake runs it)")
+
+
+def _evaluations(args: argparse.Namespace, cfg: dict) -> dict[str, str]:
+    """{policy: its evaluation's records} that `rloo report` or `rloo judge` reads: its options, else the
+    declared outputs (the base model's for the report only)."""
+    def records(policy: str) -> str:
+        return pipeline.outputs("evaluate", cfg, policy=policy)["records"]
+
+    trained = [p.split("=", 1) for p in (args.policy if isinstance(args.policy, list) else [args.policy]) if p]
+    out = {name: path for name, path in trained} or {cfg["rloo"]["estimator"]: records(cfg["rloo"]["estimator"])}
+    out["sft"] = args.sft or records("sft")
+    if args.stage == "report":
+        out["base"] = args.base or records("base")
+    return out
 
 
 # One handler per `rloo` sub-command. Each imports its module when it runs (`rloo summary` or
@@ -368,9 +405,29 @@ def _reward(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
 def _evaluate(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
     from rloo.stages import evaluate
 
-    base = args.base or pipeline.outputs("base", cfg)["model"]  # a missing --base is refused above
-    evaluate.run(cfg, job.data, args.sft or job.sft, pipeline.evaluated_policies(args, cfg), Path(job.out["result"]),
-                 args.reward_model, job.out["plots"], args.judge_log, base if args.base or Path(base).is_dir() else None)
+    name, folder = pipeline.evaluated_policy(args, cfg)
+    evaluate.run(cfg, job.data, args.sft or job.sft, name, folder, job.out["records"], args.reward_model)
+
+
+def _judge(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
+    from rloo.eval.records import read
+    from rloo.stages import judge
+
+    evaluations = {name: read(name, path) for name, path in _evaluations(args, cfg).items()}
+    sft = evaluations.pop("sft")
+    log = args.judge_log or Path(cfg["paths"]["logs"]) / f"judge_{next(iter(evaluations))}.judge.log"
+    judge.run(cfg, evaluations, sft, job.out["result"], log)
+
+
+def _report(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
+    from rloo.eval.records import read
+    from rloo.stages import report
+
+    name, _ = pipeline.evaluated_policy(args, cfg)
+    evaluations = {policy: read(policy, path) for policy, path in _evaluations(args, cfg).items()}
+    training = args.training or pipeline.outputs("rloo", cfg, name)["model"]
+    report.run(cfg, evaluations, name, training, Path(job.data) / "manifest.json", job.out["result"],
+               job.out["plots"], args.judged)
 
 
 def _toy(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
@@ -385,7 +442,9 @@ def _compare(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
     results = dict(r.split("=", 1) for r in args.result)
     timings = {name: f"{pipeline.work_dir('rloo', cfg, name)}/timings.json" for name in results}
     timings.update(dict(t.split("=", 1) for t in args.timings))
-    compare.run(results, job.out["result"], job.out["plot"], timings, cfg, args.judge_log)
+    record_files = {name: pipeline.outputs("evaluate", cfg, policy=name)["records"] for name in results}
+    record_files.update(dict(r.split("=", 1) for r in args.records))
+    compare.run(results, job.out["result"], job.out["plot"], timings, cfg, args.judge_log, record_files)
 
 
 def _seeds(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
@@ -456,6 +515,7 @@ def _why_rerun(argv: list[str]) -> int:
 
 COMMANDS: dict[str, Callable[..., int | None]] = {
     "prepare": _prepare, "base": _base, "sft": _sft, "train": _train, "reward": _reward, "evaluate": _evaluate,
+    "judge": _judge, "report": _report,
     "toy": _toy, "compare": _compare, "seeds": _seeds, "sweep": _sweep,
     "validate-config": _validate_config, "plan": _plan, "dvc": _dvc, "summary": _summary, "why-rerun": _why_rerun,
     "schema": _schema,

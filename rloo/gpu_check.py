@@ -5,12 +5,12 @@ was not run, and the script passes only when every check ran and passed.
   plan's prediction of it, within ±20 % (the accuracy tests/e2e/test_memory_plan.py holds the plan to).
   On a CPU the peak is the process's RSS, which counts the interpreter and its libraries the plan
   leaves out: not comparable, so the check is not run there;
-- results: the evaluate stage's results file is valid against its schema, and every policy's greedy
-  and sampled accuracy equals the verifier's grading of the completions the stage wrote;
+- results: the report's results file is valid against its schema, and every policy's greedy
+  and sampled accuracy equals the verifier's grading of the completions in the policy's records;
 - served judge: the GPU chain's results were judged by a judge the job served, with a win rate and
   calls made; a chain that was not run is reported as not run, never as passed.
 
-    python -m rloo.gpu_check --memory M.json --results R.json --completions C.jsonl \\
+    python -m rloo.gpu_check --memory M.json --results R.json --records EVAL_DIR \\
         (--judge J.json | --judge-not-run REASON) [--dry-run]
 
 Exit status 0 when every check passed (with --dry-run: when none failed, those not run named), 1 when
@@ -79,24 +79,25 @@ def memory_verdict(measured: dict, path: Path = Path("<memory>"), tolerance: flo
                                      f"({'within' if status == PASSED else 'outside'} ±{100 * tolerance:.0f} %)")
 
 
-def _accuracies(records: list[dict], name: str, path: Path) -> tuple[float, float]:
-    """Greedy and sampled accuracy of policy `name` regraded by the verifier from the completions."""
+def _accuracies(records_dir: Path, name: str) -> tuple[float, float, int]:
+    """Greedy and sampled accuracy of policy `name` regraded by the verifier from its evaluation's records
+    (<records_dir>/<name>.jsonl: rloo.eval.records), and how many problems they hold."""
     from rloo.eval.gains import correctness
+    from rloo.eval.records import read
 
+    path = records_dir / f"{name}.jsonl"
+    if not path.exists():
+        raise InputError(f"{path}: no such file (rloo evaluate --policy {name}=... writes it)")
     try:
-        texts = {"greedy": [r["completions"][name]["greedy"] for r in records],
-                 "draws": [r["completions"][name]["draws"] for r in records]}
-        golds = [r["answer"] for r in records]
-    except (KeyError, TypeError) as e:
-        raise InputError(f"{path}: policy {name!r}: a record lacks {e} (answer, completions.<policy>.greedy/draws)") from e
-    c = correctness(texts, golds)
-    return float(c["greedy"].mean()), float(c["sampled"].mean())
+        ev = read(name, path)
+        c = correctness(ev.texts(), ev.golds)
+    except (KeyError, TypeError, IndexError) as e:
+        raise InputError(f"{path}: a record lacks {e} (answer, greedy.text, draws[].text)") from e
+    return float(c["greedy"].mean()), float(c["sampled"].mean()), len(ev.records)
 
 
-def results_verdict(results_path: Path, completions_path: Path) -> Verdict:
-    """The results file against its schema, and each policy's accuracy against its completions regraded."""
-    from rloo.eval.evaluation import read_completions
-
+def results_verdict(results_path: Path, records_dir: Path) -> Verdict:
+    """The results file against its schema, and each policy's accuracy against its records regraded."""
     result = _load_json(results_path)
     schema = yaml.safe_load((Path(__file__).parent / "schemas" / "results.schema.yaml").read_text())
     try:
@@ -104,26 +105,23 @@ def results_verdict(results_path: Path, completions_path: Path) -> Verdict:
     except jsonschema.ValidationError as e:
         path = "/".join(str(p) for p in e.absolute_path) or "(top level)"
         return Verdict("results", FAILED, f"{results_path}: `{path}` does not match the results schema: {e.message}")
-    if not completions_path.exists():
-        raise InputError(f"{completions_path}: no such file (evaluate writes it with --plots)")
-    records = read_completions(completions_path)
-    if len(records) != result["examples"]:
-        return Verdict("results", FAILED, f"{completions_path}: {len(records)} problems, the results say "
-                                          f"{result['examples']}")
     policies = dict(result["policies"])
     if "base" in result:
         policies["base"] = result["base"]["policy"]
     wrong, shown = [], []
     for name, p in policies.items():
-        greedy, sampled = _accuracies(records, name, completions_path)
+        greedy, sampled, problems = _accuracies(records_dir, name)
+        if problems != result["examples"]:
+            return Verdict("results", FAILED, f"{records_dir / name}.jsonl: {problems} problems, the results say "
+                                              f"{result['examples']}")
         shown.append(f"{name} {sampled:.3f} / {greedy:.3f}")
         for key, regraded in (("accuracy", greedy), ("accuracy_sampled", sampled)):
             if not math.isclose(p[key], regraded, abs_tol=1e-9):
-                wrong.append(f"{name}.{key} is {p[key]} where its completions grade {regraded}")
+                wrong.append(f"{name}.{key} is {p[key]} where its records grade {regraded}")
     if wrong:
         return Verdict("results", FAILED, f"{results_path}: " + "; ".join(wrong))
-    return Verdict("results", PASSED, f"{len(records)} problems, accuracy sampled / greedy regraded from the "
-                                      f"completions: {', '.join(shown)}")
+    return Verdict("results", PASSED, f"{result['examples']} problems, accuracy sampled / greedy regraded from the "
+                                      f"records: {', '.join(shown)}")
 
 
 def judge_verdict(results_path: Path | None, not_run: str | None = None) -> Verdict:
@@ -146,7 +144,7 @@ def judge_verdict(results_path: Path | None, not_run: str | None = None) -> Verd
 
 def verdicts(args: argparse.Namespace) -> list[Verdict]:
     return [memory_verdict(_load_json(args.memory), args.memory),
-            results_verdict(args.results, args.completions),
+            results_verdict(args.results, args.records),
             judge_verdict(args.judge, args.judge_not_run)]
 
 
@@ -166,8 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rloo.gpu_check", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--memory", type=Path, required=True, help="bench/memory.py --gpu-check --json's file")
-    ap.add_argument("--results", type=Path, required=True, help="the evaluate stage's results JSON")
-    ap.add_argument("--completions", type=Path, required=True, help="its completions.jsonl (evaluate --plots)")
+    ap.add_argument("--results", type=Path, required=True, help="the report's results JSON (rloo report)")
+    ap.add_argument("--records", type=Path, required=True,
+                    help="the folder of its policies' evaluation records, <policy>.jsonl (rloo evaluate)")
     judge = ap.add_mutually_exclusive_group(required=True)
     judge.add_argument("--judge", type=Path, help="the served-judge chain's results JSON")
     judge.add_argument("--judge-not-run", metavar="REASON", help="the served-judge chain was not run, and why")

@@ -9,11 +9,14 @@ user's failing reward function then buried its one line under the progress bars 
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+
+_logger = logging.getLogger("rloo")
 
 TAIL_LINES = 10  # what a failure shows of the log
 MAX_LINE = 400  # characters of one log line shown
@@ -77,3 +80,18 @@ def run_logged(path: str | Path | None, label: str, run: Callable[[], int]) -> i
         shown = "\n".join(f"  {line}" for line in tail(log))
         print(f"{label} failed (exit {code}); the end of its log, {log}:\n{shown}", file=sys.stderr, flush=True)
     return code
+
+
+def console(message: str, logger: logging.Logger | None = None) -> None:
+    """A line a person should see while the stage runs (a retry, a count at the end), not only in its log.
+
+    It goes to the log (stderr) as a warning; when stdout is another file, as under Snakemake, whose rules
+    send a stage's stderr to its log file (`--log`, `run_logged`) while its stdout reaches the terminal, to
+    stdout too, so it is shown once either way."""
+    (logger or _logger).warning("%s", message)
+    try:
+        out, err = os.fstat(sys.stdout.fileno()), os.fstat(sys.stderr.fileno())
+    except (OSError, ValueError, AttributeError):  # a closed or replaced stream: the log has it
+        return
+    if (out.st_dev, out.st_ino) != (err.st_dev, err.st_ino):
+        print(message, file=sys.stdout, flush=True)

@@ -5,12 +5,13 @@
 `dvc.yaml` is compiled from the Snakemake DAG. tests/e2e/test_pipeline.py checks that all four agree.
 
 Output templates use the config's folders (`{data}`, `{models}`, `{results}`: `paths.*`) and, for
-the stages run once per advantage estimator, `{estimator}` (a Snakemake wildcard in the rules).
+the stages run once per advantage estimator, `{estimator}`; for the evaluation, run once per policy,
+`{policy}` (Snakemake wildcards in the rules).
 
 Variants (`Variant`): the chain again on a config with some keys changed, a seed of the `seeds` target
 or a point of a sweep, its outputs in folders of its own (`SEED_FOLDER`, `SWEEP_FOLDER` below each of
 `paths.*`, and below the work folder; `parse_variant` reads a folder back), so that each variant's jobs run, and resume, on their own. A
-variant runs only the stages it changes (`Variant.varied`); the others are the main chain's.
+variant runs only the jobs it changes (`owns`); the others are the main chain's.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from rloo.config.selection import put, select, with_overrides
 from rloo.errors import InputError
@@ -41,6 +42,7 @@ class Stage:
     keys: tuple[str, ...] = ()  # config keys it reads ("section" or "section.key")
     excluded: tuple[str, ...] = ()  # keys below those that it does not read
     per_estimator: bool = False  # one job per advantage estimator
+    per_policy: bool = False  # one job per policy evaluated: the base model, SFT, each estimator's
     work: bool = False  # keeps checkpoints under {results}/work/<name> (resumable)
     data_parallel: bool = False  # trains on several processes under `distributed` (rloo/model/distributed.py)
 
@@ -49,6 +51,9 @@ class Stage:
 TRAINING_MODEL_KEYS = ("shape", "dtype", "autocast", "device", "lora", "gradient_checkpointing", "logits_chunk_tokens")
 # What the base stage reads when it does not build the embedded model (a hub id, a folder, a GGUF file).
 PRETRAINED_BASE_KEYS = ("model.name_or_path", "model.gguf", "model.revision", "model.tokenizer", "model.trust_remote_code")
+
+# What an evaluation reads of the config (and the report over it).
+EVALUATE_KEYS = ("seed", "model", "prompt", "evaluate")
 
 STAGES: dict[str, Stage] = {s.name: s for s in (
     Stage("prepare", "prepare",
@@ -67,14 +72,23 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
     Stage("rloo", "train", {"model": "{models}/rloo_{estimator}"},
           keys=("seed", "model", "prompt", "reward.source", "rloo", "rollout"), per_estimator=True, work=True,
           excluded=("model.shape",), data_parallel=True),
-    Stage("evaluate", "evaluate",
+    # One job per policy: the untrained base, SFT, each trained policy (`{policy}`: base, sft or an
+    # estimator), on the held-out problems: its records (every completion, graded) and its figures.
+    Stage("evaluate", "evaluate", {"records": "{results}/eval/{policy}.jsonl", "summary": "{results}/eval/{policy}.json"},
+          keys=EVALUATE_KEYS, excluded=("model.shape",), per_policy=True),
+    # An LLM judge's verdicts on a trained policy's completions against SFT's (evaluate.judge: llm), one job
+    # serving the judge once; the verifier's win rates need no job of their own (the report computes them).
+    Stage("judge", "judge", {"result": "{results}/gsm8k_{estimator}/judged.json"},
+          keys=("evaluate.judge", "evaluate.llm_judge", "evaluate.win_rate_decoding"), per_estimator=True),
+    # base -> SFT -> RL from the evaluations' records alone (no model): the results JSON and its plots.
+    # It reads what the evaluations read of the config (so its config hash is theirs).
+    Stage("report", "report",
           {"result": "{results}/gsm8k_{estimator}.json", "policies": "{results}/gsm8k_{estimator}/policies.png",
-           "proxy_vs_judge": "{results}/gsm8k_{estimator}/proxy_vs_judge.png",
-           "completions": "{results}/gsm8k_{estimator}/completions.jsonl"},
-          keys=("seed", "model", "prompt", "evaluate"), excluded=("model.shape",), per_estimator=True),
+           "proxy_vs_judge": "{results}/gsm8k_{estimator}/proxy_vs_judge.png"},
+          keys=EVALUATE_KEYS, excluded=("model.shape",), per_estimator=True),
     Stage("toy", "toy", {"result": "{results}/toy_variance.json", "plot": "{results}/toy_variance.png"},
           keys=("seed",)),
-    # It judges every estimator's completions against RLOO's with the evaluation's judge.
+    # It judges every estimator's policy against RLOO's with the evaluation's judge, on their records.
     Stage("comparison", "compare", {"result": "{results}/comparison.json", "plot": "{results}/comparison.png"},
           keys=("seed", "evaluate.judge", "evaluate.llm_judge", "evaluate.win_rate_decoding")),
     # The `seeds` target: the chain per seed of `seeds.values` (the config's estimator), aggregated. It
@@ -88,7 +102,9 @@ BY_VERB: dict[str, Stage] = {s.verb: s for s in STAGES.values()}
 
 # The chain a variant runs again, in order, and what each of its stages reads of the others' outputs
 # (`upstream`): a variant that changes a stage changes every stage downstream of it.
-CHAIN = ("prepare", "base", "sft", "reward", "rloo", "evaluate")
+CHAIN = ("prepare", "base", "sft", "reward", "rloo", "evaluate", "judge", "report")
+# The policies every result evaluates beside its trained one: the untrained start and the reference.
+POLICIES = ("base", "sft")
 # A variant's folder below each of paths.data, paths.models, paths.results and the work folder, by
 # kind: a seed of the `seeds` target, a point of a sweep. The workflow's variant rules take it as one
 # wildcard (`variant`, VARIANT_PATTERN) and read the variant back from it (`parse_variant`).
@@ -109,24 +125,42 @@ def _folder_regex(template: str, fields: dict[str, str] | None = None, named: bo
 
 # The variant folders the workflow's rules accept: the `variant` wildcard's constraint.
 VARIANT_PATTERN = "|".join(_folder_regex(t, VARIANT_FIELDS, named=False) for t in VARIANT_FOLDERS.values())
-# seeds.scope: the stages whose seed a seed of the `seeds` target sets (evaluate follows RLOO's seed).
-SEED_SCOPES = {"rloo": ("rloo", "evaluate"), "all": CHAIN}
+# seeds.scope: the stages whose seed a seed of the `seeds` target sets. The evaluations follow RLOO's seed:
+# the decoding noise of every policy a result compares is drawn from it, so the paired comparisons share
+# it, and the spread across seeds holds the evaluation's noise too (docs/workflow.md#seeds).
+SEED_SCOPES = {"rloo": ("rloo", "evaluate", "report"), "all": CHAIN}
 
 
 @dataclass(frozen=True)
 class Variant:
-    """The chain on the config with `overrides` ({dotted key: value}) set, for the stages `varied`;
-    the other stages are the main chain's jobs (shared). `folder`: its outputs' folder below each of
-    the config's folders; `label`: its MLflow run names' suffix (`rloo[seed=1]`)."""
+    """The chain on the config with `overrides` ({dotted key: value}) set, for the jobs it changes: those of
+    the stages `roots` (they read a key it sets) and every job below one of them (`owns`); the other jobs
+    are the main chain's (shared). `folder`: its outputs' folder below each of the config's folders;
+    `label`: its MLflow run names' suffix (`rloo[seed=1]`)."""
 
     folder: str
     label: str
     overrides: dict[str, Any] = field(default_factory=dict)
-    varied: frozenset[str] = frozenset()
+    roots: frozenset[str] = frozenset()
+
+
+_TYPED: dict[str, Config] = {}  # the last few dicts converted, by their content
 
 
 def _sections(cfg: ConfigLike) -> Config:
-    return cfg if isinstance(cfg, Config) else Config.from_config(cfg)
+    """The typed config of `cfg`. A workflow asks this of its one validated dict thousands of times while
+    Snakemake builds the DAG (every job's inputs, params and lineage), so the last few conversions are kept,
+    by the dict's content (serialising it costs a tenth of converting it)."""
+    if isinstance(cfg, Config):
+        return cfg
+    key = json.dumps(cfg, sort_keys=True, default=str)
+    if (hit := _TYPED.get(key)) is not None:
+        return hit
+    sections = Config.from_config(cfg)
+    if len(_TYPED) >= 8:
+        _TYPED.pop(next(iter(_TYPED)))
+    _TYPED[key] = sections
+    return sections
 
 
 def _pretrained(sections: Config) -> bool:
@@ -144,47 +178,92 @@ def reads_reward_model(cfg: ConfigLike, estimator: str | None = None) -> bool:
         estimator == "ppo" and sections.rloo.ppo.critic_init == "reward_model")
 
 
-# The input graph, declared once: each chain stage's named inputs, as (stage, output) of the stage that
-# writes them. The Snakemake rules take their inputs from it (`job_inputs`), and a job's lineage (what
-# reruns it: `lineage`) and a variant's shared stages (`downstream_closure`) follow it.
-def input_graph(stage: str, cfg: ConfigLike, estimator: str | None = None) -> dict[str, tuple[str, str]]:
-    """{input name: (stage, output name)} of `stage`'s job (`estimator`: the RLOO stage's, when it is not
-    the config's own); rloo reads the reward model only where it uses it, base the training texts only
-    where it builds the embedded model from them."""
+class Ref(NamedTuple):
+    """An input of a job: output `output` of the job of `stage` for `estimator` (None: the reading job's own)
+    and `policy` (an evaluation's: base, sft or an estimator)."""
+
+    stage: str
+    output: str
+    estimator: str | None = None
+    policy: str | None = None
+
+
+def policy_model(policy: str) -> Ref:
+    """The model folder an evaluation of `policy` reads: the base stage's, SFT's, or an estimator's RLOO policy."""
+    return {"base": Ref("base", "model"), "sft": Ref("sft", "model")}.get(policy) or Ref("rloo", "model", policy)
+
+
+# The input graph, declared once: each chain stage's named inputs, as outputs of the jobs that write them.
+# The Snakemake rules take their inputs from it (`job_inputs`), and a job's lineage (what reruns it:
+# `lineage`) and the jobs a variant runs itself (`owns`) follow it.
+def input_graph(stage: str, cfg: ConfigLike, estimator: str | None = None,
+                policy: str | None = None) -> dict[str, Ref]:
+    """{input name: Ref} of `stage`'s job (`estimator`: the RLOO stage's, when it is not the config's own;
+    `policy`: an evaluation's). rloo reads the reward model only where it uses it, base the training texts
+    only where it builds the embedded model from them, the report the judge's verdicts only where an LLM
+    judges."""
     sections = _sections(cfg)
+    estimator = estimator or sections.rloo.estimator
     if stage == "prepare":
         return {}
     if stage == "base":
-        return {} if _pretrained(sections) else {"train": ("prepare", "train")}
+        return {} if _pretrained(sections) else {"train": Ref("prepare", "train")}
     if stage == "sft":
-        return {"train": ("prepare", "train"), "test": ("prepare", "test"), "base": ("base", "model")}
+        return {"train": Ref("prepare", "train"), "test": Ref("prepare", "test"), "base": Ref("base", "model")}
     if stage == "reward":
-        return {"train": ("prepare", "train"), "policy": ("sft", "model")}
+        return {"train": Ref("prepare", "train"), "policy": Ref("sft", "model")}
     if stage == "rloo":
-        reward = {"reward_model": ("reward", "model")} if reads_reward_model(sections, estimator) else {}
-        return {**reward, "train": ("prepare", "train"), "val": ("prepare", "val"), "policy": ("sft", "model")}
+        reward = {"reward_model": Ref("reward", "model")} if reads_reward_model(sections, estimator) else {}
+        return {**reward, "train": Ref("prepare", "train"), "val": Ref("prepare", "val"), "policy": Ref("sft", "model")}
     if stage == "evaluate":
-        # the reward model is the proxy every policy is scored by; the untrained base is evaluated beside
-        # SFT and RLOO (base -> SFT -> RL)
-        return {"reward_model": ("reward", "model"), "test": ("prepare", "test"), "manifest": ("prepare", "manifest"),
-                "base": ("base", "model"), "sft": ("sft", "model"), "policy": ("rloo", "model")}
+        # SFT is every evaluation's tokenizer and KL reference, the reward model its proxy
+        return {"reward_model": Ref("reward", "model"), "test": Ref("prepare", "test"),
+                "manifest": Ref("prepare", "manifest"), "sft": Ref("sft", "model"),
+                "policy": policy_model(policy or estimator)}
+    if stage == "judge":
+        return {"policy": Ref("evaluate", "records", policy=estimator), "sft": Ref("evaluate", "records", policy="sft")}
+    if stage == "report":
+        evaluations = {f"{name}{suffix}": Ref("evaluate", output, policy=policy)
+                       for name, policy in (("base", "base"), ("sft", "sft"), ("policy", estimator))
+                       for suffix, output in (("", "records"), ("_summary", "summary"))}
+        judged = {"judged": Ref("judge", "result")} if sections.evaluate.judge == "llm" else {}
+        # the trained policy's folder: its training metrics (the checkpoint selected, the alarms, the evals)
+        return {**evaluations, **judged, "training": Ref("rloo", "model"), "manifest": Ref("prepare", "manifest")}
     raise KeyError(f"{stage} is not a stage of the chain ({', '.join(CHAIN)})")
 
 
-def upstream(stage: str, cfg: ConfigLike, estimator: str | None = None) -> tuple[str, ...]:
+def _node(stage: str, estimator: str | None, policy: str | None) -> tuple[str, str | None, str | None]:
+    """A job as (stage, estimator, policy), with what does not tell its jobs apart left out: an evaluation is
+    one per policy, whichever result reads it; the stages run once for all estimators have none."""
+    if stage == "evaluate":
+        return stage, None if policy in POLICIES else policy, policy
+    return stage, estimator if STAGES[stage].per_estimator else None, None
+
+
+def upstream_jobs(stage: str, cfg: ConfigLike, estimator: str | None = None,
+                  policy: str | None = None) -> list[tuple[str, str | None, str | None]]:
+    """The jobs (stage, estimator, policy) whose outputs `stage`'s job reads (`input_graph`), once each."""
+    jobs = (_node(r.stage, r.estimator or estimator, r.policy)
+            for r in input_graph(stage, cfg, estimator, policy).values())
+    return list(dict.fromkeys(jobs))
+
+
+def upstream(stage: str, cfg: ConfigLike, estimator: str | None = None, policy: str | None = None) -> tuple[str, ...]:
     """The chain stages whose outputs `stage` reads (`input_graph`), in chain order."""
-    read = {u for u, _ in input_graph(stage, cfg, estimator).values()}
+    read = {job[0] for job in upstream_jobs(stage, cfg, estimator, policy)}
     return tuple(s for s in CHAIN if s in read)
 
 
-def downstream_closure(stages: set[str], cfg: ConfigLike) -> frozenset[str]:
-    """`stages` and every chain stage that reads, directly or not, the output of one of them."""
-    sections = _sections(cfg)
-    out = set(stages)
-    for stage in CHAIN:  # in order: a stage's upstream is settled before it
-        if any(u in out for u in upstream(stage, sections)):
-            out.add(stage)
-    return frozenset(out)
+def owns(variant: Variant | None, cfg: ConfigLike, stage: str, estimator: str | None = None,
+         policy: str | None = None) -> bool:
+    """Whether `variant` runs `stage`'s job itself: the stage reads a key it sets, or the job reads the
+    output of a job it runs itself. So a sweep of rloo.lr runs rloo, the evaluation of its policy and the
+    report, and reads the main chain's evaluations of the base model and of SFT."""
+    if variant is None:
+        return False
+    if stage in variant.roots:
+        return True
+    return any(owns(variant, cfg, *job) for job in upstream_jobs(stage, cfg, estimator, policy))
 
 
 def seed_variant(cfg: ConfigLike, seed: int | str) -> Variant:
@@ -192,10 +271,9 @@ def seed_variant(cfg: ConfigLike, seed: int | str) -> Variant:
     downstream of them. (A non-numeric seed stays a string: the DVC compiler's template job.)"""
     sections = _sections(cfg)
     value = int(seed) if str(seed).lstrip("-").isdigit() else seed
-    # only the scope's stages that read the seed (a pretrained base does not) and what follows them
-    scope = {s for s in SEED_SCOPES[sections.seeds.scope] if reads_key(sections, s, "seed")}
-    varied = downstream_closure(scope, sections)
-    return Variant(SEED_FOLDER.format(seed=seed), f"seed={seed}", {"seed": value}, varied)
+    # only the scope's stages that read the seed (a pretrained base does not); what follows them too (`owns`)
+    roots = frozenset(s for s in SEED_SCOPES[sections.seeds.scope] if reads_key(sections, s, "seed"))
+    return Variant(SEED_FOLDER.format(seed=seed), f"seed={seed}", {"seed": value}, roots)
 
 
 def variant_fields(folder: str) -> tuple[str, dict[str, str]]:
@@ -245,10 +323,10 @@ def sweep_grid(cfg: ConfigLike, name: str) -> dict[str, dict[str, Any]]:
 
 
 def sweep_stages(cfg: ConfigLike, name: str) -> frozenset[str]:
-    """The chain stages a point of sweep `name` runs itself: those reading a swept key, and what follows them."""
+    """The chain stages that read a key of sweep `name`: a point runs their jobs itself, and those below them."""
     sections = _sections(cfg)
     keys = list(sections.sweeps[name])
-    return downstream_closure({s for s in CHAIN if any(reads_key(sections, s, k) for k in keys)}, sections)
+    return frozenset(s for s in CHAIN if any(reads_key(sections, s, k) for k in keys))
 
 
 def sweep_variant(cfg: ConfigLike, name: str, point: str) -> Variant:
@@ -270,26 +348,30 @@ def folders(cfg: ConfigLike, variant: Variant | None = None) -> dict[str, str]:
     return {k: f"{v}/{variant.folder}" for k, v in base.items()} if variant else base
 
 
-def _owner(stage: str, variant: Variant | None) -> Variant | None:
-    """The variant whose folders hold `stage`'s outputs: `variant` where it varies the stage, else the main chain."""
-    return variant if variant is not None and stage in variant.varied else None
+def _owner(cfg: ConfigLike, stage: str, estimator: str | None, policy: str | None,
+           variant: Variant | None) -> Variant | None:
+    """The variant whose folders hold the job's outputs: `variant` where it runs the job itself, else the main chain."""
+    return variant if owns(variant, cfg, stage, estimator, policy) else None
 
 
 def outputs(stage: str, cfg: ConfigLike, estimator: str | None = None, variant: Variant | None = None,
-            sweep: str | None = None) -> dict[str, str]:
+            sweep: str | None = None, policy: str | None = None) -> dict[str, str]:
     """The output paths of `stage` under `cfg` (`estimator`: the config's rloo.estimator by default;
-    `variant`: a seed's or sweep point's, where it varies the stage; `sweep`: the sweep stage's name)."""
+    `policy`: an evaluation's, by default the estimator's policy; `variant`: a seed's or sweep point's,
+    where it runs the job itself; `sweep`: the sweep stage's name)."""
     sections = _sections(cfg)
     est = estimator or sections.rloo.estimator
-    f = folders(sections, _owner(stage, variant))
-    return {k: v.format(**f, estimator=est, sweep=sweep or "{sweep}") for k, v in STAGES[stage].outputs.items()}
+    f = folders(sections, _owner(cfg, stage, estimator, policy or est, variant))
+    return {k: v.format(**f, estimator=est, sweep=sweep or "{sweep}", policy=policy or est)
+            for k, v in STAGES[stage].outputs.items()}
 
 
 def rule_outputs(stage: str, cfg: ConfigLike, folder: str | None = None) -> dict[str, str]:
-    """The output paths for the Snakemake rule: config folders filled in, `{estimator}` (and `{sweep}`)
-    left a wildcard; `folder`: a variant folder, or a template of one (`{variant}`: a wildcard too)."""
+    """The output paths for the Snakemake rule: config folders filled in, `{estimator}`, `{policy}` (and
+    `{sweep}`) left wildcards; `folder`: a variant folder, or a template of one (`{variant}`: a wildcard too)."""
     f = folders(cfg, Variant(folder, "") if folder else None)
-    return {k: v.format(**f, estimator="{estimator}", sweep="{sweep}") for k, v in STAGES[stage].outputs.items()}
+    return {k: v.format(**f, estimator="{estimator}", sweep="{sweep}", policy="{policy}")
+            for k, v in STAGES[stage].outputs.items()}
 
 
 def work_dir(stage: str, cfg: ConfigLike, estimator: str | None = None, variant: Variant | None = None) -> str:
@@ -299,55 +381,71 @@ def work_dir(stage: str, cfg: ConfigLike, estimator: str | None = None, variant:
     name = STAGES[stage].name
     if STAGES[stage].per_estimator:
         name = f"{name}_{estimator or sections.rloo.estimator}"
-    owner = _owner(stage, variant)
+    owner = _owner(cfg, stage, estimator, None, variant)
     return f"{sections.paths.results}/work/" + (f"{owner.folder}/" if owner else "") + name
 
 
-def job_config(cfg: Mapping[str, Any], stage: str, variant: Variant | None = None) -> Mapping[str, Any]:
-    """The config `stage`'s job runs on: `cfg`, with the variant's keys set where it varies the stage."""
-    owner = _owner(stage, variant)
+def job_config(cfg: Mapping[str, Any], stage: str, variant: Variant | None = None, estimator: str | None = None,
+               policy: str | None = None) -> Mapping[str, Any]:
+    """The config `stage`'s job runs on: `cfg`, with the variant's keys set where it runs the job itself."""
+    owner = _owner(cfg, stage, estimator, policy, variant)
     return with_overrides(dict(cfg), owner.overrides) if owner else cfg
 
 
 def job_settings(cfg: Mapping[str, Any], stage: str, estimator: str | None = None,
-                 variant: Variant | None = None) -> dict:
+                 variant: Variant | None = None, policy: str | None = None) -> dict:
     """What `stage`'s job reads of its config (`stage_keys`): the part a rule hands its command, and
     reruns on. The RLOO stage's estimator is the job's (a target's wildcard), else its config's."""
-    jcfg = job_config(cfg, stage, variant)
+    jcfg = job_config(cfg, stage, variant, estimator, policy)
     estimator = estimator or _sections(jcfg).rloo.estimator
     return stage_config(dict(jcfg), stage, {"rloo.estimator": estimator} if stage == "rloo" else None)
 
 
 def job_inputs(cfg: Mapping[str, Any], stage: str, estimator: str | None = None,
-               variant: Variant | None = None) -> dict[str, str]:
+               variant: Variant | None = None, policy: str | None = None) -> dict[str, str]:
     """{input name: path} of `stage`'s job (`input_graph`): each upstream output for the job's estimator,
-    in the variant's folders where the variant varies that stage, else the main chain's."""
-    decide = estimator or _sections(job_config(cfg, stage, variant)).rloo.estimator
-    return {name: outputs(up, cfg, estimator, variant)[out]
-            for name, (up, out) in input_graph(stage, job_config(cfg, stage, variant), decide).items()}
+    in the variant's folders where the variant runs that job itself, else the main chain's."""
+    jcfg = job_config(cfg, stage, variant, estimator, policy)
+    decide = estimator or _sections(jcfg).rloo.estimator
+    return {name: outputs(r.stage, cfg, r.estimator or estimator, variant, policy=r.policy)[r.output]
+            for name, r in input_graph(stage, jcfg, decide, policy).items()}
 
 
 def lineage(cfg: Mapping[str, Any], stage: str, code: Callable[[str], str], estimator: str | None = None,
-            variant: Variant | None = None) -> str:
+            variant: Variant | None = None, policy: str | None = None) -> str:
     """`lineage:<digest>` of `stage`'s job: what it reads of the config (`job_settings`) and its code
     (`code(verb)`: its fingerprint), and the same of every job upstream of it, recursively. A rule's
     `lineage` param: a change anywhere above a job reruns it, whether or not the job in between still has
     its output (an interrupted rerun deletes it)."""
-    jcfg = job_config(cfg, stage, variant)
+    return _lineage(cfg, _node(stage, estimator, policy), code, variant, {})
+
+
+def _lineage(cfg: Mapping[str, Any], job: tuple[str, str | None, str | None], code: Callable[[str], str],
+             variant: Variant | None, seen: dict) -> str:
+    if job in seen:  # a job read by several below it (an evaluation of SFT, prepare's outputs)
+        return seen[job]
+    stage, estimator, policy = job
+    jcfg = job_config(cfg, stage, variant, estimator, policy)
     decide = estimator or _sections(jcfg).rloo.estimator
-    parts = {"stage": stage, "config": job_settings(cfg, stage, estimator, variant),
+    parts = {"stage": stage, "policy": policy, "config": job_settings(cfg, stage, estimator, variant, policy),
              "code": code(STAGES[stage].verb),
-             "upstream": {up: lineage(cfg, up, code, estimator, variant) for up in upstream(stage, jcfg, decide)}}
+             "upstream": sorted(_lineage(cfg, up, code, variant, seen)
+                                for up in upstream_jobs(stage, jcfg, decide, policy))}
     blob = json.dumps(parts, sort_keys=True, separators=(",", ":"))
-    return "lineage:" + hashlib.sha256(blob.encode()).hexdigest()[:16]
+    seen[job] = "lineage:" + hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return seen[job]
 
 
 def run_name(stage: str, estimator: str | None = None, policy: str | None = None, variant: str | None = None) -> str:
-    """The MLflow run of a job: the stage, plus the estimator (the policy, for evaluate) unless it is
-    the default `rloo`, so that the default pipeline's runs read prepare, sft, reward, rloo, evaluate;
-    a variant's job adds its label: `rloo[seed=1]`, `sft[sweep=lr,sft.lr=0.001]`."""
-    suffix = policy if stage == "evaluate" else estimator if STAGES[stage].per_estimator else None
-    name = stage if suffix in (None, "rloo") else f"{stage}_{suffix}"
+    """The MLflow run of a job: the stage, plus the estimator unless it is the default `rloo` (so that the
+    default pipeline's runs read prepare, sft, reward, rloo, ..., report), and an evaluation's policy
+    always (evaluate_base, evaluate_sft, evaluate_rloo); a variant's job adds its label: `rloo[seed=1]`,
+    `sft[sweep=lr,sft.lr=0.001]`."""
+    if STAGES[stage].per_policy:
+        name = f"{stage}_{policy}" if policy else stage
+    else:
+        suffix = estimator if STAGES[stage].per_estimator else None
+        name = stage if suffix in (None, "rloo") else f"{stage}_{suffix}"
     return f"{name}[{variant}]" if variant else name
 
 
@@ -375,9 +473,9 @@ def stage_keys(cfg: ConfigLike, stage: str, estimator: str | None = None) -> tup
         keys.append("reward.batch_size_score")  # the reward model's scoring batch inside RLOO
     elif stage == "rloo" and source == "judge":
         keys += ["evaluate.judge", "evaluate.llm_judge"]  # RLOO is scored by the evaluation judge
-    if stage in ("rloo", "evaluate") and (plugin := PLUGIN_REWARDS.get(source)):
+    if stage in ("rloo", "evaluate", "report") and (plugin := PLUGIN_REWARDS.get(source)):
         # reward functions or a reward server: RLOO trains on them, the evaluation reports them
-        keys += ["reward.source", plugin] if stage == "evaluate" else [plugin]
+        keys += [plugin] if stage == "rloo" else ["reward.source", plugin]
     return keys, excluded
 
 
@@ -408,14 +506,17 @@ def reads_key(cfg: ConfigLike, stage: str, key: str) -> bool:
     return any(under(key, k) or under(k, key) for k in keys) and not any(under(key, e) for e in excluded)
 
 
-def evaluated_policies(args: Any, cfg: ConfigLike) -> dict[str, str]:
-    """`rloo evaluate`'s trained policies {name: folder}: its --policy NAME=FOLDER options, else the
-    config's estimator's RLOO output."""
-    given = getattr(args, "policy", None) or []
+def evaluated_policy(args: Any, cfg: ConfigLike) -> tuple[str, str]:
+    """(name, folder) of the policy `rloo evaluate` evaluates, or whose result `rloo report` and `rloo
+    judge` write: its --policy NAME=FOLDER, else the config's estimator and its RLOO output."""
+    given = getattr(args, "policy", None)
+    if isinstance(given, list):  # `rloo judge` takes several: it is named after the first
+        given = given[0] if given else None
     if given:
-        return dict(p.split("=", 1) for p in given)
-    sections = _sections(cfg)
-    return {sections.rloo.estimator: outputs("rloo", sections)["model"]}
+        name, _, folder = given.partition("=")
+        return name, folder
+    estimator = _sections(cfg).rloo.estimator
+    return estimator, outputs("rloo", cfg, estimator)["model"]
 
 
 def cli_outputs(args: Any, cfg: ConfigLike) -> dict[str, str]:
@@ -427,10 +528,16 @@ def cli_outputs(args: Any, cfg: ConfigLike) -> dict[str, str]:
     if stage.name == "prepare":
         return {"data": out or folders(sections)["data"]}
     if stage.name == "evaluate":
-        names = list(evaluated_policies(args, sections))
-        result = out or outputs("evaluate", sections, names[0] if len(names) == 1 else None)["result"]
+        name, _ = evaluated_policy(args, sections)
+        records = out or outputs("evaluate", sections, policy=name)["records"]
+        return {"records": records, "summary": str(Path(records).with_suffix(".json"))}
+    if stage.name == "report":
+        name, _ = evaluated_policy(args, sections)
+        result = out or outputs("report", sections, name)["result"]
         return {"result": result, "plots": getattr(args, "plots", None) or str(Path(result).with_suffix(""))}
     declared = outputs(stage.name, sections, sweep=getattr(args, "name", None))
+    if stage.name == "judge":
+        return {"result": out or outputs("judge", sections, evaluated_policy(args, sections)[0])["result"]}
     if "model" in declared:
         return {"model": out or declared["model"]}
     return {"result": out or declared["result"], "plot": getattr(args, "plot", None) or declared["plot"]}
@@ -441,7 +548,7 @@ def cli_run_name(args: Any, cfg: ConfigLike) -> str:
     sections = _sections(cfg)
     stage = BY_VERB[args.stage]
     variant = getattr(args, "variant", None)
-    if stage.name == "evaluate":
-        names = list(evaluated_policies(args, sections))
-        return run_name("evaluate", policy=names[0] if len(names) == 1 else None, variant=variant)
+    if stage.name in ("evaluate", "report", "judge"):
+        name, _ = evaluated_policy(args, sections)
+        return run_name(stage.name, name, policy=name, variant=variant)
     return run_name(stage.name, sections.rloo.estimator, variant=variant)

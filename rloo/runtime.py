@@ -51,21 +51,6 @@ def configure_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-def console(message: str, logger: logging.Logger = log) -> None:
-    """A line a person should see while the stage runs (a retry, a count at the end), not only in its log.
-
-    It goes to the log (stderr) as a warning; when stdout is another file, as under Snakemake, whose rules
-    send a stage's stderr to its log file while its stdout reaches the terminal, to stdout too, so it is
-    shown once either way."""
-    logger.warning("%s", message)
-    try:
-        out, err = os.fstat(sys.stdout.fileno()), os.fstat(sys.stderr.fileno())
-    except (OSError, ValueError, AttributeError):  # a closed or replaced stream: the log has it
-        return
-    if (out.st_dev, out.st_ino) != (err.st_dev, err.st_ino):
-        print(message, file=sys.stdout, flush=True)
-
-
 def resolve_device(name: str) -> torch.device:
     """`model.device` as a torch device: auto = CUDA when available, else CPU."""
     if name == "auto":

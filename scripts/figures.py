@@ -145,12 +145,15 @@ def _interval(g: dict) -> str:
 
 
 def stage_times_table() -> str:
-    """Seconds per stage of each recorded pipeline run (Snakemake's benchmark files)."""
+    """Seconds per stage of each recorded pipeline run (Snakemake's benchmark files). The evaluation is
+    every evaluation job's seconds summed (one job per policy, or before them one job for all three),
+    then the report's."""
     runs = {f.stem: json.loads(f.read_text()) for f in sorted(FIGURES.glob("pipeline_seed*.json"))}
-    stages = ["prepare", "toy", "sft", "reward", "rloo_rloo", "evaluate_rloo"]
+    stages = ["prepare", "toy", "sft", "reward", "rloo_rloo", "evaluate (all policies)", "report_rloo"]
     rows = ["| run | " + " | ".join(stages) + " | snakemake wall |", "| --- |" + " --- |" * (len(stages) + 1)]
     for name, run in runs.items():
-        t = run["stage_seconds"]
+        t = dict(run["stage_seconds"])
+        t["evaluate (all policies)"] = sum(v for k, v in t.items() if k.startswith("evaluate_"))
         rows.append(f"| {name} | " + " | ".join(f"{t[s]:.0f} s" if s in t else "" for s in stages)
                     + f" | {run['wall_seconds']:.0f} s |")
     return "\n".join(rows)

@@ -6,7 +6,7 @@
 # torch sees one, then (with vLLM installed) the GPU configuration's chain on a tiny hub-style model:
 # vLLM rollouts and the served judge. Needs a CUDA build of torch; tracking off, so MLflow is not needed.
 # It ends with rloo.gpu_check's verdicts: the measured memory against the plan (±20 %), the results
-# regraded from their completions, the served judge; a check not run fails it (DEVICE=cpu excepted).
+# regraded from the evaluations' records, the served judge; a check not run fails it (DEVICE=cpu excepted).
 #   bash scripts/gpu_check.sh                 # PYTHON=... for another interpreter
 #   DEVICE=cpu bash scripts/gpu_check.sh      # the same commands on the CPU (a dry run of this script)
 set -euo pipefail
@@ -26,7 +26,8 @@ stage() {
   echo "  ($((SECONDS - t0)) s)"
 }
 stage prepare --out "$W/data"
-stage sft --data "$W/data" --out "$W/sft" --work "$W/sft_w"
+stage base --data "$W/data" --out "$W/base"
+stage sft --data "$W/data" --base "$W/base" --out "$W/sft" --work "$W/sft_w"
 stage reward --data "$W/data" --policy "$W/sft" --out "$W/rm"
 stage train --data "$W/data" --policy "$W/sft" --reward-model "$W/rm" --out "$W/rl" --work "$W/rl_w"
 stage train --data "$W/data" --policy "$W/sft" --reward-model "$W/rm" --out "$W/rl16" --work "$W/rl16_w" \
@@ -65,12 +66,16 @@ if [ "$DEVICE" = cuda ]; then
 else
   $PY bench/memory.py --gpu-check config/gpu.yaml 1 8 32 32 --json "$W/memory.json" 2>&1 | grep -v "INFO" | tail -3
 fi
-stage evaluate --data "$W/data" --sft "$W/sft" --policy rloo="$W/rl" --reward-model "$W/rm" \
-  --out "$W/eval.json" --plots "$W/plots"
+for policy in base="$W/base" sft="$W/sft" rloo="$W/rl"; do
+  stage evaluate --data "$W/data" --sft "$W/sft" --policy "$policy" --reward-model "$W/rm" \
+    --out "$W/eval/${policy%%=*}.jsonl"
+done
+stage report --data "$W/data" --policy rloo="$W/eval/rloo.jsonl" --sft "$W/eval/sft.jsonl" \
+  --base "$W/eval/base.jsonl" --training "$W/rl" --out "$W/eval.json" --plots "$W/plots"
 $PY -m pytest -q -p no:cacheprovider tests/integration/test_models.py tests/integration/test_train.py
 $PY -m pytest -q -p no:cacheprovider -m "not slow" tests/e2e/test_lora.py
 # config/gpu.yaml's chain at micro size: a tiny hub-style model folder (scripts/make_tiny_hub_model.py),
-# vLLM rollouts, and the judge served by the evaluate job on the same GPU (serve.gpus: 0), in a copy
+# vLLM rollouts, and the judge served by the judge job on the same GPU (serve.gpus: 0), in a copy
 # of the workflow. Needs vLLM in $PY's environment (RLOO_VLLM_PACKAGE=vllm bash scripts/test_vllm.sh);
 # without it the check is reported as not run and the script fails (a dry run on the CPU excepted).
 JUDGE=(--judge-not-run "the served-judge chain needs CUDA and vLLM ($DEVICE; vLLM $($PY -c 'import vllm' 2>/dev/null && echo present || echo absent))")
@@ -93,10 +98,10 @@ YAML
     --configfile config/micro.yaml config/qwen2-tiny.yaml config/serve.yaml)
   JUDGE=(--judge "$C/results/gsm8k_rloo.json")
 fi
-# Every verdict from its file: the memory against the plan, the results regraded from their completions,
+# Every verdict from its file: the memory against the plan, the results regraded from the records,
 # the served judge; passed only when every check ran and passed (DEVICE=cpu: a dry run, not a pass).
 DRY=()
 [ "$DEVICE" = cuda ] || DRY=(--dry-run)
 echo "+ python -m rloo.gpu_check ($DEVICE)"
-$PY -m rloo.gpu_check --memory "$W/memory.json" --results "$W/eval.json" --completions "$W/plots/completions.jsonl" \
+$PY -m rloo.gpu_check --memory "$W/memory.json" --results "$W/eval.json" --records "$W/eval" \
   "${JUDGE[@]}" "${DRY[@]}"

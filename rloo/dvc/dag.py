@@ -27,7 +27,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from rloo.dvc.dvcyaml import DvcError, covers, dvc_rule, log, per_job, stage_name, variant_job
+from rloo.dvc.dvcyaml import DvcError, covers, dvc_rule, log, per_job, stage_name, variant_job, variant_rule
 
 # The Snakemake minor version this module is tested with (pyproject.toml: snakemake>=9.27,<9.28).
 TESTED = "9.27"
@@ -135,8 +135,8 @@ def _cfg(param: Any) -> tuple[str | None, str | None]:
     if param is None:
         return None, None
     path = Path(str(param))
-    if path.suffix == ".json" and path.is_file():
-        return path.read_text(), str(param)
+    if path.suffix == ".json" and path.is_file():  # its keys in one order, whoever wrote the file
+        return json.dumps(json.loads(path.read_text()), sort_keys=True, separators=(",", ":")), str(param)
     return str(param), None
 
 
@@ -165,6 +165,14 @@ def foreach(job: Job) -> bool:
     return bool(job.wildcards) and not per_job(job.wildcards)
 
 
+def _other_wildcards(workflow, rule_name: str) -> tuple[str, ...]:
+    """The wildcards of a variant rule (DVC's `<stage>_seed`, `<stage>_sweep`) besides its variant folder."""
+    if (name := variant_rule(rule_name)) is None:
+        return ()
+    rule = call("Workflow", workflow, "get_rule", name)
+    return tuple(n for n in attr("Rule", rule, "wildcard_names") if n != "variant")
+
+
 def _stage_target(workflow, name: str) -> str | None:
     """An output file of DVC stage `name` (`rule` or `rule@value`), or None (with a message) when the
     workflow no longer has the rule or the rule does not accept the value."""
@@ -172,7 +180,9 @@ def _stage_target(workflow, name: str) -> str | None:
     rule_name, _, value = name.partition("@") if "@" in name else name.partition("-")
     problem = f"no rule {rule_name} in the workflow any more"
     try:
-        variant = variant_job(rule_name, value)  # a variant rule's: `rloo_seed@1` is rloo_variant's seeds/seed1
+        # a variant rule's: `rloo_seed@1` is rloo_variant's seeds/seed1, `evaluate_seed-1-sft` evaluate_variant's
+        # seeds/seed1 and policy sft
+        variant = variant_job(rule_name, value, _other_wildcards(workflow, rule_name))
         rule = call("Workflow", workflow, "get_rule", variant[0] if variant else rule_name)
         product = call("Rule", rule, "get_some_product")
         if product is None:

@@ -58,12 +58,13 @@ def venv_executable(name: str) -> str | None:
     return str(candidate) if candidate.exists() else shutil.which(name)
 
 
-# The variant rules (workflow/rules/variants.smk: `<stage>_variant`) have one wildcard, `variant`, the
+# The variant rules (workflow/rules/variants.smk: `<stage>_variant`) have the wildcard `variant`, the
 # variant's folder (seeds/seed1, sweeps/beta/p8066cca7), which no DVC stage name can hold (`/`), and a
 # seed's folder is not a value that `${item}` stands for in a command (`--set seed=1`). So their jobs
 # are named after the variant's kind and fields (rloo.pipeline.variant_fields): `<stage>_seed` with
-# wildcard `seed`, `<stage>_sweep` with `sweep` and `point`; a seed's jobs an item each of a foreach
-# stage (`rloo_seed@1`), a sweep point's a stage of its own (`rloo_sweep-beta-p8066cca7`).
+# wildcard `seed`, `<stage>_sweep` with `sweep` and `point`, then the rule's other wildcards (an
+# evaluation's `policy`); a seed's jobs an item each of a foreach stage (`rloo_seed@1`), a sweep point's,
+# and a job of several wildcards, a stage of its own (`rloo_sweep-beta-p8066cca7`, `evaluate_seed-1-sft`).
 VARIANT_WILDCARD = "variant"
 VARIANT_SUFFIX = "_variant"
 
@@ -74,19 +75,28 @@ def dvc_rule(rule: str, wildcards: dict[str, str]) -> tuple[str, dict[str, str]]
     if VARIANT_WILDCARD not in wildcards:
         return rule, wildcards
     kind, fields = variant_fields(wildcards[VARIANT_WILDCARD])
-    return f"{rule.removesuffix(VARIANT_SUFFIX)}_{kind}", fields
+    return f"{rule.removesuffix(VARIANT_SUFFIX)}_{kind}", {**fields, **{k: v for k, v in wildcards.items()
+                                                                        if k != VARIANT_WILDCARD}}
 
 
-def variant_job(rule: str, value: str) -> tuple[str, dict[str, str]] | None:
+def variant_job(rule: str, value: str, others: tuple[str, ...] = ()) -> tuple[str, dict[str, str]] | None:
     """The inverse of `dvc_rule` for a variant stage: the workflow's rule and wildcards of DVC rule `rule`
-    (`<stage>_seed`, `<stage>_sweep`) and value (`1`, `beta-p8066cca7`: the fields joined by `-`);
-    None for another rule."""
-    stage, _, kind = rule.rpartition("_")
-    if not stage or kind not in VARIANT_FOLDERS:
+    (`<stage>_seed`, `<stage>_sweep`) and value (`1`, `beta-p8066cca7`, `1-sft`: the fields, then the
+    rule's `others` wildcards, joined by `-`); None for another rule."""
+    if (workflow_rule := variant_rule(rule)) is None:
         return None
+    kind = rule.rpartition("_")[2]
     names = re.findall(r"\{(\w+)\}", VARIANT_FOLDERS[kind])
-    fields = dict(zip(names, value.split("-", len(names) - 1), strict=True))
-    return f"{stage}{VARIANT_SUFFIX}", {VARIANT_WILDCARD: VARIANT_FOLDERS[kind].format(**fields)}
+    values = value.split("-", len(names) + len(others) - 1)
+    fields = dict(zip(names, values[: len(names)], strict=True))
+    return workflow_rule, {VARIANT_WILDCARD: VARIANT_FOLDERS[kind].format(**fields),
+                           **dict(zip(others, values[len(names):], strict=True))}
+
+
+def variant_rule(rule: str) -> str | None:
+    """The workflow's rule of DVC rule `rule` where it is a variant's (`rloo_seed` is `rloo_variant`), else None."""
+    stage, _, kind = rule.rpartition("_")
+    return f"{stage}{VARIANT_SUFFIX}" if stage and kind in VARIANT_FOLDERS else None
 
 
 def stage_name(rule: str, wildcards: dict[str, str]) -> str:
@@ -105,7 +115,7 @@ def stage_name(rule: str, wildcards: dict[str, str]) -> str:
 # A sweep's jobs differ in more than the wildcard's value (each sweep has its own grid, each point its
 # own keys), so the rules of a `sweep` wildcard, and of several, get a DVC stage per job instead of a
 # foreach stage: `sweep-<name>`, `rloo_sweep-<name>-<point>`.
-PER_JOB_WILDCARDS = frozenset({"sweep"})
+PER_JOB_WILDCARDS = frozenset({"sweep", "policy"})
 
 
 def per_job(wildcards: dict[str, str]) -> bool:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -14,7 +13,6 @@ import torch
 
 from rloo.algo.losses import sequence_kl
 from rloo.data.prompting import PromptFormat
-from rloo.io import read_jsonl, write_jsonl_atomic
 from rloo.model.logprobs import completion_logprobs, join, model_device
 from rloo.reward.verifier import Mode, is_correct
 from rloo.rollout import generate
@@ -132,8 +130,11 @@ def evaluate_policy(policy, tokenizer, rows: list[dict], spec: EvalSpec, referen
     sampled completions where given (else None); with `training_reward`, each of its parts' rewards of
     every sampled draw (`training_reward_parts`: one {part: rewards} per draw; the evaluate stage turns
     them into figures, rloo.eval.reward_figures). Also the completions by mode, for a pairwise judge:
-    `greedy`, and `sampled` = the first draw (an LLM judge is paid per comparison); and `draws`, each
-    problem's list of every sampled draw (per-problem correctness: rloo.eval.gains, rloo.reward.solution_check)."""
+    `greedy`, and `sampled` = the first draw (an LLM judge is paid per comparison); `draws`, each
+    problem's list of every sampled draw (per-problem correctness: rloo.eval.gains, rloo.reward.solution_check);
+    and what the evaluate stage records of each completion (rloo.eval.records): `greedy_lengths`,
+    `greedy_finished`, and per problem per draw `draw_lengths`, `draw_finished`, `draw_kl` (None without
+    a reference) and `draw_proxy` (with a proxy)."""
     fmt = PromptFormat(tokenizer, spec.prompt)
     prompts = [fmt.prompt(r["question"]) for r in rows]
     golds = [r["answer"] for r in rows]
@@ -153,16 +154,28 @@ def evaluate_policy(policy, tokenizer, rows: list[dict], spec: EvalSpec, referen
         "proxy_reward": None,
         "examples": len(rows),
     }
+    per_problem = {"lengths": _by_problem(d.lengths for d in draws), "finished": _by_problem(d.finished for d in draws),
+                   "kl": _by_problem(d.kl for d in draws) if reference is not None else None}
     if proxy is not None:  # what the reward the policy is judged by as a proxy thinks of these samples
-        scores = torch.cat([proxy.score(prompts, d.texts, golds, d.finished, **record_arguments(proxy, rows, d.ids))
-                            for d in draws])
+        per_draw = [proxy.score(prompts, d.texts, golds, d.finished, **record_arguments(proxy, rows, d.ids))
+                    for d in draws]
+        scores = torch.cat(per_draw)
         ok = torch.isfinite(scores)
         report["proxy_reward"] = float(scores[ok].mean()) if ok.any() else None
+        per_problem["proxy"] = _by_problem(s.tolist() for s in per_draw)
     if training_reward is not None:  # the reward RLOO trains on, part by part
         report["training_reward_parts"] = [training_reward.components(prompts, d.texts, d.finished, rows, d.ids)
                                            for d in draws]
-    per_problem = [list(texts) for texts in zip(*(d.texts for d in draws), strict=True)]
-    return report, {"greedy": greedy.texts, "sampled": draws[0].texts, "draws": per_problem}
+    texts = {"greedy": greedy.texts, "sampled": draws[0].texts, "draws": _by_problem(d.texts for d in draws),
+             # what the evaluate stage records of every completion (rloo.eval.records)
+             "greedy_lengths": greedy.lengths, "greedy_finished": greedy.finished, **{f"draw_{k}": v for k, v in
+                                                                                      per_problem.items()}}
+    return report, texts
+
+
+def _by_problem(per_draw) -> list[list]:
+    """Per-draw lists (draws x problems) as per-problem lists (problems x draws)."""
+    return [list(values) for values in zip(*per_draw, strict=True)]
 
 
 def spec_for(config: Config | Mapping, section: str, max_new_tokens: int, draws: int, stream: int) -> EvalSpec:
@@ -175,17 +188,3 @@ def spec_for(config: Config | Mapping, section: str, max_new_tokens: int, draws:
     return EvalSpec(prompt=config.prompt, max_new_tokens=max_new_tokens, draws=draws, batch_size=batch,
                     seed=config.seed, stream=stream, autocast=config.model.autocast,
                     logits_chunk_tokens=config.model.logits_chunk_tokens, inference_dtype=config.model.inference_dtype)
-
-
-def write_completions(path: Path, rows: list[dict], texts: dict[str, dict[str, list[str]]]) -> None:
-    """Each problem with every policy's completions by decoding mode (the pairwise judge's inputs), so
-    that the comparison stage can judge two estimators' policies against each other."""
-    write_jsonl_atomic(path, [
-        {"question": r["question"], "answer": r["answer"],
-         "completions": {name: {mode: t[mode][i] for mode in t} for name, t in texts.items()}}
-        for i, r in enumerate(rows)])
-
-
-def read_completions(path: Path) -> list[dict]:
-    """`write_completions`' records."""
-    return [rec for _, rec in read_jsonl(path)]

@@ -3,9 +3,12 @@ p-value (the maths: rloo.eval.stats), for the results JSON; rloo.eval.report sho
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from rloo.eval.stats import mcnemar_exact, paired_bootstrap, sign_flip_test, wilson_interval
+from rloo.reward.judges import PairwiseJudge, VerifierJudge, agreement, win_rate
 from rloo.reward.verifier import is_correct
 
 # Enough that the interval's ends and a p-value near 0.05 move by well under a point from one seed to
@@ -48,6 +51,25 @@ def gain(policy: dict[str, np.ndarray], sft: dict[str, np.ndarray], seed: int, r
         "draws": int(a.shape[1]),
         "bootstrap": {"resamples": resamples, "seed": seed, "resampled": "problems"},
     }
+
+
+def judged_win_rate(judge: PairwiseJudge, questions: list[str], golds: list[str], candidate: list[str],
+                    baseline: list[str]) -> dict:
+    """`candidate`'s win rate against `baseline` by `judge`, both presentation orders (rloo.reward.judges):
+    wins, losses, ties, invalid verdicts, the value (null without a valid verdict: NaN is not JSON) and its
+    95 % interval; for a judge other than the verifier, how often its verdicts agree with the verifier's on
+    the pairs the verifier decides (how far to trust it)."""
+    judged = win_rate(judge, questions, golds, candidate, baseline)
+    detail = judged.as_dict()
+    detail["ci95"] = win_rate_ci95(detail)
+    if judge.name != VerifierJudge.name:
+        reference = win_rate(VerifierJudge(), questions, golds, candidate, baseline)
+        agree = agreement(judged.scores, reference.scores)
+        interval = wilson_interval(agree["agree"], agree["judged"])
+        detail["agreement_with_verifier"] = {**agree, "ci95": list(interval) if interval else None}
+    if isinstance(detail["value"], float) and math.isnan(detail["value"]):
+        detail["value"] = None
+    return detail
 
 
 def win_rate_ci95(detail: dict) -> list[float] | None:

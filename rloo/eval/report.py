@@ -86,53 +86,53 @@ def ngram_line(stage: str, found: dict | None) -> str | None:
     return f"!! {line}" if found["count"] and found["mode"] != "count" else line
 
 
-def evaluate_lines(result: dict) -> list[str]:
-    """An evaluation result: each policy's held-out accuracy, proxy score and alarms; the win rates."""
+def report_lines(result: dict) -> list[str]:
+    """A results JSON (`rloo report`): each policy's held-out accuracy, proxy score and alarms; the win rates."""
     sft = result["policies"]["sft"]
-    lines = [line for line in (overlap_line("evaluate", result.get("train_test_overlap")),
-                               ngram_line("evaluate", result.get("train_test_ngram_overlap"))) if line is not None]
+    lines = [line for line in (overlap_line("report", result.get("train_test_overlap")),
+                               ngram_line("report", result.get("train_test_ngram_overlap"))) if line is not None]
     for name, p in result["policies"].items():
         gain = "" if name == "sft" else (f" ({100 * (p['accuracy_sampled'] - sft['accuracy_sampled']):+.1f} sampled, "
                                           f"{100 * (p['accuracy'] - sft['accuracy']):+.1f} greedy vs SFT)")
         proxy = "" if p.get("proxy_reward") is None else f", reward-model proxy {p['proxy_reward']:.3f}"
-        lines.append(f"evaluate: {name}: accuracy sampled {p['accuracy_sampled']:.3f} / greedy {p['accuracy']:.3f}"
+        lines.append(f"report: {name}: accuracy sampled {p['accuracy_sampled']:.3f} / greedy {p['accuracy']:.3f}"
                      f"{gain}{proxy}, KL {p['kl']:.2f}")
         if tr := p.get("training_reward"):
-            lines.append(f"evaluate: {name}: {training_reward_line(tr)}")
+            lines.append(f"report: {name}: {training_reward_line(tr)}")
         for alarm, step in (p.get("alarms") or {}).items():
             lines.append(f"!! evaluate: {name} was trained with alarm/{alarm} firing (from step {step})")
         if name != "sft" and p["accuracy_sampled"] < sft["accuracy_sampled"]:
             lines.append(f"!! evaluate: {name} is less accurate than the SFT policy it started from")
     for name, g in (result.get("gains") or {}).items():
-        lines.append(f"evaluate: {gain_line(name, g)}")
+        lines.append(f"report: {gain_line(name, g)}")
     if base := result.get("base"):  # the untrained start: what SFT and RL each added to it
         b = base["policy"]
-        lines.append(f"evaluate: base (untrained): accuracy sampled {b['accuracy_sampled']:.3f} / greedy {b['accuracy']:.3f}, "
+        lines.append(f"report: base (untrained): accuracy sampled {b['accuracy_sampled']:.3f} / greedy {b['accuracy']:.3f}, "
                      f"{at_k_line('pass', b['pass_at_k'])}, {at_k_line('maj', b['maj_at_k'])}")
         if tr := b.get("training_reward"):
-            lines.append(f"evaluate: base (untrained): {training_reward_line(tr)}")
-        lines += [f"evaluate: {gain_line(name, g, against='base')}" for name, g in base["gains"].items()]
+            lines.append(f"report: base (untrained): {training_reward_line(tr)}")
+        lines += [f"report: {gain_line(name, g, against='base')}" for name, g in base["gains"].items()]
     for name, p in result["policies"].items():
         if check := p.get("solution_check"):
-            lines.append(f"evaluate: {name}: {solution_check_line(check)}")
+            lines.append(f"report: {name}: {solution_check_line(check)}")
         if (best := p.get("pass_at_k")) and (vote := p.get("maj_at_k")):
-            lines.append(f"evaluate: {name}: {at_k_line('pass', best)}, {at_k_line('maj', vote)}")
+            lines.append(f"report: {name}: {at_k_line('pass', best)}, {at_k_line('maj', vote)}")
     if (judge := result.get("judge") or {}).get("calls") is not None:  # an LLM judge's calls
-        lines.append(f"evaluate: LLM judge {judge.get('base_url')}: {judge['calls']} calls, {judge.get('retries', 0)} "
+        lines.append(f"report: LLM judge {judge.get('base_url')}: {judge['calls']} calls, {judge.get('retries', 0)} "
                      f"retries, {judge['failed_calls']} failed after their retries, {judge['unparsed_replies']} "
                      "answered without a verdict")
     independent = result.get("judges", {}).get("win_rate", {}).get("independent_of_training_reward")
     for name, wr in result.get("win_rates", {}).items():
         if wr.get("value") is not None:
             ci = f" [{wr['ci95'][0]:.3f}, {wr['ci95'][1]:.3f}]" if wr.get("ci95") else ""
-            lines.append(f"evaluate: {name} vs sft win rate {wr['value']:.3f}{ci} ({wr['wins']:.0f} wins, {wr['losses']:.0f} losses, "
+            lines.append(f"report: {name} vs sft win rate {wr['value']:.3f}{ci} ({wr['wins']:.0f} wins, {wr['losses']:.0f} losses, "
                          f"{wr['ties']:.0f} ties, a tie counting half; "
                          + {True: "judge independent of the training reward", False: "judge the same as the training reward",
                             None: "judge's independence unknown: no training metrics, or a reward function "
                                   "or server of the user's trained it"}[independent] + ")")
         if (agree := wr.get("agreement_with_verifier")) and agree["value"] is not None:
             ci = f" [{agree['ci95'][0]:.3f}, {agree['ci95'][1]:.3f}]" if agree.get("ci95") else ""
-            lines.append(f"evaluate: {name} vs sft judge agrees with the verifier on {agree['agree']} of the "
+            lines.append(f"report: {name} vs sft judge agrees with the verifier on {agree['agree']} of the "
                          f"{agree['judged']} pairs the verifier decides ({agree['value']:.3f}{ci}; "
                          f"{agree['decided_pairs'] - agree['judged']} left invalid)")
     return lines
@@ -182,7 +182,7 @@ def solution_check_line(check: dict) -> str:
 def main(paths: list[str]) -> int:
     for path in paths:
         data = json.loads(Path(path).read_text())
-        lines = (evaluate_lines(data) if "policies" in data else prepare_lines(data) if "counts" in data
+        lines = (report_lines(data) if "policies" in data else prepare_lines(data) if "counts" in data
                  else rloo_lines(data))
         print("\n".join(lines), file=sys.stderr if any(x.startswith("!!") for x in lines) else sys.stdout)
     return 0

@@ -11,14 +11,15 @@ import logging
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Protocol
-
-import torch
+from typing import TYPE_CHECKING, Protocol
 
 from rloo.errors import UserError
 from rloo.reward import retries
 from rloo.reward.verifier import is_correct
 from rloo.settings import EvaluateConfig, LlmJudgeConfig
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("rloo.reward.judges")
 
@@ -288,6 +289,8 @@ class JudgeReward:
         return cls(build_judge(cfg))
 
     def score(self, prompts, completions, golds, finished) -> torch.Tensor:
+        import torch  # here: the pairwise judges serve the report, which loads no model
+
         out = []
         for p, c, g, f in zip(prompts, completions, golds, finished, strict=True):
             if not f:

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from rloo.runtime import console
+from rloo.job_log import console
 
 log = logging.getLogger("rloo.reward.retries")
 

@@ -1,5 +1,5 @@
 """The `evaluate` section: the held-out evaluation of every policy and its pairwise judge (the verifier, or
-an LLM at an OpenAI-compatible address that the evaluate job may serve itself)."""
+an LLM at an OpenAI-compatible address that the judge job may serve itself)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def tensor_parallel(args: tuple[str, ...] | list[str]) -> int | None:
 
 @dataclass(frozen=True)
 class ServeConfig(Section):
-    """The judge as a model the evaluate job serves itself (and the comparison job, when it judges): `vllm
+    """The judge as a model the judge job serves itself (and the comparison job, when it judges): `vllm
     serve MODEL` on a free port of 127.0.0.1, healthy before the first call, stopped when the stage ends
     (success, error or SIGTERM); its output in the stage's log folder (<paths.logs>/evaluate_<estimator>.judge.log
     under Snakemake). It is served under the name evaluate.llm_judge.model, and base_url is not used. null:
@@ -59,13 +59,13 @@ class ServeConfig(Section):
         tp = tensor_parallel(self.args)
         if tp is not None and self.gpus and tp != self.gpus:
             out.append(f"key 'evaluate.llm_judge.serve.args': --tensor-parallel-size {tp} but serve.gpus is "
-                       f"{self.gpus} (the GPUs the evaluate job gets for the judge): make them equal")
+                       f"{self.gpus} (the GPUs the judge job gets for the judge): make them equal")
         owned = sorted({a.split("=", 1)[0] for a in self.args} & {"--host", "--port", "--api-key"})
         if owned:
-            out.append(f"key 'evaluate.llm_judge.serve.args': {', '.join(owned)} are set by the evaluate job (a "
+            out.append(f"key 'evaluate.llm_judge.serve.args': {', '.join(owned)} are set by the judge job (a "
                        "free local port, a key of this run only); leave them out")
         if reward_source == "judge" and judge == "llm":
-            out.append("key 'evaluate.llm_judge.serve': the judge is served by the evaluate job only, but "
+            out.append("key 'evaluate.llm_judge.serve': the judge is served by the judge job only, but "
                        "reward.source: judge scores RLOO with it too; give RLOO a running judge "
                        "(evaluate.llm_judge.base_url, serve: null) or another reward.source")
         return out
@@ -95,7 +95,7 @@ class LlmJudgeConfig(Section):
     server knows). auto = on for a judge served by vLLM (serve set, serve.command null), off for an external
     base_url."""
     serve: ServeConfig | None = None
-    """The judge as a model the evaluate job serves itself; null: the judge at base_url."""
+    """The judge as a model the judge job serves itself; null: the judge at base_url."""
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Stage `compare`: the evaluation results of several estimators side by side (JSON + PNG).
 
-Reads the `rloo evaluate` results (`results/gsm8k_<estimator>.json`), one per estimator, each holding
+Reads the `rloo report` results (`results/gsm8k_<estimator>.json`), one per estimator, each holding
 the SFT policy and one trained policy evaluated on the same held-out prompts. Writes one row per
 estimator (held-out accuracy, its gain over SFT with a 95 % interval and p-value, the solution
 checker's figures, win rate against SFT and against RLOO by the evaluation's judge, KL,
@@ -12,7 +12,6 @@ on the same data.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -125,44 +124,27 @@ def _samples_to_target(rows: dict[str, dict], results: dict[str, dict]) -> None:
                                            "samples": step * per_step if per_step else None}
 
 
-def judge_against_baseline(table: dict[str, Any], completion_files: dict[str, Path], results: dict[str, dict],
-                           cfg: dict, judge_log: str | Path | None = None) -> None:
+def judge_against_baseline(table: dict[str, Any], record_files: dict[str, Path], cfg: dict,
+                           judge_log: str | Path | None = None) -> None:
     """Win rate of each estimator's policy against the RLOO estimator's, by the evaluation's judge, on
-    the completions the evaluate stage wrote (same prompts, same decoding mode); a served judge is
-    started for it (its output in `judge_log`, default <paths.logs>/comparison.judge.log)."""
-    from rloo.eval.evaluation import read_completions
+    their evaluations' records (rloo.eval.records: the same problems, the same decoding mode); a served
+    judge is started once for all of them (its output in `judge_log`, default
+    <paths.logs>/comparison.judge.log)."""
+    from rloo.eval.records import read
     from rloo.reward.judge_server import open_judge
+    from rloo.stages.judge import judge_pairs
 
-    if BASELINE not in completion_files or not all(Path(f).is_file() for f in completion_files.values()):
+    if BASELINE not in record_files or not all(Path(f).is_file() for f in record_files.values()):
         return
     mode = cfg["evaluate"]["win_rate_decoding"]
-    base = read_completions(Path(completion_files[BASELINE]))
+    baseline = read(BASELINE, record_files[BASELINE])
+    candidates = {name: read(name, f) for name, f in record_files.items()
+                  if name != BASELINE and name in table["estimators"]}
     # The job holds no policy: all its GPUs are the judge's.
     with open_judge(cfg, judge_log or Path(cfg["paths"]["logs"]) / "comparison.judge.log", reserved_gpus=0) as judge:
-        _judge_each(table, judge, completion_files, results, base, mode)
-
-
-def _judge_each(table: dict[str, Any], judge, completion_files: dict[str, Path], results: dict[str, dict],
-                base: list[dict], mode: str) -> None:
-    from rloo.eval.evaluation import read_completions
-    from rloo.eval.gains import win_rate_ci95
-    from rloo.reward.judges import win_rate
-
-    for name, f in completion_files.items():
-        if name == BASELINE or name not in table["estimators"]:
-            continue
-        recs = read_completions(Path(f))
-        if [r["question"] for r in recs] != [r["question"] for r in base]:
-            raise InputError(f"{f}: other prompts than {completion_files[BASELINE]}; evaluate both on the same data")
-        mine, theirs = _policy_name(name, results[name]), _policy_name(BASELINE, results[BASELINE])
-        wr = win_rate(judge, [r["question"] for r in recs], [r["answer"] for r in recs],
-                      [r["completions"][mine][mode] for r in recs], [r["completions"][theirs][mode] for r in base])
-        detail = wr.as_dict()
-        detail["ci95"] = win_rate_ci95(detail)
-        if isinstance(detail["value"], float) and math.isnan(detail["value"]):
-            detail["value"] = None  # no valid verdict; NaN is not JSON
-        table["estimators"][name][f"win_rate_vs_{BASELINE}"] = detail
-    table["judge_vs_baseline"] = {"baseline": BASELINE, "decoding": mode, **judge.check()}
+        for name, detail in judge_pairs(judge, candidates, baseline, mode).items():
+            table["estimators"][name][f"win_rate_vs_{BASELINE}"] = detail
+        table["judge_vs_baseline"] = {"baseline": BASELINE, "decoding": mode, **judge.check()}
 
 
 def plot_comparison(table: dict[str, Any], path: str | Path) -> str:
@@ -210,13 +192,13 @@ def plot_comparison(table: dict[str, Any], path: str | Path) -> str:
 
 def run(result_files: dict[str, str | Path], out_json: str | Path, out_png: str | Path,
         timing_files: dict[str, str | Path] | None = None, cfg: dict | None = None,
-        judge_log: str | Path | None = None) -> dict[str, Any]:
+        judge_log: str | Path | None = None, record_files: dict[str, str | Path] | None = None) -> dict[str, Any]:
     """Compare the evaluation results in `result_files` ({estimator: path}); write JSON and PNG.
 
     `timing_files` ({estimator: <work>/timings.json}): the RLOO runs' wall-clock figures, kept outside
     their outputs; an estimator whose file is missing (its work folder was removed) has none. With
-    `cfg` (its evaluate.judge settings), each policy is also judged against RLOO's, on the completions
-    next to each result (results/gsm8k_<estimator>/completions.jsonl)."""
+    `cfg` (its evaluate.judge settings) and `record_files` ({estimator: its evaluation's records,
+    <results>/eval/<estimator>.jsonl}), each policy is also judged against RLOO's."""
     results = {name: json.loads(Path(f).read_text()) for name, f in result_files.items()}
     table = compare(results)
     for name, f in (timing_files or {}).items():
@@ -227,9 +209,8 @@ def run(result_files: dict[str, str | Path], out_json: str | Path, out_png: str 
         nets = row["training"].get("networks")
         row["parameters_held"] = sum(nets.values()) if nets else None
         row["model_state_bytes"] = model_state_bytes(nets) if nets else None
-    if cfg is not None:
-        judge_against_baseline(table, {n: Path(f).with_suffix("") / "completions.jsonl" for n, f in result_files.items()},
-                               results, cfg, judge_log)
+    if cfg is not None and record_files:
+        judge_against_baseline(table, {n: Path(f) for n, f in record_files.items()}, cfg, judge_log)
     table["sources"] = {name: str(f) for name, f in result_files.items()}
     # The plot first: the JSON is the stage's completion marker.
     table["plot"] = plot_comparison(table, out_png)

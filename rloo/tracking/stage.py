@@ -176,6 +176,8 @@ def _finish_stage_run(run: Run, cfg: dict, outputs: list[Path], log_file: Path |
             else:
                 run.log_file(f, "outputs")
     if ok and _stage_base(run.name) == "evaluate":
+        _log_policy(run, outputs)
+    if ok and _stage_base(run.name) == "report":
         _log_evaluation(run, outputs)
     if manifest:
         run.log_text(json.dumps(manifest, indent=2), "provenance/outputs.json")
@@ -188,8 +190,18 @@ def _finish_stage_run(run: Run, cfg: dict, outputs: list[Path], log_file: Path |
         run.log_file(Path(log_file), "logs", name=f"{run.name}.log")
 
 
+def _log_policy(run: Run, outputs: list[Path]) -> None:
+    """One policy's evaluation figures (rloo.eval.records' summary, `<policy>.json`) as metrics of its run:
+    evaluate/<metric>."""
+    for out in outputs:
+        if out.suffix == ".json" and out.is_file():
+            with contextlib.suppress(OSError, json.JSONDecodeError, KeyError):
+                figures = flatten(json.loads(out.read_text())["figures"])
+                run.log_metrics({f"evaluate/{k.replace('.', '/')}": v for k, v in figures.items()}, 0)
+
+
 def _log_evaluation(run: Run, outputs: list[Path]) -> None:
-    """The evaluation's results as metrics: evaluate/<policy>/<metric>, evaluate/win_rate/<policy>/*, and
+    """The report's results as metrics: evaluate/<policy>/<metric>, evaluate/win_rate/<policy>/*, and
     each policy's gain over SFT with its interval (rloo.eval.gains.gain_metrics: gain/sampled, ...)."""
     for out in outputs:
         if out.suffix == ".json" and out.is_file():

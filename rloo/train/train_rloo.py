@@ -21,9 +21,9 @@ import numpy as np
 from rloo.algo.estimators import MovingBaseline
 from rloo.errors import MissingInputError
 from rloo.io import atomic_dir, write_json_atomic
+from rloo.job_log import console
 from rloo.model import checkpoint, distributed, lora, models
 from rloo.reward.rewards import FunctionReward, HttpReward, RewardSource
-from rloo.runtime import console
 from rloo.settings import Config, RlooConfig, RolloutCorrectionConfig
 from rloo.train import alarms
 from rloo.train.loop import TrainingLoop

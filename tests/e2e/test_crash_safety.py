@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from model_helpers import evaluate_and_report
 
 from rloo.config import load_config
 from rloo.model import checkpoint, models
-from rloo.stages import evaluate, reward
+from rloo.stages import reward
 from rloo.stages import train as rloo_stage
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -145,8 +146,9 @@ def test_same_config_and_seed_give_the_same_results(micro_run, tmp_path):
         cfg = load_config(ROOT / "config" / "micro.yaml", {"tracking": {"enabled": False}})
         reward.run(cfg, micro_run["data"], micro_run["sft"], base / "reward")
         rloo_stage.run(cfg, micro_run["data"], micro_run["sft"], base / "rloo", base / "work", base / "reward")
-        results.append(evaluate.run(cfg, micro_run["data"], micro_run["sft"], {"rloo": str(base / "rloo")},
-                                    base / "gsm8k_rloo.json", base / "reward"))
+        policies = {"base": micro_run["base_model"], "sft": micro_run["sft"], "rloo": base / "rloo"}
+        results.append(evaluate_and_report(cfg, micro_run["data"], micro_run["sft"], policies,
+                                           base / "gsm8k_rloo.json", base / "reward"))
     assert _strip_volatile(results[0]) == _strip_volatile(results[1])
     assert results[0]["policies"]["rloo"]["kl"] != 0.0
     kept = _strip_volatile(results[0])

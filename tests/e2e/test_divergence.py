@@ -143,11 +143,10 @@ def test_evaluate_refuses_a_non_finite_policy_before_sampling(micro_run, tmp_pat
         next(model.parameters()).fill_(math.inf)
     models.save_pretrained(model, models.load_tokenizer(micro_run["sft"]), bad)
     code = cli.main(["evaluate", "-c", MICRO, "--set", "tracking.enabled=false", "--data", str(micro_run["data"]),
-                     "--sft", str(micro_run["sft"]), "--policy", f"rloo={bad}",
-                     "--out", str(tmp_path / "result.json"), "--plots", str(tmp_path / "plots")])
+                     "--sft", str(micro_run["sft"]), "--policy", f"rloo={bad}", "--out", str(tmp_path / "rloo.jsonl")])
     err = capsys.readouterr().err
     assert code == 2 and f"{bad}: weight" in err and "not finite" in err, err[-3000:]
-    assert not (tmp_path / "result.json").exists() and not (tmp_path / "plots").exists()
+    assert not (tmp_path / "rloo.jsonl").exists() and not (tmp_path / "rloo.json").exists()
 
 
 def test_skipped_non_finite_steps_are_counted_then_stop(tmp_path):

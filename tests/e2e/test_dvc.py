@@ -44,7 +44,9 @@ from rloo.dvc import driver
 
 RLOO = "results/gsm8k_rloo.json"
 CONFIG = CONFIGFILES[1:]  # the files, for `rloo dvc ... --configfile`
-ALL_STAGES = {"prepare", "base", "sft", "reward", "rloo@rloo", "evaluate@rloo", "toy"}
+# an evaluation per policy is a stage of its own (its inputs depend on the policy)
+EVALUATIONS = {"evaluate-base", "evaluate-sft", "evaluate-rloo"}
+ALL_STAGES = {"prepare", "base", "sft", "reward", "rloo@rloo", *EVALUATIONS, "report@rloo", "toy"}
 run = tool
 
 
@@ -74,7 +76,7 @@ def descendants(repo: Path, names: set[str]) -> set[str]:
 
 
 def rules(stage_names: set[str]) -> set[str]:
-    return {s.split("@")[0] for s in stage_names}
+    return {s.split("@")[0].split("-")[0] for s in stage_names}
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +93,7 @@ def origin(tracked_workflow, tmp_path_factory) -> dict:
 @pytest.mark.slow
 def test_run_commits_every_stage(origin):
     repo = origin["repo"]
-    assert "committed 7 stage(s)" in origin["output"], origin["output"][-3000:]
+    assert "committed 10 stage(s)" in origin["output"], origin["output"][-3000:]
     assert dvc_status(repo) == {}
     lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
     assert set(lock) == ALL_STAGES
@@ -143,7 +145,7 @@ def test_dvc_status_sees_a_change_of_what_a_stage_computes_and_not_a_comment(ori
         status = dvc_status(repo)
         assert set(status) == {"reward"}, status
         assert status["reward"] == [{"changed deps": {FINGERPRINTS_FILE: {"reward": "modified"}}}], status
-        assert planned(repo) == {"reward": 1, "evaluate": 1}
+        assert planned(repo) == {"reward": 1, "evaluate": 3, "report": 1}
     finally:
         for path, text in saved.items():
             path.write_text(text)
@@ -157,7 +159,7 @@ def test_dvc_status_sees_a_change_of_what_a_stage_computes_and_not_a_comment(ori
         ("sft: {lr: 1.0e-3}", {"sft"}),
         # read by RLOO only, when it trains on the reward model (not the default): no stage here
         ("reward: {batch_size_score: 32}", set()),
-        ("evaluate: {examples: 8}", {"evaluate@rloo"}),
+        ("evaluate: {examples: 8}", {*EVALUATIONS, "report@rloo"}),
         ("seed: 1", ALL_STAGES),
         # how a run is observed or scheduled: no stage
         ("name: renamed", set()),
@@ -184,15 +186,15 @@ def test_dvc_status_is_clean_after_a_run_of_a_target_without_the_toy_stage(micro
     """A fresh DVC repository (the project's dvc.yaml lists the default target's stages, toy among them),
     a run of results/gsm8k_rloo.json only: the run commits its stages and dvc.yaml keeps only what was
     built, so `dvc status` is clean, where it listed the toy stage (never run: no dvc.lock entry, its
-    deps changed, its outputs deleted). On a copy of the session's micro run: one evaluate job runs."""
+    deps changed, its outputs deleted). On a copy of the session's micro run: the report runs again."""
     from conftest import copy_tree
 
     repo = make_dvc_repo(copy_tree(micro_workflow["copy"], tmp_path / "wf"))
     for f in ("results/toy_variance.json", "results/toy_variance.png"):
         (repo / f).unlink()
     assert "toy" in stages(repo)  # the repository's dvc.yaml, as a clone has it
-    res = snakemake(repo, RLOO, "--forcerun", "evaluate", "--cores", "1", *CONFIGFILES)
-    assert "committed 6 stage(s)" in res.stderr, res.stderr[-3000:]
+    res = snakemake(repo, RLOO, "--forcerun", "report", "--cores", "1", *CONFIGFILES)
+    assert "committed 9 stage(s)" in res.stderr, res.stderr[-3000:]
     assert dvc_status(repo) == {}
     assert set(stages(repo)) == ALL_STAGES - {"toy"}
 
@@ -208,7 +210,7 @@ def clone(origin) -> Path:
     run(origin["base"], "git", "clone", "-q", str(repo), str(dest))
     assert not (dest / "results").exists()
     res = run(dest, "rloo", "dvc", "pull", "--configfile", *CONFIG)
-    assert "up to date: 7 stage(s)" in res.stderr, res.stderr
+    assert "up to date: 10 stage(s)" in res.stderr, res.stderr
     return dest
 
 
@@ -242,7 +244,8 @@ def test_changed_parameter_on_a_clone_reruns_its_stage(clone):
         (clone / "config" / "extra.yaml").write_text(change)
         res = run(clone, "rloo", "dvc", "restore", "--configfile", *CONFIG, "config/extra.yaml")
         assert "outdated, Snakemake will rerun them: sft" in res.stderr, res.stderr
-        assert planned(clone, RLOO, extra_config=change) == {"sft": 1, "reward": 1, "rloo": 1, "evaluate": 1}
+        assert planned(clone, RLOO, extra_config=change) == {"sft": 1, "reward": 1, "rloo": 1, "evaluate": 3,
+                                                             "report": 1}
     finally:
         (clone / "config" / "extra.yaml").unlink(missing_ok=True)
     run(clone, "rloo", "dvc", "restore", "--configfile", *CONFIG)
@@ -280,7 +283,7 @@ def test_dvc_repro_runs_the_same_stage(origin):
     run(repo, "rloo", "dvc", "yaml", "--configfile", *config)
     res = run(repo, "dvc", "repro")
     ran = [line for line in res.stdout.splitlines() if line.startswith("Running stage")]
-    assert ran == ["Running stage 'evaluate@rloo':"], res.stdout[-3000:]
+    assert sorted(ran) == sorted(f"Running stage '{s}':" for s in [*EVALUATIONS, "report@rloo"]), res.stdout[-3000:]
     assert dvc_status(repo) == {}
     assert json.loads((repo / RLOO).read_text())["examples"] == 8
     # Snakemake agrees once DVC's outputs are restored (mtimes, its records of the old run dropped)
@@ -412,10 +415,11 @@ def test_two_targets_at_once_both_commit(tracked_workflow, tmp_path):
                               stderr=subprocess.STDOUT, text=True) for estimator in ("grpo", "reinforce")]
     outputs = [p.communicate(timeout=900)[0] for p in procs]
     for p, out in zip(procs, outputs, strict=True):
-        assert p.returncode == 0 and "committed 6 stage(s)" in out, out[-4000:]
+        assert p.returncode == 0 and "committed 9 stage(s)" in out, out[-4000:]
         assert "commit failed" not in out, out[-4000:]
     lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
-    assert {"rloo@grpo", "evaluate@grpo", "rloo@reinforce", "evaluate@reinforce"} <= set(lock), sorted(lock)
+    assert {"rloo@grpo", "evaluate-grpo", "report@grpo", "rloo@reinforce", "evaluate-reinforce",
+            "report@reinforce"} <= set(lock), sorted(lock)
     assert dvc_status(repo) == {}
 
 

@@ -152,10 +152,22 @@ def judge_url():
     server.server_close()
 
 
-def _evaluate_args(micro_run, out: Path, *sets: str) -> list[str]:
-    args = ["evaluate", "-c", MICRO, "--set", "evaluate.judge=llm", "--set", "evaluate.examples=6",
-            "--set", "evaluate.llm_judge.api_key_env=RLOO_TEST_JUDGE_KEY", "--data", str(micro_run["data"]),
-            "--sft", str(micro_run["sft"]), "--policy", f"rloo={micro_run['sft']}", "--out", str(out)]
+@pytest.fixture(scope="module")
+def records(micro_run, tmp_path_factory) -> Path:
+    """The micro SFT policy's evaluation records (6 problems): what the judge job reads."""
+    from rloo.stages import evaluate
+
+    cfg = load_config(MICRO, {"tracking": {"enabled": False}, "evaluate": {"examples": 6}})
+    out = tmp_path_factory.mktemp("hardening_records") / "sft.jsonl"
+    evaluate.run(cfg, micro_run["data"], micro_run["sft"], "sft", micro_run["sft"], out)
+    return out
+
+
+def _judge_args(records: Path, out: Path, *sets: str) -> list[str]:
+    """`rloo judge` of the micro SFT policy's records against themselves, by the LLM judge."""
+    args = ["judge", "-c", MICRO, "--set", "evaluate.judge=llm",
+            "--set", "evaluate.llm_judge.api_key_env=RLOO_TEST_JUDGE_KEY",
+            "--policy", f"rloo={records}", "--sft", str(records), "--out", str(out)]
     for s in sets:
         args += ["--set", s]
     return args
@@ -173,11 +185,11 @@ def _cmdlines_holding(secret: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_the_judge_key_reaches_the_judge_and_no_file_or_command_line(micro_run, tmp_path, judge_url):
+def test_the_judge_key_reaches_the_judge_and_no_file_or_command_line(records, tmp_path, judge_url):
     """Tracking on (a real MLflow store in tmp_path): every file the stage writes is searched."""
     env = {**os.environ, "RLOO_TEST_JUDGE_KEY": SECRET, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
     cmd = [sys.executable, "-m", "rloo.cli",
-           *_evaluate_args(micro_run, tmp_path / "results.json", f"evaluate.llm_judge.base_url={judge_url}")]
+           *_judge_args(records, tmp_path / "results.json", f"evaluate.llm_judge.base_url={judge_url}")]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     on_command_lines = []
     while proc.poll() is None:
@@ -198,23 +210,23 @@ def test_the_judge_key_reaches_the_judge_and_no_file_or_command_line(micro_run, 
 
 
 @pytest.mark.slow
-def test_an_unreachable_judge_fails_the_stage_in_one_line(micro_run, tmp_path):
+def test_an_unreachable_judge_fails_the_stage_in_one_line(records, tmp_path):
     pytest.importorskip("openai")
     closed = f"http://127.0.0.1:{_free_port()}/v1"
     sets = [f"evaluate.llm_judge.base_url={closed}", "evaluate.llm_judge.max_retries=0", "tracking.enabled=false"]
-    res = _rloo(*_evaluate_args(micro_run, tmp_path / "results.json", *sets), cwd=tmp_path)
+    res = _rloo(*_judge_args(records, tmp_path / "results.json", *sets), cwd=tmp_path)
     assert res.returncode == 2, res.stderr[-3000:]
     last = _last_line(res)
-    assert last.startswith("rloo evaluate: error:") and closed in last and "evaluate.judge: verifier" in last
+    assert last.startswith("rloo judge: error:") and closed in last and "evaluate.judge: verifier" in last
     assert "Traceback" not in res.stderr
     assert not (tmp_path / "results.json").exists()  # no win rate of nothing
     # When failures are allowed, the stage finishes and the results say how many calls failed.
-    res = _rloo(*_evaluate_args(micro_run, tmp_path / "results.json", *sets, "evaluate.llm_judge.max_failed_share=1"),
+    res = _rloo(*_judge_args(records, tmp_path / "results.json", *sets, "evaluate.llm_judge.max_failed_share=1"),
                 cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     result = json.loads((tmp_path / "results.json").read_text())
     assert result["judge"]["failed_share"] == 1.0 and result["judge"]["calls"] == result["judge"]["failed_calls"] > 0
-    assert result["win_rate"]["invalid"] == 6
+    assert result["win_rates"]["rloo"]["invalid"] == 6
 
 
 # -- config values ------------------------------------------------------------------------------------

@@ -19,18 +19,19 @@ import jsonschema
 import pytest
 import torch
 import yaml
-from model_helpers import random_lm
-from workflow_helpers import PIPELINE, env_for, job_counts, make_copy, snakemake
+from model_helpers import evaluate_and_report, random_lm
+from workflow_helpers import JOBS, env_for, job_counts, make_copy, snakemake
 
 from rloo.config import load_config
 from rloo.data.prompting import PromptFormat, align_eos, end_of_turn, render_prompt
 from rloo.errors import InputError
+from rloo.eval.evaluation import spec_for
 from rloo.io import read_jsonl
 from rloo.model import models
 from rloo.model.logprobs import left_pad, positions, sequence_scores
 from rloo.reward.rewards import RewardModelReward, VerifierReward
 from rloo.rollout import decode, generate
-from rloo.stages import base, evaluate, prepare, reward, sft
+from rloo.stages import base, prepare, reward, sft
 from rloo.stages import train as rloo_stage
 from rloo.train import train_sft
 from rloo.train.rloo import Trainer
@@ -168,8 +169,9 @@ def test_every_stage_builds_the_same_prompt_ids(qwen_dir, rows, monkeypatch):
     assert trainer.prompt_ids == expected and trainer.prompts == [fmt.prompt(r["question"]) for r in rows]
 
     recording(rloo.eval.evaluation, "evaluate")
-    evaluate.policy_report({**cfg, "evaluate": {**cfg["evaluate"], "samples_per_prompt": 1, "max_new_tokens": 2}},
-                           qwen_dir, None, tok, rows, None)
+    small = {**cfg, "evaluate": {**cfg["evaluate"], "samples_per_prompt": 1, "max_new_tokens": 2}}
+    policy = models.load_causal_lm(qwen_dir)
+    rloo.eval.evaluation.evaluate_policy(policy, tok, rows, spec_for(small, "evaluate", 2, 1, stream=21))
     assert seen["evaluate"][: len(rows)] == expected  # greedy pass; the sampled one repeats it
     assert seen["evaluate"][len(rows) :] == expected
 
@@ -231,8 +233,8 @@ def test_the_no_pad_variant_runs_every_stage(qwen_nopad_dir, tmp_path):
     reward.run(cfg, data, sft_dir, rm_dir)
     metrics = rloo_stage.run(cfg, data, sft_dir, policy, tmp_path / "work" / "rloo", reward_model_dir=rm_dir)
     out = tmp_path / "results" / "gsm8k_rloo.json"
-    result = evaluate.run(cfg, data, sft_dir, {"rloo": str(policy)}, out, reward_model_dir=rm_dir,
-                          plot_dir=tmp_path / "results" / "gsm8k_rloo")
+    result = evaluate_and_report(cfg, data, sft_dir, {"base": tmp_path / "base", "sft": sft_dir, "rloo": policy}, out,
+                                 rm_dir, tmp_path / "results" / "gsm8k_rloo")
     tok = models.load_tokenizer(sft_dir)
     assert tok.pad_token == tok.eos_token == "<|im_end|>" and tok.chat_template
     assert json.loads((rm_dir / "config.json").read_text())["pad_token_id"] == tok.eos_token_id
@@ -240,19 +242,18 @@ def test_the_no_pad_variant_runs_every_stage(qwen_nopad_dir, tmp_path):
     assert math.isfinite(metrics["final_reward_mean"])
     assert set(result["policies"]) == {"sft", "rloo"} and result["policies"]["rloo"]["proxy_reward"] is not None
     jsonschema.validate(json.loads(out.read_text()), yaml.safe_load(RESULTS_SCHEMA.read_text()))
-    _check_completions(tmp_path / "results" / "gsm8k_rloo" / "completions.jsonl")
+    _check_completions(tmp_path / "results" / "eval")
     # a chat model's prose carries no calculator annotations: the solution checker says n/a, not 0
     for p in result["policies"].values():
         check = p["solution_check"]
         assert (check["work_right"] is None) == (check["work_checked_share"] == 0) == ("reason" in check)
 
 
-def _check_completions(path: Path) -> None:
-    """The completions the verifier read are plain text: the template's special tokens are skipped."""
-    recs = [rec for _, rec in read_jsonl(path)]
-    # greedy and sampled are one text, draws a list of them (every sampled draw)
-    texts = [x for rec in recs for modes in rec["completions"].values() for t in modes.values()
-             for x in (t if isinstance(t, list) else [t])]
+def _check_completions(folder: Path) -> None:
+    """The completions the verifier read are plain text: the template's special tokens are skipped (every
+    policy's evaluation records: rloo.eval.records)."""
+    recs = [rec for path in sorted(folder.glob("*.jsonl")) for _, rec in read_jsonl(path)]
+    texts = [c["text"] for rec in recs for c in [rec["greedy"], *rec["draws"]]]
     assert texts and all(isinstance(t, str) for t in texts)
     assert not any("<|im_" in t or "<|endoftext|>" in t for t in texts)
 
@@ -266,7 +267,7 @@ def test_snakemake_runs_the_chain_on_the_chat_template_model(tmp_path):
                     str(copy / "config" / "micro.yaml")], cwd=copy, env=env_for(copy), check=True, timeout=300)
     res = snakemake(copy, "results/gsm8k_rloo.json", "--cores", "1", "--configfile", "config/micro.yaml",
                     "config/qwen2-tiny.yaml", "config/test.yaml", timeout=1200)
-    assert job_counts(res.stdout + res.stderr) == dict.fromkeys(PIPELINE, 1)
+    assert job_counts(res.stdout + res.stderr) == JOBS
     result = json.loads((copy / "results" / "gsm8k_rloo.json").read_text())
     jsonschema.validate(result, yaml.safe_load(RESULTS_SCHEMA.read_text()))
     assert set(result["policies"]) == {"sft", "rloo"} and result["examples"] == 16
@@ -277,4 +278,4 @@ def test_snakemake_runs_the_chain_on_the_chat_template_model(tmp_path):
         "Qwen2ForSequenceClassification"]
     tok = models.load_tokenizer(models_dir / "sft")
     assert tok.chat_template and tok.bos_token is None and tok.eos_token == "<|im_end|>"
-    _check_completions(copy / "results" / "gsm8k_rloo" / "completions.jsonl")
+    _check_completions(copy / "results" / "eval")

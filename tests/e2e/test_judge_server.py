@@ -1,4 +1,4 @@
-"""The judge served inside the evaluate job (rloo.reward.judge_server), without vLLM: a real tiny HTTP server
+"""The judge served inside the judge job (rloo.reward.judge_server), without vLLM: a real tiny HTTP server
 (tests/helpers/fake_judge_server.py) started through the same code path (`evaluate.llm_judge.serve.command`).
 
 Every test checks that no process of the server's group is left: after success, after an error inside
@@ -126,7 +126,7 @@ def test_command_and_devices_follow_the_config():
     ({"model": "m", "gpus": 2, "args": ["-tp", "4"]}, r"--tensor-parallel-size 4 but serve\.gpus is 2"),
     ({"model": "m", "gpus": 1, "args": ["--tensor-parallel-size=2"]}, r"--tensor-parallel-size 2 but serve\.gpus is 1"),
     ({"args": []}, r"evaluate\.llm_judge\.serve.*'model' is a required property"),
-    ({"model": "m", "args": ["--api-key", "k", "--port=80"]}, r"serve\.args': --api-key, --port are set by the evaluate job"),
+    ({"model": "m", "args": ["--api-key", "k", "--port=80"]}, r"serve\.args': --api-key, --port are set by the judge job"),
 ])
 def test_bad_serve_config_names_the_key(serve_cfg, message):
     with pytest.raises(ConfigError, match=message):
@@ -135,18 +135,29 @@ def test_bad_serve_config_names_the_key(serve_cfg, message):
         load_config(None, {"reward": {"source": "judge"}, "evaluate": {"judge": "llm", "llm_judge": {"serve": {"model": "m"}}}})
 
 
-# -- the evaluate stage, as Snakemake runs it ------------------------------------------------------
-def _evaluate(micro_run, tmp_path, *fake_flags: str, timeout_s: float = 60) -> tuple[list[str], Path]:
-    """`rloo evaluate` of the micro SFT policy against itself with the fake server as the served judge."""
-    judge_log = tmp_path / "logs" / "evaluate_rloo.judge.log"
+# -- the judge stage, as Snakemake runs it ---------------------------------------------------------
+@pytest.fixture(scope="module")
+def records(micro_run, tmp_path_factory) -> Path:
+    """The micro SFT policy's evaluation records (4 problems, one draw each): the judge job's input."""
+    from rloo.stages import evaluate
+
+    cfg = load_config(ROOT / "config" / "micro.yaml", {"tracking": {"enabled": False},
+                                                       "evaluate": {"examples": 4, "samples_per_prompt": 1}})
+    out = tmp_path_factory.mktemp("judge_records") / "sft.jsonl"
+    evaluate.run(cfg, micro_run["data"], micro_run["sft"], "sft", micro_run["sft"], out)
+    return out
+
+
+def _judge(records, tmp_path, *fake_flags: str, timeout_s: float = 60) -> tuple[list[str], Path]:
+    """`rloo judge` of the micro SFT policy's records against themselves, the fake server as the served judge."""
+    judge_log = tmp_path / "logs" / "judge_rloo.judge.log"
     command = json.dumps([sys.executable, str(FAKE), "{port}", "--child", *fake_flags])
-    argv = [sys.executable, "-m", "rloo.cli", "evaluate", "--config", str(ROOT / "config" / "micro.yaml"),
+    argv = [sys.executable, "-m", "rloo.cli", "judge", "--config", str(ROOT / "config" / "micro.yaml"),
             "--set", "tracking.enabled=false", "--set", "evaluate.judge=llm",
             "--set", "evaluate.llm_judge.serve.model=fake-judge", "--set", f"evaluate.llm_judge.serve.command={command}",
             "--set", f"evaluate.llm_judge.serve.startup_timeout_s={timeout_s}",
-            "--set", "evaluate.examples=4", "--set", "evaluate.samples_per_prompt=1",
-            "--data", str(micro_run["data"]), "--sft", str(micro_run["sft"]), "--policy", f"rloo={micro_run['sft']}",
-            "--out", str(tmp_path / "gsm8k_rloo.json"), "--plots", str(tmp_path / "gsm8k_rloo"), "--judge-log", str(judge_log)]
+            "--policy", f"rloo={records}", "--sft", str(records), "--out", str(tmp_path / "judged.json"),
+            "--judge-log", str(judge_log)]
     return argv, judge_log
 
 
@@ -155,11 +166,20 @@ def _env() -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_evaluate_judges_with_the_served_model_and_stops_it(micro_run, tmp_path):
-    argv, judge_log = _evaluate(micro_run, tmp_path)
+def test_the_judge_job_judges_with_the_served_model_and_stops_it(micro_run, records, tmp_path):
+    from rloo.eval.records import read
+    from rloo.stages import report
+
+    argv, judge_log = _judge(records, tmp_path)
     res = subprocess.run(argv, capture_output=True, text=True, env=_env(), timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
-    result = json.loads((tmp_path / "gsm8k_rloo.json").read_text())
+    judged = json.loads((tmp_path / "judged.json").read_text())
+    # the report takes the judge's verdicts as they are
+    cfg = load_config(ROOT / "config" / "micro.yaml", {"evaluate": {"judge": "llm"}})
+    evaluations = {name: read(name, records) for name in ("base", "sft", "rloo")}
+    result = report.run(cfg, evaluations, "rloo", micro_run["sft"], micro_run["data"] / "manifest.json",
+                        tmp_path / "gsm8k_rloo.json", judged=tmp_path / "judged.json")
+    assert (result["judge"], result["win_rate"]) == (judged["judge"], judged["win_rates"]["rloo"])
     # the fake judge answers "A" in both orders: every pair a tie, no call failed
     assert result["win_rate"]["value"] == 0.5 and result["win_rate"]["ties"] == 4
     assert result["judge"]["served"] == {"model": "fake-judge", "args": [], "gpus": 1}
@@ -176,16 +196,16 @@ def test_evaluate_judges_with_the_served_model_and_stops_it(micro_run, tmp_path)
         "model": "fake-judge", "command": [sys.executable, str(FAKE), "{port}"]}}}})
     out = tmp_path / "gsm8k_rloo.json"
     table = compare.run({"rloo": out, "grpo": out}, tmp_path / "comparison.json", tmp_path / "comparison.png", cfg=cfg,
-                        judge_log=tmp_path / "comparison.judge.log")
+                        judge_log=tmp_path / "comparison.judge.log", record_files={"rloo": records, "grpo": records})
     assert table["estimators"]["grpo"]["win_rate_vs_rloo"]["ties"] == 4
     assert table["judge_vs_baseline"]["failed_calls"] == 0
     assert group_members(pids_in_log(tmp_path / "comparison.judge.log")["server"]) == []
 
 
 @pytest.mark.slow
-def test_sigterm_to_the_evaluate_stage_stops_the_served_judge(micro_run, tmp_path):
+def test_sigterm_to_the_judge_stage_stops_the_served_judge(records, tmp_path):
     seen = tmp_path / "seen"
-    argv, judge_log = _evaluate(micro_run, tmp_path, "--delay", "2", "--seen", str(seen))
+    argv, judge_log = _judge(records, tmp_path, "--delay", "2", "--seen", str(seen))
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env())
     try:
         wait_for(seen.exists, timeout=240)  # the stage is judging: inside the served block
@@ -199,19 +219,19 @@ def test_sigterm_to_the_evaluate_stage_stops_the_served_judge(micro_run, tmp_pat
     assert proc.returncode == 143, err[-3000:]
     assert "SIGTERM received: stopping the judge server" in err
     assert group_members(pids["server"]) == [] and not Path(f"/proc/{pids['child']}").exists()
-    assert not (tmp_path / "gsm8k_rloo.json").exists()
+    assert not (tmp_path / "judged.json").exists()
 
 
 @pytest.mark.slow
-def test_a_judge_that_cannot_start_fails_the_stage_with_one_line(micro_run, tmp_path):
-    argv, judge_log = _evaluate(micro_run, tmp_path, "--no-such-flag")
+def test_a_judge_that_cannot_start_fails_the_stage_with_one_line(records, tmp_path):
+    argv, judge_log = _judge(records, tmp_path, "--no-such-flag")
     res = subprocess.run(argv, capture_output=True, text=True, env=_env(), timeout=300)
     assert res.returncode == 2
     last = res.stderr.strip().splitlines()[-1]
-    assert re.fullmatch(r"rloo evaluate: error: the judge server for fake-judge exited with code 2 after \d+ s, "
+    assert re.fullmatch(r"rloo judge: error: the judge server for fake-judge exited with code 2 after \d+ s, "
                         rf"before answering /health; its log: {re.escape(str(judge_log))}", last), res.stderr[-2000:]
     assert "unrecognized arguments: --no-such-flag" in res.stderr  # the server's own words, from its log
-    assert not (tmp_path / "gsm8k_rloo.json").exists()
+    assert not (tmp_path / "judged.json").exists()
 
 
 def test_a_judge_whose_replies_never_parse_fails_like_one_that_is_down(tmp_path):

@@ -20,9 +20,14 @@ ESTIMATORS = load_schema()["properties"]["rloo"]["properties"]["estimator"]["enu
 
 
 def _declared(cfg: dict) -> dict[str, set[str]]:
-    """Every output path of every stage (for every estimator, where a stage runs once per estimator)."""
+    """Every output path of every stage (for every estimator, where a stage runs once per estimator; for
+    every policy, where once per policy)."""
     out = {}
     for name, stage in pipeline.STAGES.items():
+        if stage.per_policy:
+            out[name] = {p for pol in [*pipeline.POLICIES, *ESTIMATORS]
+                         for p in pipeline.outputs(name, cfg, policy=pol).values()}
+            continue
         estimators = ESTIMATORS if stage.per_estimator else [None]
         out[name] = {p for e in estimators for p in pipeline.outputs(name, cfg, e).values()}
     return out
@@ -40,14 +45,16 @@ def test_the_cli_and_mlflow_use_the_declared_outputs_and_names(estimator):
         assert ctx["outputs"] == outs  # MLflow tags the md5 of exactly what the CLI writes
         if stage.name == "prepare":  # the CLI's --out is the folder of the declared files
             assert {str(Path(p).parent) for p in declared["prepare"]} == set(outs)
-        elif stage.name == "evaluate":  # the results file, and the folder of its plots
-            assert outs[0] == pipeline.outputs("evaluate", cfg)["result"]
-            assert {str(Path(p).parent) for p in pipeline.outputs("evaluate", cfg).values()} - {"results"} == {outs[1]}
+        elif stage.name == "evaluate":  # the policy's records and its figures beside them
+            assert outs == list(pipeline.outputs("evaluate", cfg, policy=estimator).values())
+        elif stage.name == "report":  # the results file, and the folder of its plots
+            assert outs[0] == pipeline.outputs("report", cfg)["result"]
+            assert {str(Path(p).parent) for p in pipeline.outputs("report", cfg).values()} - {"results"} == {outs[1]}
         elif stage.name == "sweep":  # the sweep named by --name
             assert set(outs) == set(pipeline.outputs("sweep", cfg, sweep="x").values())
         else:
             assert set(outs) == set(pipeline.outputs(stage.name, cfg).values()) <= declared[stage.name]
-        suffix = estimator if stage.per_estimator and estimator != "rloo" else None
+        suffix = estimator if (stage.per_estimator and estimator != "rloo") or stage.per_policy else None
         assert ctx["stage"] == (f"{stage.name}_{suffix}" if suffix else stage.name)
 
 
@@ -63,7 +70,9 @@ def test_the_snakemake_rules_write_the_declared_outputs(tmp_path):
         path, _, rule, *_ = line.split("\t")
         by_rule.setdefault(rule, set()).add(path)
     # the seeds and sweep aggregates are other targets' (tests/e2e/test_variants.py)
-    declared = {k: v for k, v in _declared(load_config(ROOT / "config" / "micro.yaml")).items() if k not in ("seeds", "sweep")}
+    cfg = load_config(ROOT / "config" / "micro.yaml")
+    assert cfg["evaluate"]["judge"] != "llm"  # no judge job: the verifier judges in the report job
+    declared = {k: v for k, v in _declared(cfg).items() if k not in ("seeds", "sweep", "judge")}
     assert by_rule == declared
 
 
@@ -72,8 +81,13 @@ def test_dvc_yaml_outs_are_the_declared_ones():
     stages = rdvc.expand_stages(rdvc.load_pipeline(ROOT))
     assert stages
     for name, body in stages.items():
-        stage, _, estimator = name.partition("@")
-        assert set(rdvc.stage_outs(body)) == set(pipeline.outputs(stage, cfg, estimator or None).values()), name
+        if "-" in name:  # a stage per job: an evaluation of one policy (evaluate-sft)
+            stage, _, policy = name.partition("-")
+            declared = pipeline.outputs(stage, cfg, policy=policy)
+        else:
+            stage, _, estimator = name.partition("@")
+            declared = pipeline.outputs(stage, cfg, estimator or None)
+        assert set(rdvc.stage_outs(body)) == set(declared.values()), name
 
 
 def test_a_variant_folder_reads_back_as_its_variant():
@@ -117,49 +131,65 @@ def _code(verb: str) -> str:
     return f"code:{verb}:0"
 
 
+# The jobs of a result: each evaluated policy's evaluation apart (evaluate:<policy>).
+JOBS = [("prepare", None), ("base", None), ("sft", None), ("reward", None), ("rloo", None),
+        *(("evaluate", p) for p in ("base", "sft", "rloo")), ("report", None)]
+EVALUATIONS = {"evaluate:base", "evaluate:sft", "evaluate:rloo"}
+
+
+def _lineages(cfg: dict, code=_code, variant=None) -> dict[str, str]:
+    return {f"{s}:{p}" if p else s: pipeline.lineage(cfg, s, code, variant=variant, policy=p) for s, p in JOBS}
+
+
 def test_a_jobs_lineage_holds_every_key_and_code_above_it_and_nothing_else():
     """rloo.pipeline.lineage, the rules' `lineage` param: a key or a stage's code changes the lineage of
-    the stages reading it and of every stage below them, never of a stage above or beside them."""
+    the jobs reading it and of every job below them, never of a job above or beside them (an RLOO key,
+    not the base model's or SFT's evaluation)."""
     cfg = load_config(MICRO)
-
-    def lineages(c: dict, code=_code) -> dict[str, str]:
-        return {s: pipeline.lineage(c, s, code) for s in pipeline.CHAIN}
-
-    before = lineages(cfg)
-    assert lineages(cfg) == before  # a function of the config and the code alone
+    before = _lineages(cfg)
+    assert _lineages(cfg) == before  # a function of the config and the code alone
+    everything = set(before)
     changed = {
-        "rloo.lr": {"rloo", "evaluate"},
-        "sft.lr": {"sft", "reward", "rloo", "evaluate"},
-        "reward.lr": {"reward", "evaluate"},  # RLOO trains on the verifier
-        "data.synthetic.n_train": set(pipeline.CHAIN),
-        "evaluate.examples": {"evaluate"},
+        "rloo.lr": {"rloo", "evaluate:rloo", "report"},
+        "sft.lr": {"sft", "reward", "rloo", *EVALUATIONS, "report"},  # SFT is every evaluation's reference
+        "reward.lr": {"reward", *EVALUATIONS, "report"},  # RLOO trains on the verifier; the proxy of all
+        "data.synthetic.n_train": everything,
+        "evaluate.examples": {*EVALUATIONS, "report"},
         "threads": set(),  # how a job runs, not what it computes
     }
-    for key, stages in changed.items():
+    for key, jobs in changed.items():
         section, *rest = key.split(".")
         node = {rest[-1]: 999} if rest else 999
         for name in reversed(rest[:-1]):
             node = {name: node}
-        after = lineages(load_config(MICRO, {section: node}))
-        assert {s for s in pipeline.CHAIN if after[s] != before[s]} == stages, key
+        after = _lineages(load_config(MICRO, {section: node}))
+        assert {j for j in before if after[j] != before[j]} == jobs, key
     # the reward model is upstream of RLOO only where RLOO trains on it
     on_model = load_config(MICRO, {"reward": {"source": "model"}})
     assert "reward" in pipeline.upstream("rloo", on_model) and "reward" not in pipeline.upstream("rloo", cfg)
-    after = lineages(load_config(MICRO, {"reward": {"source": "model", "lr": 999}}))
-    assert after["rloo"] != lineages(on_model)["rloo"]
+    after = _lineages(load_config(MICRO, {"reward": {"source": "model", "lr": 999}}))
+    assert after["rloo"] != _lineages(on_model)["rloo"]
     # a stage's code: that stage and below
-    sft_code = lineages(cfg, lambda verb: _code(verb) + ("x" if verb == "sft" else ""))
-    assert {s for s in pipeline.CHAIN if sft_code[s] != before[s]} == {"sft", "reward", "rloo", "evaluate"}
+    sft_code = _lineages(cfg, lambda verb: _code(verb) + ("x" if verb == "sft" else ""))
+    assert {j for j in before if sft_code[j] != before[j]} == {"sft", "reward", "rloo", *EVALUATIONS, "report"}
+    # an evaluation is one job, whichever result reads it
+    assert pipeline.lineage(cfg, "evaluate", _code, "grpo", policy="sft") == before["evaluate:sft"]
 
 
 def test_a_variants_jobs_read_the_main_chains_outputs_where_it_shares_them():
-    """A seed of scope `rloo` varies rloo and evaluate: their jobs read the main chain's SFT and data,
-    have lineages of their own, and the shared stages' lineages are the main chain's."""
-    cfg = load_config(MICRO)
+    """A seed of scope `rloo` runs rloo, the evaluations (the seed draws their noise) and the report itself:
+    their jobs read the main chain's SFT and data and have lineages of their own; the shared jobs' lineages
+    are the main chain's. A sweep of rloo.lr reads the main chain's evaluations of the base model and SFT."""
+    cfg = load_config(MICRO, {"sweeps": {"lr": {"rloo.lr": [1e-4, 2e-4]}}})
     seed = pipeline.seed_variant(cfg, 3)
-    inputs = pipeline.job_inputs(cfg, "evaluate", variant=seed)
+    inputs = pipeline.job_inputs(cfg, "evaluate", variant=seed, policy="rloo")
     assert inputs["sft"] == "results/models/sft" and inputs["policy"] == "results/models/seeds/seed3/rloo_rloo"
     assert pipeline.job_inputs(cfg, "rloo", "grpo")["policy"] == "results/models/sft"
-    for stage in pipeline.CHAIN:
-        same = pipeline.lineage(cfg, stage, _code, variant=seed) == pipeline.lineage(cfg, stage, _code)
-        assert same == (stage not in seed.varied), stage
+    main, seeded = _lineages(cfg), _lineages(cfg, variant=seed)
+    assert {j for j in main if main[j] != seeded[j]} == {"rloo", *EVALUATIONS, "report"}
+    point = pipeline.sweep_variant(cfg, "lr", next(iter(pipeline.sweep_grid(cfg, "lr"))))
+    report = pipeline.job_inputs(cfg, "report", variant=point)
+    assert (report["sft"], report["base"]) == ("results/eval/sft.jsonl", "results/eval/base.jsonl")
+    assert report["policy"] == f"results/{point.folder}/eval/rloo.jsonl"
+    swept = _lineages(cfg, variant=point)
+    assert {j for j in main if main[j] != swept[j]} == {"rloo", "evaluate:rloo", "report"}

@@ -1,9 +1,9 @@
 """Reward functions through the real Snakemake workflow: config/examples/your-reward.yaml (the verifier's
 correctness plus the format bonus of config/examples/rewards/format.py, a file of the workflow copy in a
 temporary folder) on a copy of the session's finished micro chain (`micro_workflow`), with MLflow
-tracking on. Only rloo and evaluate run; each function is logged (steps.jsonl, MLflow, `rloo summary`)
+tracking on. Only rloo, the evaluations and the report run; each function is logged (steps.jsonl, MLflow, `rloo summary`)
 and their weighted sum is the training reward; the evaluation reports them for base, SFT and RLOO;
-a change to what the file computes reruns rloo and evaluate only, and a comment nothing; a function that
+a change to what the file computes reruns rloo, the evaluations and the report only, and a comment nothing; a function that
 does not import stops Snakemake before any job in one line; one that raises stops the rloo job with one
 line naming the user's file and line, its traceback in the job's log; the file counts in the code
 fingerprints of those two stages that DVC reads."""
@@ -45,7 +45,8 @@ def _plan(chain: dict, *extra: str) -> dict[str, int]:
 
 
 def test_only_rloo_and_evaluate_run_on_the_new_reward(chain):
-    assert job_counts(chain["output"]) == {"rloo": 1, "evaluate": 1}
+    # every evaluation reports the training reward's parts: the three run again, and the report
+    assert job_counts(chain["output"]) == {"rloo": 1, "evaluate": 3, "report": 1}
     assert _plan(chain) == {}
 
 
@@ -89,7 +90,7 @@ def test_the_evaluation_reports_the_training_reward_for_every_policy(chain):
     # function is the user's code, so whether the checker's work figures are is not known
     assert judges["accuracy"]["independent_of_training_reward"] is False
     assert judges["solution_check_work"]["independent_of_training_reward"] is None
-    assert "evaluate: rloo: training reward " in chain["output"] and " + 0.2 x format " in chain["output"]
+    assert "report: rloo: training reward " in chain["output"] and " + 0.2 x format " in chain["output"]
 
 
 def test_editing_the_reward_file_reruns_rloo_and_evaluate_only(chain):
@@ -99,7 +100,7 @@ def test_editing_the_reward_file_reruns_rloo_and_evaluate_only(chain):
         append_comment(path)
         assert _plan(chain) == {}  # the code fingerprint: a comment computes nothing
         semantic_edit(path, "format_bonus")
-        assert _plan(chain) == {"rloo": 1, "evaluate": 1}
+        assert _plan(chain) == {"rloo": 1, "evaluate": 3, "report": 1}
     finally:
         path.write_text(original)
     assert _plan(chain) == {}
@@ -138,7 +139,7 @@ def test_a_function_that_raises_is_one_line_naming_the_users_file_and_line_and_t
     one_line = ("rloo train: error: reward function 'bonus' (my_bonus.py:bonus) raised ZeroDivisionError: float "
                 "division by zero at my_bonus.py:6 on 1 of the 1 completions tried one by one")
     assert res.returncode != 0 and one_line in out, out[-4000:]
-    assert job_counts(out) == {"rloo": 1, "evaluate": 1}, out[-4000:]
+    assert job_counts(out) == {"rloo": 1, "evaluate": 3, "report": 1}, out[-4000:]
     assert len(out.splitlines()) <= 60, f"{len(out.splitlines())} lines:\n{out}"
     assert "rloo train failed (exit 2); the end of its log, logs/rloo_rloo.log:" in out, out
     assert '"rloo":{' not in out and "--config-json" not in out and "rloo: 0%" not in out, out  # no config, no log

@@ -33,8 +33,10 @@ from rloo.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 MICRO = ROOT / "config" / "micro.yaml"
-SNAKEMAKE_STAGES = {"prepare", "base", "sft", "reward", "rloo", "evaluate", "toy"}  # the default target, micro
-CLI_STAGES = ["prepare", "base", "sft", "reward", "rloo", "evaluate"]
+# the default target, micro: an evaluation run per policy, and the report
+EVALUATIONS = ["evaluate_base", "evaluate_sft", "evaluate_rloo"]
+SNAKEMAKE_STAGES = {"prepare", "base", "sft", "reward", "rloo", *EVALUATIONS, "report", "toy"}
+CLI_STAGES = ["prepare", "base", "sft", "reward", "rloo", *EVALUATIONS, "report"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -163,8 +165,14 @@ def check_pipeline(client, experiment: str, workdir: Path, stages: set[str], *, 
             "logs/rloo.log"} <= set(_artifacts(client, r.info.run_id))
     log_text = Path(client.download_artifacts(r.info.run_id, "logs/rloo.log", str(workdir / "dl"))).read_text()
     assert "rloo done" in log_text
-    # evaluate: results as metrics, the results JSON and its plots
-    e = children["evaluate"]
+    # each evaluation: its policy's figures as metrics, its records and figures as outputs
+    for name in EVALUATIONS:
+        ev = children[name]
+        policy = name.removeprefix("evaluate_")
+        assert ev.data.params["evaluate.examples"] == "16" and "evaluate/accuracy_sampled" in ev.data.metrics
+        assert {f"outputs/{policy}.jsonl", f"outputs/{policy}.json"} <= set(_artifacts(client, ev.info.run_id))
+    # the report: results as metrics, the results JSON and its plots
+    e = children["report"]
     assert e.data.params["evaluate.examples"] == "16"
     assert e.data.params["evaluate.llm_judge.api_key_env"] == "OPENAI_API_KEY"  # a name, not a secret
     assert "evaluate/rloo/accuracy" in e.data.metrics and "evaluate/win_rate/rloo/value" in e.data.metrics
@@ -256,11 +264,15 @@ def test_cli_context_names_and_keys(tmp_path):
     cfg = load_config(MICRO)
     job_config = tmp_path / "evaluate-0123.json"  # the rules' --job-config (rloo.config.job_config_file)
     job_config.write_text('{"seed":0,"evaluate":{"examples":16},"reward":{"source":"model"}}')
-    args = argparse.Namespace(stage="evaluate", out="results/gsm8k_grpo.json", plots=None, policy=["grpo=m/rloo_grpo"],
+    args = argparse.Namespace(stage="evaluate", out="results/eval/grpo.jsonl", policy="grpo=m/rloo_grpo",
                               job_config=str(job_config), set=["threads=1", 'tracking={"enabled": true}', "name=micro"])
     ctx = tracking.cli_context(args, cfg, "evaluate")
     assert ctx["stage"] == "evaluate_grpo"
-    assert ctx["outputs"] == ["results/gsm8k_grpo.json", "results/gsm8k_grpo"]
+    assert ctx["outputs"] == ["results/eval/grpo.jsonl", "results/eval/grpo.json"]  # records, figures
+    report = argparse.Namespace(stage="report", out="results/gsm8k_grpo.json", plots=None, policy="grpo=m/rloo_grpo",
+                                job_config=None, set=[])
+    assert tracking.cli_context(report, cfg, "report") == {"stage": "report_grpo",
+                                                          "outputs": ["results/gsm8k_grpo.json", "results/gsm8k_grpo"]}
     assert ctx["keys"] == ["evaluate.examples", "name", "reward.source", "seed", "threads", "tracking.enabled"]
     params = tracking.config_params(cfg, ctx["keys"])
     assert set(params) == {"evaluate.examples", "name", "reward.source", "seed", "threads"}  # tracking: no param
@@ -407,14 +419,15 @@ def test_snakemake_pipeline_logs_parent_and_stage_runs(tracked_workflow, tmp_pat
     assert "seed" in toy and not [k for k in toy if k.startswith(("rloo.", "sft.", "model.", "tracking."))]
     # Lineage: each stage's run names the runs of the stages before it (the results file does not).
     kids = runs["children"]
-    assert kids["evaluate"].data.tags["rloo.upstream.sft"] == kids["sft"].info.run_id
-    assert kids["evaluate"].data.tags["rloo.upstream.rloo"] == kids["rloo"].info.run_id
+    assert kids["report"].data.tags["rloo.upstream.sft"] == kids["sft"].info.run_id
+    assert kids["report"].data.tags["rloo.upstream.rloo"] == kids["rloo"].info.run_id
+    assert kids["report"].data.tags["rloo.upstream.evaluate_base"] == kids["evaluate_base"].info.run_id
     assert kids["sft"].data.tags["rloo.upstream.base"] == kids["base"].info.run_id
     sft_upstream = {t for t in kids["sft"].data.tags if t.startswith("rloo.upstream.")}
     assert sft_upstream == {"rloo.upstream.prepare", "rloo.upstream.base"}, sft_upstream
     # ...but each stage sees, and records, the user's whole resolved config (RLOO_RESOLVED_CONFIG): the
     # micro values of sections it does not read, not the schema's defaults.
-    for name in ("toy", "evaluate", "sft"):
+    for name in ("toy", "report", "evaluate_sft", "sft"):
         run_id = runs["children"][name].info.run_id
         seen = json.loads(Path(client.download_artifacts(run_id, "provenance/config.json", str(tmp_path / "dl-cfg" / name))).read_text())
         assert (seen["sft"]["steps"], seen["rloo"]["k"], seen["evaluate"]["examples"]) == (12, 2, 16), name
@@ -441,11 +454,14 @@ def test_cli_stages_against_mlflow_server(tmp_path, monkeypatch):
         env = pipeline_env(MLFLOW_TRACKING_URI=url, **{tracking.ENV_PARENT: parent,
                                                  tracking.ENV_RUNS_DIR: os.environ[tracking.ENV_RUNS_DIR]})
         t0 = time.time()
-        for verb in ["prepare", "base", "sft", "reward", "train", "evaluate"]:
-            with open(work / f"{verb}.log", "w") as log:  # like Snakemake's `> {log} 2>&1`
-                res = subprocess.run([str(BIN / "rloo"), verb, "-c", str(MICRO)], cwd=work, env=env,
+        commands = [[verb] for verb in ("prepare", "base", "sft", "reward", "train")]
+        commands += [["evaluate", "--policy", f"{p}=results/models/{p}"] for p in ("base", "sft")]
+        commands += [["evaluate"], ["report"]]  # the config's estimator's policy, by default
+        for i, command in enumerate(commands):
+            with open(work / f"{i}.log", "w") as log:  # like Snakemake's `> {log} 2>&1`
+                res = subprocess.run([str(BIN / "rloo"), *command, "-c", str(MICRO)], cwd=work, env=env,
                                      stdout=log, stderr=subprocess.STDOUT, timeout=600)
-            assert res.returncode == 0, (work / f"{verb}.log").read_text()[-3000:]
+            assert res.returncode == 0, (work / f"{i}.log").read_text()[-3000:]
         tracking.end_pipeline("FINISHED")
         print(f"micro pipeline via the CLI against mlflow server: {time.time() - t0:.1f} s")
         client = MlflowClient(url)

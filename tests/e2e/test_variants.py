@@ -65,21 +65,34 @@ def test_sweep_values_are_coerced_as_the_configs_own():
 # --- which stages a variant runs ----------------------------------------------------------------------
 
 
+EVALUATIONS = {"evaluate:base", "evaluate:sft", "evaluate:rloo"}
+
+
+def owned(variant, cfg) -> set[str]:
+    """The jobs of the main chain's results that `variant` runs itself (an evaluation as evaluate:<policy>)."""
+    jobs = [(s, None) for s in pipeline.CHAIN if s not in ("evaluate", "judge")]
+    jobs += [("evaluate", p) for p in ("base", "sft", "rloo")]
+    return {f"{s}:{p}" if p else s for s, p in jobs if pipeline.owns(variant, cfg, s, policy=p)}
+
+
 def test_seed_scope_decides_the_stages_run_per_seed():
     cfg = load_config(MICRO)
-    assert pipeline.seed_variant(cfg, 1).varied == {"rloo", "evaluate"}
+    # scope rloo: RLOO, and every evaluation, whose decoding noise the seed draws (so SFT's too), and the report
+    assert owned(pipeline.seed_variant(cfg, 1), cfg) == {"rloo", *EVALUATIONS, "report"}
     cfg["seeds"]["scope"] = "all"
     v = pipeline.seed_variant(cfg, 1)
-    assert v.varied == set(pipeline.CHAIN) and v.overrides == {"seed": 1} and v.label == "seed=1"
+    assert owned(v, cfg) == {"prepare", "base", "sft", "reward", "rloo", *EVALUATIONS, "report"}
+    assert v.overrides == {"seed": 1} and v.label == "seed=1"
     assert pipeline.outputs("sft", cfg, variant=v)["model"] == "results/models/seeds/seed1/sft"
     assert pipeline.work_dir("rloo", cfg, variant=v) == "results/work/seeds/seed1/rloo_rloo"
 
 
 @pytest.mark.parametrize(("axes", "varied"), [
-    ({"rloo.beta": [0.0, 0.1], "rloo.k": [2, 4]}, {"rloo", "evaluate"}),
-    ({"sft.lr": [1e-3]}, {"sft", "reward", "rloo", "evaluate"}),
-    ({"reward.lr": [1e-3]}, {"reward", "evaluate"}),  # RLOO trains on the verifier here
-    ({"evaluate.examples": [8]}, {"evaluate"}),
+    # RLOO's keys: its policy's evaluation and the report; the base model's and SFT's evaluations are shared
+    ({"rloo.beta": [0.0, 0.1], "rloo.k": [2, 4]}, {"rloo", "evaluate:rloo", "report"}),
+    ({"sft.lr": [1e-3]}, {"sft", "reward", "rloo", *EVALUATIONS, "report"}),
+    ({"reward.lr": [1e-3]}, {"reward", *EVALUATIONS, "report"}),  # RLOO trains on the verifier here
+    ({"evaluate.examples": [8]}, {*EVALUATIONS, "report"}),
 ])
 def test_a_sweep_point_reruns_only_the_stages_reading_its_keys(axes, varied):
     cfg = load_config(MICRO, {"sweeps": {"s": axes}})
@@ -87,7 +100,7 @@ def test_a_sweep_point_reruns_only_the_stages_reading_its_keys(axes, varied):
     assert len(points) == len(list(itertools.product(*axes.values())))
     pid = next(iter(points))
     v = sweep_variant(cfg, "s", pid)
-    assert v.varied == varied and v.folder == f"sweeps/s/{pid}"
+    assert owned(v, cfg) == varied and v.folder == f"sweeps/s/{pid}"
     assert pipeline.outputs("prepare", cfg, variant=v) == pipeline.outputs("prepare", cfg)  # shared
     assert point_id(points[pid]) == pid  # stable: a function of the point's values
     # a well-formed id that is not a point of this grid gets no point's values: one error listing them
@@ -100,7 +113,9 @@ def test_variant_jobs_get_mlflow_runs_named_after_their_seed():
     parse = cli.build_parser().parse_args
     assert tracking.cli_context(parse(["train", "--variant", "seed=1"]), cfg)["stage"] == "rloo[seed=1]"
     assert tracking.cli_context(parse(["evaluate", "--policy", "rloo=x", "--variant", "seed=1"]), cfg)["stage"] == \
-        "evaluate[seed=1]"
+        "evaluate_rloo[seed=1]"
+    assert tracking.cli_context(parse(["evaluate", "--policy", "sft=x"]), cfg)["stage"] == "evaluate_sft"
+    assert tracking.cli_context(parse(["report", "--variant", "seed=1"]), cfg)["stage"] == "report[seed=1]"
     assert tracking.cli_context(parse(["train"]), cfg)["stage"] == "rloo"
     assert pipeline.base_stage("evaluate_grpo[seed=2]") == "evaluate"
 
@@ -153,6 +168,13 @@ def test_a_variant_rules_dvc_stage_is_named_by_the_variants_kind(folder, rule, w
     assert rdvc.variant_job(rule, "-".join(wildcards.values())) == ("rloo_variant", {"variant": folder})
     assert rdvc.dvc_rule("rloo", {"estimator": "grpo"}) == ("rloo", {"estimator": "grpo"})
     assert rdvc.variant_job("sweep", "beta") is None and rdvc.variant_job("rloo", "grpo") is None
+    # a variant rule with another wildcard (an evaluation's policy): a stage per job, its value after the folder's
+    evaluation = {"variant": folder, "policy": "sft"}
+    assert rdvc.dvc_rule("evaluate_variant", evaluation) == (rule.replace("rloo", "evaluate"), {**wildcards, "policy": "sft"})
+    named = rdvc.stage_name("evaluate_variant", evaluation)
+    assert named == f"{rule.replace('rloo', 'evaluate')}-{'-'.join(wildcards.values())}-sft"
+    assert rdvc.variant_job(rule.replace("rloo", "evaluate"), named.split("-", 1)[1], ("policy",)) == (
+        "evaluate_variant", evaluation)
 
 
 @pytest.mark.slow
@@ -166,8 +188,12 @@ def test_dvc_yaml_for_the_seeds_and_sweep_targets(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     pipe = yaml.safe_load((copy_ / "dvc.yaml").read_text())
     st = pipe["stages"]
-    # every seed's stages: foreach stages over the seeds (scope rloo: rloo and evaluate per seed)
-    assert st["rloo_seed"]["foreach"] == ["0", "1", "2"] and st["evaluate_seed"]["foreach"] == ["0", "1", "2"]
+    # every seed's stages: foreach stages over the seeds (scope rloo: rloo, the evaluations and the report per
+    # seed), an evaluation's a stage of its own per seed and policy (its inputs depend on the policy)
+    assert st["rloo_seed"]["foreach"] == ["0", "1", "2"] and st["report_seed"]["foreach"] == ["0", "1", "2"]
+    assert {f"evaluate_seed-{s}-{p}" for s in range(3) for p in ("base", "sft", "rloo")} <= set(st), sorted(st)
+    assert "--policy sft=results/models/sft" in st["evaluate_seed-1-sft"]["cmd"]
+    assert "--set seed=1" in st["evaluate_seed-1-sft"]["cmd"]
     assert "--set seed=${item}" in st["rloo_seed"]["do"]["cmd"] and "--variant seed=${item}" in st["rloo_seed"]["do"]["cmd"]
     assert "seeds" in st and "sft_seed" not in st
     # a sweep's jobs: a stage each (DVC reads @ as foreach's)
@@ -186,20 +212,23 @@ def wf(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 def test_seeds_plan_shares_the_chain_up_to_rloo(wf):
+    # scope rloo: each seed's RLOO, its three evaluations (the seed draws their noise) and its report
     assert planned(wf, SEEDS) == {"prepare": 1, "base": 1, "sft": 1, "reward": 1, "rloo_variant": 3,
-                                  "evaluate_variant": 3, "seeds": 1}
+                                  "evaluate_variant": 9, "report_variant": 3, "seeds": 1}
     assert planned(wf, SEEDS, extra_config="seeds: {values: [0, 1], scope: all}") == {
         "prepare_variant": 2, "base_variant": 2, "sft_variant": 2, "reward_variant": 2, "rloo_variant": 2,
-        "evaluate_variant": 2, "seeds": 1}
+        "evaluate_variant": 6, "report_variant": 2, "seeds": 1}
 
 
 @pytest.mark.slow
 def test_sweep_plans_run_only_the_changed_stages_per_point(wf):
+    # a grid over rloo.*: the main chain's evaluations of the base model and of SFT, once for every point
     assert planned(wf, "results/sweeps/beta.json", extra_config="sweeps: {beta: {rloo.beta: [0.0, 0.1]}}") == {
-        "prepare": 1, "base": 1, "sft": 1, "reward": 1, "rloo_variant": 2, "evaluate_variant": 2, "sweep": 1}
+        "prepare": 1, "base": 1, "sft": 1, "reward": 1, "evaluate": 2, "rloo_variant": 2, "evaluate_variant": 2,
+        "report_variant": 2, "sweep": 1}
     assert planned(wf, "results/sweeps/lr.json", extra_config="sweeps: {lr: {sft.lr: [1.0e-3, 2.0e-3]}}") == {
-        "prepare": 1, "base": 1, "sft_variant": 2, "reward_variant": 2, "rloo_variant": 2, "evaluate_variant": 2,
-        "sweep": 1}
+        "prepare": 1, "base": 1, "sft_variant": 2, "reward_variant": 2, "rloo_variant": 2, "evaluate_variant": 6,
+        "report_variant": 2, "sweep": 1}
 
 
 @pytest.mark.slow
@@ -240,11 +269,13 @@ def test_seeds_target_runs_each_seed_and_aggregates_its_files(ran):
     res = snakemake(wf, SEEDS, "--cores", "1", *CONFIGFILES, "--config", "seeds={values: [0, 1]}",
                     "tracking={enabled: true}", timeout=900)
     # scope rloo: the main chain's prepare, sft and reward (already run) are reused, not run again
-    assert job_counts(res.stdout + res.stderr) == {"rloo_variant": 2, "evaluate_variant": 2, "seeds": 1}
+    assert job_counts(res.stdout + res.stderr) == {"rloo_variant": 2, "evaluate_variant": 6, "report_variant": 2,
+                                                   "seeds": 1}
     print(f"seeds target, 2 seeds, tracked: {time.monotonic() - t0:.1f} s")
     pipeline_run = json.loads((wf / "results/runs/pipeline.json").read_text())["run_id"]
     runs = {p.stem: json.loads(p.read_text()) for p in (wf / "results/runs").glob("*.json") if p.stem != "config"}
-    assert set(runs) == {"pipeline", "rloo[seed=0]", "rloo[seed=1]", "evaluate[seed=0]", "evaluate[seed=1]", "seeds"}
+    assert set(runs) == {"pipeline", "seeds", *(f"{job}[seed={s}]" for s in (0, 1) for job in (
+        "rloo", "evaluate_base", "evaluate_sft", "evaluate_rloo", "report"))}
     assert {r["parent_run_id"] for name, r in runs.items() if name != "pipeline"} == {pipeline_run}
     for s in (0, 1):
         assert (wf / f"results/models/seeds/seed{s}/rloo_rloo/metrics.json").is_file()
@@ -279,8 +310,10 @@ def test_sweep_target_runs_each_point_and_picks_the_best_by_validation(ran):
     t0 = time.monotonic()
     res = snakemake(wf, sweep, "--cores", "1", *files, timeout=900)
     print(f"sweep target, 2 points: {time.monotonic() - t0:.1f} s")
-    # a grid over rloo.* reuses prepare, sft and reward (and a seeds run before it changes nothing of them)
-    assert job_counts(res.stdout + res.stderr) == {"rloo_variant": 2, "evaluate_variant": 2, "sweep": 1}
+    # a grid over rloo.* reuses prepare, sft and reward, and the evaluations of the base model and of SFT
+    # (and a seeds run before it changes nothing of them)
+    assert job_counts(res.stdout + res.stderr) == {"rloo_variant": 2, "evaluate_variant": 2, "report_variant": 2,
+                                                   "sweep": 1}
     cfg = load_config([*MICRO, wf / "config" / "sweep.yaml"])
     points = sweep_grid(cfg, "beta")
     for pid in points:

@@ -368,15 +368,26 @@ def qwen_judge(tmp_path_factory) -> Path:
 JUDGE_ARGS = ["--max-model-len", "1024", *CPU_FLAGS]
 
 
-def _evaluate_argv(micro_run, tmp_path, judge_model: Path) -> list[str]:
-    """`rloo evaluate` of the micro SFT policy against itself, judged by `judge_model` served by the stage."""
-    return [sys.executable, "-m", "rloo.cli", "evaluate", "--config", str(ROOT / "config" / "micro.yaml"),
+@pytest.fixture(scope="module")
+def records(micro_run, tmp_path_factory) -> Path:
+    """The micro SFT policy's evaluation records (4 problems): what the judge job reads."""
+    from rloo.config import load_config
+    from rloo.stages import evaluate
+
+    cfg = load_config(ROOT / "config" / "micro.yaml", {"tracking": {"enabled": False}, "evaluate": {"examples": 4}})
+    out = tmp_path_factory.mktemp("vllm_records") / "sft.jsonl"
+    evaluate.run(cfg, micro_run["data"], micro_run["sft"], "sft", micro_run["sft"], out)
+    return out
+
+
+def _judge_argv(records, tmp_path, judge_model: Path) -> list[str]:
+    """`rloo judge` of the micro SFT policy's records against themselves, by `judge_model` served by the stage."""
+    return [sys.executable, "-m", "rloo.cli", "judge", "--config", str(ROOT / "config" / "micro.yaml"),
             "--set", "tracking.enabled=false", "--set", "evaluate.judge=llm",
             "--set", f"evaluate.llm_judge.serve.model={judge_model}",
             "--set", f"evaluate.llm_judge.serve.args={json.dumps(JUDGE_ARGS)}",
-            "--set", "evaluate.llm_judge.serve.startup_timeout_s=240", "--set", "evaluate.examples=4",
-            "--data", str(micro_run["data"]), "--sft", str(micro_run["sft"]), "--policy", f"rloo={micro_run['sft']}",
-            "--out", str(tmp_path / "gsm8k_rloo.json"), "--plots", str(tmp_path / "plots"),
+            "--set", "evaluate.llm_judge.serve.startup_timeout_s=240",
+            "--policy", f"rloo={records}", "--sft", str(records), "--out", str(tmp_path / "judged.json"),
             "--judge-log", str(tmp_path / "judge.log")]
 
 
@@ -386,25 +397,25 @@ def _started_pid(text: str) -> int:
 
 @pytest.mark.slow
 @needs_vllm
-def test_vllm_judge_that_cannot_start_fails_evaluate_with_one_line(micro_run, tmp_path):
+def test_vllm_judge_that_cannot_start_fails_the_judge_job_with_one_line(records, tmp_path):
     missing = tmp_path / "no-such-model"
-    res = subprocess.run(_evaluate_argv(micro_run, tmp_path, missing), capture_output=True, text=True,
+    res = subprocess.run(_judge_argv(records, tmp_path, missing), capture_output=True, text=True,
                          env=_serve_env(), timeout=300)
     assert res.returncode == 2, res.stderr[-3000:]
     last = res.stderr.strip().splitlines()[-1]
-    assert re.fullmatch(rf"rloo evaluate: error: the judge server for {re.escape(str(missing))} exited with code \d+ "
+    assert re.fullmatch(rf"rloo judge: error: the judge server for {re.escape(str(missing))} exited with code \d+ "
                         rf"after \d+ s, before answering /health; its log: {re.escape(str(tmp_path / 'judge.log'))}",
                         last), res.stderr[-3000:]
     assert group_members(_started_pid(res.stderr)) == []
-    assert not (tmp_path / "gsm8k_rloo.json").exists()
+    assert not (tmp_path / "judged.json").exists()
 
 
 @pytest.mark.slow
 @needs_vllm
-def test_sigterm_to_evaluate_stops_vllm_serve(micro_run, qwen_judge, tmp_path):
+def test_sigterm_to_the_judge_job_stops_vllm_serve(records, qwen_judge, tmp_path):
     err = tmp_path / "stage.err"
     with open(err, "w") as f:
-        proc = subprocess.Popen(_evaluate_argv(micro_run, tmp_path, qwen_judge), stdout=subprocess.DEVNULL, stderr=f,
+        proc = subprocess.Popen(_judge_argv(records, tmp_path, qwen_judge), stdout=subprocess.DEVNULL, stderr=f,
                                 env=_serve_env())
     try:
         wait_for(lambda: "healthy after" in err.read_text() or proc.poll() is not None, timeout=240)
@@ -417,7 +428,7 @@ def test_sigterm_to_evaluate_stops_vllm_serve(micro_run, qwen_judge, tmp_path):
             proc.kill()
     assert proc.returncode == 143, err.read_text()[-3000:]
     assert group_members(pid) == []
-    assert not (tmp_path / "gsm8k_rloo.json").exists()
+    assert not (tmp_path / "judged.json").exists()
 
 
 QA = [
@@ -586,9 +597,10 @@ SERVE_OVERLAY = {
 @needs_vllm
 @pytest.mark.slow
 def test_snakemake_chain_with_vllm_rollouts_and_the_served_judge(tmp_path):
-    """prepare -> sft -> reward -> rloo (vLLM rollouts) -> evaluate (the tiny hub model served as judge by the
-    evaluate job) on config/qwen2-tiny.yaml; the win rate comes from the served judge, which is gone after."""
-    from workflow_helpers import PIPELINE, env_for, job_counts, make_copy, snakemake
+    """prepare -> sft -> reward -> rloo (vLLM rollouts) -> evaluate (each policy) -> judge (the tiny hub model
+    served as judge by the judge job) -> report on config/qwen2-tiny.yaml; the win rate comes from the served
+    judge, which is gone after."""
+    from workflow_helpers import JOBS, env_for, job_counts, make_copy, snakemake
 
     copy = make_copy(tmp_path / "workflow")
     subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tiny_hub_model.py"), str(copy / "models" / "qwen2-tiny"),
@@ -598,7 +610,7 @@ def test_snakemake_chain_with_vllm_rollouts_and_the_served_judge(tmp_path):
     res = snakemake(copy, "results/gsm8k_rloo.json", "--cores", "1", "--configfile", "config/micro.yaml",
                     "config/qwen2-tiny.yaml", "config/test.yaml", "config/serve.yaml", timeout=900)
     print(f"qwen2-tiny chain with vLLM rollouts and the served judge: {time.time() - t0:.0f} s")
-    assert job_counts(res.stdout + res.stderr) == dict.fromkeys(PIPELINE, 1)
+    assert job_counts(res.stdout + res.stderr) == {**JOBS, "judge": 1}
     steps = [json.loads(x) for x in (copy / "results" / "models" / "rloo_rloo" / "steps.jsonl").read_text().splitlines()]
     gaps = [s["rollout/logprob_gap"] for s in steps]  # logged only where vLLM sampled
     print(f"rollout/logprob_gap per step: {gaps}")
@@ -613,6 +625,6 @@ def test_snakemake_chain_with_vllm_rollouts_and_the_served_judge(tmp_path):
     # beside the verifier on the same pairs: every pair the verifier decides got a verdict
     agree = result["win_rate"]["agreement_with_verifier"]
     assert agree["judged"] == agree["decided_pairs"] and agree["all_pairs_judged"] == result["examples"], agree
-    pid = _started_pid((copy / "logs" / "evaluate_rloo.log").read_text())
+    pid = _started_pid((copy / "logs" / "judge_rloo.log").read_text())
     assert group_members(pid) == []
-    assert "/health" in (copy / "logs" / "evaluate_rloo.judge.log").read_text()
+    assert "/health" in (copy / "logs" / "judge_rloo.judge.log").read_text()

@@ -26,6 +26,7 @@ from stage_server import ENV_VAR as STAGE_SERVER_ENV
 from workflow_helpers import (
     CONFIGFILES,
     CPU_RULES,
+    JOBS,
     PIPELINE,
     ROOT,
     env_for,
@@ -56,7 +57,9 @@ def run(micro_workflow, tmp_path_factory) -> dict:
 
 def test_full_run_shares_prepare_sft_reward(run):
     # one prepare/sft/reward feeding two estimators, and the toy experiment
-    assert job_counts(run["output"]) == {"prepare": 1, "base": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 2, "toy": 1}
+    # and each policy evaluated once: the base model and SFT for both results
+    assert job_counts(run["output"]) == {"prepare": 1, "base": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 4,
+                                         "report": 2, "toy": 1}
 
 
 def test_full_run_outputs(run):
@@ -80,6 +83,13 @@ def test_full_run_outputs(run):
             assert (c / f"results/gsm8k_{estimator}" / png).stat().st_size > 1000
         assert (c / f"logs/rloo_{estimator}.log").is_file()
         assert (c / f"logs/benchmarks/rloo_{estimator}.tsv").is_file()
+        assert (c / f"logs/report_{estimator}.log").is_file()
+    # each policy's evaluation: a line per problem (every completion, graded) and its figures
+    for policy in ("base", "sft", "rloo", "grpo"):
+        lines = (c / f"results/eval/{policy}.jsonl").read_text().splitlines()
+        assert len(lines) == 16 and {"question", "answer", "greedy", "draws"} <= set(json.loads(lines[0]))
+        assert json.loads((c / f"results/eval/{policy}.json").read_text())["policy"] == policy
+        assert (c / f"logs/evaluate_{policy}.log").is_file()
     # checkpoints live outside the outputs, stamped with the job they belong to
     assert list((c / "results/work/rloo_rloo/checkpoints").iterdir())
     assert (c / "results/work/rloo_rloo/job.stamp").is_file()
@@ -93,16 +103,18 @@ def test_nothing_to_do_after_full_run(run):
 @pytest.mark.parametrize(
     ("change", "expected"),
     [
-        # RLOO parameters: exactly rloo + evaluate (of every estimator asked for)
-        ("rloo: {lr: 1.0e-4}", {"rloo": 1, "evaluate": 1}),
-        ("rollout: {gpu_memory_utilization: 0.5}", {"rloo": 1, "evaluate": 1}),
-        ("reward: {source: model}", {"rloo": 1, "evaluate": 1}),
+        # RLOO parameters: exactly rloo, its policy's evaluation and the report; never the base model's or SFT's
+        ("rloo: {lr: 1.0e-4}", {"rloo": 1, "evaluate": 1, "report": 1}),
+        ("rollout: {gpu_memory_utilization: 0.5}", {"rloo": 1, "evaluate": 1, "report": 1}),
+        ("reward: {source: model}", {"rloo": 1, "evaluate": 1, "report": 1}),
         # a prepare parameter: everything downstream of prepare
-        ("data: {synthetic: {n_train: 200}}", {"prepare": 1, "base": 1, "sft": 1, "reward": 1, "rloo": 1, "evaluate": 1}),
-        ("sft: {lr: 1.0e-3}", {"sft": 1, "reward": 1, "rloo": 1, "evaluate": 1}),
-        # the reward model: evaluate's proxy (RLOO trains on the verifier by default)
-        ("reward: {lr: 1.0e-2}", {"reward": 1, "evaluate": 1}),
-        ("evaluate: {examples: 8}", {"evaluate": 1}),
+        ("data: {synthetic: {n_train: 200}}", {"prepare": 1, "base": 1, "sft": 1, "reward": 1, "rloo": 1,
+                                               "evaluate": 3, "report": 1}),
+        # SFT is every evaluation's KL reference and tokenizer: the base model's evaluation too
+        ("sft: {lr: 1.0e-3}", {"sft": 1, "reward": 1, "rloo": 1, "evaluate": 3, "report": 1}),
+        # the reward model: every evaluation's proxy (RLOO trains on the verifier by default)
+        ("reward: {lr: 1.0e-2}", {"reward": 1, "evaluate": 3, "report": 1}),
+        ("evaluate: {examples: 8}", {"evaluate": 3, "report": 1}),
         # the estimator comes from the target, not from the config
         ("rloo: {estimator: grpo}", {}),
         # how a run is observed or scheduled, and where logs go: no rerun
@@ -122,11 +134,11 @@ def test_changed_parameter_plans_exactly_the_affected_stages(run, change, expect
 def test_changed_parameter_with_two_estimators_and_toy(run):
     # default target (+ grpo): a prepare parameter does not touch the toy experiment ...
     assert planned(run["copy"], "all", GRPO, extra_config="data: {synthetic: {n_train: 200}}") == {
-        "prepare": 1, "base": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 2}
+        "prepare": 1, "base": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 4, "report": 2}
     # ... the seed reaches everything, the toy experiment included
     assert planned(run["copy"], "all", GRPO, extra_config="seed: 1") == {
-        "prepare": 1, "base": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 2, "toy": 1}
-    assert planned(run["copy"], "all", GRPO, extra_config="rloo: {beta: 0.1}") == {"rloo": 2, "evaluate": 2}
+        "prepare": 1, "base": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 4, "report": 2, "toy": 1}
+    assert planned(run["copy"], "all", GRPO, extra_config="rloo: {beta: 0.1}") == {"rloo": 2, "evaluate": 2, "report": 2}
 
 
 def test_comments_docstrings_and_descriptions_rerun_nothing(run):
@@ -151,17 +163,19 @@ def test_comments_docstrings_and_descriptions_rerun_nothing(run):
 @pytest.mark.parametrize(
     ("source", "function", "expected"),
     [
-        ("rloo/stages/reward.py", "run", {"reward": 1, "evaluate": 2}),
-        ("rloo/stages/train.py", "run", {"rloo": 2, "evaluate": 2}),
-        ("rloo/stages/evaluate.py", "run", {"evaluate": 2}),
+        ("rloo/stages/reward.py", "run", {"reward": 1, "evaluate": 4, "report": 2}),
+        ("rloo/stages/train.py", "run", {"rloo": 2, "evaluate": 2, "report": 2}),
+        ("rloo/stages/evaluate.py", "run", {"evaluate": 4, "report": 2}),
+        ("rloo/stages/report.py", "run", {"report": 2}),
         ("rloo/algo/bandit.py", "run_toy", {"toy": 1}),
         # the estimator: RLOO's stage (of both estimators: one fingerprint per stage) and the toy experiment
-        ("rloo/algo/estimators.py", "rloo_advantages", {"rloo": 2, "evaluate": 2, "toy": 1}),
+        ("rloo/algo/estimators.py", "rloo_advantages", {"rloo": 2, "evaluate": 2, "report": 2, "toy": 1}),
         # the SFT loop, and the loop the three training stages share: sft and every stage below it
-        ("rloo/stages/sft.py", "run", {"sft": 1, "reward": 1, "rloo": 2, "evaluate": 2}),
-        ("rloo/train/loop.py", "TrainingLoop.resume", {"sft": 1, "reward": 1, "rloo": 2, "evaluate": 2}),
-        ("rloo/data/synthetic.py", "generate", {"prepare": 1, "base": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 2}),
-        ("rloo/model/base.py", "source", {"base": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 2}),
+        ("rloo/stages/sft.py", "run", {"sft": 1, "reward": 1, "rloo": 2, "evaluate": 4, "report": 2}),
+        ("rloo/train/loop.py", "TrainingLoop.resume", {"sft": 1, "reward": 1, "rloo": 2, "evaluate": 4, "report": 2}),
+        ("rloo/data/synthetic.py", "generate", {"prepare": 1, "base": 1, "sft": 1, "reward": 1, "rloo": 2,
+                                                "evaluate": 4, "report": 2}),
+        ("rloo/model/base.py", "source", {"base": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 4, "report": 2}),
     ],
 )
 def test_a_change_of_what_a_stage_computes_reruns_it_and_its_descendants(run, source, function, expected):
@@ -176,8 +190,9 @@ def test_a_change_of_what_a_stage_computes_reruns_it_and_its_descendants(run, so
                                  capture_output=True, text=True, timeout=300)
             assert res.returncode == 0, res.stderr
             assert "reward: its code changed:\n    rloo/stages/reward.py: changed run\n" in res.stdout, res.stdout
-            assert "evaluate@rloo: its inputs are made again: results/models/reward" in res.stdout, res.stdout
-            assert "sft" not in res.stdout and "prepare" not in res.stdout
+            assert "evaluate-sft: its inputs are made again: results/models/reward" in res.stdout, res.stdout
+            stages = {line.split(":")[0] for line in res.stdout.splitlines() if not line.startswith(" ")}
+            assert "sft" not in stages and "prepare" not in stages, stages
     finally:
         path.write_text(original)
     assert planned(run["copy"], "all", GRPO) == {}  # the same code again: nothing
@@ -214,21 +229,25 @@ def test_gpu_config_plans_the_whole_pipeline_with_cluster_resources(tmp_path):
     res = snakemake(make_copy(tmp_path / "workflow"), RLOO, "-n", "--cores", "64", "--profile", "slurm", "--workflow-profile", "profiles/gpu",
                     "--configfile", "config/gpu.yaml")
     out = res.stdout + res.stderr
-    assert job_counts(out) == dict.fromkeys(PIPELINE, 1)
+    assert job_counts(out) == {**JOBS, "judge": 1}  # an LLM judges: its job serves it
     blocks = {m.group(1): m.group(2) for m in re.finditer(r"^rule (\w+):\n(.*?)(?=^\S|\Z)", out, re.M | re.S)}
     resources = {rule: dict(kv.split("=", 1) for kv in re.search(r"resources: (.*)", blocks[rule]).group(1).split(", "))
-                 for rule in PIPELINE}
+                 for rule in {*PIPELINE, "judge"}}
     profile = yaml.safe_load((ROOT / "profiles" / "gpu" / "config.yaml").read_text())["set-resources"]
     gpu_cfg = load_config(ROOT / "config" / "gpu.yaml")
     judge_gpus = gpu_cfg["evaluate"]["llm_judge"]["serve"]["gpus"]
     for rule in PIPELINE - CPU_RULES:
         r = resources[rule]
-        # the evaluate job serves the judge on GPUs of its own, beside the policies' one
-        assert r["gpu"] == str(1 + judge_gpus if rule == "evaluate" else 1), (rule, r)
+        assert r["gpu"] == "1", (rule, r)  # each evaluation its policy's
         assert r["cpus_per_task"] == "8"  # threads: null in the config -> 8 threads for the torch stages
         assert (r["mem_mb"], r["runtime"]) == (str(profile[rule]["mem_mb"]), str(profile[rule]["runtime"])), (rule, r)
         assert r["slurm_extra"] == "--signal=TERM@300"  # the cluster profile's keys are kept
     assert "gpu" not in resources["prepare"] and "gpu" not in resources["base"]  # a download and a copy: CPU jobs
+    assert "gpu" not in resources["report"]  # it loads no model
+    # the judge job serves the judge on GPUs of its own, and holds no policy
+    assert resources["judge"]["gpu"] == str(judge_gpus), resources["judge"]
+    assert (resources["judge"]["mem_mb"], resources["judge"]["runtime"]) == (
+        str(profile["judge"]["mem_mb"]), str(profile["judge"]["runtime"]))
     # the judge's tensor-parallel size, when its flags give one, is the GPU count the job asks for
     assert tensor_parallel(gpu_cfg["evaluate"]["llm_judge"]["serve"]["args"]) in (None, judge_gpus)
     assert gpu_cfg["evaluate"]["judge"] == "llm" and gpu_cfg["rollout"]["backend"] == "vllm"
@@ -239,19 +258,20 @@ def test_gpu_config_plans_the_whole_pipeline_with_cluster_resources(tmp_path):
 @pytest.mark.parametrize("overlay, nodes", [("fsdp-1x8.yaml", 1), ("fsdp-2x8.yaml", 2)])
 def test_scale_out_overlays_plan_one_task_per_gpu(tmp_path, overlay, nodes):
     """docs/scaling.md's commands ("In one screen"): sft, reward and rloo ask Slurm for `nodes` nodes of 8 GPUs and 8
-    tasks each, started by the srun line in `mpi`; evaluate keeps its policy GPU and the judge's."""
+    tasks each, started by the srun line in `mpi`; an evaluation keeps its policy's GPU, the judge job the judge's."""
     res = snakemake(make_copy(tmp_path / "workflow"), RLOO, "-n", "--cores", "64", "--profile", "slurm",
                     "--workflow-profile", "profiles/gpu", "--configfile", "config/gpu.yaml", f"config/{overlay}",
                     "--set-resources", "sft:mem_mb=256000", "reward:mem_mb=256000", "rloo:mem_mb=256000")
     out = res.stdout + res.stderr
-    assert job_counts(out) == dict.fromkeys(PIPELINE, 1), out[-3000:]
+    assert job_counts(out) == {**JOBS, "judge": 1}, out[-3000:]
     resources = dict(re.findall(r"^rule (\w+):\n(?:    .*\n)*?    resources: (.*)$", out, re.M))
     srun = (f"mpi=srun --nodes={nodes} --ntasks={8 * nodes} --ntasks-per-node=8 --cpus-per-task=8 "
             "--kill-on-bad-exit=1")
     for rule in ("sft", "reward", "rloo"):
         for part in (f"nodes={nodes}", "gres=gpu:8", "tasks_per_node=8", "mem_mb=256000", srun):
             assert part in resources[rule], (rule, part, resources[rule])
-    assert "gpu=2" in resources["evaluate"] and "mpi=" not in resources["evaluate"], resources["evaluate"]
+    assert "gpu=1" in resources["evaluate"] and "mpi=" not in resources["evaluate"], resources["evaluate"]
+    assert "gpu=1" in resources["judge"] and "mpi=" not in resources["judge"], resources["judge"]
     cfg = load_config(ROOT / "config" / overlay)  # its base chain: gpu.yaml, config.yaml
     assert cfg["model"]["name_or_path"] == load_config(ROOT / "config" / "gpu.yaml")["model"]["name_or_path"]
     world = 8 * nodes
@@ -268,8 +288,9 @@ def test_gpu_check_script_parses():
 
 
 def test_comparison_target_reuses_shared_stages(run):
-    # 7 estimators (PPO among them): the 5 not run yet get rloo + evaluate; prepare/sft/reward are shared
-    assert planned(run["copy"], "results/comparison.json") == {"rloo": 5, "evaluate": 5, "comparison": 1}
+    # 7 estimators (PPO among them): the 5 not run yet get rloo, the evaluation of their policy and a report;
+    # prepare/sft/reward, and the evaluations of the base model and of SFT, are shared
+    assert planned(run["copy"], "results/comparison.json") == {"rloo": 5, "evaluate": 5, "report": 5, "comparison": 1}
 
 
 def test_compare_stage_on_real_results(run, tmp_path):
@@ -295,7 +316,7 @@ def test_comparison_target_has_a_ppo_row_judged_against_rloo(run):
     c = run["copy"]
     (c / "config" / "compared.yaml").write_text("comparison: {estimators: [rloo, grpo, ppo]}\n")
     res = snakemake(c, "results/comparison.json", "--cores", "1", *CONFIGFILES, "config/compared.yaml", timeout=1200)
-    assert job_counts(res.stdout + res.stderr) == {"rloo": 1, "evaluate": 1, "comparison": 1}
+    assert job_counts(res.stdout + res.stderr) == {"rloo": 1, "evaluate": 1, "report": 1, "comparison": 1}
     table = json.loads((c / "results/comparison.json").read_text())
     rows = table["estimators"]
     assert set(rows) == {"rloo", "grpo", "ppo"}
@@ -554,12 +575,13 @@ def test_kill_9_of_prepare_after_a_data_change_then_the_same_command_remakes_the
 
 # What a missing output of each stage reruns (rloo.pipeline.input_graph): the stage and everything below it.
 BELOW = {
-    "data/gsm8k/train.jsonl": {"prepare": 1, "base": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 2},
-    "results/models/base": {"base": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 2},
-    "results/models/sft": {"sft": 1, "reward": 1, "rloo": 2, "evaluate": 2},
-    "results/models/reward": {"reward": 1, "evaluate": 2},
-    "results/models/rloo_grpo": {"rloo": 1, "evaluate": 1},
-    "results/gsm8k_grpo.json": {"evaluate": 1},
+    "data/gsm8k/train.jsonl": {"prepare": 1, "base": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 4, "report": 2},
+    "results/models/base": {"base": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 4, "report": 2},
+    "results/models/sft": {"sft": 1, "reward": 1, "rloo": 2, "evaluate": 4, "report": 2},
+    "results/models/reward": {"reward": 1, "evaluate": 4, "report": 2},
+    "results/models/rloo_grpo": {"rloo": 1, "evaluate": 1, "report": 1},
+    "results/eval/sft.jsonl": {"evaluate": 1, "report": 2},
+    "results/gsm8k_grpo.json": {"report": 1},
 }
 
 
@@ -577,7 +599,7 @@ def test_a_missing_output_reruns_its_stage_and_everything_below_it(run, gone):
             res = subprocess.run(["rloo", "why-rerun", *CONFIGFILES], cwd=c, env=env_for(c),
                                  capture_output=True, text=True, timeout=300)
             assert res.returncode == 0, res.stderr
-            assert ("evaluate@rloo: an input it was made from is missing: results/models/reward (made again, "
+            assert ("evaluate-sft: an input it was made from is missing: results/models/reward (made again, "
                     "then this job)") in res.stdout, res.stdout
             assert "reward: its output is missing: results/models/reward" in res.stdout, res.stdout
     finally:

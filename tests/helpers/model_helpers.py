@@ -31,3 +31,20 @@ def random_lm(kind: str) -> torch.nn.Module:
             if name.endswith("bias"):
                 p.normal_(0, 0.5)
     return model
+
+
+def evaluate_and_report(cfg: dict, data, sft, policies: dict, out_json, reward_model=None, plots=None,
+                        trained: str = "rloo") -> dict:
+    """What the workflow's evaluate and report jobs do, in this process: each of `policies` ({name: folder}:
+    base, sft and the trained one) evaluated on its own (rloo.stages.evaluate), its records beside
+    `out_json` (eval/<name>.jsonl), then the report of `trained` (rloo.stages.report). The results."""
+    from pathlib import Path
+
+    from rloo.eval.records import read
+    from rloo.stages import evaluate, report
+
+    out = Path(out_json).parent / "eval"
+    for name, folder in policies.items():
+        evaluate.run(cfg, data, sft, name, folder, out / f"{name}.jsonl", reward_model)
+    evaluations = {name: read(name, out / f"{name}.jsonl") for name in policies}
+    return report.run(cfg, evaluations, trained, policies[trained], Path(data) / "manifest.json", out_json, plots)

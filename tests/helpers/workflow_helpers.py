@@ -26,10 +26,13 @@ VENV_BIN = Path(sys.executable).parent
 TEST_CONFIG = "tracking: {enabled: false}\n"
 CONFIGFILES = ["--configfile", "config/micro.yaml", "config/test.yaml"]
 
-# Every stage of results/gsm8k_rloo.json (rule names).
-PIPELINE = {"prepare", "base", "sft", "reward", "rloo", "evaluate"}
-# The stages that ask for no GPU: a data build, and a download/copy/dequantisation of the starting model.
-CPU_RULES = {"prepare", "base"}
+# Every stage of results/gsm8k_rloo.json (rule names), and its jobs: an evaluation per policy (the base
+# model, SFT, RLOO's), then the report.
+JOBS = {"prepare": 1, "base": 1, "sft": 1, "reward": 1, "rloo": 1, "evaluate": 3, "report": 1}
+PIPELINE = set(JOBS)
+# The stages that ask for no GPU: a data build, a download/copy/dequantisation of the starting model, and
+# the report, which loads no model.
+CPU_RULES = {"prepare", "base", "report"}
 
 
 def make_copy(dest: Path) -> Path:

@@ -74,9 +74,14 @@ def test_every_function_a_stage_calls_is_in_its_fingerprint(tmp_path, monkeypatc
         # on the reward model, so that its scoring runs too
         ("train", ["--data", data, "--policy", f"{models}/sft", "--reward-model", f"{models}/reward",
                    "--set", "reward.source=model", "--out", f"{models}/rloo", "--work", "work/rloo"]),
-        ("evaluate", ["--data", data, "--base", f"{models}/base", "--sft", f"{models}/sft",
-                      "--policy", f"rloo={models}/rloo", "--reward-model", f"{models}/reward",
-                      "--out", "results/gsm8k_rloo.json"]),
+        *(("evaluate", ["--data", data, "--sft", f"{models}/sft", "--policy", f"{name}={models}/{name}",
+                        "--reward-model", f"{models}/reward", "--out", f"results/eval/{name}.jsonl"])
+          for name in ("base", "rloo")),
+        ("evaluate", ["--data", data, "--sft", f"{models}/sft", "--policy", f"sft={models}/sft",
+                      "--reward-model", f"{models}/reward", "--out", "results/eval/sft.jsonl"]),
+        ("report", ["--data", data, "--policy", "rloo=results/eval/rloo.jsonl", "--sft", "results/eval/sft.jsonl",
+                    "--base", "results/eval/base.jsonl", "--training", f"{models}/rloo",
+                    "--out", "results/gsm8k_rloo.json"]),
     ]
     missed = {}
     for verb, args in chain:

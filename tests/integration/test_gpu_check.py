@@ -55,38 +55,45 @@ def test_a_malformed_memory_file_names_the_file_and_key(tmp_path, key, value):
 
 @pytest.fixture(scope="module")
 def evaluated(micro_run, tmp_path_factory) -> dict:
-    """A real micro evaluation (the SFT policy as the trained one too): its results and completions."""
-    from rloo.stages import evaluate
+    """A real micro evaluation (the SFT policy as the trained one too): its results and its policies' records."""
+    from rloo.eval.records import read
+    from rloo.stages import evaluate, report
 
     out = tmp_path_factory.mktemp("gpu_check_eval")
-    evaluate.run(micro_run["cfg"], micro_run["data"], micro_run["sft"], {"rloo": str(micro_run["sft"])},
-                 out / "eval.json", plot_dir=out / "plots")
-    return {"results": out / "eval.json", "completions": out / "plots" / "completions.jsonl"}
+    for name in ("base", "sft", "rloo"):
+        folder = micro_run["base_model"] if name == "base" else micro_run["sft"]
+        evaluate.run(micro_run["cfg"], micro_run["data"], micro_run["sft"], name, folder, out / "eval" / f"{name}.jsonl")
+    evaluations = {name: read(name, out / "eval" / f"{name}.jsonl") for name in ("base", "sft", "rloo")}
+    report.run(micro_run["cfg"], evaluations, "rloo", micro_run["sft"], micro_run["data"] / "manifest.json",
+               out / "eval.json")
+    return {"results": out / "eval.json", "records": out / "eval"}
 
 
 def _copy(evaluated: dict, tmp_path: Path) -> dict:
-    return {k: Path(shutil.copy(v, tmp_path / v.name)) for k, v in evaluated.items()}
+    shutil.copytree(evaluated["records"], tmp_path / "eval")
+    return {"results": Path(shutil.copy(evaluated["results"], tmp_path / "results.json")), "records": tmp_path / "eval"}
 
 
-def test_results_regraded_from_their_completions(evaluated, tmp_path):
+def test_results_regraded_from_their_records(evaluated, tmp_path):
     f = _copy(evaluated, tmp_path)
-    assert gpu_check.results_verdict(f["results"], f["completions"]).status == "passed"
-    # a figure the completions do not bear out
+    assert gpu_check.results_verdict(f["results"], f["records"]).status == "passed"
+    # a figure the records do not bear out
     r = json.loads(f["results"].read_text())
     r["policies"]["rloo"]["accuracy_sampled"] = 0.5
     f["results"].write_text(json.dumps(r))
-    v = gpu_check.results_verdict(f["results"], f["completions"])
+    v = gpu_check.results_verdict(f["results"], f["records"])
     assert v.status == "failed" and "rloo.accuracy_sampled is 0.5" in v.detail
 
 
-def test_results_check_reads_the_completions(evaluated, tmp_path):
+def test_results_check_reads_the_records(evaluated, tmp_path):
     """A greedy completion replaced by the gold solution: the stage's figure no longer matches it."""
     f = _copy(evaluated, tmp_path)
-    lines = f["completions"].read_text().splitlines()
+    path = f["records"] / "sft.jsonl"
+    lines = path.read_text().splitlines()
     first = json.loads(lines[0])
-    first["completions"]["sft"]["greedy"] = first["answer"]
-    f["completions"].write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
-    v = gpu_check.results_verdict(f["results"], f["completions"])
+    first["greedy"]["text"] = first["answer"]
+    path.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    v = gpu_check.results_verdict(f["results"], f["records"])
     assert v.status == "failed" and "sft.accuracy is" in v.detail, v.line()
 
 
@@ -95,7 +102,7 @@ def test_results_off_schema_fail(evaluated, tmp_path):
     r = json.loads(f["results"].read_text())
     del r["policies"]["sft"]["accuracy_sampled"]
     f["results"].write_text(json.dumps(r))
-    v = gpu_check.results_verdict(f["results"], f["completions"])
+    v = gpu_check.results_verdict(f["results"], f["records"])
     assert v.status == "failed" and "policies/sft" in v.detail and "accuracy_sampled" in v.detail
 
 
@@ -123,7 +130,7 @@ def test_the_command_passes_only_when_every_check_ran_and_passed(evaluated, tmp_
         out = capsys.readouterr()
         return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
 
-    files = ["--results", str(evaluated["results"]), "--completions", str(evaluated["completions"])]
+    files = ["--results", str(evaluated["results"]), "--records", str(evaluated["records"])]
     judge = ["--judge", str(_judged(tmp_path, served=True, calls=24))]
     ok = _main("--memory", str(_memory(tmp_path, 1.1)), *files, *judge)
     assert ok.returncode == 0 and ok.stdout.splitlines()[-1].startswith("gpu check passed: "), ok.stdout + ok.stderr
@@ -148,7 +155,7 @@ def test_the_script_ends_on_the_verdicts():
     assert subprocess.run(["bash", "-n", "-c", script]).returncode == 0
     assert not re.search(r"echo .*passed", script)
     last = script.rstrip().rsplit("\n$PY -m rloo.gpu_check", 1)[1]
-    for arg in ('--memory "$W/memory.json"', '--results "$W/eval.json"', '--completions "$W/plots/completions.jsonl"',
+    for arg in ('--memory "$W/memory.json"', '--results "$W/eval.json"', '--records "$W/eval"',
                 '"${JUDGE[@]}"'):
         assert arg in last, arg
     assert '--json "$W/memory.json"' in script and 'JUDGE=(--judge "$C/results/gsm8k_rloo.json")' in script

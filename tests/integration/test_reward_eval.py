@@ -93,13 +93,13 @@ def test_agreement_with_the_verifier_counts_decided_pairs_and_keeps_invalid_apar
     assert agreement(ref, ref)["value"] == 1.0 and agreement([1 - s for s in ref], ref)["value"] == 0.0
     assert agreement([None] * 4, ref)["value"] is None  # nothing judged: unknown, not zero
     # `rloo summary` says it beside the win rate
-    from rloo.eval.report import evaluate_lines
+    from rloo.eval.report import report_lines
 
     policy = {"accuracy": 0.5, "accuracy_sampled": 0.5, "kl": 0.0}
     wr = {"value": 0.5, "wins": 1, "losses": 1, "ties": 0, "invalid": 0, "ci95": [0.1, 0.9],
           "agreement_with_verifier": {**got, "ci95": [0.1, 0.9]}}
-    lines = evaluate_lines({"policies": {"sft": policy, "rloo": policy}, "win_rates": {"rloo": wr}})
-    assert "evaluate: rloo vs sft judge agrees with the verifier on 1 of the 2 pairs the verifier decides (0.500 [0.100, 0.900]; 1 left invalid)" in lines, lines
+    lines = report_lines({"policies": {"sft": policy, "rloo": policy}, "win_rates": {"rloo": wr}})
+    assert "report: rloo vs sft judge agrees with the verifier on 1 of the 2 pairs the verifier decides (0.500 [0.100, 0.900]; 1 left invalid)" in lines, lines
 
 
 @pytest.mark.parametrize(("reply", "verdict"), [("A", "A"), (" b.", "B"), ("Tie", "tie"), ("neither", None), ("", None)])
@@ -107,9 +107,20 @@ def test_parse_verdict(reply, verdict):
     assert parse_verdict(reply) == verdict
 
 
+def _evaluate(cfg, micro_run, rm, policies: dict[str, str], out: Path) -> dict:
+    """Each of `policies` ({name: folder}) evaluated as its own job (rloo evaluate): their records, read back."""
+    from rloo.eval import records
+    from rloo.stages import evaluate
+
+    for name, folder in policies.items():
+        evaluate.run(cfg, micro_run["data"], micro_run["sft"], name, folder, out / f"{name}.jsonl", rm)
+    return {name: records.read(name, out / f"{name}.jsonl") for name in policies}
+
+
 def test_results_file_matches_its_schema(micro_run, tmp_path):
     from rloo.eval import report
-    from rloo.stages import evaluate, reward
+    from rloo.stages import report as report_stage
+    from rloo.stages import reward
     from rloo.stages import train as rloo_stage
 
     cfg = json.loads(json.dumps(micro_run["cfg"]))
@@ -119,8 +130,11 @@ def test_results_file_matches_its_schema(micro_run, tmp_path):
     assert metrics["train_pairs"] > 0 and 0.0 <= metrics["val_accuracy"] <= 1.0
     rloo_stage.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / "rloo", tmp_path / "w", rm)
     out = tmp_path / "gsm8k_rloo.json"
-    result = evaluate.run(cfg, micro_run["data"], micro_run["sft"], {"rloo": str(tmp_path / "rloo")}, out, rm,
-                          tmp_path / "plots", base_dir=micro_run["base_model"])
+    # each policy evaluated on its own (the base model last here, SFT first: the order is no matter)
+    policies = {"sft": str(micro_run["sft"]), "rloo": str(tmp_path / "rloo"), "base": str(micro_run["base_model"])}
+    evaluations = _evaluate(cfg, micro_run, rm, policies, tmp_path / "eval")
+    result = report_stage.run(cfg, evaluations, "rloo", tmp_path / "rloo", micro_run["data"] / "manifest.json", out,
+                              tmp_path / "plots")
     schema = yaml.safe_load((Path(rloo.__file__).parent / "schemas" / "results.schema.yaml").read_text())
     jsonschema.validate(json.loads(out.read_text()), schema)
     assert set(result["policies"]) == {"sft", "rloo"}
@@ -133,15 +147,15 @@ def test_results_file_matches_its_schema(micro_run, tmp_path):
     assert result["primary"] == "accuracy_sampled"
     # the data manifest's train/test overlap, in the results and the summary (prepare refuses any unless allowed)
     assert result["train_test_overlap"] == 0
-    assert "evaluate: no training problem occurs in the test split" in report.evaluate_lines(result)
-    assert "!! evaluate: 3 training problems" in report.evaluate_lines({**result, "train_test_overlap": 3})[0]
+    assert "report: no training problem occurs in the test split" in report.report_lines(result)
+    assert "!! report: 3 training problems" in report.report_lines({**result, "train_test_overlap": 3})[0]
     # and the count of those sharing a run of 13 normalised words with a test problem (counted, not refused)
     from rloo.data.manifest import read_manifest
 
     ngram = read_manifest(micro_run["data"])["train_test_ngram_overlap"]
     assert result["train_test_ngram_overlap"] == ngram and ngram["words"] == 13 and ngram["mode"] == "count"
-    assert (f"evaluate: {ngram['count']} training problems share a run of 13 words with a test problem "
-            "(data.on_ngram_overlap: count)") in report.evaluate_lines(result)
+    assert (f"report: {ngram['count']} training problems share a run of 13 words with a test problem "
+            "(data.on_ngram_overlap: count)") in report.report_lines(result)
     trained_on = cfg["reward"]["source"]  # micro.yaml alone: the reward model
     assert trained_on == "model"
     assert result["judges"]["proxy_reward"]["independent_of_training_reward"] is False
@@ -163,22 +177,23 @@ def test_results_file_matches_its_schema(micro_run, tmp_path):
     assert g["bootstrap"]["seed"] == cfg["seed"] and g["bootstrap"]["resamples"] > 0
     wr = result["win_rate"]
     assert wr["ci95"][0] <= wr["value"] <= wr["ci95"][1]
-    # ...a deterministic function of the completions the stage wrote, every draw of every problem
-    from rloo.eval.evaluation import read_completions
+    # ...a deterministic function of the records the evaluations wrote, every draw of every problem, each
+    # completion's grade among them
     from rloo.eval.gains import correctness, gain
+    from rloo.reward.verifier import is_correct
 
-    recs = read_completions(tmp_path / "plots" / "completions.jsonl")
-    golds = [r["answer"] for r in recs]
-    per_problem = {name: correctness({"greedy": [r["completions"][name]["greedy"] for r in recs],
-                                      "draws": [r["completions"][name]["draws"] for r in recs]}, golds)
-                   for name in ("sft", "rloo")}
+    golds = evaluations["sft"].golds
+    per_problem = {name: correctness(ev.texts(), golds) for name, ev in evaluations.items()}
     assert gain(per_problem["rloo"], per_problem["sft"], cfg["seed"]) == g
+    for ev in evaluations.values():
+        for rec in ev.records:
+            for c in [rec["greedy"], *rec["draws"]]:
+                assert c["correct"] == is_correct(c["text"], rec["answer"]) and c["tokens"] > 0
+            assert all(isinstance(d["kl"], float) and isinstance(d["proxy"], float) for d in rec["draws"])
     # pass@k and maj@k read the same draws: any right, the majority right, never below the mean
     from rloo.eval.at_k import maj_at_k, pass_at_k
 
     # the untrained start on the same problems: its row, and what SFT and RLOO each added to it
-    per_problem["base"] = correctness({"greedy": [r["completions"]["base"]["greedy"] for r in recs],
-                                       "draws": [r["completions"]["base"]["draws"] for r in recs]}, golds)
     assert set(result["base"]["gains"]) == {"sft", "rloo"}
     for name in ("sft", "rloo"):
         assert result["base"]["gains"][name] == gain(per_problem[name], per_problem["base"], cfg["seed"])
@@ -186,7 +201,7 @@ def test_results_file_matches_its_schema(micro_run, tmp_path):
     for name in ("sft", "rloo", "base"):
         p = result["policies"][name]
         assert p["pass_at_k"] == pass_at_k(per_problem[name]["sampled"])
-        assert p["maj_at_k"] == maj_at_k([r["completions"][name]["draws"] for r in recs], golds)
+        assert p["maj_at_k"] == maj_at_k(evaluations[name].texts()["draws"], golds)
         assert p["pass_at_k"]["k"] == p["maj_at_k"]["k"] == cfg["evaluate"]["samples_per_prompt"]
         assert p["pass_at_k"]["value"] >= p["accuracy_sampled"]
     # the solution checker beside accuracy: figures, or n/a with a reason where nothing is annotated
@@ -194,23 +209,21 @@ def test_results_file_matches_its_schema(micro_run, tmp_path):
         check = p["solution_check"]
         assert (check["work_right"] is None) == (check["work_checked_share"] == 0) == ("reason" in check)
         assert check["answer_right"] is not None
-    lines = report.evaluate_lines(result)
-    assert any(x.startswith("evaluate: RLOO − SFT = ") and "points (p " in x for x in lines), lines
+    lines = report.report_lines(result)
+    assert any(x.startswith("report: RLOO − SFT = ") and "points (p " in x for x in lines), lines
     k = cfg["evaluate"]["samples_per_prompt"]
-    assert any(x.startswith("evaluate: rloo: pass@") and f", maj@{k} " in x for x in lines), lines
-    assert any(x.startswith("evaluate: base (untrained): accuracy sampled ") for x in lines), lines
-    assert any(x.startswith("evaluate: rloo: solution check: ") for x in lines), lines
-    assert any(x.startswith("evaluate: SFT − BASE = ") for x in lines), lines
-    # the base row is evaluated last: without it, every other figure is the same, draw for draw
-    alone = evaluate.run(cfg, micro_run["data"], micro_run["sft"], {"rloo": str(tmp_path / "rloo")},
-                         tmp_path / "alone.json", rm)
-    del result["policies"]["base"]
-    assert "base" not in alone
-    assert (alone["policies"], alone["gains"], alone["win_rates"]) == (result["policies"], result["gains"], result["win_rates"])
+    assert any(x.startswith("report: rloo: pass@") and f", maj@{k} " in x for x in lines), lines
+    assert any(x.startswith("report: base (untrained): accuracy sampled ") for x in lines), lines
+    assert any(x.startswith("report: rloo: solution check: ") for x in lines), lines
+    assert any(x.startswith("report: SFT − BASE = ") for x in lines), lines
+    # a policy's evaluation is the same whichever others are evaluated, and in whatever order: RLOO's alone
+    alone = _evaluate(cfg, micro_run, rm, {"rloo": str(tmp_path / "rloo")}, tmp_path / "alone")
+    assert (tmp_path / "alone" / "rloo.jsonl").read_bytes() == (tmp_path / "eval" / "rloo.jsonl").read_bytes()
+    assert alone["rloo"].summary == evaluations["rloo"].summary
 
 
 def test_judge_independence_follows_the_training_reward():
-    from rloo.stages.evaluate import judge_independence
+    from rloo.stages.report import judge_independence
 
     on_verifier = judge_independence("verifier", {"verifier"}, proxy=True)
     assert not on_verifier["accuracy"]["independent_of_training_reward"]
@@ -232,7 +245,7 @@ def test_judge_independence_follows_the_training_reward():
 
     # reward functions: the verifier among them is the verifier; a user's function or server may read
     # anything, so a figure whose judge is not among them is of unknown independence
-    from rloo.stages.evaluate import trained_on
+    from rloo.stages.report import trained_on
 
     functions = {"reward_source": "function", "reward_functions": {
         "correct": {"fn": "rloo.reward.verifier:reward"}, "format": {"fn": "mine.py:format_bonus"}}}
@@ -280,21 +293,20 @@ def test_summary_reports_the_sampling_mismatch():
 
 def test_sampled_accuracy_averages_independent_draws(micro_run):
     from rloo.data.gsm8k import format_prompt
-    from rloo.eval.evaluation import decode, spec_for
+    from rloo.eval.evaluation import decode, evaluate_policy, spec_for
     from rloo.io import read_jsonl
     from rloo.model import models
-    from rloo.stages import evaluate
 
     cfg = json.loads(json.dumps(micro_run["cfg"]))
     cfg["evaluate"]["samples_per_prompt"] = 3
     rows = [r for _, r in read_jsonl(micro_run["data"] / "test.jsonl")][:8]
     tok = models.load_tokenizer(micro_run["sft"])
     ref = models.load_causal_lm(micro_run["sft"])
-    report, texts = evaluate.policy_report(cfg, micro_run["sft"], ref, tok, rows, None)
+    spec = spec_for(cfg, "evaluate", cfg["evaluate"]["max_new_tokens"], 3, stream=21)
+    report, texts = evaluate_policy(models.load_causal_lm(micro_run["sft"]), tok, rows, spec, reference=ref)
     assert len(report["accuracy_sampled_draws"]) == 3
     assert report["accuracy_sampled"] == pytest.approx(sum(report["accuracy_sampled_draws"]) / 3)
     ids = [tok(format_prompt(r["question"], cfg["prompt"]["template"]))["input_ids"] for r in rows]
-    spec = spec_for(cfg, "evaluate", cfg["evaluate"]["max_new_tokens"], 3, stream=21)
     first, second, _ = (d.texts for d in decode(ref, tok, ids, spec, greedy=False))
     assert first != second  # each draw has its own noise
     assert texts["sampled"] == first  # the pairwise judge sees the first draw, as with one draw
@@ -347,8 +359,19 @@ def test_other_field_names_and_bare_numbers_through_prepare_and_evaluate(micro_r
     prepare.run(cfg, tmp_path / "data")
     rows = [r for _, r in read_jsonl(tmp_path / "data" / "test.jsonl")][:8]
     assert rows[0]["answer"].startswith("#### ") and {"id", "steps"} <= set(rows[0])
-    result = evaluate.run(cfg, tmp_path / "data", micro_run["sft"], {"rloo": str(micro_run["sft"])},
-                          tmp_path / "result.json")
+    summary = evaluate.run(cfg, tmp_path / "data", micro_run["sft"], "rloo", str(micro_run["sft"]),
+                           tmp_path / "eval" / "rloo.jsonl")
+    from rloo.eval.records import read
+
+    evaluation = read("rloo", tmp_path / "eval" / "rloo.jsonl")
+    assert evaluation.summary["figures"] == summary and evaluation.summary["reward_parts"] == ["correct", "steps", "test_id"]
+    # each draw's parts, in its record: the column each function read
+    assert [r["draws"][0]["reward"]["steps"] for r in evaluation.records] == [float(r["steps"]) for r in rows]
+    from rloo.stages import report
+
+    evaluations = {"base": evaluation, "sft": evaluation, "rloo": evaluation}  # one policy, three roles
+    result = report.run(cfg, evaluations, "rloo", micro_run["sft"], tmp_path / "data" / "manifest.json",
+                        tmp_path / "result.json")
     mean_steps = sum(r["steps"] for r in rows) / len(rows)
     for policy in result["policies"].values():
         parts = policy["training_reward"]["parts"]

@@ -16,7 +16,7 @@ from rloo.launch import srun_command
 from rloo.model.base import gguf_file
 from rloo.pipeline import STAGES, VARIANT_FIELDS, VARIANT_PATTERN, job_inputs, job_settings, lineage, outputs
 from rloo.pipeline import stage_config as _stage_config
-from rloo.pipeline import parse_variant, rule_outputs, work_dir
+from rloo.pipeline import POLICIES, parse_variant, rule_outputs, work_dir
 from rloo.code_fingerprint import stage_code_param
 
 # Snakemake reads each --configfile as it is and knows nothing of an overlay's `base:` (the file it
@@ -53,6 +53,8 @@ COMPARED = config["comparison"]["estimators"]
 
 wildcard_constraints:
     estimator="|".join(ESTIMATORS),
+    # an evaluation's policy: the untrained base, SFT, or an estimator's trained policy
+    policy="|".join([*POLICIES, *ESTIMATORS]),
     # a sweep (a key of `sweeps`); a variant's folder: seeds/seed<N> or sweeps/<sweep>/<point id>
     # (rloo.pipeline.VARIANT_FOLDERS, workflow/rules/variants.smk)
     sweep=VARIANT_FIELDS["sweep"],
@@ -110,6 +112,11 @@ def job_estimator(wildcards):
     return wildcards.estimator if "estimator" in wildcards.keys() else None
 
 
+def job_policy(wildcards):
+    """An evaluation's policy: its `policy` wildcard (base, sft or an estimator); None for other jobs."""
+    return wildcards.policy if "policy" in wildcards.keys() else None
+
+
 def job_variant(wildcards):
     """The job's variant (rloo.pipeline.parse_variant of its `variant` wildcard); None for the main chain's."""
     return parse_variant(config, wildcards.variant) if "variant" in wildcards.keys() else None
@@ -142,9 +149,9 @@ def chain_inputs(stage):
     """A chain rule's input function: the stage's inputs from the pipeline's one declaration
     (rloo.pipeline.input_graph), for the job's estimator and variant; a stale job runs again (rerun_if_stale)."""
     def inputs(wildcards):
-        est, variant = job_estimator(wildcards), job_variant(wildcards)
-        found = job_inputs(config, stage, est, variant)
-        rerun_if_stale(list(outputs(stage, config, est, variant).values()), list(found.values()))
+        est, variant, policy = job_estimator(wildcards), job_variant(wildcards), job_policy(wildcards)
+        found = job_inputs(config, stage, est, variant, policy)
+        rerun_if_stale(list(outputs(stage, config, est, variant, policy=policy).values()), list(found.values()))
         return found
 
     return inputs
@@ -167,13 +174,14 @@ def chain_cfg(stage):
     (rloo.pipeline.job_settings), named by its content, so a changed value reruns exactly the stages that
     read it."""
     return lambda wildcards: job_config_file(stage, job_settings(config, stage, job_estimator(wildcards),
-                                                                 job_variant(wildcards)))
+                                                                 job_variant(wildcards), job_policy(wildcards)))
 
 
 def chain_lineage(stage):
     """A chain rule's `lineage` param (rloo.pipeline.lineage): the keys and code of the job and of every job
     above it, so a change above it reruns it even where the job between lost its output to an interrupt."""
-    return lambda wildcards: lineage(config, stage, code, job_estimator(wildcards), job_variant(wildcards))
+    return lambda wildcards: lineage(config, stage, code, job_estimator(wildcards), job_variant(wildcards),
+                                     job_policy(wildcards))
 
 
 def chain_work(stage):
@@ -205,8 +213,8 @@ def data_dir(wildcards, input):
     return os.path.dirname(input.train if "train" in input.keys() else input.test)
 
 
-# GPUs of a judge the evaluate job serves itself (evaluate.llm_judge.serve): the evaluate rule asks for
-# them beside its own GPU, the comparison rule (which only judges) for them alone.
+# GPUs of a judge a job serves itself (evaluate.llm_judge.serve): the judge and comparison rules ask for
+# them (those jobs hold no policy).
 _SERVE = config["evaluate"]["llm_judge"]["serve"] if config["evaluate"]["judge"] == "llm" else None
 JUDGE_GPUS = _SERVE["gpus"] if _SERVE else 0
 # The served judge's weights, when they are a local folder: an input, so replacing them reruns the judging.

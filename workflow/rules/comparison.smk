@@ -1,8 +1,9 @@
 rule comparison:
     input:
+        # each estimator's report, and its evaluation's records (judged against RLOO's)
         unpack(guarded(OUT["comparison"].values(), {
-            "results": expand(OUT["evaluate"]["result"], estimator=COMPARED),
-            "completions": expand(OUT["evaluate"]["completions"], estimator=COMPARED)})),
+            "results": expand(OUT["report"]["result"], estimator=COMPARED),
+            "records": expand(OUT["evaluate"]["records"], policy=COMPARED)})),
         judge=JUDGE_MODEL,
     output:
         result=OUT["comparison"]["result"],
@@ -15,7 +16,7 @@ rule comparison:
         code=code("compare"),
         cfg=lambda wildcards: stage_config("comparison"),
         results=lambda wildcards, input: " ".join(
-            f"--result {e}={f}" for e, f in zip(COMPARED, input.results, strict=True)
+            f"--result {e}={f} --records {e}={r}" for e, f, r in zip(COMPARED, input.results, input.records, strict=True)
         ),
         # wall-clock figures of the RLOO runs: beside their checkpoints, not in any output
         timings=" ".join(f"--timings {e}={work_dir('rloo', config, e)}/timings.json" for e in COMPARED),

@@ -1,55 +1,117 @@
+# The evaluation, in three kinds of job (rloo.pipeline: evaluate, judge, report):
+# - evaluate: one policy ({policy}: base, sft or an estimator) on the held-out problems, its records and
+#   figures ({results}/eval/<policy>.jsonl, .json), cached and read by every result that compares it: a
+#   change that touches one policy evaluates that policy again, and no other;
+# - judge: an LLM judge's verdicts on a trained policy against SFT (evaluate.judge: llm), the judge served
+#   once by the job; the verifier needs none (the report computes its win rates);
+# - report: base -> SFT -> RL from the records alone, loading no model: results/gsm8k_<estimator>.json.
 rule evaluate:
     input:
-        # the reward model (the proxy), the data, base, SFT and the trained policy (rloo.pipeline.input_graph)
+        # the policy, SFT (tokenizer and KL reference), the reward model (the proxy), the test split
         unpack(chain_inputs("evaluate")),
+    output:
+        **OUT["evaluate"],
+    params:
+        code=code("evaluate"),
+        cfg=chain_cfg("evaluate"),
+        lineage=chain_lineage("evaluate"),
+        data=data_dir,
+        policy=lambda wildcards, input: f"{wildcards.policy}={input.policy}",
+        variant=variant_arg,
+    conda:
+        RLOO_ENV
+    log:
+        f"{LOGS}/evaluate_{{policy}}.log",
+    benchmark:
+        f"{LOGS}/benchmarks/evaluate_{{policy}}.tsv"
+    threads: TORCH_THREADS
+    resources:
+        gpu=1,
+        mem_mb=16000,
+        runtime=60,
+        cpus_per_task=cpus,
+    shell:
+        "rloo evaluate --job-config {params.cfg} {params.variant} --set threads={threads} --data {params.data} "
+        "--policy {params.policy} --sft {input.sft} --reward-model {input.reward_model} --out {output.records} "
+        "--log {log}"
+
+
+rule judge:
+    input:
+        unpack(chain_inputs("judge")),
+        # the served judge's weights, where they are a local folder
         judge=JUDGE_MODEL,
     output:
-        result=OUT["evaluate"]["result"],
+        **OUT["judge"],
+    params:
+        code=code("judge"),
+        cfg=chain_cfg("judge"),
+        lineage=chain_lineage("judge"),
+        policy=lambda wildcards, input: f"{job_estimator(wildcards) or ESTIMATOR}={input.policy}",
+        variant=variant_arg,
+    conda:
+        RLOO_ENV
+    log:
+        stage=f"{LOGS}/judge_{{estimator}}.log",
+        judge=f"{LOGS}/judge_{{estimator}}.judge.log",
+    benchmark:
+        f"{LOGS}/benchmarks/judge_{{estimator}}.tsv"
+    threads: 1
+    resources:
+        mem_mb=16000,
+        runtime=60,
+        # the served judge's GPUs (evaluate.llm_judge.serve); none for an external judge
+        **({"gpu": JUDGE_GPUS} if JUDGE_GPUS else {}),
+    shell:
+        "rloo judge --job-config {params.cfg} {params.variant} --policy {params.policy} --sft {input.sft} "
+        "--out {output.result} --judge-log {log.judge} --log {log.stage}"
+
+
+rule report:
+    input:
+        # the records and figures of base, SFT and the trained policy; its folder (metrics.json); the data's
+        # manifest; an LLM judge's verdicts where one judges (rloo.pipeline.input_graph)
+        unpack(chain_inputs("report")),
+    output:
+        result=OUT["report"]["result"],
         policies=report(
-            OUT["evaluate"]["policies"],
+            OUT["report"]["policies"],
             caption="../report/policies.rst",
             category="Evaluation",
             subcategory="{estimator}",
             labels={"estimator": "{estimator}", "plot": "accuracy, KL, length"},
         ),
         proxy_vs_judge=report(
-            OUT["evaluate"]["proxy_vs_judge"],
+            OUT["report"]["proxy_vs_judge"],
             caption="../report/proxy_vs_judge.rst",
             category="Evaluation",
             subcategory="{estimator}",
             labels={"estimator": "{estimator}", "plot": "proxy reward vs judge"},
         ),
-        # every policy's completions, for judging estimators against each other (rule comparison)
-        completions=OUT["evaluate"]["completions"],
     params:
-        code=code("evaluate"),
-        cfg=chain_cfg("evaluate"),
-        lineage=chain_lineage("evaluate"),
-        data=data_dir,
+        code=code("report"),
+        cfg=chain_cfg("report"),
+        lineage=chain_lineage("report"),
+        data=lambda wildcards, input: os.path.dirname(input.manifest),
         plots=lambda wildcards, output: os.path.dirname(output.policies),
         # the trained policy's name in the results: its estimator (a sweep may set rloo.estimator)
-        policy=lambda wildcards: job_estimator(wildcards) or job_config(wildcards)["rloo"]["estimator"],
+        policy=lambda wildcards, input: f"{job_estimator(wildcards) or job_config(wildcards)['rloo']['estimator']}={input.policy}",
+        judged=lambda wildcards, input: f"--judged {input.judged}" if "judged" in input.keys() else "",
         variant=variant_arg,
     conda:
         RLOO_ENV
     log:
-        stage=f"{LOGS}/evaluate_{{estimator}}.log",
-        # the output of the judge's server, when the job serves one (evaluate.llm_judge.serve)
-        judge=f"{LOGS}/evaluate_{{estimator}}.judge.log",
+        f"{LOGS}/report_{{estimator}}.log",
     benchmark:
-        f"{LOGS}/benchmarks/evaluate_{{estimator}}.tsv"
-    threads: TORCH_THREADS
+        f"{LOGS}/benchmarks/report_{{estimator}}.tsv"
+    threads: 1
     resources:
-        # the policies' GPU, and the served judge's beside it
-        gpu=1 + JUDGE_GPUS,
-        mem_mb=16000,
-        runtime=60,
-        cpus_per_task=cpus,
+        mem_mb=2000,
+        runtime=10,
     shell:
-        "rloo evaluate --job-config {params.cfg} {params.variant} --set threads={threads} "
-        "--data {params.data} --base {input.base} --sft {input.sft} --policy {params.policy}={input.policy} "
-        "--reward-model {input.reward_model} --out {output.result} --plots {params.plots} "
-        "--judge-log {log.judge} --log {log.stage} && "
+        "rloo report --job-config {params.cfg} {params.variant} --policy {params.policy} --sft {input.sft} "
+        "--base {input.base} --training {input.training} --data {params.data} {params.judged} "
+        "--out {output.result} --plots {params.plots} --log {log} && "
         "rloo summary {output.result}"
 
 

@@ -10,10 +10,10 @@ VARIANT_OUT = {name: {k: v.replace("{estimator}", ESTIMATOR) for k, v in rule_ou
 
 # The results file of every seed, and of every point of every sweep: the aggregate rules' inputs.
 SEEDS = config["seeds"]["values"]
-SEED_RESULTS = {s: outputs("evaluate", config, ESTIMATOR, seed_variant(config, s))["result"] for s in SEEDS}
+SEED_RESULTS = {s: outputs("report", config, ESTIMATOR, seed_variant(config, s))["result"] for s in SEEDS}
 
 
 def sweep_results(sweep):
     """{point id: results file} of sweep `sweep`; an error naming the sweeps there are, for another name."""
-    return {p: outputs("evaluate", config, ESTIMATOR, sweep_variant(config, sweep, p))["result"]
+    return {p: outputs("report", config, ESTIMATOR, sweep_variant(config, sweep, p))["result"]
             for p in sweep_grid(config, sweep)}

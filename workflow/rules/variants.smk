@@ -58,7 +58,25 @@ use rule evaluate as evaluate_variant with:
     output:
         **VARIANT_OUT["evaluate"],
     log:
-        stage=f"{LOGS}/{VARIANT}/evaluate_{ESTIMATOR}.log",
-        judge=f"{LOGS}/{VARIANT}/evaluate_{ESTIMATOR}.judge.log",
+        f"{LOGS}/{VARIANT}/evaluate_{{policy}}.log",
     benchmark:
-        f"{LOGS}/benchmarks/{VARIANT}/evaluate_{ESTIMATOR}.tsv"
+        f"{LOGS}/benchmarks/{VARIANT}/evaluate_{{policy}}.tsv"
+
+
+use rule judge as judge_variant with:
+    output:
+        **VARIANT_OUT["judge"],
+    log:
+        stage=f"{LOGS}/{VARIANT}/judge_{ESTIMATOR}.log",
+        judge=f"{LOGS}/{VARIANT}/judge_{ESTIMATOR}.judge.log",
+    benchmark:
+        f"{LOGS}/benchmarks/{VARIANT}/judge_{ESTIMATOR}.tsv"
+
+
+use rule report as report_variant with:
+    output:
+        **VARIANT_OUT["report"],
+    log:
+        f"{LOGS}/{VARIANT}/report_{ESTIMATOR}.log",
+    benchmark:
+        f"{LOGS}/benchmarks/{VARIANT}/report_{ESTIMATOR}.tsv"

@@ -66,7 +66,8 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
           work=True, data_parallel=True),
     Stage("rloo", "train", {"model": "{models}/rloo_{estimator}"},
           keys=("seed", "model", "prompt", "reward.source", "rloo", "rollout"), per_estimator=True, work=True,
-          excluded=("model.shape",), data_parallel=True),
+          # the off-policy sampler's threads: how fast, not what (the stage's own `threads` is not read either)
+          excluded=("model.shape", "rollout.sampler_threads"), data_parallel=True),
     Stage("evaluate", "evaluate",
           {"result": "{results}/gsm8k_{estimator}.json", "policies": "{results}/gsm8k_{estimator}/policies.png",
            "proxy_vs_judge": "{results}/gsm8k_{estimator}/proxy_vs_judge.png",

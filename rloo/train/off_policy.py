@@ -13,10 +13,11 @@ of its own, overlapping the updates, or in the trainer's process before each upd
 emulation, `rollout.sampler_threads: 0`), and on resume, where the checkpoint holds the lagged weights
 (`state()`) and the batch in flight is sampled again from them.
 
-The sampler process (`_serve`) holds its own copy of the model, built as the trainer's policy, whose
-trainable parameters are views of flat shared-memory buffers (`SharedWeights`): after taking batch t the
-trainer copies its weights in, and the sampler only reads them while it samples t + 1, by which time the
-trainer is done writing; no file, no second copy on a CPU. It runs the rollout backend of
+The sampler process (`serve`, a fresh interpreter talking over two pipes) holds its own copy of the
+model, built as the trainer's policy, whose trainable parameters are views of flat shared-memory buffers
+(`SharedWeights`): after taking batch t the trainer copies its weights in, and the sampler only reads
+them while it samples t + 1, by which time the trainer is done writing; no disk, and on a CPU no second
+copy. It runs the rollout backend of
 `rollout.backend` (HF on those weights, or a vLLM engine they are pushed into) and scores with the
 training reward when the reward can be handed to it; else (a reward object that does not pickle, or
 does not import there) the lagged batches are sampled in the trainer's process, and a warning says so.
@@ -30,13 +31,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
+import pickle
 import signal
+import subprocess
+import sys
+import tempfile
 import time
 import traceback
+import uuid
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 
-import numpy as np
 import torch
 
 from rloo.errors import InputError, UserError
@@ -101,28 +108,44 @@ def sample_step(batches: StepBatches, model: torch.nn.Module, config: Config, st
 
 
 class SharedWeights:
-    """Named tensors laid out in flat shared-memory buffers, one per dtype: a process that receives the
-    buffers (they pickle as shared memory) reads the same bytes the writer copied in."""
+    """Named tensors laid out in flat buffers, one per dtype, each a file in shared memory (/dev/shm where
+    the platform has one, else the temporary folder) that both processes map: what the trainer copies in,
+    the sampler reads in place. Once both have mapped them the files are removed (`unlink`): the mappings
+    stay, and nothing is left behind however the processes end."""
 
-    def __init__(self, named: dict[str, torch.Tensor]) -> None:
+    def __init__(self, layout: list[tuple[str, int, int, tuple[int, ...]]], files: list[tuple[str, str, int]]) -> None:
+        self.layout, self.files = layout, files  # (name, buffer, offset, shape); (path, dtype, elements)
+        self.buffers = [torch.from_file(path, shared=True, size=n, dtype=getattr(torch, dtype)) for path, dtype, n in files]
+
+    @classmethod
+    def create(cls, named: dict[str, torch.Tensor]) -> SharedWeights:
+        """New buffers holding `named`."""
         sizes: dict[torch.dtype, int] = {}
-        self.layout: list[tuple[str, int, int, tuple[int, ...]]] = []  # name, buffer, offset, shape
+        layout = []
         dtypes = list(dict.fromkeys(t.dtype for t in named.values()))
         for name, t in named.items():
             offset = sizes.get(t.dtype, 0)
-            self.layout.append((name, dtypes.index(t.dtype), offset, tuple(t.shape)))
+            layout.append((name, dtypes.index(t.dtype), offset, tuple(t.shape)))
             sizes[t.dtype] = offset + t.numel()
-        self.buffers = [torch.empty(sizes[dt], dtype=dt).share_memory_() for dt in dtypes]
-        self.write(named)
+        folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+        stem = os.path.join(folder, f"rloo-weights-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+        files = [(f"{stem}-{i}", str(dt).removeprefix("torch."), sizes[dt]) for i, dt in enumerate(dtypes)]
+        out = cls(layout, files)
+        out.write(named)
+        return out
 
     def views(self) -> dict[str, torch.Tensor]:
-        return {name: self.buffers[b][o : o + int(np.prod(shape, dtype=np.int64))].view(shape)
-                for name, b, o, shape in self.layout}
+        return {name: self.buffers[b][o : o + math.prod(shape)].view(shape) for name, b, o, shape in self.layout}
 
     @torch.no_grad()
     def write(self, named: dict[str, torch.Tensor]) -> None:
         for name, view in self.views().items():
             view.copy_(named[name])
+
+    def unlink(self) -> None:
+        for path, _, _ in self.files:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
 
 
 @torch.no_grad()
@@ -170,45 +193,71 @@ def _expect(pending: int | None, step: int) -> None:
 
 @dataclass
 class _Spec:
-    """What the sampler process starts from (pickled to it)."""
+    """What the sampler process starts from (its first message)."""
 
     config: dict  # Config.to_config(): the sections hold mapping proxies, which do not pickle
     policy_dir: str
     data: tuple  # train rows, prompt texts, prompt ids
     threads: int
     layout: list[tuple[str, int, int, tuple[int, ...]]]
-    buffers: list[torch.Tensor]
+    files: list[tuple[str, str, int]]
     chunk_rows: int
     log_level: int
 
 
+# The sampler process's command: a fresh interpreter (no forked torch thread pools or locks) that imports
+# no __main__ of the trainer's (a notebook, a test harness) and reads its orders from two pipes.
+_COMMAND = "import sys; from rloo.train.off_policy import serve; sys.exit(serve(int(sys.argv[1]), int(sys.argv[2])))"
+
+
+def _send(conn: Connection, obj: object) -> None:
+    conn.send_bytes(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+
 class _Process:
-    """The lagged batches sampled by a process of its own (`_serve`), each requested one step ahead."""
+    """The lagged batches sampled by a process of its own (`serve`), each requested one step ahead."""
 
     def __init__(self, config: Config, policy_dir: str, reward: RewardSource, data: tuple,
                  named: dict[str, torch.Tensor], threads: int, chunk_rows: int) -> None:
-        import torch.multiprocessing as mp  # registers torch's shared-memory pickling
-
-        self.weights = SharedWeights(named)
-        ctx = mp.get_context("spawn")  # a fresh interpreter: no forked torch thread pools or locks
-        self.conn, child = ctx.Pipe()
-        spec = _Spec(config.to_config(), str(policy_dir), data, threads, self.weights.layout, self.weights.buffers, chunk_rows,
-                     logging.getLogger("rloo").getEffectiveLevel())
-        self.proc = ctx.Process(target=_serve, args=(child, spec), name="rloo-sampler", daemon=True)
-        self.proc.start()
-        child.close()
+        self.weights = SharedWeights.create(named)
+        from_parent, to_child = os.pipe()
+        from_child, to_parent = os.pipe()
+        # The child imports what this process imports: the same package, the reward's modules.
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        self.proc = subprocess.Popen([sys.executable, "-c", _COMMAND, str(from_parent), str(to_parent)],
+                                     pass_fds=(from_parent, to_parent), stdin=subprocess.DEVNULL, env=env)
+        os.close(from_parent)
+        os.close(to_parent)
+        self.tx, self.rx = Connection(to_child, readable=False), Connection(from_child, writable=False)
+        spec = _Spec(config.to_config(), str(policy_dir), data, threads, self.weights.layout, self.weights.files,
+                     chunk_rows, logging.getLogger("rloo").getEffectiveLevel())
         try:
-            self.conn.send(("reward", reward))
-        except Exception as e:  # it does not pickle (a notebook's function, an open connection)
-            self.conn.send(("no_reward", f"{type(e).__name__}: {e}"))
+            reward_bytes = ("reward", pickle.dumps(reward, protocol=pickle.HIGHEST_PROTOCOL))
+        except Exception as e:  # it does not pickle (a notebook's lambda, an open connection)
+            reward_bytes = ("no_reward", f"{type(e).__name__}: {e}")
+        try:
+            self._send(spec)
+            self._send(reward_bytes)
+        except BaseException:
+            self.close()
+            raise
         self.pending: int | None = None
         self.version = 0  # of the weights in the buffers; the sampler syncs an engine when it changes
         self.ready: tuple | None = None
 
+    def _send(self, obj: object) -> None:
+        try:
+            _send(self.tx, obj)
+        except (BrokenPipeError, ConnectionResetError):
+            raise RuntimeError(f"the off-policy sampler process ended (exit code {self.proc.wait()}); "
+                               "its log lines are above") from None
+
     def wait_ready(self) -> str | None:
-        """None once the sampler holds the reward, else why it does not (it has then ended)."""
+        """None once the sampler has mapped the weights and holds the reward, else why it cannot score
+        (it has then ended)."""
         if self.ready is None:
             self.ready = self._receive("ready")
+            self.weights.unlink()  # both processes have them mapped
         return self.ready[1]
 
     def load(self, named: dict[str, torch.Tensor]) -> None:
@@ -216,7 +265,7 @@ class _Process:
         self.version += 1
 
     def request(self, step: int) -> None:
-        self.conn.send(("sample", step, self.version))
+        self._send(("sample", step, self.version))
         self.pending = step
 
     def take(self, step: int) -> Collected:
@@ -228,16 +277,14 @@ class _Process:
         return got
 
     def _receive(self, kind: str) -> tuple:
-        while not self.conn.poll(1.0):
-            if not self.proc.is_alive():
-                raise RuntimeError(f"the off-policy sampler process ended (exit code {self.proc.exitcode}) "
-                                   "without a word; its log lines are above")
+        ended = "the off-policy sampler process ended (exit code {}) without a word; its log lines are above"
+        while not self.rx.poll(1.0):
+            if self.proc.poll() is not None:
+                raise RuntimeError(ended.format(self.proc.returncode))
         try:
-            msg = self.conn.recv()
+            msg = pickle.loads(self.rx.recv_bytes())
         except EOFError:
-            self.proc.join(_CLOSE_WAIT_S)
-            raise RuntimeError(f"the off-policy sampler process ended (exit code {self.proc.exitcode}) "
-                               "without a word; its log lines are above") from None
+            raise RuntimeError(ended.format(self.proc.wait())) from None
         if msg[0] == "error":
             _, name, message, trace, user = msg
             if user:  # a person can fix it: the same one line as in the trainer's process
@@ -252,33 +299,45 @@ class _Process:
 
     def close(self) -> None:
         with contextlib.suppress(OSError, ValueError):
-            self.conn.send(("stop",))
-        self.proc.join(_CLOSE_WAIT_S)
-        if self.proc.is_alive():  # still sampling a batch nobody will take: it is sampled again on resume
+            _send(self.tx, ("stop",))
+        try:
+            self.proc.wait(_CLOSE_WAIT_S)
+        except subprocess.TimeoutExpired:  # still sampling a batch nobody will take: resampled on resume
             self.proc.kill()
-            self.proc.join()
-        self.conn.close()
+            self.proc.wait()
+        self.tx.close()
+        self.rx.close()
+        self.weights.unlink()
 
 
-def _serve(conn, spec: _Spec) -> None:
-    """The sampler process: a copy of the policy on the shared buffers, its rollout backend and the
-    reward; it answers ("sample", step, version) with ("batch", step, Collected) until ("stop",) or until
-    the trainer's end of the pipe closes. The trainer's signals are the trainer's to handle: a Ctrl-C or a
-    Slurm SIGTERM reaches the whole process group, and the trainer checkpoints and then ends this process."""
+def _die_with_parent() -> None:
+    """Linux: end this process when the trainer ends, however it ends (a kill -9 included)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def serve(fd_in: int, fd_out: int) -> int:
+    """The sampler process: a copy of the policy on the shared buffers, its rollout backend and the reward;
+    it answers ("sample", step, version) with ("batch", step, Collected) until ("stop",) or until the
+    trainer's end of the pipe closes. The trainer's signals are the trainer's to handle: a Ctrl-C or a
+    Slurm SIGTERM reaches the whole process group, and the trainer checkpoints and then ends this one."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _die_with_parent()
+    rx, tx = Connection(fd_in, writable=False), Connection(fd_out, readable=False)
     from rloo.runtime import setup
 
     try:
+        spec: _Spec = pickle.loads(rx.recv_bytes())
         config = Config.from_config(spec.config)
         setup(spec.threads, config.seed)
         logging.getLogger("rloo").setLevel(spec.log_level)
         if torch.cuda.is_available() and torch.cuda.device_count() > 1:
             torch.cuda.set_device(1)  # the trainer holds the first GPU; `rloo plan` plans this one
         model = sampling_model(config, spec.policy_dir)
-        views = SharedWeights.__new__(SharedWeights)
-        views.layout, views.buffers = spec.layout, spec.buffers
-        shared = views.views()
+        shared = SharedWeights(spec.layout, spec.files).views()
         on_cpu = model_device(model).type == "cpu"
         if on_cpu:  # the parameters are the shared buffers themselves: no copy, no second copy
             params = dict(model.named_parameters())
@@ -286,17 +345,19 @@ def _serve(conn, spec: _Spec) -> None:
                 params[name].data = view
         rollout = make_rollout(config, config.seed, spec.policy_dir, model)
     except Exception as e:
-        _report(conn, e)
-        return
-    try:
-        kind, reward = conn.recv()
-        why = None if kind == "reward" else f"the training reward does not pickle ({reward})"
-    except Exception as e:  # it pickled, but does not unpickle here (its module does not import)
-        why = f"the training reward does not load in another process ({type(e).__name__}: {e})"
-    conn.send(("ready", why))
+        _report(tx, e)
+        return 1
+    kind, payload = pickle.loads(rx.recv_bytes())
+    why = None if kind == "reward" else f"the training reward does not pickle ({payload})"
+    if why is None:
+        try:
+            reward = pickle.loads(payload)
+        except Exception as e:  # it pickled, but does not load here (its module does not import)
+            why = f"the training reward does not load in another process ({type(e).__name__}: {e})"
+    _send(tx, ("ready", why))
     if why is not None:
         rollout.close()
-        return
+        return 0
     log.info("off-policy sampler: pid %d, %d threads, %s backend, on %s", os.getpid(), spec.threads, rollout.name,
              model_device(model))
     batches = StepBatches(config, models.load_tokenizer(spec.policy_dir, config.model.trust_remote_code), rollout,
@@ -305,11 +366,11 @@ def _serve(conn, spec: _Spec) -> None:
     try:
         while True:
             try:
-                msg = conn.recv()
+                msg = pickle.loads(rx.recv_bytes())
             except EOFError:  # the trainer is gone
-                return
+                return 0
             if msg[0] == "stop":
-                return
+                return 0
             _, step, version = msg
             if version != synced:
                 if not on_cpu:
@@ -317,18 +378,19 @@ def _serve(conn, spec: _Spec) -> None:
                 rollout.sync_weights(model)  # a vLLM engine takes them in; HF samples from the module
                 synced = version
             got = sample_step(batches, model, config, step, spec.chunk_rows)
-            conn.send(("batch", step, got.to("cpu")))
+            _send(tx, ("batch", step, got.to("cpu")))
     except (BrokenPipeError, ConnectionResetError):
-        return
+        return 0
     except Exception as e:
-        _report(conn, e)
+        _report(tx, e)
+        return 1
     finally:
         rollout.close()
 
 
-def _report(conn, e: Exception) -> None:
+def _report(conn: Connection, e: Exception) -> None:
     with contextlib.suppress(OSError, ValueError):
-        conn.send(("error", type(e).__name__, str(e), traceback.format_exc(), isinstance(e, UserError)))
+        _send(conn, ("error", type(e).__name__, str(e), traceback.format_exc(), isinstance(e, UserError)))
 
 
 class LaggedBatches:

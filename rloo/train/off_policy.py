@@ -242,6 +242,7 @@ class _Process:
             self.close()
             raise
         self.pending: int | None = None
+        self.counts: dict[str, int] = {}  # the sampler's reward-server figures (run facts)
         self.version = 0  # of the weights in the buffers; the sampler syncs an engine when it changes
         self.ready: tuple | None = None
 
@@ -270,7 +271,7 @@ class _Process:
 
     def take(self, step: int) -> Collected:
         _expect(self.pending, step)
-        _, got_step, got = self._receive("batch")
+        _, got_step, got, self.counts = self._receive("batch")
         self.pending = None
         if got_step != step:
             raise RuntimeError(f"off-policy sampler: sent the batch of step {got_step}, step {step} was asked for")
@@ -378,7 +379,7 @@ def serve(fd_in: int, fd_out: int) -> int:
                 rollout.sync_weights(model)  # a vLLM engine takes them in; HF samples from the module
                 synced = version
             got = sample_step(batches, model, config, step, spec.chunk_rows)
-            _send(tx, ("batch", step, got.to("cpu")))
+            _send(tx, ("batch", step, got.to("cpu"), _server_counts(reward)))
     except (BrokenPipeError, ConnectionResetError):
         return 0
     except Exception as e:
@@ -386,6 +387,15 @@ def serve(fd_in: int, fd_out: int) -> int:
         return 1
     finally:
         rollout.close()
+
+
+def _server_counts(reward: RewardSource) -> dict[str, int]:
+    """A reward server's requests, retries and failures so far in this process (run facts), else nothing."""
+    client = getattr(reward, "client", None)
+    if client is None:
+        return {}
+    return {"sampler_reward_server_requests": client.requests, "sampler_reward_server_retries": client.retries.count,
+            "sampler_reward_server_failed": client.failed}
 
 
 def _report(conn: Connection, e: Exception) -> None:
@@ -439,6 +449,7 @@ class LaggedBatches:
         t0 = time.perf_counter()
         got = self.worker.take(step).to(self.device)
         got.timings["wait_s"] = time.perf_counter() - t0
+        self.facts.update(getattr(self.worker, "counts", {}))
         # how many updates the sampling weights are behind: none at step 0
         got.stats["train/policy_lag"] = min(step, self.config.rloo.off_policy_steps)
         self.worker.load(trainable_state(policy))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -30,6 +31,7 @@ from rloo.train.rloo import Trainer
 # As tests/integration/test_reference_update.py: float32 on the micro policy, the trainer's chunked head and
 # shared prompt passes against one plain forward pass round apart by ~1e-7.
 ATOL, RTOL = 2e-6, 1e-4
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _cfg(micro_run, **rloo) -> dict:
@@ -177,3 +179,21 @@ def test_an_off_policy_run_resumed_from_its_checkpoint_ends_with_the_same_bytes(
     steps = _steps(tmp_path / "full")
     assert [s["step"] for s in steps if "train/mismatch_k3_token" in s] == [0, 2, 4]
     assert steps[0]["train/lag_abs_max"] == 0.0 and steps[2]["train/lag_k3_token"] > 0
+
+
+@pytest.mark.slow
+def test_reward_functions_of_a_file_score_in_the_sampler_process(micro_run, tmp_path):
+    """A reward function given as path/to/file.py:function is scored by the sampler process (which runs the
+    file again: its module cannot be imported there by name), with the same figures as inline."""
+    cfg = _cfg(micro_run, steps=3)
+    cfg["reward"] = {**cfg["reward"], "source": "function", "functions": [
+        {"name": "shorter", "fn": f"{ROOT / 'tests' / 'helpers' / 'reward_functions.py'}:shorter", "weight": 1.0,
+         "max_failed_share": 0.0}]}
+    for threads in (1, 0):
+        rloo_stage.run(_off_policy(cfg, threads), micro_run["data"], micro_run["sft"], tmp_path / f"out{threads}",
+                       tmp_path / f"w{threads}")
+    facts = json.loads((tmp_path / "w1" / "timings.json").read_text())
+    assert facts["sampler"] == "process", facts  # not the fallback to inline sampling
+    assert json.loads((tmp_path / "w0" / "timings.json").read_text())["sampler"] == "inline"
+    steps = (tmp_path / "out1" / "steps.jsonl").read_text()
+    assert '"train/reward/shorter"' in steps and steps == (tmp_path / "out0" / "steps.jsonl").read_text()

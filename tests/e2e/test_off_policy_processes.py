@@ -105,3 +105,18 @@ def test_the_micro_chain_runs_off_policy_under_snakemake(micro_workflow, tmp_pat
     # how many threads the sampler has is how fast, not what: nothing to rerun
     assert planned(c, extra_config="rloo: {off_policy_steps: 1, rollout_correction: {mismatch_every: 2}}\n"
                                    "rollout: {sampler_threads: 2}\n") == {}
+
+
+def test_the_gpu_profile_asks_for_a_second_gpu_for_the_sampler(tmp_path):
+    """Planned, not run: config/gpu.yaml off-policy under the cluster and GPU profiles, a dry run."""
+    import yaml
+    from workflow_helpers import make_copy
+
+    c = make_copy(tmp_path / "wf")
+    (c / "config" / "offpolicy-gpu.yaml").write_text(yaml.safe_dump({"rloo": {"off_policy_steps": 1}}))
+    res = snakemake(c, "results/gsm8k_rloo.json", "-n", "--cores", "64", "--profile", "slurm", "--workflow-profile",
+                    "profiles/gpu", "--configfile", "config/gpu.yaml", "config/offpolicy-gpu.yaml")
+    out = res.stdout + res.stderr
+    blocks = {m.group(1): m.group(2) for m in re.finditer(r"^rule (\w+):\n(.*?)(?=^\S|\Z)", out, re.M | re.S)}
+    gpus = {rule: re.search(r"resources: .*\bgpu=(\d+)", blocks[rule]).group(1) for rule in ("sft", "reward", "rloo")}
+    assert gpus == {"sft": "1", "reward": "1", "rloo": "2"}, gpus

@@ -61,3 +61,29 @@ def test_the_samplers_threads_rerun_nothing_and_the_lag_reruns_rloo():
     assert reads_key(cfg, "rloo", "rollout.backend") and reads_key(cfg, "rloo", "rloo.off_policy_steps")
     assert reads_key(cfg, "rloo", "rloo.rollout_correction.mismatch_every")
     assert not reads_key(cfg, "evaluate", "rloo.off_policy_steps")
+
+
+def test_the_memory_plans_put_the_sampler_on_a_gpu_of_its_own_and_beside_the_trainer_on_a_cpu():
+    from rloo.host_memory import host_plan
+    from rloo.memory_plan import GB, plan
+    from rloo.model_shape import model_shape
+
+    def plans(off: int, **more) -> dict:
+        config = Config.from_config(load_config(ROOT / "config" / "gpu.yaml", {"rloo": {"off_policy_steps": off},
+                                                                               **more}))
+        return {p.stage: p for p in plan(config, model_shape(config.model)[0], 80)}, config
+
+    sync, _ = plans(0)
+    off, config = plans(1)
+    assert set(off) == {*sync, "rloo sampler (rloo)"}
+    sampler, trainer = off["rloo sampler (rloo)"].peak, off["rloo (rloo)"]
+    shape = model_shape(config.model)[0]
+    assert sampler.vllm == config.rollout.gpu_memory_utilization * 80 * GB  # vLLM's share of its own GPU
+    assert config.reward.source == "model"  # it scores there: its copy of the float32 policy and the reward model
+    assert sampler.state == (shape.parameters() + shape.reward_model_parameters()) * 4
+    assert all(p.vllm == 0 for p in trainer.phases) and any(p.vllm for p in sync["rloo (rloo)"].phases)
+    # on one CPU machine both processes hold their memory at once
+    cpu = Config.from_config(load_config(MICRO, {"rloo": {"off_policy_steps": 1}, "model": {"device": "cpu"}}))
+    phases = host_plan(cpu, model_shape(cpu.model)[0])
+    alone = max(p.total for p in phases if p.stage == "rloo sampler (rloo)")
+    assert all(p.terms["sampler"] == alone for p in phases if p.stage == "rloo (rloo)")

@@ -424,7 +424,12 @@ class LaggedBatches:
             threads = max(1, total // 2)
         if threads:
             worker = _Process(self.config, self.policy_dir, self.reward, self.data, named, threads, self.chunk_rows)
-            if (why := worker.wait_ready()) is None:
+            try:
+                why = worker.wait_ready()
+            except BaseException:  # it failed to start: nothing of it may be left behind
+                worker.close()
+                raise
+            if why is None:
                 trainer_threads = max(1, total - threads)
                 torch.set_num_threads(trainer_threads)
                 self.facts = {"sampler": "process", "sampler_threads": threads, "trainer_threads": trainer_threads}

@@ -197,3 +197,21 @@ def test_reward_functions_of_a_file_score_in_the_sampler_process(micro_run, tmp_
     assert json.loads((tmp_path / "w0" / "timings.json").read_text())["sampler"] == "inline"
     steps = (tmp_path / "out1" / "steps.jsonl").read_text()
     assert '"train/reward/shorter"' in steps and steps == (tmp_path / "out0" / "steps.jsonl").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["ppo", "lora"])
+def test_ppo_and_lora_run_off_policy_with_the_same_bytes_in_a_sampler_process_as_inline(variant, micro_run, micro_reward,
+                                                                                        tmp_path):
+    """PPO shares the batches and the correction; under LoRA the sampler holds the base model and receives
+    the adapters alone."""
+    cfg = _cfg(micro_run, steps=3, **({"estimator": "ppo"} if variant == "ppo" else {}))
+    if variant == "lora":
+        cfg["model"]["lora"]["enabled"] = True
+    for threads in (1, 0):
+        rloo_stage.run(_off_policy(cfg, threads), micro_run["data"], micro_run["sft"], tmp_path / f"out{threads}",
+                       tmp_path / f"w{threads}", micro_reward)
+    assert json.loads((tmp_path / "w1" / "timings.json").read_text())["sampler"] == "process"
+    for name in ("model.safetensors", "steps.jsonl"):
+        assert (tmp_path / "out1" / name).read_bytes() == (tmp_path / "out0" / name).read_bytes(), name
+    assert not same_weights(tmp_path / "out1", micro_run["sft"])  # it trained

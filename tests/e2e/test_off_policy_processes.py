@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import copy_tree
+from test_crash_safety import _wait_for_checkpoint
 from workflow_helpers import CONFIGFILES, job_counts, planned, same_weights, snakemake
 
 from rloo.model import checkpoint
@@ -60,13 +61,8 @@ def test_sigint_checkpoints_and_the_rerun_resumes_to_the_uninterrupted_bytes(mic
     assert json.loads((tmp_path / "w_full" / "timings.json").read_text())["sampler"] == "process"
     proc = subprocess.Popen(_train_cmd(micro_run, micro_reward, tmp_path, "out", "work"), stderr=subprocess.PIPE,
                             text=True)
-    ckpts, deadline = tmp_path / "work" / "checkpoints", time.time() + 120
-    while checkpoint.latest(ckpts) is None:
-        assert proc.poll() is None, proc.stderr.read()
-        if time.time() > deadline:
-            proc.kill()
-            raise AssertionError(f"no checkpoint appeared: {proc.communicate()[1][-5000:]}")
-        time.sleep(0.05)
+    ckpts = tmp_path / "work" / "checkpoints"
+    _wait_for_checkpoint(tmp_path / "work", proc, timeout=120)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-3000:]

@@ -217,8 +217,9 @@ def _send(conn: Connection, obj: object) -> None:
 class _Process:
     """The lagged batches sampled by a process of its own (`serve`), each requested one step ahead."""
 
-    def __init__(self, config: Config, policy_dir: str, reward: RewardSource, data: tuple,
+    def __init__(self, config: Config, policy_dir: str, reward: bytes, data: tuple,
                  named: dict[str, torch.Tensor], threads: int, chunk_rows: int) -> None:
+        """(`reward`: the training reward, pickled.)"""
         self.weights = SharedWeights.create(named)
         from_parent, to_child = os.pipe()
         from_child, to_parent = os.pipe()
@@ -232,12 +233,8 @@ class _Process:
         spec = _Spec(config.to_config(), str(policy_dir), data, threads, self.weights.layout, self.weights.files,
                      chunk_rows, logging.getLogger("rloo").getEffectiveLevel())
         try:
-            reward_bytes = ("reward", pickle.dumps(reward, protocol=pickle.HIGHEST_PROTOCOL))
-        except Exception as e:  # it does not pickle (a notebook's lambda, an open connection)
-            reward_bytes = ("no_reward", f"{type(e).__name__}: {e}")
-        try:
             self._send(spec)
-            self._send(reward_bytes)
+            self._send(reward, pickled=True)
         except BaseException:
             self.close()
             raise
@@ -246,9 +243,9 @@ class _Process:
         self.version = 0  # of the weights in the buffers; the sampler syncs an engine when it changes
         self.ready: tuple | None = None
 
-    def _send(self, obj: object) -> None:
+    def _send(self, obj: object, pickled: bool = False) -> None:
         try:
-            _send(self.tx, obj)
+            self.tx.send_bytes(obj) if pickled else _send(self.tx, obj)
         except (BrokenPipeError, ConnectionResetError):
             raise RuntimeError(f"the off-policy sampler process ended (exit code {self.proc.wait()}); "
                                "its log lines are above") from None
@@ -348,13 +345,11 @@ def serve(fd_in: int, fd_out: int) -> int:
     except Exception as e:
         _report(tx, e)
         return 1
-    kind, payload = pickle.loads(rx.recv_bytes())
-    why = None if kind == "reward" else f"the training reward does not pickle ({payload})"
-    if why is None:
-        try:
-            reward = pickle.loads(payload)
-        except Exception as e:  # it pickled, but does not load here (its module does not import)
-            why = f"the training reward does not load in another process ({type(e).__name__}: {e})"
+    why = None
+    try:
+        reward = pickle.loads(rx.recv_bytes())
+    except Exception as e:  # it pickled, but does not load here (its module does not import)
+        why = f"the training reward does not load in another process ({type(e).__name__}: {e})"
     _send(tx, ("ready", why))
     if why is not None:
         rollout.close()
@@ -422,8 +417,14 @@ class LaggedBatches:
         total = torch.get_num_threads()
         if threads is None:
             threads = max(1, total // 2)
+        why = None
         if threads:
-            worker = _Process(self.config, self.policy_dir, self.reward, self.data, named, threads, self.chunk_rows)
+            try:
+                reward = pickle.dumps(self.reward, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as e:  # a notebook's lambda, an open connection
+                why = f"the training reward does not pickle ({type(e).__name__}: {e})"
+        if threads and why is None:
+            worker = _Process(self.config, self.policy_dir, reward, self.data, named, threads, self.chunk_rows)
             try:
                 why = worker.wait_ready()
             except BaseException:  # it failed to start: nothing of it may be left behind
@@ -437,8 +438,9 @@ class LaggedBatches:
                 self.worker = worker
             else:
                 worker.close()
-                log.warning("!!! off-policy: %s, so the sampler cannot run in a process of its own: the lagged "
-                            "batches are sampled in the trainer's process, without overlap (the same results)", why)
+        if why is not None:
+            log.warning("!!! off-policy: %s, so the sampler cannot run in a process of its own: the lagged "
+                        "batches are sampled in the trainer's process, without overlap (the same results)", why)
         if self.worker is None:
             self.worker = _Inline(self.config, self.policy_dir, self.reward, self.data, self.device, self.chunk_rows)
             self.facts = {"sampler": "inline"}

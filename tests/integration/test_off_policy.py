@@ -215,3 +215,23 @@ def test_ppo_and_lora_run_off_policy_with_the_same_bytes_in_a_sampler_process_as
     for name in ("model.safetensors", "steps.jsonl"):
         assert (tmp_path / "out1" / name).read_bytes() == (tmp_path / "out0" / name).read_bytes(), name
     assert not same_weights(tmp_path / "out1", micro_run["sft"])  # it trained
+
+
+def test_a_reward_that_does_not_pickle_samples_inline_and_says_so(micro_run, tmp_path, caplog):
+    """rloo.api.train_rloo with a notebook's lambda as the reward: no process can be handed it, so the
+    lagged batches are sampled in the trainer's process (one warning), the same bytes as asked for inline."""
+    from rloo.api import train_rloo
+    from rloo.settings import Config
+
+    cfg = _cfg(micro_run, steps=2)
+    cfg["reward"]["source"] = "verifier"
+    rows = training_prompts(read_split(micro_run["data"], "train"), 0)
+    shorter = lambda completions, **kw: [-len(c) / 50.0 for c in completions]  # noqa: E731
+    with caplog.at_level("WARNING", logger="rloo.train"):
+        for threads in (1, 0):
+            config = Config.from_config(_off_policy(cfg, threads))
+            train_rloo(micro_run["sft"], rows, shorter, tmp_path / f"out{threads}", config=config)
+    assert sum("the training reward does not pickle" in r.message for r in caplog.records) == 1
+    assert json.loads((tmp_path / "out1.work" / "timings.json").read_text())["sampler"] == "inline"
+    for name in ("model.safetensors", "steps.jsonl"):
+        assert (tmp_path / "out1" / name).read_bytes() == (tmp_path / "out0" / name).read_bytes(), name

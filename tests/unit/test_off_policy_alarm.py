@@ -2,20 +2,9 @@
 offpolicy_t1 and offpolicy_t1.2, the mismatch measured every other step): it reads the mismatch at the
 lagged weights, never the policy lag, and needs only a few measurements in its window."""
 
-import json
-from pathlib import Path
+from test_alarms import CFG, INDEX, _history
 
-from rloo.config import load_config
 from rloo.train import alarms
-
-ROOT = Path(__file__).resolve().parents[2]
-RUNS = ROOT / "tests" / "data" / "trajectories"
-INDEX = json.loads((RUNS / "index.json").read_text())
-CFG = alarms.AlarmConfig.from_config(load_config(ROOT / "config" / "config.yaml")["rloo"]["alarms"])
-
-
-def _history(name: str) -> list[dict]:
-    return [json.loads(line) for line in (RUNS / f"{name}.jsonl").read_text().splitlines()]
 
 
 def _every(history: list[dict], n: int) -> list[dict]:

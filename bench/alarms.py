@@ -40,6 +40,9 @@ from rloo.train import alarms  # noqa: E402
 TRAJECTORIES = ROOT / "tests" / "data" / "trajectories"
 KEYS = ("step", "train/reward_mean", "train/kl", "train/zero_adv_frac", "train/response_length")
 MISMATCH_KEY = "train/mismatch_k3_token"  # recorded where the run logged it (sampling_mismatch)
+# An off-policy run's lag (it makes the alarm read sparse measurements) and the whole ratio's level, kept
+# to show what the alarm would read without the split (docs/rollout-correction.md).
+OFF_POLICY_KEYS = ("train/policy_lag", "train/offpolicy_k3_token", "train/lag_k3_token")
 EVAL_KEYS = ("step", "eval/accuracy_sampled", "eval/proxy_reward")
 
 
@@ -119,8 +122,17 @@ def miss_margin(run: dict, lo: float = 0.0, hi: float = 10.0) -> float | None:
 
 
 def _window_means(values: list[float], window: int) -> np.ndarray:
+    """The mean of each `window` consecutive values; where some are NaN (an off-policy run measures the
+    mismatch every few steps only), of the finite ones among them."""
     v = np.asarray(values, dtype=float)
-    return np.convolve(v, np.ones(window) / window, mode="valid") if len(v) >= window else v[:0]
+    if len(v) < window:
+        return v[:0]
+    if np.isfinite(v).all():
+        return np.convolve(v, np.ones(window) / window, mode="valid")
+    finite = np.isfinite(v)
+    sums = np.convolve(np.where(finite, v, 0.0), np.ones(window), mode="valid")
+    counts = np.convolve(finite.astype(float), np.ones(window), mode="valid")
+    return sums / np.maximum(counts, 1)
 
 
 def mismatch_grid(runs: dict[str, dict], thresholds: list[float], zs: list[float]) -> dict:
@@ -166,7 +178,7 @@ def record(name: str, source: Path, kind: str, expect: str | None, command: str,
 def _write_run(name: str, steps: list[dict], metrics: dict, **entry) -> None:
     TRAJECTORIES.mkdir(parents=True, exist_ok=True)
     (TRAJECTORIES / f"{name}.jsonl").write_text(
-        "".join(json.dumps({k: s[k] for k in (*KEYS, MISMATCH_KEY) if k in s}) + "\n" for s in steps))
+        "".join(json.dumps({k: s[k] for k in (*KEYS, MISMATCH_KEY, *OFF_POLICY_KEYS) if k in s}) + "\n" for s in steps))
     index_path = TRAJECTORIES / "index.json"
     index = json.loads(index_path.read_text()) if index_path.exists() else {}
     keep = {k: v for k, v in index.get(name, {}).items() if k == "known_miss"}  # an annotation, kept

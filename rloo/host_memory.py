@@ -15,6 +15,9 @@ the KV cache. On top of them, per process, what a CPU run holds and the GPU plan
                of which the GPU plan counts 2
   step rows    the RLOO step's sampled rows, held through its update: token ids, masks, the sampler's,
                the old and the reference log-probabilities, rows x model.max_length x 25 bytes
+  sampler      off-policy (rloo.off_policy_steps 1), the sampler process's own peak (its interpreter, its
+               copy of the policy and of the reward model, the rollouts' decode), beside every phase of
+               the trainer's
 
 Each of the `distributed.nproc_per_node` processes a run starts on one machine holds all of it. A
 config fits when its largest stage's peak is at most the machine's memory less MARGIN_SHARE:
@@ -89,16 +92,19 @@ def decodes(sections: Config) -> dict[str, list[Decode]]:
     def evaluation(batch: int, draws: int, new: int, key: str) -> Decode:  # rloo.eval.evaluation.decode
         return Decode(max(1, batch // draws), draws, new, key)
 
-    rloo = [Decode(math.ceil(o.prompts_per_step / world), o.k, o.max_new_tokens,
-                   "lower rloo.k (the mask and scores grow with its square) or rloo.max_new_tokens")]
-    if o.eval_every:
-        rloo.append(evaluation(o.eval_batch_size, o.eval_draws, o.max_new_tokens, "lower rloo.eval_batch_size"))
+    rollouts = [Decode(math.ceil(o.prompts_per_step / world), o.k, o.max_new_tokens,
+                       "lower rloo.k (the mask and scores grow with its square) or rloo.max_new_tokens")]
+    rollouts = rollouts if sections.rollout.backend == "hf" else []
+    validation = [evaluation(o.eval_batch_size, o.eval_draws, o.max_new_tokens, "lower rloo.eval_batch_size")]
+    validation = validation if o.eval_every else []
     spp = r.samples_per_prompt
     return {
         "sft": [evaluation(s.eval_batch_size, s.eval_draws, s.eval_max_new_tokens, "lower sft.eval_batch_size")],
         "reward": [Decode(math.ceil(max(1, 128 // spp) / world), spp, r.max_new_tokens,
                           "lower reward.samples_per_prompt or reward.max_new_tokens")],
-        f"rloo ({o.estimator})": rloo if sections.rollout.backend == "hf" else rloo[1:],
+        # off-policy, the sampler process decodes the rollouts (memory_plan: "rloo sampler")
+        f"rloo ({o.estimator})": validation if o.off_policy_steps else rollouts + validation,
+        f"rloo sampler ({o.estimator})": rollouts,
         "evaluate": [evaluation(e.batch_size, e.samples_per_prompt, e.max_new_tokens, "lower evaluate.batch_size")],
     }
 
@@ -124,6 +130,15 @@ def host_plan(sections: Config, shape: Shape) -> list[HostPhase]:
                 terms["rows"] = rows * max_length * ROW_BYTES_PER_TOKEN
                 keys["rows"] = "lower rloo.k or rloo.prompts_per_step"
             out.append(HostPhase(sp.stage, p.name, {k: v * local for k, v in terms.items()}, keys))
+    # Off-policy on one machine, the sampler process runs beside the trainer all along: each of the
+    # trainer's phases holds the sampler's peak too.
+    sampler = [p for p in out if p.stage.startswith("rloo sampler")]
+    if sampler:
+        peak = max(sampler, key=lambda p: p.total)
+        for p in out:
+            if p.stage.startswith("rloo (") and not p.stage.startswith("rloo sampler"):
+                p.terms["sampler"] = peak.total
+                p.keys["sampler"] = peak.keys.get("decode", "set rollout.sampler_threads=0 (no sampler process)")
     return out
 
 
@@ -184,7 +199,7 @@ def problem(sections: Config, shape: Shape) -> str | None:
     key = worst.keys.get(term, "lower the model's size")
     size = worst.terms[term]
     label = {"decode": "decode mask, scores and sampler", "rows": "the step's rows", "activations": "activations",
-             "logits": "logits", "state": "model state"}[term]
+             "logits": "logits", "state": "model state", "sampler": "the off-policy sampler process"}[term]
     key_name = key.split()[1] if key.startswith(("lower ", "set ")) else key
     key_name = key_name.split("=")[0]
     return (f"key '{key_name}': {worst.stage} would need {_size(worst.total)} of host memory on this CPU run "

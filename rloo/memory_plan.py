@@ -52,6 +52,12 @@ sampling (a phase of decoding with the HF path: sft's and rloo's evaluations, rl
   logits of the last position: rows x V x 4 x 2
 vLLM: rollout.gpu_memory_utilization x GPU memory in the rloo stage with rollout.backend vllm (the
   engine reserves its share of the whole GPU, whatever it uses)
+off-policy (rloo.off_policy_steps 1): the rollouts (and a vLLM engine) move to the sampler process, which
+  is planned on a second GPU of its own ("rloo sampler"): its copy of the policy (P x w; under LoRA the
+  base and the adapters), the reward model when it scores with one (reward.source model), the KV cache of
+  the step's rows (or vLLM's share of that GPU); the trainer's GPU keeps the update and the validation
+  decoding. Planned, not run: the GPU profile asks for the second GPU (workflow/rules/common.smk), and
+  on a CPU both processes share the machine's memory (rloo/host_memory.py)
 
 A stage fits when its peak is at most the GPU's memory less MARGIN_GB and MARGIN_SHARE of it: the CUDA
 context (about 0.5 GB), NCCL's buffers and the caching allocator's fragmentation. Validated on a CPU
@@ -273,14 +279,24 @@ def plan(sections: Config, shape: Shape, gpu_gb: float | None = None) -> list[St
     if backend == "vllm" and gpu_gb:
         vllm = sections.rollout.gpu_memory_utilization * gpu_gb * GB
     rows = per_rank(o.prompts_per_step) * o.k
+    off = o.off_policy_steps > 0  # the rollouts, and the engine, are the sampler's, on a GPU of its own
     update = _update(shape, sections, "rloo", o.micro_batch_tokens, state, rows // o.ppo.minibatches if ppo else rows)
-    decode_rows = max(rows if backend == "hf" else 0, o.eval_batch_size if o.eval_every else 0)
+    decode_rows = max(rows if backend == "hf" and not off else 0, o.eval_batch_size if o.eval_every else 0)
     key = "rloo.eval_batch_size" if decode_rows != rows or backend != "hf" else "rloo.prompts_per_step"
     sampling = _sampling(shape, sections, state, decode_rows, key)
     for p in (update, sampling):
-        p.vllm = vllm
+        p.vllm = 0.0 if off else vllm
         p.keys["vllm"] = "lower rollout.gpu_memory_utilization"
     plans.append(StagePlan(f"rloo ({o.estimator})", _strategy(sections), [update, sampling]))
+    if off:
+        # Its own copy of the policy (LoRA: the base with the adapters) and the reward model it scores with.
+        held = (P + (shape.lora_parameters(mc.lora.r, mc.lora.target_modules) if mc.lora.enabled else 0)) * w
+        held += shape.reward_model_parameters() * w if r.source == "model" else 0
+        sampler = _sampling(shape, sections, held, rows if backend == "hf" else 0, "rloo.prompts_per_step",
+                            gathered=False)
+        sampler.vllm = vllm
+        sampler.keys["vllm"] = "lower rollout.gpu_memory_utilization"
+        plans.append(StagePlan(f"rloo sampler ({o.estimator})", "1 GPU of its own", [sampler]))
 
     copies = P * w * 2 + shape.reward_model_parameters() * w  # the SFT reference, one policy, the reward model
     plans.append(StagePlan("evaluate", "1 GPU", [_sampling(shape, sections, copies, sections.evaluate.batch_size,

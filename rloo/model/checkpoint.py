@@ -48,13 +48,17 @@ def save(
     keep: int = 2,
     fingerprint: str | None = None,
     companions: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]] | None = None,
+    tensors: dict[str, dict[str, torch.Tensor]] | None = None,
 ) -> Path:
     """Write checkpoint `step` under `root`: the model and its optimizer/scheduler, plus each of the
-    `companions` ({name: (model, optimizer)}, e.g. PPO's critic) as `<name>.safetensors` + `<name>_optimizer.pt`.
-    Then remove the oldest folders under `root` until `keep` are left, this one among them (0: keep all)."""
+    `companions` ({name: (model, optimizer)}, e.g. PPO's critic) as `<name>.safetensors` + `<name>_optimizer.pt`,
+    and each set of named `tensors` ({name: {key: tensor}}, e.g. an off-policy run's lagged weights) as
+    `<name>.safetensors`. Then remove the oldest folders under `root` until `keep` are left, this one among
+    them (0: keep all)."""
     final = Path(root) / f"step_{step:08d}"
     parts = {"model": (model, optimizer), **(companions or {})}
     states = {name: (_weights(module), distributed.optim_state(module, opt)) for name, (module, opt) in parts.items()}
+    tensors = {name: named for name, named in (tensors or {}).items() if named}
     if distributed.is_main():
         # A failed write (a full disk: torch's zip writer then raises "unexpected pos ...") is one
         # WriteError naming this folder; the older checkpoints are only removed after it succeeded.
@@ -66,8 +70,12 @@ def save(
                                tmp / "optimizer.pt")
                 else:
                     torch.save({"optimizer": opt_state}, tmp / f"{name}_optimizer.pt")
-            (tmp / _DONE).write_text(json.dumps({"step": step, "fingerprint": fingerprint, "extra": extra or {},
-                                                 "sha256": digests(tmp)}))
+            for name, named in tensors.items():
+                save_file({k: v.detach().contiguous() for k, v in named.items()}, str(tmp / f"{name}.safetensors"))
+            meta = {"step": step, "fingerprint": fingerprint, "extra": extra or {}, "sha256": digests(tmp)}
+            if tensors:  # (a checkpoint without them is written as before)
+                meta["tensors"] = sorted(tensors)
+            (tmp / _DONE).write_text(json.dumps(meta))
         # `keep` in all, this one included (a checkpoint written at a signal counts like any other).
         older = sorted(p for p in Path(root).glob("step_*") if p != final)
         for old in older[: max(0, len(older) - (keep - 1))] if keep else []:
@@ -184,7 +192,7 @@ def load(
     companions: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]] | None = None,
 ) -> tuple[int, dict]:
     """Restore model, optimizer and scheduler (and the `companions` saved with them) in place; return
-    (step, extra).
+    (step, extra), and under extra["tensors"] the named tensors saved with it (`save`'s `tensors`), if any.
 
     A checkpoint written under another `fingerprint` (other settings or data) is refused rather than
     silently continued with the wrong run.
@@ -212,7 +220,11 @@ def load(
         raise DamagedCheckpoint(f"{folder}: incomplete checkpoint, missing {Path(e.filename).name}") from None
     except Exception as e:
         raise DamagedCheckpoint(f"{folder}: corrupt checkpoint ({type(e).__name__}: {e})") from None
-    for name, (state, _) in loaded.items():
+    try:
+        tensors = {name: load_file(str(folder / f"{name}.safetensors")) for name in meta.get("tensors", [])}
+    except Exception as e:
+        raise DamagedCheckpoint(f"{folder}: corrupt checkpoint ({type(e).__name__}: {e})") from None
+    for name, state in [*((n, s) for n, (s, _) in loaded.items()), *tensors.items()]:
         if bad := nonfinite(state):
             raise DamagedCheckpoint(f"{folder}: {name}.safetensors holds non-finite values ({bad})")
     for name, (module, opt) in parts.items():
@@ -222,7 +234,8 @@ def load(
     sched = loaded["model"][1].get("scheduler")
     if scheduler is not None and sched is not None:
         scheduler.load_state_dict(sched)
-    return int(meta["step"]), meta.get("extra", {})
+    extra = meta.get("extra", {})
+    return int(meta["step"]), {**extra, "tensors": tensors} if tensors else extra
 
 
 class Selection:

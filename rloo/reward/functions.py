@@ -280,6 +280,12 @@ def user_files(cfg: dict) -> list[Path]:
     return out
 
 
+def _from_file(key: str, name: str, fn: str, weight: float, max_failed_share: float) -> RewardFunction:
+    """A RewardFunction of a file's function, loaded in this process (RewardFunction.__reduce__)."""
+    func, _ = load(fn, f"{key}.fn")
+    return RewardFunction(key, name, fn, weight, max_failed_share, func, Parameters.of(func))
+
+
 @dataclass
 class RewardFunction:
     """One configured function: `__call__` scores a batch, checking what it returns."""
@@ -301,6 +307,14 @@ class RewardFunction:
             out.append(cls(key, f["name"], f["fn"], float(f["weight"]), float(f["max_failed_share"]), func,
                            Parameters.of(func)))
         return out
+
+    def __reduce__(self):
+        # A function of a file (path/to/file.py:function) lives in a module no other process can import by
+        # its name: another process (the off-policy sampler, rloo/train/off_policy.py) runs the file again.
+        target, _, func = self.fn.rpartition(":")
+        if is_path(target):
+            return _from_file, (self.key, self.name, f"{resolve(target)}:{func}", self.weight, self.max_failed_share)
+        return super().__reduce__()
 
     @classmethod
     def of(cls, func: Callable, weight: float = 1.0, name: str | None = None, max_failed_share: float = 0.0

@@ -101,6 +101,14 @@ class Collected:
     scores: torch.Tensor  # [G * k] raw task rewards, before any KL shaping (NaN = missing)
     stats: dict[str, float] = field(default_factory=dict)  # train/dynamic_* (dynamic sampling), train/reward/* (functions)
     timings: dict[str, float] = field(default_factory=dict)  # generation_s, scoring_s: seconds this step
+    # Off-policy, at the steps it is measured (rloo/train/off_policy.py): the trainer's log-probabilities of
+    # the samples under the weights that sampled them, [G * k, T].
+    trainer_logprobs: torch.Tensor | None = None
+
+    def to(self, device: torch.device | str) -> Collected:
+        """The same groups with every tensor on `device`."""
+        lp = None if self.trainer_logprobs is None else self.trainer_logprobs.to(device)
+        return Collected(self.idx, self.rollout.to(device), self.scores.to(device), self.stats, self.timings, lp)
 
 
 def gather(

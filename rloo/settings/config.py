@@ -66,4 +66,4 @@ class Config(Section):
         section's (`problems`), handed what it reads of the others."""
         context, examples = self.model.max_length, self.data.train_examples()
         return (self.sft.problems(context, examples) + self.reward.problems(context, self.to_config())
-                + self.rloo.problems(context, examples) + self.evaluate.problems(context, self.reward.source))
+                + self.rloo.problems(context, examples, self.distributed.strategy) + self.evaluate.problems(context, self.reward.source))

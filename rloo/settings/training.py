@@ -4,6 +4,7 @@ correction's settings) and `rollout`. A rule that ties a key to others lives in 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -195,8 +196,9 @@ class RolloutCorrectionConfig(Section):
     the update. Applied to every estimator and to PPO's surrogate; the mismatch metrics (train/mismatch_*)
     are logged whatever the mode."""
 
-    mode: Literal["none", "token_tis", "sequence_tis", "token_mask", "sequence_mask"] = "none"
-    """none: no correction (the embedded default samples with its own float32 trainer). token_tis: each
+    mode: Literal["auto", "none", "token_tis", "sequence_tis", "token_mask", "sequence_mask"] = "auto"
+    """auto: token_tis off-policy (rloo.off_policy_steps 1: the sampler's weights lag the trainer's), none
+    synchronous. none: no correction (the embedded default samples with its own float32 trainer). token_tis: each
     token's term times w_t = min(pi_trainer / pi_sampler, cap), a constant (TRL's default with vLLM).
     sequence_tis: every token of a sequence times min(prod_t ratio, cap). token_mask: tokens whose ratio
     leaves [1/cap, cap] are dropped. sequence_mask: whole sequences whose geometric-mean ratio leaves
@@ -205,10 +207,25 @@ class RolloutCorrectionConfig(Section):
     cap: float = setting(2.0, exclusive_minimum=1)
     """C: the truncation of the importance weights, and the band [1/C, C] of the masks and of
     train/mismatch_out_of_band."""
+    mismatch_every: int = setting(0, minimum=0)
+    """Off-policy only (rloo.off_policy_steps 1): every this many steps, one more forward pass of the trainer's,
+    under the lagged weights that sampled the batch, splits the sampler-to-trainer ratio into the
+    sampler-trainer mismatch (train/mismatch_*, which the sampling_mismatch alarm reads) and the policy lag
+    (train/lag_*). 0 = never: the sampling_mismatch alarm is then off. A synchronous run measures the
+    mismatch at every step without it."""
+
+    def resolved(self, off_policy: bool) -> RolloutCorrectionConfig:
+        """This section with `auto` replaced by the mode it stands for (token_tis off-policy, else none)."""
+        if self.mode != "auto":
+            return self
+        return dataclasses.replace(self, mode="token_tis" if off_policy else "none")
 
     @property
     def applied(self) -> bool:
-        """Whether weights or masks enter the loss (every mode but `none`, which only measures)."""
+        """Whether weights or masks enter the loss (every mode but `none`, which only measures) once
+        `resolved`."""
+        if self.mode == "auto":
+            raise ValueError("rloo.rollout_correction.mode auto: resolve it first (RolloutCorrectionConfig.resolved)")
         return self.mode != "none"
 
 
@@ -351,8 +368,16 @@ class RlooConfig(Section):
     under it and their gradients accumulated, so the step's gradient equals the whole batch's; peak memory
     follows the budget, not the batch (a row longer than the budget is a micro-batch of its own). 0 = the
     whole batch in one pass."""
+    off_policy_steps: int = setting(0, minimum=0, maximum=1)
+    """How many updates the sampling weights lag behind the trained ones. 0 = synchronous: each step samples
+    with the weights it then updates. 1 = one-step off-policy: the batch of step t is sampled with the
+    weights after step t-2 (steps 0 and 1 both with the starting weights), so that sampling the next batch
+    overlaps this step's update (rollout.sampler_threads; docs/method.md). The samples depend only on (seed,
+    step, the weights that sampled them), never on timing: a run is the same bytes however the two overlap,
+    and resumes to them."""
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
-    """Correction of the policy gradient for the sampler-trainer mismatch (docs/rollout-correction.md)."""
+    """Correction of the policy gradient for the sampler-trainer mismatch and, off-policy, the policy lag
+    (docs/rollout-correction.md)."""
     ppo: PpoConfig = field(default_factory=PpoConfig)
     """PPO's own settings (rloo.estimator = ppo)."""
     select: Literal["best", "last"] = "best"
@@ -364,13 +389,28 @@ class RlooConfig(Section):
     """Alarms that stop training when they fire (reward_hacking: the training reward rose while validation
     accuracy fell beyond noise). The policy written still follows `select`."""
 
-    def problems(self, max_length: int, examples: Examples) -> list[str]:
+    def problems(self, max_length: int, examples: Examples, strategy: str = "none") -> list[str]:
+        """(`strategy`: distributed.strategy.)"""
         out = [f"key 'rloo.k': {p}, got {self.k}" for p in k_problems(self.estimator, self.k, self.dynamic_sampling)]
         if self.select == "best" and not self.eval_every:
             out.append("key 'rloo.select': 'best' picks a checkpoint by validation accuracy and needs "
                        "rloo.eval_every > 0 (or set rloo.select: last)")
-        return (out + completion_room("rloo.max_new_tokens", self.max_new_tokens, max_length)
+        return (out + self.off_policy_problems(strategy)
+                + completion_room("rloo.max_new_tokens", self.max_new_tokens, max_length)
                 + batch_within_data("rloo.prompts_per_step", self.prompts_per_step, examples))
+
+    def off_policy_problems(self, strategy: str) -> list[str]:
+        """The combinations with `off_policy_steps` 1 that are not built."""
+        if not self.off_policy_steps:
+            return []
+        out = []
+        if strategy != "none":
+            out.append(f"key 'rloo.off_policy_steps': 1 with distributed.strategy={strategy}: the off-policy sampler "
+                       "runs beside one training process; set distributed.strategy none or rloo.off_policy_steps 0")
+        if self.estimator == "remax":
+            out.append("key 'rloo.off_policy_steps': 1 with rloo.estimator=remax: its greedy baseline would be the "
+                       "current policy's while the samples are the lagged one's; set rloo.off_policy_steps 0")
+        return out
 
 
 @dataclass(frozen=True)
@@ -382,3 +422,9 @@ class RolloutConfig(Section):
     stage's process, its weights synced in place after every update (docs/vllm.md)."""
     gpu_memory_utilization: float = setting(0.3, exclusive_minimum=0, maximum=1)
     """The share of the GPU's memory vLLM may take (the trainer's networks share the GPU with it)."""
+    sampler_threads: int | None = setting(None, minimum=0)
+    """Off-policy only (rloo.off_policy_steps 1): torch threads of the sampler process, which holds its own copy
+    of the weights and samples (and scores) the next batch while the trainer updates on this one; the trainer
+    keeps the rest of `threads`. null = half of `threads` (at least 1). 0 = no sampler process: the trainer
+    samples each lagged batch itself before its update (the sequential emulation: the same bytes, no overlap).
+    Like `threads`, it changes how fast, never what a run computes: it reruns nothing."""

@@ -91,17 +91,23 @@ def length_climb(lengths: Sequence[float], reward: Sequence[float], cfg: AlarmCo
             and rise > cfg.z * se and _not_rising(r_parts[0], r_parts[-1], cfg.z))
 
 
-def sampling_mismatch(kl_per_token: Sequence[float], cfg: AlarmConfig = DEFAULTS) -> bool:
+# Off-policy, the mismatch is measured every rloo.rollout_correction.mismatch_every steps only: the alarm
+# needs this many measurements in its window (a synchronous run, half the window).
+MIN_MEASURED = 3
+
+
+def sampling_mismatch(kl_per_token: Sequence[float], cfg: AlarmConfig = DEFAULTS, sparse: bool = False) -> bool:
     """The samples do not come from the policy the loss differentiates: the window's mean per-token
     KL(sampler || trainer) (`train/mismatch_k3_token`, docs/rollout-correction.md) exceeds `mismatch_kl` by
     `z` standard errors. A level alone, no trend: the healthy figure is rounding noise that does not drift
     with training, and a sampler at another temperature is off from its first step. Steps without the
-    sampler's log-probabilities (NaN) are left out; silent while fewer than half the window has them."""
+    sampler's log-probabilities (NaN) are left out; silent while fewer than half the window has them, or
+    with `sparse` (an off-policy run, which measures the mismatch every few steps) fewer than MIN_MEASURED."""
     s = _tail(kl_per_token, cfg.window)
     if s is None:
         return False
     s = _finite(s)
-    if 2 * len(s) < cfg.window or len(s) < 2:
+    if len(s) < (MIN_MEASURED if sparse else 2) or (not sparse and 2 * len(s) < cfg.window):
         return False
     mean, se = _mean_se(s)
     return mean - cfg.z * se > cfg.mismatch_kl
@@ -144,12 +150,14 @@ def step_flags(history: Sequence[dict], cfg: AlarmConfig = DEFAULTS, skip: Seque
         return [h.get(key, math.nan) if optional else h[key] for h in history[-cfg.window:]]
 
     reward = series("train/reward_mean")
+    # An off-policy run (it logs its policy lag) measures the mismatch alone every mismatch_every steps.
+    sparse = any("train/policy_lag" in h for h in history[-cfg.window:])
     return {
         "zero_signal": "zero_signal" not in skip and zero_signal(series("train/zero_adv_frac"), cfg),
         "kl_without_reward": "kl_without_reward" not in skip and kl_without_reward(series("train/kl"), reward, cfg),
         "length_climb": "length_climb" not in skip and length_climb(series("train/response_length"), reward, cfg),
         "sampling_mismatch": "sampling_mismatch" not in skip and sampling_mismatch(
-            series("train/mismatch_k3_token", optional=True), cfg),
+            series("train/mismatch_k3_token", optional=True), cfg, sparse),
     }
 
 

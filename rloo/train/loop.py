@@ -16,8 +16,9 @@ NonFiniteError before the optimizer applies it (or skips the step, up to `max_no
 the weights are checked before every checkpoint and before the output is written, so a run that
 diverged leaves its last good checkpoint and no output.
 
-A checkpoint holds the weights, the optimizer and scheduler state, `loop.history` and whatever
-`state()` returns (the trainer's own state: evaluations, a moving baseline). The batches of step N
+A checkpoint holds the weights, the optimizer and scheduler state, `loop.history`, whatever
+`state()` returns (the trainer's own state: evaluations, a moving baseline) and the named tensors
+`tensors()` returns (an off-policy run's lagged weights; `resume` hands them back as extra["tensors"]). The batches of step N
 must depend only on (seed, N) (`runtime.step_generator`), so that a resumed run repeats exactly what
 an uninterrupted one would have done.
 """
@@ -70,11 +71,13 @@ class TrainingLoop:
         companions: dict[str, tuple[torch.nn.Module, torch.optim.Optimizer]] | None = None,
         max_nonfinite_steps: int = 0,
         log: RunLog | Callable[[dict, int], None] | None = None,
+        tensors: Callable[[], dict[str, dict[str, torch.Tensor]]] = dict,
     ) -> None:
         self.name, self.steps, self.ckpt_dir = name, steps, Path(ckpt_dir)
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.fingerprint, self.checkpoint_every, self.keep, self.state = fingerprint, checkpoint_every, keep, state
         self.companions = companions or {}  # other trained networks, checkpointed with the model (a critic)
+        self.tensors = tensors  # named tensors of the trainer's, checkpointed too (an off-policy run's lagged weights)
         self.start = 0
         self.history: list[dict] = []
         self.bar: Progress | None = None
@@ -191,7 +194,8 @@ class TrainingLoop:
                     self.check_weights(step, "a checkpoint")
                     saved = checkpoint.save(self.ckpt_dir, done, self.model, self.optimizer, self.scheduler,
                                             {"history": self.history, **self.state()}, keep=self.keep,
-                                            fingerprint=self.fingerprint, companions=self.companions)
+                                            fingerprint=self.fingerprint, companions=self.companions,
+                                            tensors=self.tensors())
                     if stop.requested:
                         if distributed.is_main():
                             log.warning("%s: stopped by %s: checkpoint of step %d saved at %s (the same command "

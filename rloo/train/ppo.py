@@ -83,7 +83,7 @@ class PPOTrainer(Trainer):
         rows = self._ppo_rows(step, got.rollout)
         t_ref = time.perf_counter()
         # The sampler-trainer mismatch and, under rloo.rollout_correction, the weights of the surrogate.
-        correction = self.correction(got.rollout, rows.old_lp, rows.mask)
+        correction = self.correction(got.rollout, rows.old_lp, rows.mask, got.trainer_logprobs)
         adv = self._ppo_advantages(got.scores, rows)
         lr = self.scheduler.get_last_lr()[0]
         updates = self._ppo_updates(step, rows, adv, correction.weights)

@@ -25,6 +25,8 @@ def check_settings(sections: Config, n_train: int) -> None:
                               ("rollout.backend=vllm", vllm)):
         if unsupported:
             distributed.refuse(what)
+    if problems := rc.off_policy_problems(sections.distributed.strategy):  # a config that skipped validation
+        raise InputError(problems[0].replace("key 'rloo.off_policy_steps': ", "rloo.off_policy_steps="))
     if lora.enabled(sections.model) and vllm:
         raise InputError("model.lora with rollout.backend=vllm: the engine would sample from the base weights "
                          "(no adapter sync); use rollout.backend hf with LoRA, or turn model.lora off")

@@ -13,6 +13,7 @@ Beside it: the settings it refuses (preflight.py), the records the update's name
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import time
@@ -28,7 +29,7 @@ from rloo.algo.schedules import lr_multiplier
 from rloo.data.gsm8k import cite
 from rloo.data.prompting import PromptFormat
 from rloo.errors import InputError
-from rloo.eval.evaluation import evaluate_policy, record_arguments, spec_for
+from rloo.eval.evaluation import evaluate_policy, spec_for
 from rloo.model import distributed, grad_checkpointing, lora, microbatch, models
 from rloo.model.logprobs import (
     SeqBatch,
@@ -39,12 +40,14 @@ from rloo.model.logprobs import (
 )
 from rloo.reward.rewards import RewardSource
 from rloo.rollout import Rollout, make_rollout
-from rloo.rollout.collect import REFILL_STREAM, Collected, gather, prompt_indices
-from rloo.runtime import autocast, step_generator
+from rloo.rollout.collect import Collected
+from rloo.runtime import autocast
 from rloo.settings import Config
 from rloo.train import alarms
+from rloo.train.batches import StepBatches
 from rloo.train.correction import StepCorrection, step_correction
 from rloo.train.loop import stop_if_not_finite
+from rloo.train.off_policy import LaggedBatches
 from rloo.train.preflight import check_settings
 from rloo.train.step_metrics import collection_metrics, update_metrics
 from rloo.train.step_records import GradientStep, StepAdvantages, StepRows
@@ -94,8 +97,25 @@ class Trainer:
         self.evals: list[dict] = []  # validation evaluations, {"step": updates done, "eval/...": ...}
         self._warned: set[str] = set()  # alarms already announced in the log
         self.alarm_cfg = rc.alarms
-        # rollout backend (issue 8): `rollout.backend` hf | vllm; a vLLM engine is built once, here.
-        self.rollout = make_rollout(sections, self.seed, policy_dir, self.policy)
+        off_policy = rc.off_policy_steps > 0
+        # `auto` resolved: token_tis off-policy, none synchronous
+        self.correction_settings = rc.rollout_correction.resolved(off_policy)
+        # rollout backend (issue 8): `rollout.backend` hf | vllm; a vLLM engine is built once, here. Off-policy
+        # the configured backend samples in the lagged sampler, and the trainer keeps no engine of its own.
+        own = dataclasses.replace(sections, rollout=dataclasses.replace(sections.rollout, backend="hf"))
+        self.rollout = make_rollout(own if off_policy else sections, self.seed, policy_dir, self.policy)
+        self.batches = StepBatches(sections, self.tokenizer, self.rollout, reward, train, self.prompts,
+                                   self.prompt_ids, self.device, gathered=self.policy)
+        # Off-policy (rloo.off_policy_steps 1): the batches sampled with the lagged weights (its sampler
+        # starts at the first `collect`, or on resume at `start_lagged` with the checkpointed weights).
+        self.lagged = LaggedBatches(sections, str(policy_dir), reward, train, self.prompts, self.prompt_ids,
+                                    self.device, self.chunk_rows) if off_policy else None
+        self.alarm_skip = self.alarms_not_applicable
+        if off_policy and not self.correction_settings.mismatch_every:
+            self.alarm_skip += ("sampling_mismatch",)
+            log.warning("rloo.off_policy_steps 1 without rloo.rollout_correction.mismatch_every: the sampling_mismatch "
+                        "alarm is off (the sampler's ratio to the trainer mixes the policy lag with the mismatch); "
+                        "mismatch_every N measures the mismatch alone every N steps")
 
     # Rows per chunk of the forward passes over the samples (rloo.model.logprobs' completion passes).
     chunk_rows = 16
@@ -141,55 +161,36 @@ class Trainer:
 
     # -- one step ---------------------------------------------------------------------------------
     def _generate(self, prompts: list[list[int]], **kwargs) -> Rollout:
-        ro = self.rollout.generate(prompts, max_new_tokens=self.rc.max_new_tokens,
-                                   eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id, **kwargs)
-        return ro.to(self.device)  # vLLM hands its samples back on the CPU
-
-    def _sample(self, idx: np.ndarray, step: int, round_: int = 0, noise_rows: tuple[int, int] | None = None) -> Rollout:
-        k = self.rc.k
-        return self._generate(
-            [self.prompt_ids[i] for i in idx for _ in range(k)],
-            temperature=self.rc.temperature, top_p=self.rc.top_p, top_k=self.rc.top_k,
-            generator=step_generator(self.seed, step, stream=(REFILL_STREAM + round_) if round_ else 0),
-            **({"noise_rows": noise_rows} if noise_rows else {}),
-        )
+        return self.batches.generate(prompts, **kwargs)
 
     def _score(self, idx: np.ndarray, ro: Rollout, repeat: int) -> tuple[torch.Tensor, list[str]]:
-        rows = [i for i in idx for _ in range(repeat)]
-        texts = ro.texts(self.tokenizer)
-        scores = self.reward.score(
-            [self.prompts[i] for i in rows], texts, [self.train[i]["answer"] for i in rows], ro.finished.tolist(),
-            **record_arguments(self.reward, [self.train[i] for i in rows], ro.token_ids),
-        )
-        return scores.float().to(self.device), texts
+        return self.batches.score(idx, ro, repeat)
 
     def collect(self, step: int) -> Collected:
-        """The groups step `step` trains on: k samples for each of its B prompts, scored; with
-        `rloo.dynamic_sampling`, only groups whose raw rewards differ, refilled from further prompts
-        (`rloo.rollout.collect.gather`). Depends on (seed, step) and the policy only, and on no loss.
+        """The groups step `step` trains on (rloo/train/batches.py): k samples for each of its B prompts,
+        scored; with `rloo.dynamic_sampling`, only groups whose raw rewards differ, refilled from further
+        prompts. Depends on (seed, step) and the sampling weights only, and on no loss: the live policy's,
+        or off-policy (`rloo.off_policy_steps` 1) the weights before the previous update
+        (rloo/train/off_policy.py), after which this step's weights go to the sampler for step + 1."""
+        if self.lagged is None:
+            return self.batches.collect(step)
+        return self.lagged.collect(step, self.policy)
 
-        Data-parallel, a process takes its contiguous share of the B prompts with their k samples each
-        (a group's leave-one-out baseline stays within the process) and samples only those rows, with
-        the noise one process sampling all B * k rows would give them (`noise_rows`)."""
-        rc = self.rc
-        idx, noise_rows = prompt_indices(len(self.train), step, rc.prompts_per_step, self.seed), None
-        if distributed.enabled():
-            lo, hi = distributed.shard(len(idx))
-            idx, noise_rows = idx[lo:hi], (lo * rc.k, len(idx) * rc.k)
-        tally = getattr(self.reward, "tally", None)  # reward functions: each one's rewards this step
-        if tally is not None:
-            tally.clear()
-        with distributed.gathered(self.policy):
-            got = gather(
-                idx, lambda idx, round_: self._sample(idx, step, round_, noise_rows),
-                lambda idx, ro: self._score(idx, ro, rc.k)[0],
-                k=rc.k, n_prompts=len(self.train), seed=self.seed, step=step,
-                pad_id=self.tokenizer.pad_token_id, dynamic=rc.dynamic_sampling,
-                max_rounds=rc.dynamic_sampling_max_rounds,
-            )
-        if tally is not None:  # train/reward/<name>: over every completion scored (dynamic sampling's dropped too)
-            got.stats.update(tally.means("train/reward/"))
-        return got
+    def start_lagged(self, step: int, state: dict[str, torch.Tensor] | None) -> None:
+        """Off-policy: sample `step` next with the weights `state` (a checkpoint's `lagged_state()`), else the
+        policy's (a fresh run). A no-op synchronous."""
+        if self.lagged is not None:
+            self.lagged.start(step, self.policy, state)
+
+    def lagged_state(self) -> dict[str, torch.Tensor]:
+        """Off-policy: the weights that sample the next batch, for the checkpoint ({} synchronous)."""
+        return self.lagged.state() if self.lagged is not None else {}
+
+    def close(self) -> None:
+        """End the off-policy sampler and free a vLLM engine's memory (and its process)."""
+        if self.lagged is not None:
+            self.lagged.close()
+        self.rollout.close()
 
     def _greedy_baseline(self, idx: np.ndarray) -> torch.Tensor:
         """ReMax: the shaped reward of each prompt's greedy completion."""
@@ -266,7 +267,7 @@ class Trainer:
         rows = self._step_rows(got.rollout)
         t_ref = time.perf_counter()
         self._policy_logprobs(rows)
-        correction = self.correction(rows.rollout, rows.old_lp, rows.mask)
+        correction = self.correction(rows.rollout, rows.old_lp, rows.mask, got.trainer_logprobs)
         adv = self._advantages(got.scores, rows, greedy)
         lr = self.scheduler.get_last_lr()[0]  # the rate this step's updates use
         grad = self._policy_gradient(step, rows, adv, correction.weights)
@@ -306,10 +307,14 @@ class Trainer:
             old_d, ent_d = self._old_policy_pass(rows.distinct, rows.parts)
             rows.old_lp, rows.token_ent = old_d[rows.inverse], ent_d[rows.inverse]
 
-    def correction(self, ro: Rollout, old_lp: torch.Tensor, mask: torch.Tensor) -> StepCorrection:
+    def correction(self, ro: Rollout, old_lp: torch.Tensor, mask: torch.Tensor,
+                   lagged_lp: torch.Tensor | None = None) -> StepCorrection:
         """The sampler-trainer mismatch of these rows and the weights of `rloo.rollout_correction` (None
-        under mode none, the default): rloo/train/correction.py."""
-        return step_correction(ro, old_lp, mask, self.rc.rollout_correction, self.rollout.name)
+        under mode none, what `auto` means synchronous): rloo/train/correction.py. Off-policy the ratio
+        also holds the policy lag, which `lagged_lp` (the trainer's log-probabilities under the weights
+        that sampled, where measured) separates from the mismatch."""
+        return step_correction(ro, old_lp, mask, self.correction_settings, self.config.rollout.backend,
+                               off_policy=self.lagged is not None, lagged_lp=lagged_lp)
 
     def _advantages(self, scores: torch.Tensor, rows: StepRows, greedy: torch.Tensor | None) -> StepAdvantages:
         """R̃_i = r_i - β KL_i (β here only under `kl_in: reward`), then A from R̃ by the configured
@@ -384,7 +389,7 @@ class Trainer:
         return metrics
 
     def _alarms(self, m: dict) -> dict:
-        flags = alarms.step_flags([*self.history, m], self.alarm_cfg, self.alarms_not_applicable)
+        flags = alarms.step_flags([*self.history, m], self.alarm_cfg, self.alarm_skip)
         for name, on in flags.items():
             if on and name not in self._warned:
                 log.warning("alarm/%s fired at step %d (docs/failure-modes.md)", name, m["step"] + 1)

@@ -109,10 +109,16 @@ def collection_metrics(got: Collected, times: tuple[float, float, float, float])
     """The dynamic-sampling stats of the step's groups `got` and the time of each phase (start, scored,
     reference done, updated); data-parallel, the ranks' mean."""
     t0, t_score, t_ref, t_upd = times
+    timings = got.timings
+    if "wait_s" in timings:  # off-policy: sampled and scored beside the previous update; the step waited wait_s
+        sampling = {"time/generation_s": timings["generation_s"], "time/scoring_s": timings["scoring_s"],
+                    "time/sample_wait_s": timings["wait_s"], "time/lag_pass_s": timings.get("lag_pass_s", 0.0)}
+    else:
+        sampling = {"time/generation_s": timings["generation_s"],
+                    "time/scoring_s": t_score - t0 - timings["generation_s"]}
     return distributed.mean_over_ranks({
         **got.stats,
-        "time/generation_s": got.timings["generation_s"],
-        "time/scoring_s": t_score - t0 - got.timings["generation_s"],
+        **sampling,
         "time/reference_s": t_ref - t_score,
         "time/update_s": t_upd - t_ref,
         "time/step_s": t_upd - t0,

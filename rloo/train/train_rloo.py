@@ -35,6 +35,9 @@ log = logging.getLogger("rloo.train")
 # The per-step figures `rloo summary` reports the run's mean of (rloo/algo/rollout_correction.py).
 MISMATCH_KEYS = ("mismatch_abs_mean", "mismatch_abs_max", "mismatch_k3_token", "mismatch_k3_seq",
                  "mismatch_out_of_band", "correction_truncated_share", "correction_masked_share")
+# Off-policy, the whole sampler-to-trainer ratio and, where measured, its policy-lag factor (rloo/train/correction.py).
+OFF_POLICY_KEYS = ("offpolicy_abs_mean", "offpolicy_abs_max", "offpolicy_k3_token", "offpolicy_out_of_band",
+                   "lag_abs_mean", "lag_k3_token", "correction_truncated_share")
 
 
 def check_sampling(rc: RlooConfig) -> list[str]:
@@ -86,15 +89,29 @@ def _samples(history: list[dict], rc: RlooConfig) -> int:
     return sum(rc.prompts_per_step * rc.k + x.get("train/extra_samples", 0) for x in history)
 
 
-def _mismatch_summary(history: list[dict], correction: RolloutCorrectionConfig) -> dict | None:
-    """The run's mean of each train/mismatch_* and train/correction_* figure and the correction applied;
-    None when the sampler reported no log-probabilities."""
+def _means(history: list[dict], keys: tuple[str, ...]) -> dict[str, float]:
+    """The run's mean of each train/<key> over the steps where it is finite (keys never logged left out)."""
     means = {}
-    for key in MISMATCH_KEYS:
+    for key in keys:
         values = [x[f"train/{key}"] for x in history if math.isfinite(x.get(f"train/{key}", math.nan))]
         if values:
             means[key] = float(np.mean(values))
-    return {**means, "mode": correction.mode, "cap": correction.cap} if means else None
+    return means
+
+
+def _mismatch_summary(history: list[dict], correction: RolloutCorrectionConfig) -> dict | None:
+    """The run's mean of each train/mismatch_* and train/correction_* figure and the correction applied
+    (`correction` resolved); None when the mismatch was not measured (the sampler reported no
+    log-probabilities; off-policy without rloo.rollout_correction.mismatch_every)."""
+    means = _means(history, MISMATCH_KEYS)
+    return {**means, "mode": correction.mode, "cap": correction.cap} if "mismatch_abs_mean" in means else None
+
+
+def _off_policy_summary(history: list[dict], rc: RlooConfig, correction: RolloutCorrectionConfig) -> dict:
+    """An off-policy run's lag, the correction it applied (resolved) and the run's mean of the whole ratio's
+    figures and of the lag's."""
+    return {"off_policy_steps": rc.off_policy_steps, "mode": correction.mode, "cap": correction.cap,
+            "mismatch_every": correction.mismatch_every, **_means(history, OFF_POLICY_KEYS)}
 
 
 def _final_mean(values: list[float]) -> float | None:
@@ -129,18 +146,26 @@ def train_rloo(config: Config, policy_dir: str | Path, train: list[dict], val: l
         loop = TrainingLoop("rloo", rc.steps, ckpt_dir, trainer.policy, trainer.optimizer, trainer.scheduler,
                             fingerprint, rc.checkpoint_every, keep=rc.keep_checkpoints,
                             state=lambda: {"evals": trainer.evals, "baseline": asdict(trainer.baseline)},
-                            companions=trainer.companions(), max_nonfinite_steps=rc.max_nonfinite_steps, log=log_to)
+                            companions=trainer.companions(), max_nonfinite_steps=rc.max_nonfinite_steps, log=log_to,
+                            tensors=lambda: {"lagged": trainer.lagged_state()})
         trainer.guard = loop.finite  # the trainer asks before every optimizer step
         # The step-0 evaluation is the only record logged outside the history.
         extra = loop.resume(replay=lambda extra: [e for e in extra.get("evals", []) if e["step"] == 0])
         trainer.history = loop.history  # one list: the loop saves it, the alarms read it
+        lagged = extra.get("tensors", {}).get("lagged")
         if loop.start:
             trainer.evals = extra.get("evals", [])
             trainer.baseline = MovingBaseline(**extra["baseline"]) if extra.get("baseline") else trainer.baseline
             trainer.rollout.sync_weights(trainer.policy)  # rollout backend (issue 8): engine holds policy_dir's weights
+            if trainer.lagged is not None and lagged is None:
+                raise checkpoint.CheckpointError(f"{loop.ckpt_dir}: an off-policy run's checkpoint of step "
+                                                 f"{loop.start} without its lagged weights; delete {loop.ckpt_dir} "
+                                                 "to start this stage afresh")
         elif distributed.is_main():
             shutil.rmtree(best_dir, ignore_errors=True)  # a best snapshot of another run
         distributed.barrier()
+        if loop.start < rc.steps:  # off-policy: the sampler starts on the next batch (beside the evaluation)
+            trainer.start_lagged(loop.start, lagged)
         select = checkpoint.Selection(best_dir, rc.select == "best" and rc.eval_every > 0)
 
         def evaluate(done: int) -> dict:
@@ -191,11 +216,13 @@ def train_rloo(config: Config, policy_dir: str | Path, train: list[dict], val: l
             # groups without signal, over the whole run.
             "samples_generated": _samples(h, rc),
             "zero_adv_frac_mean": float(np.mean([x["train/zero_adv_frac"] for x in h])) if h else math.nan,
-            "sampling_mismatch": _mismatch_summary(h, rc.rollout_correction),
+            "sampling_mismatch": _mismatch_summary(h, trainer.correction_settings),
             "alarms": alarms.first_alarms(h),
             "evals": trainer.evals,
             "networks": trainer.networks(),  # parameters of every network the stage holds
         }
+        if trainer.lagged is not None:
+            summary["off_policy"] = _off_policy_summary(h, rc, trainer.correction_settings)
         if isinstance(reward, FunctionReward):  # each function, and its mean reward over the last 10 steps
             summary["reward_functions"] = {f.name: {"fn": f.fn, "weight": f.weight, "final_mean": _final_mean(
                 [x.get(f"train/reward/{f.name}", math.nan) for x in last10])} for f in reward.functions}
@@ -205,6 +232,7 @@ def train_rloo(config: Config, policy_dir: str | Path, train: list[dict], val: l
                      "reward_server_retries": client.retries.count, "reward_server_failed": client.failed}
             if distributed.is_main():
                 console(f"rloo: {client.summary()}", log)
+        facts = {**(facts or {}), **(trainer.lagged.facts if trainer.lagged is not None else {})}
         timings = loop.record_timings(
             facts,
             train_seconds=seconds,
@@ -226,4 +254,4 @@ def train_rloo(config: Config, policy_dir: str | Path, train: list[dict], val: l
         log.info("rloo done: %s", {**{k: v for k, v in summary.items() if k != "evals"}, **timings})
         return {**summary, **timings}
     finally:
-        trainer.rollout.close()  # a vLLM engine frees its memory (and its process) here
+        trainer.close()  # the off-policy sampler ends; a vLLM engine frees its memory (and its process)

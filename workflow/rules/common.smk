@@ -240,7 +240,8 @@ def gpu_resources(stage):
     d = config["distributed"]
     per_node, nodes = d["nproc_per_node"], d["nodes"]
     if not STAGES[stage].data_parallel or d["strategy"] == "none" or per_node * nodes == 1:
-        return {"gpu": 1}
+        # one-step off-policy RLOO: its sampler process on a second GPU (rloo/memory_plan.py, rloo sampler)
+        return {"gpu": 2 if stage == "rloo" and config["rloo"]["off_policy_steps"] else 1}
     tasks = {"tasks_per_node": per_node} if per_node > 1 else {"tasks": nodes, "tasks_per_gpu": 1}
     def srun(wildcards, threads):  # the job's threads: what `--set threads={threads}` hands the stage
         return " ".join(srun_command({**config, "threads": threads}))

@@ -218,12 +218,12 @@ def construct_length_climb(name: str = "length_climb") -> None:
     import shutil
     import tempfile
 
-    from rloo.config import load_config, parse_set
     from rloo.io import read_jsonl
     from rloo.rollout.collect import training_prompts
     from rloo.runtime import setup
-    from rloo.stages import base, prepare, sft
     from rloo.train.rloo import Trainer
+    from rloo_workflow.config import load_config, parse_set
+    from rloo_workflow.stages import base, prepare, sft
 
     cfg = load_config(ROOT / "config" / "micro.yaml", parse_set(LENGTH_CLIMB_SETS))
     work = Path(tempfile.mkdtemp(prefix="rloo-length-climb-"))

@@ -1,4 +1,4 @@
-"""The host-memory estimate of a CPU run (rloo/host_memory.py, what validation refuses a config by) against
+"""The host-memory estimate of a CPU run (rloo_workflow/host_memory.py, what validation refuses a config by) against
 the measured peak RSS of the real `rloo train` stage, each case in a fresh process.
 
 Cases: the micro config's embedded model as it is (the interpreter dominates), and with k = 512 (the
@@ -43,7 +43,7 @@ CASES: dict[str, tuple[str, list[str]]] = {
 
 
 def _run(*args: str, env: dict) -> None:
-    cmd = [sys.executable, "-m", "rloo.cli", *args]
+    cmd = [sys.executable, "-m", "rloo_workflow.cli", *args]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if res.returncode:
         raise SystemExit(f"{' '.join(cmd)} exited {res.returncode}:\n{res.stderr[-3000:]}")
@@ -67,10 +67,10 @@ def _qwen_folder(folder: Path, layers: int, tokenizer_from: Path) -> None:
 
 def estimate(sets: list[str]) -> tuple[float, dict]:
     """The rloo stage's predicted peak (bytes) under the micro config with `sets`, and its terms."""
-    from rloo.config import load_config, parse_set
-    from rloo.host_memory import host_plan
-    from rloo.model_shape import model_shape
     from rloo.settings import Config
+    from rloo_workflow.config import load_config, parse_set
+    from rloo_workflow.host_memory import host_plan
+    from rloo_workflow.model_shape import model_shape
 
     sections = Config.from_config(load_config(MICRO, parse_set(sets)))
     shape, _ = model_shape(sections.model)

@@ -59,7 +59,7 @@ VARIANTS: dict[str, tuple[int, list[str]]] = {
 
 
 def _rloo(*args: str, env: dict) -> None:
-    cmd = [sys.executable, "-m", "rloo.cli", *args]
+    cmd = [sys.executable, "-m", "rloo_workflow.cli", *args]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if res.returncode:
         raise SystemExit(f"{' '.join(cmd)} exited {res.returncode}:\n{res.stderr[-3000:]}")
@@ -91,12 +91,12 @@ def _one_update(folder: str, rows: int, prompt: int, completion: int, seed: int,
     its max_length raised for the rows); with them, the plan's prediction of the update comes along."""
     import torch
 
-    from rloo.config import load_config, parse_set
     from rloo.reward.rewards import VerifierReward
     from rloo.rollout import Rollout
     from rloo.rollout.collect import Collected
     from rloo.runtime import peak_memory_mb, setup
     from rloo.train.rloo import Trainer
+    from rloo_workflow.config import load_config, parse_set
 
     k = 4
     # plan.host_memory_gb: validation's host-memory check counts every row at model.max_length, so it
@@ -131,8 +131,8 @@ def _one_update(folder: str, rows: int, prompt: int, completion: int, seed: int,
            "micro_batch_tokens": cfg["rloo"]["micro_batch_tokens"],
            "logits_chunk_tokens": cfg["model"]["logits_chunk_tokens"]}
     if configs:  # what `rloo plan` predicts for this update (the model's shape read from its folder)
-        from rloo import memory_plan
         from rloo.settings import Config
+        from rloo_workflow import memory_plan
 
         sections = Config.from_config(cfg)
         shape, _ = memory_plan.model_shape(sections.model)
@@ -189,7 +189,7 @@ def rows_main(a) -> None:
 def gpu_check(config: str, layers: int, rows: int, prompt: int, completion: int, out: Path | None = None) -> None:
     """scripts/gpu_check.sh: one RLOO update of a Qwen2.5-0.5B-shaped random model at `config`'s budgets,
     the peak measured beside the plan's (a CPU dry run: small sizes, peak RSS, which counts everything);
-    with `out`, both written there for `python -m rloo.gpu_check` to compare."""
+    with `out`, both written there for `python -m rloo_workflow.gpu_check` to compare."""
     work = Path(tempfile.mkdtemp(prefix="rloo-gpu-check-"))
     try:
         _qwen_folder(work / "model", layers)

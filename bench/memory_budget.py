@@ -1,5 +1,5 @@
 """What fits on an 80 GB GPU: each GPU stage's peak per device for 0.5B, 1.5B and 7B Qwen2.5 policies,
-computed (not measured) by the memory plan (rloo/memory_plan.py, `rloo plan`) under config/gpu.yaml, its
+computed (not measured) by the memory plan (rloo_workflow/memory_plan.py, `rloo plan`) under config/gpu.yaml, its
 scale-out overlays config/fsdp-1x8.yaml and fsdp-2x8.yaml, and LoRA / gradient checkpointing on top.
 
 Every term of the plan counts: the model state (weights, gradients and AdamW moments of what trains;
@@ -22,9 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.record import provenance  # noqa: E402
-from rloo.config import load_config, parse_set  # noqa: E402
-from rloo.memory_plan import GB, MARGIN_GB, MARGIN_SHARE, Shape, plan, problem, usable_gb  # noqa: E402
 from rloo.settings import Config  # noqa: E402
+from rloo_workflow.config import load_config, parse_set  # noqa: E402
+from rloo_workflow.memory_plan import GB, MARGIN_GB, MARGIN_SHARE, Shape, plan, problem, usable_gb  # noqa: E402
 
 GPU_GB = 80
 # Qwen2.5 shapes (their config.json): hidden, layers, heads, KV heads, intermediate, vocabulary, tied

@@ -57,13 +57,13 @@ PEERS = {"verl one-step-off (Qwen2.5-Math-7B, 16 GPUs; 23-40 % shorter runs)": [
 def run_mode(files: list[str], policy: str, data: str, reward_model: str | None, seed: int, steps: int, threads: int,
              off_policy: bool, sampler_threads: int | None) -> dict:
     """One RLOO stage run of `steps` steps; its samples/s, seconds a step and each part's mean seconds."""
-    from rloo.config import load_config
     from rloo.data.gsm8k import read_split
     from rloo.reward.rewards import build_reward
     from rloo.rollout.collect import training_prompts
     from rloo.runtime import setup
     from rloo.settings import Config
     from rloo.train.train_rloo import train_rloo
+    from rloo_workflow.config import load_config
 
     overrides = {"seed": seed, "threads": threads, "tracking": {"enabled": False},
                  "rloo": {"steps": steps, "eval_every": 0, "select": "last", "checkpoint_every": steps + 1,

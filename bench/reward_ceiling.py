@@ -26,14 +26,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.record import write  # noqa: E402
-from rloo.config import load_config  # noqa: E402
 from rloo.data.prompting import PromptFormat  # noqa: E402
 from rloo.io import read_jsonl  # noqa: E402
 from rloo.model import models  # noqa: E402
 from rloo.reward.preferences import Pair, split_by_prompt  # noqa: E402
 from rloo.runtime import setup  # noqa: E402
 from rloo.settings import ModelConfig  # noqa: E402
-from rloo.stages.reward import pairwise_accuracy, sample_pairs  # noqa: E402
+from rloo_workflow.config import load_config  # noqa: E402
+from rloo_workflow.stages.reward import pairwise_accuracy, sample_pairs  # noqa: E402
 
 _RESULT = re.compile(r"=\s*(-?\d+)\s*>>")
 

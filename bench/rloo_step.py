@@ -71,10 +71,10 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="also write the figures here")
     a = ap.parse_args()
 
-    from rloo.config import load_config
     from rloo.io import read_jsonl
     from rloo.rollout.collect import training_prompts
     from rloo.runtime import setup
+    from rloo_workflow.config import load_config
 
     cfg = load_config(a.config or ["config/config.yaml"], {"threads": a.threads, "tracking": {"enabled": False}})
     setup(a.threads, cfg["seed"])

@@ -28,7 +28,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.record import command_line, provenance  # noqa: E402
-from rloo.config import load_config  # noqa: E402
 from rloo.data import synthetic  # noqa: E402
 from rloo.data.gsm8k import format_completion, format_prompt  # noqa: E402
 from rloo.data.prompting import PromptFormat  # noqa: E402
@@ -36,6 +35,7 @@ from rloo.model import models  # noqa: E402
 from rloo.rollout.hf import generate as hf_generate  # noqa: E402
 from rloo.runtime import decode_dtype, resolve_device  # noqa: E402
 from rloo.settings import Config  # noqa: E402
+from rloo_workflow.config import load_config  # noqa: E402
 
 
 def policy_folder(cfg: dict, given: str | None, tmp: Path) -> tuple[Path, str]:

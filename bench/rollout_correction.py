@@ -37,7 +37,7 @@ MISMATCH = ("train/mismatch_abs_mean", "train/mismatch_abs_max", "train/mismatch
 
 def train(args, out: Path, sets: dict) -> tuple[list[dict], dict, float]:
     """One `rloo train` run; its steps.jsonl rows, metrics.json and wall seconds."""
-    cmd = [sys.executable, "-m", "rloo.cli", "train", *[x for c in args.config for x in ("-c", c)],
+    cmd = [sys.executable, "-m", "rloo_workflow.cli", "train", *[x for c in args.config for x in ("-c", c)],
            "--data", args.data, "--policy", args.policy, "--out", str(out / "model"), "--work", str(out / "work"),
            "--set", "tracking.enabled=false", *[x for k, v in sets.items() for x in ("--set", f"{k}={v}")]]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
 
     sys.path.insert(0, str(ROOT))
-    from rloo.config import load_config
+    from rloo_workflow.config import load_config
 
     cfg = load_config(args.config or None)
     default_budget = cfg["rloo"]["micro_batch_tokens"]

@@ -29,7 +29,7 @@ LORA = {"model.lora.enabled": "true", "model.lora.r": "16", "model.lora.alpha": 
 
 def command(args, variant: str, out: Path) -> list[str]:
     sets = LORA if variant == "lora" else {}
-    return [sys.executable, "-m", "rloo.cli", "sft", *[x for c in args.config for x in ("-c", c)],
+    return [sys.executable, "-m", "rloo_workflow.cli", "sft", *[x for c in args.config for x in ("-c", c)],
             "--data", args.data, "--base", args.base, "--out", str(out / variant), "--work", str(out / f"{variant}_work"),
             "--set", "tracking.enabled=false", *[x for k, v in sets.items() for x in ("--set", f"{k}={v}")]]
 

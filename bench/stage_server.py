@@ -32,7 +32,7 @@ import stage_server  # noqa: E402
 from bench.record import write  # noqa: E402
 
 MICRO = str(ROOT / "config" / "micro.yaml")
-RLOO = [sys.executable, "-m", "rloo.cli"]
+RLOO = [sys.executable, "-m", "rloo_workflow.cli"]
 
 
 def _env(sock: str | None) -> dict[str, str]:

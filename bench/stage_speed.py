@@ -33,7 +33,7 @@ from bench.record import write  # noqa: E402
 
 def _rloo(tree: Path, *args: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(tree), "MLFLOW_TRACKING_URI": "", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "rloo.cli", *args, "-c", str(tree / "config" / "config.yaml"),
+    cmd = [sys.executable, "-m", "rloo_workflow.cli", *args, "-c", str(tree / "config" / "config.yaml"),
            "--set", "tracking.enabled=false"]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tree)
     if res.returncode:

@@ -39,17 +39,17 @@ def _common(a: argparse.Namespace) -> dict:
 
 def _attn(a: argparse.Namespace) -> str | None:
     """`model.attn_implementation` of the config: both frameworks run the same attention kernel."""
-    from rloo.config import load_config
+    from rloo_workflow.config import load_config
 
     return a.attn or load_config(a.config)["model"]["attn_implementation"]
 
 
 def run_ours(a: argparse.Namespace) -> dict:
-    from rloo.config import load_config
     from rloo.io import read_jsonl
     from rloo.reward.rewards import VerifierReward
     from rloo.runtime import setup
     from rloo.train.rloo import Trainer
+    from rloo_workflow.config import load_config
 
     cfg = load_config(a.config, {
         "threads": a.threads, "seed": a.seed,

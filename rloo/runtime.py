@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from rloo.console import configure_logging
 from rloo.errors import UnavailableError
 
 log = logging.getLogger("rloo")
@@ -44,11 +45,6 @@ def setup(threads: int | None, seed: int) -> int:
     transformers.utils.logging.set_verbosity_error()
     configure_logging()
     return threads
-
-
-def configure_logging() -> None:
-    """The stages' log format, INFO and up, on stderr (once; later calls change nothing)."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
 def resolve_device(name: str) -> torch.device:

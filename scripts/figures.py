@@ -700,11 +700,11 @@ def broken_links(page: Path, text: str | None = None) -> list[str]:
 
 def code_paths(record: dict) -> list[str]:
     """The repository paths a figure file's command runs: a bench script with the package files it
-    reaches (rloo.code_fingerprint, as the stages' own fingerprints are found), and the configs it names;
+    reaches (rloo_workflow.code_fingerprint, as the stages' own fingerprints are found), and the configs it names;
     a pipeline run (snakemake, scripts/pipeline.sh) every stage's files, the rules, config/config.yaml and
     the overlays its command names (another overlay's values are not what it ran)."""
-    from rloo.code_fingerprint import script_files, stage_fingerprint
-    from rloo.pipeline import STAGES
+    from rloo_workflow.code_fingerprint import script_files, stage_fingerprint
+    from rloo_workflow.pipeline import STAGES
 
     command = record.get("command") or ""
     paths = set()
@@ -714,7 +714,7 @@ def code_paths(record: dict) -> list[str]:
         paths.update(script_files(script))
         if "alarms" in m.group(1):
             paths.add("tests/data/trajectories")
-        if "rloo.cli" in script.read_text():  # it runs stages in subprocesses: their code too
+        if "rloo_workflow.cli" in script.read_text():  # it runs stages in subprocesses: their code too
             for stage in STAGES.values():
                 paths.update(stage_fingerprint(stage.verb).files)
     else:
@@ -731,7 +731,7 @@ def code_paths(record: dict) -> list[str]:
 def config_chain(named: list[str]) -> set[str]:
     """The config files `named` and those they overlay (`base:`, and its `base:` in turn), as repository
     paths."""
-    from rloo.config import config_base
+    from rloo_workflow.config import config_base
 
     out: set[str] = set()
     todo = [ROOT / n for n in named]
@@ -748,8 +748,8 @@ def config_chain(named: list[str]) -> set[str]:
 
 def changes_code(git, commit: str, paths: list[str]) -> bool:
     """Whether `commit` changes any of `paths` in more than its comments and docstrings (the stages'
-    code fingerprints compare code the same way: rloo.code_fingerprint.same_meaning)."""
-    from rloo.code_fingerprint import same_meaning
+    code fingerprints compare code the same way: rloo_workflow.code_fingerprint.same_meaning)."""
+    from rloo_workflow.code_fingerprint import same_meaning
 
     for path in git("diff-tree", "--no-commit-id", "--name-only", "-r", commit, "--", *paths).splitlines():
         if not same_meaning(path, git("show", f"{commit}^:{path}"), git("show", f"{commit}:{path}")):

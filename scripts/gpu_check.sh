@@ -5,7 +5,7 @@
 # model, training and LoRA tests, which put their models on the GPU when
 # torch sees one, then (with vLLM installed) the GPU configuration's chain on a tiny hub-style model:
 # vLLM rollouts and the served judge. Needs a CUDA build of torch; tracking off, so MLflow is not needed.
-# It ends with rloo.gpu_check's verdicts: the measured memory against the plan (±20 %), the results
+# It ends with rloo_workflow.gpu_check's verdicts: the measured memory against the plan (±20 %), the results
 # regraded from the evaluations' records, the served judge; a check not run fails it (DEVICE=cpu excepted).
 #   bash scripts/gpu_check.sh                 # PYTHON=... for another interpreter
 #   DEVICE=cpu bash scripts/gpu_check.sh      # the same commands on the CPU (a dry run of this script)
@@ -22,7 +22,7 @@ fi
 stage() {
   echo "+ rloo $*"
   local t0=$SECONDS
-  $PY -m rloo.cli "$@" --config config/micro.yaml --set tracking.enabled=false --set model.device="$DEVICE"
+  $PY -m rloo_workflow.cli "$@" --config config/micro.yaml --set tracking.enabled=false --set model.device="$DEVICE"
   echo "  ($((SECONDS - t0)) s)"
 }
 stage prepare --out "$W/data"
@@ -38,7 +38,7 @@ stage train --data "$W/data" --policy "$W/sft" --reward-model "$W/rm" --out "$W/
 # FSDP2's code path (fully_shard, gathered sampling, gathered checkpoints) on one GPU: a process group of
 # one, started by torchrun (nccl); with 2+ GPUs, `--nproc 2` instead runs 2 ranks.
 echo "+ torchrun --nproc-per-node 1 rloo train (fsdp)"
-$PY -m torch.distributed.run --standalone --nproc-per-node 1 -m rloo.cli train --config config/micro.yaml \
+$PY -m torch.distributed.run --standalone --nproc-per-node 1 -m rloo_workflow.cli train --config config/micro.yaml \
   --set tracking.enabled=false --set model.device="$DEVICE" --set distributed.strategy=fsdp \
   --data "$W/data" --policy "$W/sft" --reward-model "$W/rm" --out "$W/rl_fsdp" --work "$W/rl_fsdp_w" 2> "$W/fsdp.log" \
   || { tail -30 "$W/fsdp.log"; exit 1; }
@@ -58,7 +58,7 @@ done
 # Sized for the cluster: one RLOO update of a random Qwen2.5-0.5B-shaped model (24 layers, vocabulary
 # 151,936) at config/gpu.yaml's batch (64 prompts x k = 4, up to 512 new tokens) and its micro-batch and
 # logits-chunk budgets; CUDA's measured peak against `rloo plan`'s prediction of that update (no vLLM),
-# compared at the end by rloo.gpu_check (within ±20 %). On the CPU (DEVICE=cpu) a small version: 1
+# compared at the end by rloo_workflow.gpu_check (within ±20 %). On the CPU (DEVICE=cpu) a small version: 1
 # layer, 8 rows; its peak RSS counts the whole process, so it is reported, not compared.
 echo "+ bench/memory.py --gpu-check config/gpu.yaml"
 if [ "$DEVICE" = cuda ]; then
@@ -102,6 +102,6 @@ fi
 # the served judge; passed only when every check ran and passed (DEVICE=cpu: a dry run, not a pass).
 DRY=()
 [ "$DEVICE" = cuda ] || DRY=(--dry-run)
-echo "+ python -m rloo.gpu_check ($DEVICE)"
-$PY -m rloo.gpu_check --memory "$W/memory.json" --results "$W/eval.json" --records "$W/eval" \
+echo "+ python -m rloo_workflow.gpu_check ($DEVICE)"
+$PY -m rloo_workflow.gpu_check --memory "$W/memory.json" --results "$W/eval.json" --records "$W/eval" \
   "${JUDGE[@]}" "${DRY[@]}"

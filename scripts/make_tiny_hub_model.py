@@ -25,9 +25,9 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config  # noqa: E402
 
-from rloo.config import load_config  # noqa: E402
 from rloo.model import models  # noqa: E402
-from rloo.stages.prepare import load_splits  # noqa: E402
+from rloo_workflow.config import load_config  # noqa: E402
+from rloo_workflow.stages.prepare import load_splits  # noqa: E402
 
 ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 CHAT_TEMPLATE = (

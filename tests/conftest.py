@@ -38,7 +38,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import pytest
 from filelock import FileLock
 
-from rloo.config import load_config
+from rloo_workflow.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 MICRO = ROOT / "config" / "micro.yaml"
@@ -98,8 +98,8 @@ def micro_run(tmp_path_factory) -> dict:
     cfg = load_config(MICRO, {"tracking": {"enabled": False}})
 
     def build(base: Path) -> None:
-        from rloo.stages import base as base_stage
-        from rloo.stages import prepare, sft
+        from rloo_workflow.stages import base as base_stage
+        from rloo_workflow.stages import prepare, sft
 
         prepare.run(cfg, base / "data")
         base_stage.run(cfg, base / "data", base / "base_model")
@@ -120,7 +120,7 @@ def micro_reward(micro_run, tmp_path_factory) -> Path:
     out = micro_run["base"] / "reward"  # beside the data and SFT model it was trained from
 
     def build(_marker: Path) -> None:
-        from rloo.stages import reward
+        from rloo_workflow.stages import reward
 
         shutil.rmtree(out, ignore_errors=True)  # a build that died half-way
         reward.run(micro_run["cfg"], micro_run["data"], micro_run["sft"], out)

@@ -1,5 +1,5 @@
 """Each trained policy's gain in accuracy over SFT on the same problems, with a 95 % interval and a
-p-value (the maths: rloo.eval.stats), for the results JSON; rloo.eval.report shows them, rloo.tracking logs them."""
+p-value (the maths: rloo.eval.stats), for the results JSON; rloo.eval.report shows them, rloo_workflow.tracking logs them."""
 
 from __future__ import annotations
 

@@ -30,9 +30,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from rloo.console import configure_logging
 from rloo.errors import InputError
-from rloo.launch import adopt_slurm_env, launched_rank, launched_world
-from rloo.runtime import configure_logging
+from rloo.model.launcher import adopt_slurm_env, launched_rank, launched_world
 
 log = logging.getLogger("rloo")
 

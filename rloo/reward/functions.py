@@ -12,7 +12,7 @@ rendered prompt texts), `completions` (the completion texts), `completion_ids` (
 function without `**kwargs` gets only the arguments it names. It returns one float or None (a missing
 reward) per completion.
 
-Checked before any stage runs (`config_problems`, from rloo.config.checks): the function imports and
+Checked before any stage runs (`config_problems`, from rloo_workflow.config.checks): the function imports and
 its signature fits. Checked at every call (`RewardFunction.__call__`): one reward per completion, each a
 finite number or None; an exception on more than `max_failed_share` of a batch stops the run. Each
 problem is one line naming the key or the function; an exception's names the file and line of the
@@ -240,7 +240,7 @@ def config_problems(cfg: dict) -> list[str]:
 def package_functions(cfg: dict) -> list[tuple[str, str]]:
     """(module, function) of each configured reward function that this package holds
     (`rloo.reward.verifier:reward`): code the rloo and evaluate stages run by name, which their code
-    fingerprints count (rloo/code_fingerprint.py)."""
+    fingerprints count (rloo_workflow/code_fingerprint.py)."""
     if cfg["reward"]["source"] != "function":
         return []
     out = []
@@ -256,7 +256,7 @@ def user_files(cfg: dict) -> list[Path]:
     `path/to/file.py:function`, and each `module:function` whose module lies outside this package and
     outside the Python installation and its environment (the standard library, installed packages):
     a module of the working directory, say. The rloo and evaluate stages' code fingerprints count them
-    (rloo/code_fingerprint.py), so that editing one reruns those stages."""
+    (rloo_workflow/code_fingerprint.py), so that editing one reruns those stages."""
     if cfg["reward"]["source"] != "function":
         return []
     out: list[Path] = []

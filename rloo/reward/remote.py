@@ -15,7 +15,7 @@ be down (about 2 x timeout_s); connecting gets 10 s at most. A reply that breaks
 the run at once. The stop is one line naming the server (and an HTTP error's status and the first line of its
 body); the training loop's last checkpoint stays, so
 a rerun resumes from it.
-The URL never carries a credential (rloo.config.checks refuses one): a key comes from the environment
+The URL never carries a credential (rloo_workflow.config.checks refuses one): a key comes from the environment
 variable `api_key_env` names, as a bearer token.
 """
 

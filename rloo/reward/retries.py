@@ -2,7 +2,7 @@
 
 A call that fails in a way another try may cure is tried again after 0.5, 1, 2 ... s (5 s at most), up
 to `max_retries` times. Each retry is one console line naming the scorer, what went wrong and the
-attempt (`rloo.runtime.console`: the stage's log, and the terminal under Snakemake), and is counted
+attempt (`rloo.console`: the stage's log, and the terminal under Snakemake), and is counted
 (`Retries.count`), so a flaky scorer shows while the stage runs and in its figures.
 
 Until the scorer has answered once, a try that got no reply in time (it accepted the connection and
@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from rloo.job_log import console
+from rloo.console import console
 
 log = logging.getLogger("rloo.reward.retries")
 

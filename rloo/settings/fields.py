@@ -12,7 +12,7 @@ A field's type gives the schema its type: int, float (a JSON number), str, bool,
 `Literal[...]` (an enum), `tuple[T, ...]` (an array of T), a nested section (`field(default_factory=...)`:
 an object of its own keys, all defaulted) and `Mapping` (an object the field's `schema=` describes). The
 docs are read from the source, so they are no code: an edited doc changes no stage's code fingerprint
-(rloo/code_fingerprint.py).
+(rloo_workflow/code_fingerprint.py).
 """
 
 from __future__ import annotations

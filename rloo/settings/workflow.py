@@ -46,7 +46,7 @@ class DistributedConfig(Section):
 
 @dataclass(frozen=True)
 class PlanConfig(Section):
-    """The memory plan (`rloo plan`, rloo/memory_plan.py): each GPU stage's predicted peak per device under
+    """The memory plan (`rloo plan`, rloo_workflow/memory_plan.py): each GPU stage's predicted peak per device under
     this config, checked before any job runs."""
 
     gpu_memory_gb: float | None = setting(None, exclusive_minimum=0)
@@ -57,7 +57,7 @@ class PlanConfig(Section):
     host_memory_gb: float | None = setting(None, exclusive_minimum=0)
     """Memory of the machine a CPU run's stages run on (GB): validation (so `rloo validate-config`, every
     `rloo <stage>` and `snakemake -n`) refuses a CPU config whose stage's predicted peak host memory
-    (rloo/host_memory.py) exceeds it less 10 %, naming the key to lower. null = the memory of the machine
+    (rloo_workflow/host_memory.py) exceeds it less 10 %, naming the key to lower. null = the memory of the machine
     that validates (its physical memory, cgroup limit or ulimit, the smallest); set it when the stages run
     on other machines (Slurm CPU nodes). Not checked for a GPU run (model.device cuda, or auto with a GPU
     present or plan.gpu_memory_gb set)."""
@@ -100,7 +100,7 @@ class ComparisonConfig(Section):
     """The estimators compared, RLOO among them (the others are judged against it)."""
 
 
-# `sweeps`: named grids of dotted keys to lists of values (rloo/config/checks.py checks each value).
+# `sweeps`: named grids of dotted keys to lists of values (rloo_workflow/config/checks.py checks each value).
 SWEEPS_SCHEMA = {"type": "object", "propertyNames": {"pattern": "^[A-Za-z0-9_]+$"},
                  "additionalProperties": {"type": "object", "minProperties": 1,
                                           "propertyNames": {"pattern": r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*$"},

@@ -83,7 +83,7 @@ class TrainingLoop:
         self.bar: Progress | None = None
         self._finished = False
         self.max_nonfinite_steps, self.skipped_steps = max_nonfinite_steps, 0
-        self.run_log = RunLog.of(log)  # where the figures go (the stages: MLflow's, rloo.tracking.STAGE_LOG)
+        self.run_log = RunLog.of(log)  # where the figures go (the stages: MLflow's, rloo_workflow.tracking.STAGE_LOG)
 
     def resume(self, replay: Callable[[dict], list[dict]] = lambda extra: []) -> dict:
         """Load the newest complete checkpoint, if any: weights, optimizer, scheduler and history in

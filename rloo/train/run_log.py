@@ -1,5 +1,5 @@
 """Where a training run's figures go: the loop (rloo/train/loop.py) logs through a RunLog and knows no
-tracking service. The pipeline's stages hand it MLflow's (rloo.tracking.STAGE_LOG); a notebook a
+tracking service. The pipeline's stages hand it MLflow's (rloo_workflow.tracking.STAGE_LOG); a notebook a
 `log(metrics, step)` callable (`RunLog.of`), or nothing."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """One RLOO run from a policy folder: the trainer of `rloo.estimator` (rloo/train/rloo.py, or PPO's,
 rloo/train/ppo.py) on one training loop (resume, the divergence guard, checkpoints), validation with the
 checkpoint of best accuracy kept, the alarms that stop a run, and the output folder (the policy's weights,
-steps.jsonl, metrics.json). `rloo train` runs it on the pipeline's files (rloo/stages/train.py);
+steps.jsonl, metrics.json). `rloo train` runs it on the pipeline's files (rloo_workflow/stages/train.py);
 `rloo.api.train_rloo` on a notebook's rows and reward function.
 """
 
@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from rloo.algo.estimators import MovingBaseline
+from rloo.console import console
 from rloo.errors import MissingInputError
 from rloo.io import atomic_dir, write_json_atomic
-from rloo.job_log import console
 from rloo.model import checkpoint, distributed, lora, models
 from rloo.reward.rewards import FunctionReward, HttpReward, RewardSource
 from rloo.settings import Config, RlooConfig, RolloutCorrectionConfig

@@ -1,7 +1,7 @@
 """One SFT run from a model folder: supervised fine-tuning on question → solution (the loss on the
 solution and its EOS only), on one training loop (resume, the divergence guard, checkpoints), then the
 trained policy evaluated on held-out rows and written with its metrics. `rloo sft` runs it on the
-pipeline's files (rloo/stages/sft.py); `rloo.api.train_sft` on a notebook's rows.
+pipeline's files (rloo_workflow/stages/sft.py); `rloo.api.train_sft` on a notebook's rows.
 """
 
 from __future__ import annotations

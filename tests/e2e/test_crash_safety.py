@@ -13,10 +13,10 @@ import pytest
 import torch
 from model_helpers import evaluate_and_report
 
-from rloo.config import load_config
 from rloo.model import checkpoint, models
-from rloo.stages import reward
-from rloo.stages import train as rloo_stage
+from rloo_workflow.config import load_config
+from rloo_workflow.stages import reward
+from rloo_workflow.stages import train as rloo_stage
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,7 +25,7 @@ def _train_cmd(micro_run, tmp_path, out, work, steps=24):
     # The micro reward model as the training reward: its scores differ between samples, so every
     # step moves the weights (on the verifier the micro policy earns 0 everywhere and nothing moves).
     return [
-        sys.executable, "-m", "rloo.cli", "train", "-c", str(ROOT / "config" / "micro.yaml"),
+        sys.executable, "-m", "rloo_workflow.cli", "train", "-c", str(ROOT / "config" / "micro.yaml"),
         "--set", "reward.source=model", "--reward-model", str(micro_run["base"] / "reward"),
         "--set", f"rloo.steps={steps}", "--set", "rloo.checkpoint_every=3", "--set", "tracking.enabled=false",
         # Every step in 2-3 micro-batches (rloo/model/microbatch.py): a resume must repeat them exactly too.
@@ -159,7 +159,7 @@ def test_same_config_and_seed_give_the_same_results(micro_run, tmp_path):
 
 def _reward_cmd(micro_run, tmp_path):
     return [
-        sys.executable, "-m", "rloo.cli", "reward", "-c", str(ROOT / "config" / "micro.yaml"),
+        sys.executable, "-m", "rloo_workflow.cli", "reward", "-c", str(ROOT / "config" / "micro.yaml"),
         "--set", "reward.steps=80", "--set", "reward.checkpoint_every=4", "--set", "tracking.enabled=false",
         "--data", str(micro_run["data"]), "--policy", str(micro_run["sft"]),
         "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"),

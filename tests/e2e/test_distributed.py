@@ -25,14 +25,14 @@ import pytest
 import torch
 from conftest import without_stage_server
 
-from rloo import cli
-from rloo.config import load_config
 from rloo.data.gsm8k import format_prompt
 from rloo.errors import InputError
 from rloo.io import read_jsonl
 from rloo.model import checkpoint, distributed, models
 from rloo.rollout import generate
 from rloo.runtime import step_generator
+from rloo_workflow import cli
+from rloo_workflow.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 MICRO = str(ROOT / "config" / "micro.yaml")
@@ -115,7 +115,7 @@ def test_several_processes_need_a_strategy(micro_cfg, monkeypatch, capsys):
 
 # -- slow: torchrun, 2 processes ---------------------------------------------------------------------
 def _rloo_cmd(micro_run, reward_dir, tmp: Path, *sets: str, steps: int = 3, nproc: int | None = None) -> list[str]:
-    cmd = [sys.executable, "-m", "rloo.cli", "train", "-c", MICRO, "--set", "reward.source=model",
+    cmd = [sys.executable, "-m", "rloo_workflow.cli", "train", "-c", MICRO, "--set", "reward.source=model",
            "--reward-model", str(reward_dir), "--set", f"rloo.steps={steps}", "--set", "tracking.enabled=false",
            "--data", str(micro_run["data"]), "--policy", str(micro_run["sft"]),
            "--out", str(tmp / "out"), "--work", str(tmp / "work")]
@@ -125,9 +125,9 @@ def _rloo_cmd(micro_run, reward_dir, tmp: Path, *sets: str, steps: int = 3, npro
 
 
 def _run_here(cmd: list[str]) -> None:
-    """A one-process reference run: the same command line through `rloo.cli.main` in this process
+    """A one-process reference run: the same command line through `rloo_workflow.cli.main` in this process
     (no interpreter start-up to pay; the command is the same, so are its outputs)."""
-    assert cmd[:3] == [sys.executable, "-m", "rloo.cli"] and "--nproc" not in cmd, cmd
+    assert cmd[:3] == [sys.executable, "-m", "rloo_workflow.cli"] and "--nproc" not in cmd, cmd
     assert cli.main(cmd[3:]) == 0, f"rloo {cmd[3]} failed (its log is in the captured stderr)"
 
 
@@ -194,7 +194,7 @@ def test_one_process_under_torchrun_trains_fsdp_in_a_group_of_one(micro_run, mic
 def test_two_processes_train_rloo_as_one(micro_run, micro_reward, single_rloo, tmp_path, strategy, norm):
     """2 ranks x 2 prompts per step give the update of 1 rank x 4 prompts, the same prompts; with
     tracking on (a SQLite store in tmp, under a parent run), one output and one MLflow child run."""
-    from rloo.tracking import store
+    from rloo_workflow.tracking import store
 
     store_dir = tmp_path / "mlflow"
     store_dir.mkdir()
@@ -248,7 +248,7 @@ def _sft_cmd(micro_run, tmp: Path, *sets: str, nproc: int | None = None) -> list
     # The same starting model for every run: the micro chain's base folder (the embedded tiny model). Three
     # steps learn next to nothing (LoRA: 5.71 nats of ln 320 = 5.77): the learned-nothing check is not the
     # point here (tests/e2e/test_divergence.py), the processes are.
-    cmd = [sys.executable, "-m", "rloo.cli", "sft", "-c", MICRO, "--set", "sft.steps=3", "--set", "sft.log_every=1",
+    cmd = [sys.executable, "-m", "rloo_workflow.cli", "sft", "-c", MICRO, "--set", "sft.steps=3", "--set", "sft.log_every=1",
            "--set", "sft.min_loss_drop_nats=0",
            "--set", "tracking.enabled=false", "--data", str(micro_run["data"]), "--base", str(micro_run["base_model"]),
            "--out", str(tmp / "out"), "--work", str(tmp / "work")]
@@ -282,7 +282,7 @@ def test_two_processes_train_sft_as_one(micro_run, single_sft, tmp_path, strateg
 
 def _reward_cmd(micro_run, tmp: Path, *sets: str, steps: int = 3, nproc: int | None = None) -> list[str]:
     # 7 pairs a step: shares of 4 and 3, so the loss scale (8/7, 6/7) matters
-    cmd = [sys.executable, "-m", "rloo.cli", "reward", "-c", MICRO, "--set", f"reward.steps={steps}",
+    cmd = [sys.executable, "-m", "rloo_workflow.cli", "reward", "-c", MICRO, "--set", f"reward.steps={steps}",
            "--set", "reward.batch_size=7",
            "--set", "tracking.enabled=false", "--data", str(micro_run["data"]), "--policy", str(micro_run["sft"]),
            "--out", str(tmp / "out"), "--work", str(tmp / "work")]
@@ -310,7 +310,7 @@ def test_two_processes_train_the_reward_model_as_one(micro_run, single_reward, t
     the samples are gathered so both pair exactly what one process pairs, then each rank scores half of
     every step's 7 pairs (4 and 3) through DDP / FSDP (an AutoModelForSequenceClassification sharded per decoder
     layer); one output, one MLflow child run."""
-    from rloo.tracking import store
+    from rloo_workflow.tracking import store
 
     (tmp_path / "mlflow").mkdir()
     uri = f"sqlite:///{tmp_path}/mlflow/mlflow.db"

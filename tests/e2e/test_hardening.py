@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from workflow_helpers import CONFIGFILES, make_copy, snakemake
 
-from rloo.config import ConfigError, load_config, parse_set
 from rloo.data import synthetic
 from rloo.model import checkpoint
+from rloo_workflow.config import ConfigError, load_config, parse_set
 
 ROOT = Path(__file__).resolve().parents[2]
 MICRO = str(ROOT / "config" / "micro.yaml")
@@ -27,7 +27,7 @@ SECRET = "S3cr3t-pw-7f2a9c"
 
 
 def _rloo(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rloo.cli", *args], cwd=cwd, env={**os.environ, **(env or {})},
+    return subprocess.run([sys.executable, "-m", "rloo_workflow.cli", *args], cwd=cwd, env={**os.environ, **(env or {})},
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -155,7 +155,7 @@ def judge_url():
 @pytest.fixture(scope="module")
 def records(micro_run, tmp_path_factory) -> Path:
     """The micro SFT policy's evaluation records (6 problems): what the judge job reads."""
-    from rloo.stages import evaluate
+    from rloo_workflow.stages import evaluate
 
     cfg = load_config(MICRO, {"tracking": {"enabled": False}, "evaluate": {"examples": 6}})
     out = tmp_path_factory.mktemp("hardening_records") / "sft.jsonl"
@@ -188,7 +188,7 @@ def _cmdlines_holding(secret: str) -> list[str]:
 def test_the_judge_key_reaches_the_judge_and_no_file_or_command_line(records, tmp_path, judge_url):
     """Tracking on (a real MLflow store in tmp_path): every file the stage writes is searched."""
     env = {**os.environ, "RLOO_TEST_JUDGE_KEY": SECRET, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
-    cmd = [sys.executable, "-m", "rloo.cli",
+    cmd = [sys.executable, "-m", "rloo_workflow.cli",
            *_judge_args(records, tmp_path / "results.json", f"evaluate.llm_judge.base_url={judge_url}")]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     on_command_lines = []
@@ -388,7 +388,7 @@ def test_ctrl_c_checkpoints_exits_130_and_ends_the_mlflow_run(micro_run, micro_r
     import mlflow
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    cmd = [sys.executable, "-m", "rloo.cli", "train", "-c", MICRO, "--set", "reward.source=model",
+    cmd = [sys.executable, "-m", "rloo_workflow.cli", "train", "-c", MICRO, "--set", "reward.source=model",
            "--reward-model", str(micro_reward), "--set", "rloo.steps=400", "--set", "rloo.checkpoint_every=3",
            "--data", str(micro_run["data"]), "--policy", str(micro_run["sft"]),
            "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")]
@@ -431,7 +431,7 @@ def test_a_stage_logging_to_a_file_reports_progress_in_the_terminal(micro_run, t
     master, slave = pty.openpty()
     with open(tmp_path / "sft.log", "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "rloo.cli", "sft", "-c", MICRO, "--set", "tracking.enabled=false",
+            [sys.executable, "-m", "rloo_workflow.cli", "sft", "-c", MICRO, "--set", "tracking.enabled=false",
              "--set", "sft.steps=12", "--data", str(micro_run["data"]), "--base", str(micro_run["base_model"]),
              "--out", str(tmp_path / "sft"),
              "--work", str(tmp_path / "work")], cwd=tmp_path, stdout=slave, stderr=log)
@@ -457,7 +457,7 @@ def test_the_mlflow_experiment_opens_on_its_training_runs(tmp_path):
     """MLflow 3's UI shows an experiment without a kind as a GenAI app (traces); ours is model training."""
     import mlflow
 
-    from rloo import tracking
+    from rloo_workflow import tracking
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     experiment = mlflow.MlflowClient(uri).get_experiment(tracking.ensure_experiment(uri, "rloo-test"))

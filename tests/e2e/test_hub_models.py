@@ -22,7 +22,6 @@ import yaml
 from model_helpers import evaluate_and_report, random_lm
 from workflow_helpers import JOBS, env_for, job_counts, make_copy, snakemake
 
-from rloo.config import load_config
 from rloo.data.prompting import PromptFormat, align_eos, end_of_turn, render_prompt
 from rloo.errors import InputError
 from rloo.eval.evaluation import spec_for
@@ -31,15 +30,16 @@ from rloo.model import models
 from rloo.model.logprobs import left_pad, positions, sequence_scores
 from rloo.reward.rewards import RewardModelReward, VerifierReward
 from rloo.rollout import decode, generate
-from rloo.stages import base, prepare, reward, sft
-from rloo.stages import train as rloo_stage
 from rloo.train import train_sft
 from rloo.train.rloo import Trainer
+from rloo_workflow.config import load_config
+from rloo_workflow.stages import base, prepare, reward, sft
+from rloo_workflow.stages import train as rloo_stage
 
 ROOT = Path(__file__).resolve().parents[2]
 QWEN = ROOT / "config" / "qwen2-tiny.yaml"
 SCRIPT = ROOT / "scripts" / "make_tiny_hub_model.py"
-RESULTS_SCHEMA = ROOT / "rloo" / "schemas" / "results.schema.yaml"
+RESULTS_SCHEMA = ROOT / "rloo_workflow" / "schemas" / "results.schema.yaml"
 
 
 def _script():

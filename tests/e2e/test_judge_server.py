@@ -1,4 +1,4 @@
-"""The judge served inside the judge job (rloo.reward.judge_server), without vLLM: a real tiny HTTP server
+"""The judge served inside the judge job (rloo_workflow.judge_server), without vLLM: a real tiny HTTP server
 (tests/helpers/fake_judge_server.py) started through the same code path (`evaluate.llm_judge.serve.command`).
 
 Every test checks that no process of the server's group is left: after success, after an error inside
@@ -22,10 +22,10 @@ import pytest
 from fault_helpers import silent_server
 from workflow_helpers import pythonpath
 
-from rloo.config import ConfigError, load_config
-from rloo.reward.judge_server import JudgeServerError, command_for, free_port, judge_devices, serve
 from rloo.settings import ServeConfig
-from rloo.stages import compare
+from rloo_workflow.config import ConfigError, load_config
+from rloo_workflow.judge_server import JudgeServerError, command_for, free_port, judge_devices, serve
+from rloo_workflow.stages import compare
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE = ROOT / "tests" / "helpers" / "fake_judge_server.py"
@@ -139,7 +139,7 @@ def test_bad_serve_config_names_the_key(serve_cfg, message):
 @pytest.fixture(scope="module")
 def records(micro_run, tmp_path_factory) -> Path:
     """The micro SFT policy's evaluation records (4 problems, one draw each): the judge job's input."""
-    from rloo.stages import evaluate
+    from rloo_workflow.stages import evaluate
 
     cfg = load_config(ROOT / "config" / "micro.yaml", {"tracking": {"enabled": False},
                                                        "evaluate": {"examples": 4, "samples_per_prompt": 1}})
@@ -152,7 +152,7 @@ def _judge(records, tmp_path, *fake_flags: str, timeout_s: float = 60) -> tuple[
     """`rloo judge` of the micro SFT policy's records against themselves, the fake server as the served judge."""
     judge_log = tmp_path / "logs" / "judge_rloo.judge.log"
     command = json.dumps([sys.executable, str(FAKE), "{port}", "--child", *fake_flags])
-    argv = [sys.executable, "-m", "rloo.cli", "judge", "--config", str(ROOT / "config" / "micro.yaml"),
+    argv = [sys.executable, "-m", "rloo_workflow.cli", "judge", "--config", str(ROOT / "config" / "micro.yaml"),
             "--set", "tracking.enabled=false", "--set", "evaluate.judge=llm",
             "--set", "evaluate.llm_judge.serve.model=fake-judge", "--set", f"evaluate.llm_judge.serve.command={command}",
             "--set", f"evaluate.llm_judge.serve.startup_timeout_s={timeout_s}",
@@ -168,11 +168,13 @@ def _env() -> dict[str, str]:
 @pytest.mark.slow
 def test_the_judge_job_judges_with_the_served_model_and_stops_it(micro_run, records, tmp_path):
     from rloo.eval.records import read
-    from rloo.stages import report
+    from rloo_workflow.stages import report
 
     argv, judge_log = _judge(records, tmp_path)
     res = subprocess.run(argv, capture_output=True, text=True, env=_env(), timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
+    # the job's log says which server it started (the vLLM tests find its process group by this line)
+    assert re.search(r"judge server for fake-judge started \(pid \d+", res.stderr), res.stderr[-3000:]
     judged = json.loads((tmp_path / "judged.json").read_text())
     # the report takes the judge's verdicts as they are
     cfg = load_config(ROOT / "config" / "micro.yaml", {"evaluate": {"judge": "llm"}})

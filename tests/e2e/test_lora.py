@@ -28,8 +28,8 @@ from rloo.model.logprobs import completion_logprobs, join
 from rloo.rollout import generate
 from rloo.runtime import step_generator
 from rloo.settings import ModelConfig
-from rloo.stages import reward, sft
 from rloo.train.rloo import Trainer
+from rloo_workflow.stages import reward, sft
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 3
@@ -243,7 +243,7 @@ def test_reward_model_with_lora_writes_a_merged_model(micro_run, tmp_path):
 
 
 def _train_cmd(micro_run, micro_reward, tmp: Path, steps: int = 12) -> list[str]:
-    return [sys.executable, "-m", "rloo.cli", "train", "-c", str(ROOT / "config" / "micro.yaml"),
+    return [sys.executable, "-m", "rloo_workflow.cli", "train", "-c", str(ROOT / "config" / "micro.yaml"),
             "--set", "reward.source=model", "--reward-model", str(micro_reward), "--set", f"rloo.steps={steps}",
             "--set", "rloo.checkpoint_every=2", "--set", "tracking.enabled=false", "--set", "model.lora.enabled=true",
             "--set", "model.gradient_checkpointing=true", "--set", "rloo.lr=1.0e-3",

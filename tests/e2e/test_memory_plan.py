@@ -1,4 +1,4 @@
-"""The memory plan (rloo/memory_plan.py, `rloo plan`): its predictions against measured peaks, its terms
+"""The memory plan (rloo_workflow/memory_plan.py, `rloo plan`): its predictions against measured peaks, its terms
 under each strategy, the CLI on every shipped config, and the Snakefile's refusal of a config that does
 not fit."""
 
@@ -14,13 +14,13 @@ import pytest
 import torch
 from workflow_helpers import ROOT, make_copy, snakemake
 
-from rloo import cli
-from rloo.config import load_config, parse_set
 from rloo.errors import UserError
-from rloo.memory_plan import GB, micro_batch_tokens, plan, update_bytes
-from rloo.model_shape import Shape, model_shape
 from rloo.runtime import native_bf16
 from rloo.settings import Config
+from rloo_workflow import cli
+from rloo_workflow.config import load_config, parse_set
+from rloo_workflow.memory_plan import GB, micro_batch_tokens, plan, update_bytes
+from rloo_workflow.model_shape import Shape, model_shape
 
 CONFIGS = sorted(p.name for p in (ROOT / "config").glob("*.yaml"))
 QWEN_05B = Shape(896, 24, 14, 2, 4864, 151936, True)

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _train_cmd(micro_run, reward_dir, tmp_path, out, work):
     # The micro reward model as the training reward (every step moves the weights), in 2-3 micro-batches.
     return [
-        sys.executable, "-m", "rloo.cli", "train", "-c", str(ROOT / "config" / "micro.yaml"),
+        sys.executable, "-m", "rloo_workflow.cli", "train", "-c", str(ROOT / "config" / "micro.yaml"),
         "--set", "reward.source=model", "--reward-model", str(reward_dir),
         "--set", "rloo.steps=24", "--set", "rloo.checkpoint_every=3", "--set", "tracking.enabled=false",
         "--set", "rloo.micro_batch_tokens=160", "--set", "rloo.off_policy_steps=1",
@@ -89,7 +89,8 @@ def test_the_micro_chain_runs_off_policy_under_snakemake(micro_workflow, tmp_pat
     (c / "config" / "offpolicy.yaml").write_text(
         "rloo: {off_policy_steps: 1, rollout_correction: {mismatch_every: 2}}\nrollout: {sampler_threads: 1}\n")
     res = snakemake(c, "--cores", "1", *CONFIGFILES, "config/offpolicy.yaml")
-    assert job_counts(res.stdout + res.stderr) == {"rloo": 1, "evaluate": 1}  # an rloo.* key: rloo and evaluate
+    # an rloo.* key: rloo, its policy's evaluation and the report
+    assert job_counts(res.stdout + res.stderr) == {"rloo": 1, "evaluate": 1, "report": 1}
     steps = [json.loads(line) for line in (c / "results/models/rloo_rloo/steps.jsonl").read_text().splitlines()]
     assert [s["train/policy_lag"] for s in steps] == [0] + [1] * (len(steps) - 1)
     assert [s["step"] for s in steps if "train/lag_k3_token" in s] == [s["step"] for s in steps][::2]

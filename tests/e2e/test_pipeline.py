@@ -1,4 +1,4 @@
-"""The pipeline's shape is declared once (rloo/pipeline.py). The CLI's default outputs, the Snakemake
+"""The pipeline's shape is declared once (rloo_workflow/pipeline.py). The CLI's default outputs, the Snakemake
 rules' outputs, dvc.yaml's outs and MLflow's output tags all derive from it, and agree."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from workflow_helpers import CONFIGFILES, make_copy, snakemake
 
-from rloo import cli, pipeline, tracking
-from rloo import dvc as rdvc
-from rloo.config import load_config, load_schema
 from rloo.errors import InputError
 from rloo.settings import Config
+from rloo_workflow import cli, pipeline, tracking
+from rloo_workflow import dvc as rdvc
+from rloo_workflow.config import load_config, load_schema
 
 ROOT = Path(__file__).resolve().parents[2]
 ESTIMATORS = load_schema()["properties"]["rloo"]["properties"]["estimator"]["enum"]
@@ -142,7 +142,7 @@ def _lineages(cfg: dict, code=_code, variant=None) -> dict[str, str]:
 
 
 def test_a_jobs_lineage_holds_every_key_and_code_above_it_and_nothing_else():
-    """rloo.pipeline.lineage, the rules' `lineage` param: a key or a stage's code changes the lineage of
+    """rloo_workflow.pipeline.lineage, the rules' `lineage` param: a key or a stage's code changes the lineage of
     the jobs reading it and of every job below them, never of a job above or beside them (an RLOO key,
     not the base model's or SFT's evaluation)."""
     cfg = load_config(MICRO)

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from workflow_helpers import PIPELINE
 
-from rloo import pipeline
-from rloo.config import load_config
+from rloo_workflow import pipeline
+from rloo_workflow.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

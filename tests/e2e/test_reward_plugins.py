@@ -18,7 +18,7 @@ from code_edits import append_comment, semantic_edit
 from conftest import copy_tree
 from workflow_helpers import CONFIGFILES, VENV_BIN, env_for, job_counts, snakemake
 
-from rloo.code_fingerprint import FINGERPRINTS_FILE
+from rloo_workflow.code_fingerprint import FINGERPRINTS_FILE
 
 pytestmark = pytest.mark.slow
 

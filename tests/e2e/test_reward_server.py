@@ -22,10 +22,10 @@ import pytest
 import torch
 from fault_helpers import silent_server
 
-from rloo.config import load_config
 from rloo.model import checkpoint
 from rloo.reward.remote import RewardServerError
 from rloo.reward.rewards import FunctionReward, HttpReward, build_reward
+from rloo_workflow.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVER = ROOT / "tests" / "helpers" / "reward_server.py"
@@ -230,7 +230,7 @@ def test_a_run_shows_its_retries_on_the_terminal_and_counts_them(micro_run, tmp_
     the end reach stdout (the terminal); the count is a run fact in timings.json, not in the outputs."""
     servers.append(server := Server(tmp_path, functions_file, "--fail-first", "2"))
     work, out = tmp_path / "work", tmp_path / "rloo"
-    cmd = [sys.executable, "-m", "rloo.cli", "train", "-c", str(ROOT / "config" / "micro.yaml"),
+    cmd = [sys.executable, "-m", "rloo_workflow.cli", "train", "-c", str(ROOT / "config" / "micro.yaml"),
            "--set", "reward.source=http", "--set", f"reward.http.url={server.url}", "--set", "rloo.eval_every=0",
            "--set", "rloo.steps=2", "--set", "tracking.enabled=false",
            "--data", str(micro_run["data"]), "--policy", str(micro_run["sft"]), "--out", str(out), "--work", str(work)]
@@ -307,7 +307,7 @@ def test_a_server_killed_mid_run_stops_it_in_one_line_and_the_rerun_resumes(micr
                                     "--key-env", "RLOO_TEST_REWARD_KEY", env={"RLOO_TEST_REWARD_KEY": SECRET}))
     work, out = tmp_path / "work", tmp_path / "rloo"
     env = {**os.environ, "RLOO_TEST_REWARD_KEY": SECRET, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
-    cmd = [sys.executable, "-m", "rloo.cli", "train", "-c", str(ROOT / "config" / "micro.yaml"),
+    cmd = [sys.executable, "-m", "rloo_workflow.cli", "train", "-c", str(ROOT / "config" / "micro.yaml"),
            "--set", "reward.source=http", "--set", f"reward.http.url={server.url}",
            "--set", "reward.http.api_key_env=RLOO_TEST_REWARD_KEY", "--set", "rloo.eval_every=0",
            "--set", "rloo.steps=4", "--set", "rloo.checkpoint_every=2", "--set", "tracking.enabled=true",

@@ -1,4 +1,4 @@
-"""Data-parallel stages launched by Slurm (rloo/launch.py, the rules' `gpu_resources`).
+"""Data-parallel stages launched by Slurm (rloo_workflow/launch.py, the rules' `gpu_resources`).
 
 Fast: Slurm's task variables become torchrun's (ranks, local world, the rendezvous host and port), the
 srun line, and what the rules ask Slurm for, in a dry run of the literal cluster command with 2 nodes x
@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 from workflow_helpers import CONFIGFILES, make_copy, snakemake
 
-from rloo.config import load_config
-from rloo.launch import first_host, slurm_task_env, srun_command
+from rloo.model.launcher import first_host, slurm_task_env
+from rloo_workflow.config import load_config
+from rloo_workflow.launch import srun_command
 
 
 # -- fast -----------------------------------------------------------------------------------------

@@ -71,8 +71,8 @@ def test_rloo_trains_on_correctness_plus_a_format_bonus(chain):
 def test_prompts_and_sft_targets_are_the_chat_template(chain):
     from transformers import AutoTokenizer
 
-    from rloo.config import load_config
     from rloo.data.prompting import PromptFormat
+    from rloo_workflow.config import load_config
 
     copy = chain["copy"]
     cfg = load_config([copy / "config" / n for n in ("micro.yaml", "smollm2.yaml", "smollm2-micro.yaml")])

@@ -2,7 +2,7 @@
 in a process it forked, with the client's arguments, directory, environment, streams and `rloo`; exits,
 exceptions and signals reach the client as they would from a process of its own; a kill -9 of the client
 takes the forked process with it; a command whose import environment differs runs in the client; the
-`rloo` command and `python -m rloo.cli` are clients through the tests' hook (tests/helpers/served/), and
+`rloo` command and `python -m rloo_workflow.cli` are clients through the tests' hook (tests/helpers/served/), and
 nothing else: the package's own entry point knows no server."""
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def test_exit_codes_and_exceptions_reach_the_client(server):
     assert res.returncode == 1 and "RuntimeError: the probe raised" in res.stderr and "Traceback" in res.stderr
 
 
-@pytest.mark.parametrize("command", [[sys.executable, "-m", "rloo.cli"], [str(Path(sys.executable).parent / "rloo")]])
+@pytest.mark.parametrize("command", [[sys.executable, "-m", "rloo_workflow.cli"], [str(Path(sys.executable).parent / "rloo")]])
 def test_the_rloo_command_is_served_through_the_tests_hook_with_its_exit_code(server, command):
     cmd = [*command, "validate-config", "-c", str(ROOT / "config" / "nosuch.yaml")]
     hook = {**stage_free_env(), "RLOO_STAGE_SERVER": server["sock"], "PYTHONPATH": str(SERVED)}

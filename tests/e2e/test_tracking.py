@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 from tracking_helpers import BIN, SECRET_CFG, SECRET_ENV, pipeline_env
 
-from rloo import tracking
-from rloo.config import load_config
+from rloo_workflow import tracking
+from rloo_workflow.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 MICRO = ROOT / "config" / "micro.yaml"
@@ -262,7 +262,7 @@ def test_cli_context_names_and_keys(tmp_path):
     import argparse
 
     cfg = load_config(MICRO)
-    job_config = tmp_path / "evaluate-0123.json"  # the rules' --job-config (rloo.config.job_config_file)
+    job_config = tmp_path / "evaluate-0123.json"  # the rules' --job-config (rloo_workflow.config.job_config_file)
     job_config.write_text('{"seed":0,"evaluate":{"examples":16},"reward":{"source":"model"}}')
     args = argparse.Namespace(stage="evaluate", out="results/eval/grpo.jsonl", policy="grpo=m/rloo_grpo",
                               job_config=str(job_config), set=["threads=1", 'tracking={"enabled": true}', "name=micro"])
@@ -363,8 +363,8 @@ def test_failed_stage_run_is_marked_failed(tmp_path, monkeypatch):
 
 _CONCURRENT_STAGE = """
 import sys
-from rloo import tracking
-from rloo.config import load_config
+from rloo_workflow import tracking
+from rloo_workflow.config import load_config
 cfg = load_config(sys.argv[1], {"paths": {"results": sys.argv[3]}})
 with tracking.stage_run(cfg, sys.argv[2]) as run:
     assert run is not None

@@ -1,4 +1,4 @@
-"""The seeds and sweeps targets: variants of the chain (rloo.pipeline.Variant) and their aggregates.
+"""The seeds and sweeps targets: variants of the chain (rloo_workflow.pipeline.Variant) and their aggregates.
 
 Fast checks first (the config, which stages a variant runs, the aggregates' arithmetic on results
 files with distinct figures, MLflow run names, dvc.yaml for both targets); then Snakemake in an
@@ -21,14 +21,14 @@ import yaml
 from conftest import copy_tree
 from workflow_helpers import CONFIGFILES, ROOT, env_for, job_counts, make_copy, planned, snakemake
 
-from rloo import cli, pipeline, tracking
-from rloo.config import ConfigError, load_config
-from rloo.dvc import dvcyaml as rdvc
 from rloo.errors import InputError
-from rloo.eval.seed_table import aggregate
 from rloo.eval.stats import t_interval
-from rloo.eval.sweep_table import table
-from rloo.pipeline import point_id, stage_config, sweep_grid, sweep_variant
+from rloo_workflow import cli, pipeline, tracking
+from rloo_workflow.config import ConfigError, load_config
+from rloo_workflow.dvc import dvcyaml as rdvc
+from rloo_workflow.pipeline import point_id, stage_config, sweep_grid, sweep_variant
+from rloo_workflow.seed_table import aggregate
+from rloo_workflow.sweep_table import table
 
 SEEDS = "results/seeds/gsm8k_rloo.json"
 MICRO = [ROOT / "config" / "config.yaml", ROOT / "config" / "micro.yaml"]
@@ -182,7 +182,7 @@ def test_dvc_yaml_for_the_seeds_and_sweep_targets(tmp_path):
     # `rloo dvc yaml` in a copy (its package, as the rules' code inputs), for both targets
     copy_ = make_copy(tmp_path / "wf")
     (copy_ / "config" / "sweep.yaml").write_text("sweeps: {beta: {rloo.beta: [0.0, 0.1]}}\n")
-    res = subprocess.run([sys.executable, "-m", "rloo.dvc", "yaml", "--configfile", *CONFIGFILES[1:], "config/sweep.yaml",
+    res = subprocess.run([sys.executable, "-m", "rloo_workflow.dvc", "yaml", "--configfile", *CONFIGFILES[1:], "config/sweep.yaml",
                           "--target", SEEDS, "--target", "results/sweeps/beta.json"],
                          cwd=copy_, env=env_for(copy_), capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]

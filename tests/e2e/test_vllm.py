@@ -27,10 +27,10 @@ from test_judge_server import group_members, wait_for
 from rloo.data.gsm8k import format_prompt
 from rloo.io import read_jsonl
 from rloo.model import models
-from rloo.reward.judge_server import free_port, serve, vllm_command
 from rloo.reward.judges import LLMJudge, parse_verdict, win_rate
 from rloo.rollout import logprob_gap
 from rloo.rollout.hf import generate as hf_generate
+from rloo_workflow.judge_server import free_port, serve, vllm_command
 
 ROOT = Path(__file__).resolve().parents[2]
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine: starts in seconds
@@ -299,7 +299,7 @@ def test_the_engine_samples_in_the_inference_dtype(micro_run, policy_dir, monkey
 @needs_vllm
 def test_resumed_run_syncs_the_checkpoint_into_the_engine(micro_run, policy_dir, tmp_path, monkeypatch):
     """`run` builds the engine from the SFT folder, then resumes a checkpoint: the engine must follow it."""
-    from rloo.stages import train as rloo_stage
+    from rloo_workflow.stages import train as rloo_stage
 
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     monkeypatch.setattr(rloo_stage, "build_reward", lambda cfg, rm=None: _LengthReward())
@@ -331,7 +331,7 @@ def _serve_env() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def judge_server(micro_run, tmp_path_factory):
-    """`vllm serve` of the micro SFT model on 127.0.0.1 with CPU-sized flags, through rloo.reward.judge_server
+    """`vllm serve` of the micro SFT model on 127.0.0.1 with CPU-sized flags, through rloo_workflow.judge_server
     (the evaluate stage's path); at the end an error is raised inside its block, and the server must stop,
     every process of its group with it (a failure there is reported as an error of the module's last test)."""
     if VLLM_MISSING:
@@ -371,8 +371,8 @@ JUDGE_ARGS = ["--max-model-len", "1024", *CPU_FLAGS]
 @pytest.fixture(scope="module")
 def records(micro_run, tmp_path_factory) -> Path:
     """The micro SFT policy's evaluation records (4 problems): what the judge job reads."""
-    from rloo.config import load_config
-    from rloo.stages import evaluate
+    from rloo_workflow.config import load_config
+    from rloo_workflow.stages import evaluate
 
     cfg = load_config(ROOT / "config" / "micro.yaml", {"tracking": {"enabled": False}, "evaluate": {"examples": 4}})
     out = tmp_path_factory.mktemp("vllm_records") / "sft.jsonl"
@@ -382,7 +382,7 @@ def records(micro_run, tmp_path_factory) -> Path:
 
 def _judge_argv(records, tmp_path, judge_model: Path) -> list[str]:
     """`rloo judge` of the micro SFT policy's records against themselves, by `judge_model` served by the stage."""
-    return [sys.executable, "-m", "rloo.cli", "judge", "--config", str(ROOT / "config" / "micro.yaml"),
+    return [sys.executable, "-m", "rloo_workflow.cli", "judge", "--config", str(ROOT / "config" / "micro.yaml"),
             "--set", "tracking.enabled=false", "--set", "evaluate.judge=llm",
             "--set", f"evaluate.llm_judge.serve.model={judge_model}",
             "--set", f"evaluate.llm_judge.serve.args={json.dumps(JUDGE_ARGS)}",

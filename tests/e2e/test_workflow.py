@@ -37,9 +37,9 @@ from workflow_helpers import (
     snakemake_bin,
 )
 
-from rloo.config import load_config
 from rloo.settings.evaluation import tensor_parallel
-from rloo.stages import compare
+from rloo_workflow.config import load_config
+from rloo_workflow.stages import compare
 
 pytestmark = pytest.mark.slow
 
@@ -144,15 +144,15 @@ def test_changed_parameter_with_two_estimators_and_toy(run):
 def test_comments_docstrings_and_descriptions_rerun_nothing(run):
     """The edits of issue 54, each of which used to rerun stages: a comment in a module no stage of the
     default chain runs, a word in the schema's descriptions, the maths' module docstring; and a comment in
-    every stage's own module. Snakemake compares each stage's code fingerprint (rloo/code_fingerprint.py)."""
+    every stage's own module. Snakemake compares each stage's code fingerprint (rloo_workflow/code_fingerprint.py)."""
     c = run["copy"]
-    saved = {p: p.read_text() for p in [c / "rloo/reward/judge_server.py", c / "rloo/settings/training.py",
-                                         c / "rloo/algo/estimators.py", *sorted((c / "rloo/stages").glob("*.py"))]}
+    saved = {p: p.read_text() for p in [c / "rloo_workflow/judge_server.py", c / "rloo/settings/training.py",
+                                         c / "rloo/algo/estimators.py", *sorted((c / "rloo_workflow/stages").glob("*.py"))]}
     try:
-        append_comment(c / "rloo/reward/judge_server.py")
+        append_comment(c / "rloo_workflow/judge_server.py")
         edit_setting_docs(c / "rloo/settings/training.py")
         edit_module_docstring(c / "rloo/algo/estimators.py")
-        for stage in sorted((c / "rloo/stages").glob("*.py")):
+        for stage in sorted((c / "rloo_workflow/stages").glob("*.py")):
             append_comment(stage)
         assert planned(c, "all", GRPO) == {}
     finally:
@@ -163,15 +163,15 @@ def test_comments_docstrings_and_descriptions_rerun_nothing(run):
 @pytest.mark.parametrize(
     ("source", "function", "expected"),
     [
-        ("rloo/stages/reward.py", "run", {"reward": 1, "evaluate": 4, "report": 2}),
-        ("rloo/stages/train.py", "run", {"rloo": 2, "evaluate": 2, "report": 2}),
-        ("rloo/stages/evaluate.py", "run", {"evaluate": 4, "report": 2}),
-        ("rloo/stages/report.py", "run", {"report": 2}),
+        ("rloo_workflow/stages/reward.py", "run", {"reward": 1, "evaluate": 4, "report": 2}),
+        ("rloo_workflow/stages/train.py", "run", {"rloo": 2, "evaluate": 2, "report": 2}),
+        ("rloo_workflow/stages/evaluate.py", "run", {"evaluate": 4, "report": 2}),
+        ("rloo_workflow/stages/report.py", "run", {"report": 2}),
         ("rloo/algo/bandit.py", "run_toy", {"toy": 1}),
         # the estimator: RLOO's stage (of both estimators: one fingerprint per stage) and the toy experiment
         ("rloo/algo/estimators.py", "rloo_advantages", {"rloo": 2, "evaluate": 2, "report": 2, "toy": 1}),
         # the SFT loop, and the loop the three training stages share: sft and every stage below it
-        ("rloo/stages/sft.py", "run", {"sft": 1, "reward": 1, "rloo": 2, "evaluate": 4, "report": 2}),
+        ("rloo_workflow/stages/sft.py", "run", {"sft": 1, "reward": 1, "rloo": 2, "evaluate": 4, "report": 2}),
         ("rloo/train/loop.py", "TrainingLoop.resume", {"sft": 1, "reward": 1, "rloo": 2, "evaluate": 4, "report": 2}),
         ("rloo/data/synthetic.py", "generate", {"prepare": 1, "base": 1, "sft": 1, "reward": 1, "rloo": 2,
                                                 "evaluate": 4, "report": 2}),
@@ -184,12 +184,12 @@ def test_a_change_of_what_a_stage_computes_reruns_it_and_its_descendants(run, so
     try:
         semantic_edit(path, function)
         assert planned(run["copy"], "all", GRPO) == expected
-        if source == "rloo/stages/reward.py":
+        if source == "rloo_workflow/stages/reward.py":
             # `rloo why-rerun` names the file and the function, and the stage below it
             res = subprocess.run(["rloo", "why-rerun", *CONFIGFILES], cwd=run["copy"], env=env_for(run["copy"]),
                                  capture_output=True, text=True, timeout=300)
             assert res.returncode == 0, res.stderr
-            assert "reward: its code changed:\n    rloo/stages/reward.py: changed run\n" in res.stdout, res.stdout
+            assert "reward: its code changed:\n    rloo_workflow/stages/reward.py: changed run\n" in res.stdout, res.stdout
             assert "evaluate-sft: its inputs are made again: results/models/reward" in res.stdout, res.stdout
             stages = {line.split(":")[0] for line in res.stdout.splitlines() if not line.startswith(" ")}
             assert "sft" not in stages and "prepare" not in stages, stages
@@ -573,7 +573,7 @@ def test_kill_9_of_prepare_after_a_data_change_then_the_same_command_remakes_the
     assert got == (clean / RLOO).read_bytes()
 
 
-# What a missing output of each stage reruns (rloo.pipeline.input_graph): the stage and everything below it.
+# What a missing output of each stage reruns (rloo_workflow.pipeline.input_graph): the stage and everything below it.
 BELOW = {
     "data/gsm8k/train.jsonl": {"prepare": 1, "base": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 4, "report": 2},
     "results/models/base": {"base": 1, "sft": 1, "reward": 1, "rloo": 2, "evaluate": 4, "report": 2},

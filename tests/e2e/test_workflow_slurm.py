@@ -1,6 +1,6 @@
 """The literal cluster command, `snakemake --profile slurm results/gsm8k_rloo.json`, on a real Slurm,
 with the training stages data-parallel: one run proves both that every stage runs as a Slurm job and
-that the training stages run as multi-task jobs (rloo/launch.py, the rules' `gpu_resources`).
+that the training stages run as multi-task jobs (rloo_workflow/launch.py, the rules' `gpu_resources`).
 
 Runs in an isolated working copy of the workflow (tests/helpers/workflow_helpers.py) that holds the repo's
 `slurm/` profile, so `--profile slurm` resolves to ./slurm exactly as from the repository root. Added
@@ -102,7 +102,7 @@ def test_literal_slurm_command_runs_every_stage_as_a_job_and_training_as_two_tas
 
     # The same training under torchrun on this machine, from the cluster run's SFT policy.
     local = tmp_path / "local"
-    train = [sys.executable, "-m", "rloo.cli", "train", *[a for c in ["config/config.yaml", *CONFIGS[1:]]
+    train = [sys.executable, "-m", "rloo_workflow.cli", "train", *[a for c in ["config/config.yaml", *CONFIGS[1:]]
                                                           for a in ("-c", str(copy / c))],
              "--set", "threads=1", "--data", str(copy / "data" / "gsm8k"), "--policy", str(copy / "results/models/sft"),
              "--reward-model", str(copy / "results/models/reward"),

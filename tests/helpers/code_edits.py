@@ -1,5 +1,5 @@
 """Edits of the package's source as a person makes them, for the tests of the code fingerprint
-(rloo/code_fingerprint.py): one that changes what a function computes, and ones that change nothing."""
+(rloo_workflow/code_fingerprint.py): one that changes what a function computes, and ones that change nothing."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A real (tiny) OpenAI-compatible judge server for the tests of rloo.reward.judge_server without vLLM.
+"""A real (tiny) OpenAI-compatible judge server for the tests of rloo_workflow.judge_server without vLLM.
 
     python tests/helpers/fake_judge_server.py PORT [--child] [--ignore-sigterm] [--delay S] [--seen FILE] [--reply TEXT]
 

@@ -36,12 +36,12 @@ def random_lm(kind: str) -> torch.nn.Module:
 def evaluate_and_report(cfg: dict, data, sft, policies: dict, out_json, reward_model=None, plots=None,
                         trained: str = "rloo") -> dict:
     """What the workflow's evaluate and report jobs do, in this process: each of `policies` ({name: folder}:
-    base, sft and the trained one) evaluated on its own (rloo.stages.evaluate), its records beside
-    `out_json` (eval/<name>.jsonl), then the report of `trained` (rloo.stages.report). The results."""
+    base, sft and the trained one) evaluated on its own (rloo_workflow.stages.evaluate), its records beside
+    `out_json` (eval/<name>.jsonl), then the report of `trained` (rloo_workflow.stages.report). The results."""
     from pathlib import Path
 
     from rloo.eval.records import read
-    from rloo.stages import evaluate, report
+    from rloo_workflow.stages import evaluate, report
 
     out = Path(out_json).parent / "eval"
     for name, folder in policies.items():

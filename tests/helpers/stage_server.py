@@ -5,7 +5,7 @@ and Snakemake forks each `rloo <stage>` process the tests start, so that the pro
 
 `python -u tests/helpers/stage_server.py SOCKET` serves. tests/conftest.py starts one per pytest process,
 names its socket in `RLOO_STAGE_SERVER` and puts tests/helpers/served/ on PYTHONPATH, whose
-sitecustomize.py makes every `rloo ...` and `python -m rloo.cli ...` the tests start (directly, as a
+sitecustomize.py makes every `rloo ...` and `python -m rloo_workflow.cli ...` the tests start (directly, as a
 Snakemake job, or as a torchrun worker) a client (`delegate`): it hands its arguments, environment,
 working directory, sys.path and standard streams to the server and waits; a forked process runs the
 command, and the client exits as it does, with its exit code or by its signal.

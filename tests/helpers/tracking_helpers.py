@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from rloo import tracking
+from rloo_workflow import tracking
 
 BIN = Path(sys.executable).parent
 # Secrets planted in the pipeline's environment and config: none may reach MLflow.

@@ -5,7 +5,7 @@ needs (Snakefile, workflow/, config/, the profiles slurm/ and profiles/default/,
 sources) into a temporary folder; Snakemake runs there (`cwd`), so data/, results/, logs/,
 .snakemake/ and the MLflow store all land in the copy. PYTHONPATH points at the copy, so the
 Snakefile and every `rloo <stage>` job import the copied package: the code fingerprints
-(rloo.code_fingerprint) are the copy's, and editing a file of it really changes the code the stage runs,
+(rloo_workflow.code_fingerprint) are the copy's, and editing a file of it really changes the code the stage runs,
 without touching the repository.
 """
 
@@ -40,7 +40,7 @@ def make_copy(dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".snakemake")
     shutil.copy2(ROOT / "Snakefile", dest / "Snakefile")
-    for name in ("workflow", "config", "slurm", "profiles", "rloo"):
+    for name in ("workflow", "config", "slurm", "profiles", "rloo", "rloo_workflow"):
         shutil.copytree(ROOT / name, dest / name, ignore=ignore)
     (dest / "config" / "test.yaml").write_text(TEST_CONFIG)
     return dest

@@ -13,13 +13,13 @@ import pytest
 import reward_functions
 
 from rloo.api import Config, RlooConfig, load_rows, train_rloo, train_sft
-from rloo.config import load_config
 from rloo.data.gsm8k import DataError, read_split
 from rloo.errors import InputError
 from rloo.io import read_jsonl
 from rloo.rollout.collect import training_prompts
-from rloo.stages import prepare
-from rloo.stages import train as rloo_stage
+from rloo_workflow.config import load_config
+from rloo_workflow.stages import prepare
+from rloo_workflow.stages import train as rloo_stage
 
 ROOT = Path(__file__).resolve().parents[2]
 SHORTER = f"{ROOT / 'tests' / 'helpers' / 'reward_functions.py'}:shorter"

@@ -96,8 +96,8 @@ def test_sft_refuses_a_base_folder_of_another_shape(micro_run, tmp_path):
     """`rloo sft --set model.tiny.hidden_size=...` against a base built at the default shape used to
     train that base silently (bench/memory.py measured the wrong model that way): now one error naming
     the folder's record and the key, before any training."""
-    from rloo.config import load_config
-    from rloo.stages import sft
+    from rloo_workflow.config import load_config
+    from rloo_workflow.stages import sft
 
     cfg = micro_run["cfg"]
     other = load_config(Path(__file__).parents[2] / "config" / "micro.yaml", {"tracking": {"enabled": False},

@@ -1,8 +1,8 @@
-"""The code fingerprint's walk misses nothing a stage runs (rloo/code_fingerprint.py).
+"""The code fingerprint's walk misses nothing a stage runs (rloo_workflow/code_fingerprint.py).
 
 The fingerprint of `rloo <verb>` counts the definitions a static walk from the stage's module and the
 CLI reaches; a definition the stage runs but the walk misses would let an edit to it rerun nothing.
-Here each stage of the micro chain runs through `rloo.cli.main` in this process under a profiler, with
+Here each stage of the micro chain runs through `rloo_workflow.cli.main` in this process under a profiler, with
 every module of the package imported first (so what runs is the stages' work, not import-time code),
 and every function of the package it calls must belong to a definition its fingerprint counts.
 """
@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 import rloo
-from rloo import cli
-from rloo.code_fingerprint import installed
+import rloo_workflow
+from rloo_workflow import cli
+from rloo_workflow.code_fingerprint import installed
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +30,8 @@ MICRO = str(ROOT / "config" / "micro.yaml")
 
 
 def _import_everything() -> None:
-    for mod in pkgutil.walk_packages(rloo.__path__, "rloo."):
+    for mod in [*pkgutil.walk_packages(rloo.__path__, "rloo."),
+                *pkgutil.walk_packages(rloo_workflow.__path__, "rloo_workflow.")]:
         if mod.name.endswith("__main__"):  # a command, run on import
             continue
         with contextlib.suppress(ImportError):  # an optional engine (vLLM) this venv lacks
@@ -40,10 +42,10 @@ def _called(argv: list[str]) -> set[tuple[str, str]]:
     """(module, definition) of every package function `rloo ARGV` calls in this process."""
     code = installed()
     seen: set[tuple[str, int]] = set()
-    package = str(code.package_dir)
+    packages = tuple(str(d) for d in code.package_dirs)
 
     def profile(frame, event, arg):
-        if event == "call" and frame.f_code.co_filename.startswith(package):
+        if event == "call" and frame.f_code.co_filename.startswith(packages):
             seen.add((frame.f_code.co_filename, frame.f_code.co_firstlineno))
 
     sys.setprofile(profile)

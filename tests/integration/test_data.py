@@ -11,7 +11,7 @@ from rloo.data.gsm8k import DataError
 from rloo.errors import InputError, MissingInputError
 from rloo.io import read_jsonl
 from rloo.reward.verifier import extract_answer
-from rloo.stages import prepare
+from rloo_workflow.stages import prepare
 
 MICRO = Path(__file__).resolve().parents[2] / "config" / "micro.yaml"
 

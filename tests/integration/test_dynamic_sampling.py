@@ -14,8 +14,8 @@ from rloo.io import read_jsonl
 from rloo.model import checkpoint, models
 from rloo.rollout import collect
 from rloo.rollout.collect import prompt_indices
-from rloo.stages import train as rloo_stage
 from rloo.train.rloo import Trainer
+from rloo_workflow.stages import train as rloo_stage
 
 
 def _cfg(micro_run, **rloo):

@@ -1,4 +1,4 @@
-"""scripts/gpu_check.sh's verdicts (rloo.gpu_check): the memory against the plan within ±20 %, the
+"""scripts/gpu_check.sh's verdicts (rloo_workflow.gpu_check): the memory against the plan within ±20 %, the
 results regraded from their completions, the served judge; a check not run is never a pass.
 
 No GPU here: the memory inputs are the CPU dry run's recorded file (tests/data/gpu_check/memory_cpu.json,
@@ -14,8 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from rloo import gpu_check
 from rloo.errors import InputError
+from rloo_workflow import gpu_check
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDED = ROOT / "tests" / "data" / "gpu_check" / "memory_cpu.json"
@@ -57,7 +57,7 @@ def test_a_malformed_memory_file_names_the_file_and_key(tmp_path, key, value):
 def evaluated(micro_run, tmp_path_factory) -> dict:
     """A real micro evaluation (the SFT policy as the trained one too): its results and its policies' records."""
     from rloo.eval.records import read
-    from rloo.stages import evaluate, report
+    from rloo_workflow.stages import evaluate, report
 
     out = tmp_path_factory.mktemp("gpu_check_eval")
     for name in ("base", "sft", "rloo"):
@@ -149,12 +149,12 @@ def test_the_command_passes_only_when_every_check_ran_and_passed(evaluated, tmp_
 
 
 def test_the_script_ends_on_the_verdicts():
-    """gpu_check.sh prints no verdict of its own: its last command is rloo.gpu_check on the files its
+    """gpu_check.sh prints no verdict of its own: its last command is rloo_workflow.gpu_check on the files its
     steps wrote, with the served-judge chain's results or the reason it was not run."""
     script = (ROOT / "scripts" / "gpu_check.sh").read_text()
     assert subprocess.run(["bash", "-n", "-c", script]).returncode == 0
     assert not re.search(r"echo .*passed", script)
-    last = script.rstrip().rsplit("\n$PY -m rloo.gpu_check", 1)[1]
+    last = script.rstrip().rsplit("\n$PY -m rloo_workflow.gpu_check", 1)[1]
     for arg in ('--memory "$W/memory.json"', '--results "$W/eval.json"', '--records "$W/eval"',
                 '"${JUDGE[@]}"'):
         assert arg in last, arg

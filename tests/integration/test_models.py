@@ -234,9 +234,9 @@ def _sampler_gap(rollout, model, prompts, eos, pad) -> float:
 def test_inference_dtype_decodes_in_bfloat16(micro_run, lean):
     """model.inference_dtype reaches the sampler the config builds (make_rollout): bfloat16 samples with
     log-probs off the float32 trainer's by bf16 rounding, the weights' own dtype (null) matches it."""
-    from rloo.config.checks import validate
     from rloo.rollout import HFRollout, make_rollout
     from rloo.settings import Config
+    from rloo_workflow.config.checks import validate
 
     tok = models.load_tokenizer(micro_run["sft"])
     model = models.load_causal_lm(micro_run["sft"])

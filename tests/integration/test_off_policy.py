@@ -25,8 +25,8 @@ from rloo.rollout import make_rollout
 from rloo.rollout.collect import training_prompts
 from rloo.runtime import setup
 from rloo.settings import Config
-from rloo.stages import train as rloo_stage
 from rloo.train.rloo import Trainer
+from rloo_workflow.stages import train as rloo_stage
 
 # As tests/integration/test_reference_update.py: float32 on the micro policy, the trainer's chunked head and
 # shared prompt passes against one plain forward pass round apart by ~1e-7.

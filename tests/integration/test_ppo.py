@@ -17,8 +17,8 @@ from rloo.algo.losses import explained_variance, policy_loss, token_rewards, val
 from rloo.model import checkpoint, models
 from rloo.reward.rewards import build_reward
 from rloo.rollout.collect import training_prompts
-from rloo.stages import train as rloo_stage
 from rloo.train.train_rloo import make_trainer
+from rloo_workflow.stages import train as rloo_stage
 
 
 def test_gae_on_a_hand_computed_trajectory():
@@ -149,7 +149,7 @@ def test_ppo_run_trains_policy_and_critic_and_resumes_bit_identically(micro_run,
 
 
 def test_ppo_settings_do_not_rerun_the_critic_free_estimators(micro_run):
-    from rloo.pipeline import stage_config
+    from rloo_workflow.pipeline import stage_config
 
     cfg = json.loads(json.dumps(micro_run["cfg"]))
     assert "ppo" not in stage_config(cfg, "rloo", {"rloo.estimator": "rloo"})["rloo"]

@@ -14,6 +14,7 @@ import rloo
 from rloo.algo.losses import bradley_terry_loss
 from rloo.reward.judges import VerifierJudge, agreement, combine, parse_verdict, win_rate
 from rloo.reward.preferences import build_pairs, split_by_prompt
+from rloo_workflow.stages.report import RESULTS_SCHEMA
 
 
 def test_bradley_terry_loss_and_gradient_by_hand():
@@ -110,7 +111,7 @@ def test_parse_verdict(reply, verdict):
 def _evaluate(cfg, micro_run, rm, policies: dict[str, str], out: Path) -> dict:
     """Each of `policies` ({name: folder}) evaluated as its own job (rloo evaluate): their records, read back."""
     from rloo.eval import records
-    from rloo.stages import evaluate
+    from rloo_workflow.stages import evaluate
 
     for name, folder in policies.items():
         evaluate.run(cfg, micro_run["data"], micro_run["sft"], name, folder, out / f"{name}.jsonl", rm)
@@ -119,9 +120,9 @@ def _evaluate(cfg, micro_run, rm, policies: dict[str, str], out: Path) -> dict:
 
 def test_results_file_matches_its_schema(micro_run, tmp_path):
     from rloo.eval import report
-    from rloo.stages import report as report_stage
-    from rloo.stages import reward
-    from rloo.stages import train as rloo_stage
+    from rloo_workflow.stages import report as report_stage
+    from rloo_workflow.stages import reward
+    from rloo_workflow.stages import train as rloo_stage
 
     cfg = json.loads(json.dumps(micro_run["cfg"]))
     cfg["rloo"]["eval_every"] = 2
@@ -135,7 +136,7 @@ def test_results_file_matches_its_schema(micro_run, tmp_path):
     evaluations = _evaluate(cfg, micro_run, rm, policies, tmp_path / "eval")
     result = report_stage.run(cfg, evaluations, "rloo", tmp_path / "rloo", micro_run["data"] / "manifest.json", out,
                               tmp_path / "plots")
-    schema = yaml.safe_load((Path(rloo.__file__).parent / "schemas" / "results.schema.yaml").read_text())
+    schema = yaml.safe_load(RESULTS_SCHEMA.read_text())
     jsonschema.validate(json.loads(out.read_text()), schema)
     assert set(result["policies"]) == {"sft", "rloo"}
     assert result["policies"]["sft"]["kl"] == 0.0
@@ -223,7 +224,7 @@ def test_results_file_matches_its_schema(micro_run, tmp_path):
 
 
 def test_judge_independence_follows_the_training_reward():
-    from rloo.stages.report import judge_independence
+    from rloo_workflow.stages.report import judge_independence
 
     on_verifier = judge_independence("verifier", {"verifier"}, proxy=True)
     assert not on_verifier["accuracy"]["independent_of_training_reward"]
@@ -245,7 +246,7 @@ def test_judge_independence_follows_the_training_reward():
 
     # reward functions: the verifier among them is the verifier; a user's function or server may read
     # anything, so a figure whose judge is not among them is of unknown independence
-    from rloo.stages.report import trained_on
+    from rloo_workflow.stages.report import trained_on
 
     functions = {"reward_source": "function", "reward_functions": {
         "correct": {"fn": "rloo.reward.verifier:reward"}, "format": {"fn": "mine.py:format_bonus"}}}
@@ -262,8 +263,8 @@ def test_judge_independence_follows_the_training_reward():
 
 
 def test_summary_names_the_checkpoint_and_every_alarm(tmp_path, capsys):
-    from rloo.cli import main
     from rloo.eval import report
+    from rloo_workflow.cli import main
 
     metrics = {"selected_step": 300, "steps_trained": 350, "select": "best", "selected_val_accuracy_sampled": 0.78,
                "stopped_early": {"step": 350, "alarm": "reward_hacking"},
@@ -338,9 +339,9 @@ def test_decoding_in_several_calls_matches_each_slice_decoded_alone(micro_run):
 def test_other_field_names_and_bare_numbers_through_prepare_and_evaluate(micro_run, tmp_path):
     """config/examples/your-data.yaml's records ({"id", "problem", "result": 85, "steps"}) prepared and
     evaluated on, with reward functions that read the records' own columns (`steps`, `id`)."""
-    from rloo.config import load_config
     from rloo.io import read_jsonl
-    from rloo.stages import evaluate, prepare
+    from rloo_workflow.config import load_config
+    from rloo_workflow.stages import evaluate, prepare
 
     root = Path(rloo.__file__).resolve().parents[1]
     (tmp_path / "columns.py").write_text(
@@ -367,7 +368,7 @@ def test_other_field_names_and_bare_numbers_through_prepare_and_evaluate(micro_r
     assert evaluation.summary["figures"] == summary and evaluation.summary["reward_parts"] == ["correct", "steps", "test_id"]
     # each draw's parts, in its record: the column each function read
     assert [r["draws"][0]["reward"]["steps"] for r in evaluation.records] == [float(r["steps"]) for r in rows]
-    from rloo.stages import report
+    from rloo_workflow.stages import report
 
     evaluations = {"base": evaluation, "sft": evaluation, "rloo": evaluation}  # one policy, three roles
     result = report.run(cfg, evaluations, "rloo", micro_run["sft"], tmp_path / "data" / "manifest.json",

@@ -21,9 +21,9 @@ from rloo.errors import InputError
 from rloo.eval import report
 from rloo.model import models
 from rloo.rollout import hf
-from rloo.stages import train as rloo_stage
 from rloo.train import alarms
 from rloo.train.rloo import Trainer
+from rloo_workflow.stages import train as rloo_stage
 
 CORRECTIONS = ("token_tis", "sequence_tis", "token_mask", "sequence_mask")
 

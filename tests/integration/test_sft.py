@@ -3,8 +3,8 @@ import json
 import pytest
 
 from rloo.model import checkpoint, models
-from rloo.stages import sft
 from rloo.train import train_sft
+from rloo_workflow.stages import sft
 
 
 def test_sft_smoke_writes_a_loadable_policy(micro_run):

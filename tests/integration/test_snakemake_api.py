@@ -1,7 +1,7 @@
-"""Canary for the Snakemake internals behind dvc.yaml (rloo/dvc/dag.py).
+"""Canary for the Snakemake internals behind dvc.yaml (rloo_workflow/dvc/dag.py).
 
 Snakemake has no public route to a job's wildcards, formatted shell command and benchmark file, nor to
-the job of a wildcard value no target asks for, so rloo.dvc.dag reads them off Snakemake's objects:
+the job of a wildcard value no target asks for, so rloo_workflow.dvc.dag reads them off Snakemake's objects:
 every such attribute is declared in `dag.INTERNALS` and read through `attr()`/`call()`, which raise
 SnakemakeApiError naming the call and the installed Snakemake version. These tests run every one of
 them on a small workflow (seconds, no pipeline), so a Snakemake upgrade that breaks one fails here
@@ -22,7 +22,7 @@ import snakemake.api  # noqa: F401  (first: snakemake.workflow imports it back)
 from snakemake.rules import Rule
 from snakemake.workflow import Workflow
 
-from rloo.dvc import dag as smk
+from rloo_workflow.dvc import dag as smk
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,7 +30,7 @@ SNAKEFILE = """\
 import json
 import os
 
-from rloo.dvc.dag import force_rerun
+from rloo_workflow.dvc.dag import force_rerun
 
 configfile: "config.yaml"
 
@@ -121,7 +121,7 @@ def test_every_internal_works_with_the_installed_snakemake(workflow_dir, capsys)
     assert [(r.job.stage, r.missing) for r in smk.rerun_reasons(workflow_dir, [])] == [("b@x", ["out/x.txt"])]
 
     unused = _declared() - smk.USED
-    assert not unused, f"declared in rloo.dvc.dag.INTERNALS but not exercised here: {sorted(unused)}"
+    assert not unused, f"declared in rloo_workflow.dvc.dag.INTERNALS but not exercised here: {sorted(unused)}"
 
 
 @pytest.mark.parametrize(("owner", "cls", "name"), [
@@ -148,5 +148,5 @@ def test_pyproject_pins_snakemake_to_the_tested_minor_version():
     assert pin.replace(" ", "") == f"snakemake>={major}.{minor},<{major}.{minor + 1}", pin
     installed = version("snakemake")
     assert installed.split(".")[:2] == [str(major), str(minor)], (
-        f"Snakemake {installed} is installed; rloo/dvc/dag.py is tested with {smk.TESTED}.x ({pin}). "
+        f"Snakemake {installed} is installed; rloo_workflow/dvc/dag.py is tested with {smk.TESTED}.x ({pin}). "
         "Run tests/integration/test_snakemake_api.py and tests/e2e/test_dvc.py with it, then move TESTED and the pin")

@@ -19,10 +19,10 @@ from rloo.model import checkpoint, models
 from rloo.reward.rewards import VerifierReward
 from rloo.rollout.collect import training_prompts
 from rloo.settings import RlooConfig
-from rloo.stages import prepare
-from rloo.stages import train as rloo_stage
 from rloo.train.rloo import Trainer
 from rloo.train.train_rloo import check_sampling
+from rloo_workflow.stages import prepare
+from rloo_workflow.stages import train as rloo_stage
 
 
 def _cfg(micro_run, **rloo):

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rloo.config import load_config
 from rloo.train import alarms
+from rloo_workflow.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = ROOT / "tests" / "data" / "trajectories"

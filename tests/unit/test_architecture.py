@@ -1,7 +1,8 @@
-"""The package's shape, read from its imports (an AST scan of every `import rloo.x` and `from rloo.x import`,
-module-level or not): no import cycle, a package's `__init__` included (`from rloo.p import m` inside
-rloo/p/ goes through rloo/p/__init__.py), no module importing another's private names, and a core that
-imports nothing of the application (a researcher imports the maths, the trainer and the settings alone)."""
+"""The two packages' shape, read from their imports (an AST scan of every `import rloo.x` and `from rloo.x
+import`, and the same of rloo_workflow, module-level or not): no import cycle, a package's `__init__`
+included (`from rloo.p import m` inside rloo/p/ goes through rloo/p/__init__.py), no module importing
+another's private names, and a library (`rloo`) that imports nothing of the workflow (`rloo_workflow`), of
+MLflow, DVC or Snakemake: a researcher imports the maths, the trainers and the settings alone."""
 
 from __future__ import annotations
 
@@ -14,9 +15,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+PACKAGES = ("rloo", "rloo_workflow")
+
+
 def modules(root: Path = ROOT) -> dict[str, Path]:
     out = {}
-    for path in sorted((root / "rloo").rglob("*.py")):
+    for path in sorted(p for package in PACKAGES for p in (root / package).rglob("*.py")):
         parts = path.relative_to(root).with_suffix("").parts
         out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return out
@@ -93,58 +97,56 @@ def test_no_module_imports_another_modules_private_names():
     assert private == []
 
 
-# -- the core: usable from Python without the pipeline --------------------------------------------------
-# The maths, the models, the samplers, the training loop and its trainers, the typed settings and the
-# reward interface; what they may lean on (errors, io, runtime, launch, data, eval) imports no application.
-CORE = ("rloo.algo", "rloo.model", "rloo.rollout", "rloo.train", "rloo.settings", "rloo.reward.rewards",
-        "rloo.reward.functions", "rloo.reward.verifier", "rloo.api")
-# The application around it: config files and their checks, the pipeline's declaration and commands,
-# tracking, DVC, the judge server, the code fingerprints, and the tools it runs.
-APPLICATION = ("rloo.config", "rloo.pipeline", "rloo.tracking", "rloo.stages", "rloo.dvc", "rloo.cli",
-               "rloo.reward.judge_server", "rloo.code_fingerprint", "rloo.why_rerun", "snakemake", "mlflow")
+# -- the library: usable from Python without the pipeline ----------------------------------------------
+# The library is the package `rloo` (the maths, the models, the samplers, the trainers, the typed settings,
+# the rewards, the data and the measurements); the workflow around it is `rloo_workflow` (config files,
+# the pipeline's declaration and commands, tracking, DVC, the judge server, code fingerprints, plans).
+LIBRARY = ("rloo",)
+WORKFLOW = ("rloo_workflow", "snakemake", "mlflow", "dvc")
 
 
 def _within(module: str, prefixes: tuple[str, ...]) -> bool:
     return any(module == p or module.startswith(p + ".") for p in prefixes)
 
 
-def application_imports(mods: dict[str, Path]) -> dict[str, list[str]]:
-    """{core module: the import chain by which it reaches an application module}, over every import statement
+def workflow_imports(mods: dict[str, Path]) -> dict[str, list[str]]:
+    """{library module: the import chain by which it reaches a workflow module}, over every import statement
     (module-level or not, a package's __init__ run on the way) of the modules it reaches."""
     edges, _ = import_edges(mods)
-    for m, path in mods.items():  # importing a.b.c runs a and a.b first; snakemake and mlflow by name
+    for m, path in mods.items():  # importing a.b.c runs a and a.b first; snakemake, mlflow and dvc by name
         parts = m.split(".")
         edges[m] |= {".".join(parts[:i]) for i in range(1, len(parts)) if ".".join(parts[:i]) in mods}
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
-            edges[m] |= {n.split(".")[0] for n in names if n.split(".")[0] in ("snakemake", "mlflow")}
+            edges[m] |= {n.split(".")[0] for n in names if n.split(".")[0] in ("snakemake", "mlflow", "dvc")}
     out = {}
-    for start in (m for m in mods if _within(m, CORE)):
+    for start in (m for m in mods if _within(m, LIBRARY)):
         todo, seen = [[start]], set()
         while todo:
             chain = todo.pop()
             if chain[-1] in seen:
                 continue
             seen.add(chain[-1])
-            if _within(chain[-1], APPLICATION):
+            if _within(chain[-1], WORKFLOW):
                 out[start] = chain
                 break
             todo += [[*chain, e] for e in sorted(edges.get(chain[-1], ()))]
     return out
 
 
-def test_no_core_module_imports_an_application_module():
-    assert application_imports(modules()) == {}
+def test_no_library_module_imports_the_workflow():
+    assert workflow_imports(modules()) == {}
 
 
-def test_the_boundary_scan_finds_an_application_import(tmp_path):
-    shutil.copytree(ROOT / "rloo", tmp_path / "rloo")
+def test_the_boundary_scan_finds_a_workflow_import(tmp_path):
+    for package in PACKAGES:
+        shutil.copytree(ROOT / package, tmp_path / package)
     losses = tmp_path / "rloo" / "algo" / "losses.py"
-    losses.write_text(losses.read_text().replace("import torch\n", "import torch\n\nfrom rloo import tracking\n", 1))
-    found = application_imports(modules(tmp_path))
-    assert found["rloo.algo.losses"] == ["rloo.algo.losses", "rloo.tracking"]
-    assert "rloo.train.rloo" in found  # and every core module that imports the losses
+    losses.write_text(losses.read_text().replace("import torch\n", "import torch\n\nfrom rloo_workflow import tracking\n", 1))
+    found = workflow_imports(modules(tmp_path))
+    assert found["rloo.algo.losses"] == ["rloo.algo.losses", "rloo_workflow.tracking"]
+    assert "rloo.train.rloo" in found  # and every library module that imports the losses
 
 
 def test_importing_the_maths_loads_a_few_modules_of_the_package():
@@ -152,3 +154,10 @@ def test_importing_the_maths_loads_a_few_modules_of_the_package():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = ast.literal_eval(res.stdout.strip())
     assert loaded == ["rloo", "rloo.algo", "rloo.algo.estimators", "rloo.algo.names"]
+
+
+def test_importing_the_api_loads_nothing_of_the_workflow():
+    code = ("import sys, rloo.api; print(sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'rloo_workflow', 'mlflow', 'dvc', 'snakemake'}))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert ast.literal_eval(res.stdout.strip()) == []

@@ -1,4 +1,4 @@
-"""A stage's code fingerprint (rloo/code_fingerprint.py) changes with what the stage computes and with
+"""A stage's code fingerprint (rloo_workflow/code_fingerprint.py) changes with what the stage computes and with
 nothing else: computed here on a copy of the package (`Codebase`), edited as a person would edit it.
 What Snakemake and DVC then plan: tests/e2e/test_workflow.py and tests/e2e/test_dvc.py; that the walk
 misses no function a stage calls: tests/integration/test_code_fingerprint_sound.py."""
@@ -12,8 +12,16 @@ from pathlib import Path
 import pytest
 from code_edits import append_comment, edit_module_docstring, edit_setting_docs, semantic_edit
 
-from rloo.code_fingerprint import Codebase, changes, installed, parse_param, semantic_dump, semantic_tree
-from rloo.pipeline import STAGES
+from rloo_workflow.code_fingerprint import (
+    PACKAGES,
+    Codebase,
+    changes,
+    installed,
+    parse_param,
+    semantic_dump,
+    semantic_tree,
+)
+from rloo_workflow.pipeline import STAGES
 
 ROOT = Path(__file__).resolve().parents[2]
 VERBS = [s.verb for s in STAGES.values()]
@@ -21,8 +29,9 @@ VERBS = [s.verb for s in STAGES.values()]
 
 @pytest.fixture
 def package(tmp_path) -> Path:
-    """A copy of the package (rloo/) to edit."""
-    shutil.copytree(ROOT / "rloo", tmp_path / "rloo", ignore=shutil.ignore_patterns("__pycache__"))
+    """A copy of the two packages (rloo/, rloo_workflow/) to edit."""
+    for name in PACKAGES:
+        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
     return tmp_path
 
 
@@ -49,27 +58,27 @@ def test_a_copy_has_the_same_fingerprints(package, baseline):
 def test_comments_docstrings_and_descriptions_change_no_stage(package, baseline):
     # the issue's three edits: a comment in a module no stage of the default chain runs, a word in a
     # schema description, a module docstring of the maths
-    append_comment(package / "rloo/reward/judge_server.py")
+    append_comment(package / "rloo_workflow/judge_server.py")
     edit_setting_docs(package / "rloo/settings/training.py")
     edit_module_docstring(package / "rloo/algo/estimators.py")
     # and in every stage's own module: a comment, a function's docstring, a line wrapped differently
     for verb in VERBS:
-        stage = package / f"rloo/stages/{verb}.py"
+        stage = package / f"rloo_workflow/stages/{verb}.py"
         text = stage.read_text().replace("\ndef run(", "\n# a note on run\ndef run(", 1)
         stage.write_text(re.sub(r'(\ndef run\([^)]*\)[^:]*:\n    """)', r"\1Edited. ", text, count=1))
     assert changed(baseline, package) == set()
 
 
 @pytest.mark.parametrize(("path", "function", "expected"), [
-    ("rloo/stages/reward.py", "run", {"reward"}),
+    ("rloo_workflow/stages/reward.py", "run", {"reward"}),
     ("rloo/algo/estimators.py", "rloo_advantages", {"train", "toy"}),
-    ("rloo/stages/sft.py", "run", {"sft"}),
+    ("rloo_workflow/stages/sft.py", "run", {"sft"}),
     ("rloo/train/train_sft.py", "step_loss", {"sft"}),  # the SFT loop, outside the stage's module
     # shared: every training stage's loop
     ("rloo/train/loop.py", "TrainingLoop.resume", {"sft", "reward", "train"}),
     # the CLI: what every stage runs, and what only `rloo summary` runs
-    ("rloo/cli.py", "main", set(VERBS)),
-    ("rloo/cli.py", "_summary", set()),
+    ("rloo_workflow/cli.py", "main", set(VERBS)),
+    ("rloo_workflow/cli.py", "_summary", set()),
 ])
 def test_a_change_of_what_runs_changes_exactly_the_stages_that_run_it(package, baseline, path, function, expected):
     semantic_edit(package / path, function)

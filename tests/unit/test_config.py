@@ -2,8 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from rloo.cli import main
-from rloo.config import ConfigError, load_config, parse_set
+from rloo_workflow.cli import main
+from rloo_workflow.config import ConfigError, load_config, parse_set
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -99,7 +99,7 @@ def test_cli_reports_config_errors(capsys):
 
 def test_stage_config_is_what_each_stage_reads():
     """One definition feeds Snakemake's rerun params and MLflow's: check what it selects."""
-    from rloo.pipeline import stage_config
+    from rloo_workflow.pipeline import stage_config
 
     cfg = load_config(None, {"reward": {"source": "model"}})
     reward = stage_config(cfg, "reward")

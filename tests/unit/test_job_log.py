@@ -1,4 +1,4 @@
-"""rloo/job_log.py: a stage's log under Snakemake (`rloo <verb> --log FILE`)."""
+"""rloo_workflow/job_log.py: a stage's log under Snakemake (`rloo <verb> --log FILE`)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import sys
 import textwrap
 from pathlib import Path
 
-from rloo.job_log import TAIL_LINES, tail
+from rloo_workflow.job_log import TAIL_LINES, tail
 
 SCRIPT = textwrap.dedent("""
     import sys
-    from rloo.job_log import run_logged
+    from rloo_workflow.job_log import run_logged
 
     def run():
         print("to the terminal")

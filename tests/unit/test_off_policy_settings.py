@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from rloo.config import ConfigError, load_config
 from rloo.errors import InputError
-from rloo.pipeline import reads_key
 from rloo.settings import Config, RolloutCorrectionConfig
 from rloo.train.preflight import check_settings
+from rloo_workflow.config import ConfigError, load_config
+from rloo_workflow.pipeline import reads_key
 
 ROOT = Path(__file__).resolve().parents[2]
 MICRO = [ROOT / "config" / "config.yaml", ROOT / "config" / "micro.yaml"]
@@ -64,9 +64,9 @@ def test_the_samplers_threads_rerun_nothing_and_the_lag_reruns_rloo():
 
 
 def test_the_memory_plans_put_the_sampler_on_a_gpu_of_its_own_and_beside_the_trainer_on_a_cpu():
-    from rloo.host_memory import host_plan
-    from rloo.memory_plan import GB, plan
-    from rloo.model_shape import model_shape
+    from rloo_workflow.host_memory import host_plan
+    from rloo_workflow.memory_plan import GB, plan
+    from rloo_workflow.model_shape import model_shape
 
     def plans(off: int, **more) -> dict:
         config = Config.from_config(load_config(ROOT / "config" / "gpu.yaml", {"rloo": {"off_policy_steps": off},

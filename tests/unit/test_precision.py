@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from rloo import runtime
-from rloo.config import load_config, parse_set
-from rloo.memory_plan import plan
-from rloo.model_shape import Shape
 from rloo.settings import Config
+from rloo_workflow.config import load_config, parse_set
+from rloo_workflow.memory_plan import plan
+from rloo_workflow.model_shape import Shape
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from rloo.config import ConfigError, load_config
 from rloo.reward.functions import RewardFunction, RewardFunctionError, user_files
 from rloo.reward.rewards import FunctionReward, VerifierReward, build_reward
 from rloo.reward.verifier import reward as verifier_reward
+from rloo_workflow.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""rloo/run_record.py: what the last `snakemake` run was given."""
+"""rloo_workflow/run_record.py: what the last `snakemake` run was given."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ def test_the_last_runs_arguments_come_back_with_its_config_values_as_a_file(tmp_
     the targets."""
     import yaml
 
-    from rloo.run_record import LAST_RUN_CONFIG, record, run_args
+    from rloo_workflow.run_record import LAST_RUN_CONFIG, record, run_args
 
     (tmp_path / "config").mkdir()
     (tmp_path / "config" / "a.yaml").write_text("seed: 1\n")

@@ -6,9 +6,9 @@ import os
 import pytest
 import torch
 
-from rloo.config import load_config
 from rloo.model import models
 from rloo.settings import TinyConfig
+from rloo_workflow.config import load_config
 
 
 def test_trust_remote_code_is_off_by_default():
@@ -53,7 +53,7 @@ def test_redaction_survives_another_thread_changing_the_environment(monkeypatch)
     import sys
     import threading
 
-    from rloo.tracking.redact import REDACTED, redact
+    from rloo_workflow.tracking.redact import REDACTED, redact
 
     secret = "churn-secret-value-0123456789"
     monkeypatch.setenv("RLOO_TEST_CHURN_TOKEN", secret)

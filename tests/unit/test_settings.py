@@ -1,6 +1,6 @@
 """The typed settings (rloo/settings/) are the one source of the configuration: the JSON schema the config
 files are validated against is made from them, so their defaults are the pipeline's; every field has its
-doc; rloo/schemas/config.schema.json, the schema written out, is the one they make now; a notebook builds
+doc; rloo_workflow/schemas/config.schema.json, the schema written out, is the one they make now; a notebook builds
 a section from keyword arguments or from part of a dict."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from rloo.config import ConfigError, load_config, validate
-from rloo.config.schema import SCHEMA_PATH, render_schema
 from rloo.settings import AlarmConfig, Config, RlooConfig, json_schema, section_types
 from rloo.settings.fields import field_docs
+from rloo_workflow.config import ConfigError, load_config, validate
+from rloo_workflow.config.schema import SCHEMA_PATH, render_schema
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -130,7 +130,7 @@ def test_gain_of_per_problem_completions():
 
 def test_summary_line_and_mlflow_metrics_of_a_gain():
     from rloo.eval.report import gain_line
-    from rloo.tracking.stage import gain_metrics
+    from rloo_workflow.tracking.stage import gain_metrics
 
     g = {"sampled": {"gain": 0.066, "ci95": [0.041, 0.0912], "p_value": 0.0001},
          "greedy": {"gain": 0.05, "ci95": [0.02, 0.08], "p_value": 0.0123}, "n_problems": 500, "draws": 4}

@@ -23,7 +23,7 @@ from rloo.algo.bandit import (
     score_function_gradients,
 )
 from rloo.algo.estimators import rloo_advantages
-from rloo.stages import toy as toy_stage
+from rloo_workflow.stages import toy as toy_stage
 
 KS = (2, 4, 8)
 

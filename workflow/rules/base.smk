@@ -1,4 +1,4 @@
-# The starting model as one local folder, {models}/base (rloo/stages/base.py): the embedded tiny model
+# The starting model as one local folder, {models}/base (rloo_workflow/stages/base.py): the embedded tiny model
 # (built from the training texts), a local folder, a hub snapshot, or a dequantised GGUF file. Every
 # later stage reads this folder; a changed source reruns everything below it, and nothing else.
 rule base:

@@ -6,18 +6,18 @@ from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
-from rloo.config import config_base as _config_base
-from rloo.config import load_schema
-from rloo.config import job_config_file
-from rloo.config import validate as _validate_config
-from rloo.config import with_overrides
-from rloo.dvc.dag import force_rerun
-from rloo.launch import srun_command
+from rloo_workflow.config import config_base as _config_base
+from rloo_workflow.config import load_schema
+from rloo_workflow.config import job_config_file
+from rloo_workflow.config import validate as _validate_config
+from rloo_workflow.config import with_overrides
+from rloo_workflow.dvc.dag import force_rerun
+from rloo_workflow.launch import srun_command
 from rloo.model.base import gguf_file
-from rloo.pipeline import STAGES, VARIANT_FIELDS, VARIANT_PATTERN, job_inputs, job_settings, lineage, outputs
-from rloo.pipeline import stage_config as _stage_config
-from rloo.pipeline import POLICIES, parse_variant, rule_outputs, work_dir
-from rloo.code_fingerprint import stage_code_param
+from rloo_workflow.pipeline import STAGES, VARIANT_FIELDS, VARIANT_PATTERN, job_inputs, job_settings, lineage, outputs
+from rloo_workflow.pipeline import stage_config as _stage_config
+from rloo_workflow.pipeline import POLICIES, parse_variant, rule_outputs, work_dir
+from rloo_workflow.code_fingerprint import stage_code_param
 
 # Snakemake reads each --configfile as it is and knows nothing of an overlay's `base:` (the file it
 # overlays, which `rloo <stage> -c` reads first). The Snakefile's own configfile is config/config.yaml;
@@ -39,7 +39,7 @@ RLOO_ENV = "../envs/rloo.yaml"
 
 RESULTS = config["paths"]["results"]
 LOGS = config["paths"]["logs"]
-# Each rule's output paths, from the pipeline's one declaration (rloo/pipeline.py): the CLI's defaults,
+# Each rule's output paths, from the pipeline's one declaration (rloo_workflow/pipeline.py): the CLI's defaults,
 # MLflow's output tags and dvc.yaml agree with these (tests/e2e/test_pipeline.py). `{estimator}` is a wildcard.
 OUT = {name: rule_outputs(name, config) for name in STAGES}
 
@@ -56,15 +56,15 @@ wildcard_constraints:
     # an evaluation's policy: the untrained base, SFT, or an estimator's trained policy
     policy="|".join([*POLICIES, *ESTIMATORS]),
     # a sweep (a key of `sweeps`); a variant's folder: seeds/seed<N> or sweeps/<sweep>/<point id>
-    # (rloo.pipeline.VARIANT_FOLDERS, workflow/rules/variants.smk)
+    # (rloo_workflow.pipeline.VARIANT_FOLDERS, workflow/rules/variants.smk)
     sweep=VARIANT_FIELDS["sweep"],
     variant=VARIANT_PATTERN,
 
 
 def stage_config(stage, overrides=None):
     """The `cfg` param of the jobs outside the chain (the chain's are `chain_cfg`), and their command's --job-config:
-    the file of what the stage reads of the config (rloo.pipeline.stage_config), named by its content
-    (rloo.config.job_config_file), so a changed value reruns the stage and a command stays one line."""
+    the file of what the stage reads of the config (rloo_workflow.pipeline.stage_config), named by its content
+    (rloo_workflow.config.job_config_file), so a changed value reruns the stage and a command stays one line."""
     return job_config_file(stage, _stage_config(config, stage, overrides))
 
 
@@ -78,7 +78,7 @@ def _local(path):
 
 
 def code(verb):
-    """The `code` param of `rloo <verb>`'s jobs: its code fingerprint (rloo/code_fingerprint.py), so that
+    """The `code` param of `rloo <verb>`'s jobs: its code fingerprint (rloo_workflow/code_fingerprint.py), so that
     a change to what the stage computes reruns it and its descendants, and a comment, a docstring or a
     schema description reruns nothing. Computed from the package `rloo` is imported from here (PYTHONPATH
     or the installed package); its manifest is kept for `rloo why-rerun`. Once per process: every job's
@@ -104,7 +104,7 @@ WORKDIR_GUARD = _local(Path(workflow.basedir) / "workflow" / "scripts" / "workdi
 
 # A chain rule serves the main chain and, as `<rule>_variant` (workflow/rules/variants.smk), every seed
 # and sweep point: its inputs and params below read the job's estimator (the `estimator` wildcard, else
-# the config's) and its variant (the `variant` wildcard: rloo.pipeline.parse_variant) off its wildcards.
+# the config's) and its variant (the `variant` wildcard: rloo_workflow.pipeline.parse_variant) off its wildcards.
 
 
 def job_estimator(wildcards):
@@ -118,7 +118,7 @@ def job_policy(wildcards):
 
 
 def job_variant(wildcards):
-    """The job's variant (rloo.pipeline.parse_variant of its `variant` wildcard); None for the main chain's."""
+    """The job's variant (rloo_workflow.pipeline.parse_variant of its `variant` wildcard); None for the main chain's."""
     return parse_variant(config, wildcards.variant) if "variant" in wildcards.keys() else None
 
 
@@ -147,7 +147,7 @@ def rerun_if_stale(outs, ins):
 
 def chain_inputs(stage):
     """A chain rule's input function: the stage's inputs from the pipeline's one declaration
-    (rloo.pipeline.input_graph), for the job's estimator and variant; a stale job runs again (rerun_if_stale)."""
+    (rloo_workflow.pipeline.input_graph), for the job's estimator and variant; a stale job runs again (rerun_if_stale)."""
     def inputs(wildcards):
         est, variant, policy = job_estimator(wildcards), job_variant(wildcards), job_policy(wildcards)
         found = job_inputs(config, stage, est, variant, policy)
@@ -171,14 +171,14 @@ def guarded(outs, ins):
 
 def chain_cfg(stage):
     """A chain rule's `cfg` param and its command's --job-config: the file of what the job reads of its config
-    (rloo.pipeline.job_settings), named by its content, so a changed value reruns exactly the stages that
+    (rloo_workflow.pipeline.job_settings), named by its content, so a changed value reruns exactly the stages that
     read it."""
     return lambda wildcards: job_config_file(stage, job_settings(config, stage, job_estimator(wildcards),
                                                                  job_variant(wildcards), job_policy(wildcards)))
 
 
 def chain_lineage(stage):
-    """A chain rule's `lineage` param (rloo.pipeline.lineage): the keys and code of the job and of every job
+    """A chain rule's `lineage` param (rloo_workflow.pipeline.lineage): the keys and code of the job and of every job
     above it, so a change above it reruns it even where the job between lost its output to an interrupt."""
     return lambda wildcards: lineage(config, stage, code, job_estimator(wildcards), job_variant(wildcards),
                                      job_policy(wildcards))
@@ -231,16 +231,16 @@ def cpus(wildcards, threads):
 
 
 def gpu_resources(stage):
-    """A training stage's GPUs and tasks (rloo.pipeline: `data_parallel`). One process: `gpu: 1`. Under a
+    """A training stage's GPUs and tasks (rloo_workflow.pipeline: `data_parallel`). One process: `gpu: 1`. Under a
     `distributed` strategy with several processes, one Slurm task per process: `nodes`, `gres: gpu:P` (P =
     nproc_per_node GPUs on each node), `tasks_per_node: P` (with one process per node `tasks: nodes`,
     and `tasks_per_gpu: 1`, which the plugin would otherwise take `tasks` for), and `mpi`, which makes
     the plugin run the rule's shell in the batch step instead of under `srun -n1`: there `rloo <stage>`
-    finds itself in the allocation and starts its processes with this very srun line (rloo/launch.py)."""
+    finds itself in the allocation and starts its processes with this very srun line (rloo_workflow/launch.py)."""
     d = config["distributed"]
     per_node, nodes = d["nproc_per_node"], d["nodes"]
     if not STAGES[stage].data_parallel or d["strategy"] == "none" or per_node * nodes == 1:
-        # one-step off-policy RLOO: its sampler process on a second GPU (rloo/memory_plan.py, rloo sampler)
+        # one-step off-policy RLOO: its sampler process on a second GPU (rloo_workflow/memory_plan.py, rloo sampler)
         return {"gpu": 2 if stage == "rloo" and config["rloo"]["off_policy_steps"] else 1}
     tasks = {"tasks_per_node": per_node} if per_node > 1 else {"tasks": nodes, "tasks_per_gpu": 1}
     def srun(wildcards, threads):  # the job's threads: what `--set threads={threads}` hands the stage
@@ -257,10 +257,10 @@ def no_such_estimator(wildcards):
     )
 
 
-# The memory plan (rloo/memory_plan.py, `rloo plan`), where the config names its GPUs' memory
+# The memory plan (rloo_workflow/memory_plan.py, `rloo plan`), where the config names its GPUs' memory
 # (plan.gpu_memory_gb): a config whose stage would not fit one GPU is refused before any job is queued.
 if config["plan"]["gpu_memory_gb"]:
-    from rloo.memory_plan import check as _memory_check
+    from rloo_workflow.memory_plan import check as _memory_check
 
     if _problem := _memory_check(config):
         raise ValueError(f"memory plan (plan.gpu_memory_gb={config['plan']['gpu_memory_gb']:g}): {_problem}")

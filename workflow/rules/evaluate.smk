@@ -1,4 +1,4 @@
-# The evaluation, in three kinds of job (rloo.pipeline: evaluate, judge, report):
+# The evaluation, in three kinds of job (rloo_workflow.pipeline: evaluate, judge, report):
 # - evaluate: one policy ({policy}: base, sft or an estimator) on the held-out problems, its records and
 #   figures ({results}/eval/<policy>.jsonl, .json), cached and read by every result that compares it: a
 #   change that touches one policy evaluates that policy again, and no other;
@@ -70,7 +70,7 @@ rule judge:
 rule report:
     input:
         # the records and figures of base, SFT and the trained policy; its folder (metrics.json); the data's
-        # manifest; an LLM judge's verdicts where one judges (rloo.pipeline.input_graph)
+        # manifest; an LLM judge's verdicts where one judges (rloo_workflow.pipeline.input_graph)
         unpack(chain_inputs("report")),
     output:
         result=OUT["report"]["result"],

@@ -1,6 +1,6 @@
 # The variant rules' outputs (workflow/rules/variants.smk) and the aggregate rules' inputs. Functions apart
 # from rules (Snakemake's lint asks for it).
-from rloo.pipeline import seed_variant, sweep_grid, sweep_variant
+from rloo_workflow.pipeline import seed_variant, sweep_grid, sweep_variant
 
 VARIANT = "{variant}"
 # The variant rules' outputs (the config's estimator: the seeds target is results/seeds/gsm8k_<rloo.estimator>.json).

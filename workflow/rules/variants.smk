@@ -1,10 +1,10 @@
-# Seeds and sweeps (rloo.pipeline.Variant): the chain's rules again (`<rule>_variant`) for one variant,
+# Seeds and sweeps (rloo_workflow.pipeline.Variant): the chain's rules again (`<rule>_variant`) for one variant,
 # a seed of the `seeds` target or a point of a sweep, named by its folder: the wildcard `variant`,
-# seeds/seed<N> or sweeps/<sweep>/<point id> (rloo.pipeline: VARIANT_FOLDERS; parse_variant reads the
+# seeds/seed<N> or sweeps/<sweep>/<point id> (rloo_workflow.pipeline: VARIANT_FOLDERS; parse_variant reads the
 # seed or point back from it). The same inputs, params, commands, resources and environment (`use rule`:
 # the chain rules read the job's variant off its wildcards, workflow/rules/common.smk), their outputs,
 # logs and work folders below that folder, so that each runs, and resumes, as a job of its own. A job
-# reads the main chain's outputs for the stages its variant does not change (rloo.pipeline.job_inputs),
+# reads the main chain's outputs for the stages its variant does not change (rloo_workflow.pipeline.job_inputs),
 # so only the changed stages and what follows them run per seed or point. The aggregates: the `seeds`
 # and `sweep` rules (workflow/rules/seeds.smk, sweeps.smk), on SEED_RESULTS and sweep_results.
 # Helpers: workflow/rules/variant_helpers.smk.

@@ -6,7 +6,7 @@ Training stages resume from the newest checkpoint under WORK_DIR. That is right 
 (preemption, a time limit, a killed run), and wrong when Snakemake reruns the stage because a
 parameter, an upstream output or the code changed: the old checkpoints would be resumed as if
 nothing had happened. This script writes a stamp of the job (PARAMS, the stage's code fingerprint
-CODE (rloo/code_fingerprint.py), and path, size and mtime of every file of every INPUT) to
+CODE (rloo_workflow/code_fingerprint.py), and path, size and mtime of every file of every INPUT) to
 WORK_DIR/job.stamp, and empties WORK_DIR when the stamp differs from the one already there. Comparing mtimes errs on the safe side: a touched input costs a fresh start,
 never a wrong resume.
 """

@@ -1,5 +1,0 @@
-import sys
-
-from rloo.dvc.cli import main
-
-sys.exit(main())

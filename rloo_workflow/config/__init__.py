@@ -1,0 +1,25 @@
+"""The run's configuration: read (overlays), checked against the schema (checks), cut per stage (selection).
+The names below are what stages, the CLI and the Snakefile use."""
+
+from rloo_workflow.config.checks import validate
+from rloo_workflow.config.overlays import (
+    JOB_CONFIG_DIR,
+    RESOLVED_ENV,
+    config_base,
+    declares_base,
+    deep_merge,
+    export_resolved,
+    job_config_file,
+    load_config,
+    parse_set,
+    read_job_config,
+    resolved_base,
+)
+from rloo_workflow.config.schema import SCHEMA_PATH, ConfigError, load_schema
+from rloo_workflow.config.selection import changed_keys, config_hash, select, with_overrides
+
+__all__ = [
+    "JOB_CONFIG_DIR", "RESOLVED_ENV", "SCHEMA_PATH", "ConfigError", "changed_keys", "config_base", "config_hash", "declares_base", "deep_merge",
+    "export_resolved", "job_config_file", "load_config", "load_schema", "parse_set", "read_job_config", "resolved_base", "select",
+    "validate", "with_overrides",
+]

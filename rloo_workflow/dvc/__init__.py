@@ -1,0 +1,62 @@
+"""DVC for the Snakemake workflow (`rloo dvc -h`, rloo_workflow/dvc/cli.py, says what it does):
+
+    dag.py      the Snakemake DAG, read through Snakemake's API (the one module using its internals)
+    shell.py    a rule's shell command as a DVC stage command
+    compile.py  the DAG -> dvc.yaml and params.yaml
+    external.py model sources off the project (an installed package's GGUF file) pinned by hash
+    driver.py   running `dvc` (status as JSON, unprotect, relink)
+    restore.py  Snakemake's view made to agree with DVC's: mtimes in DAG order, stale records dropped
+    commit.py   the outputs committed to the DVC cache: `rloo dvc commit`, and after every run
+    cli.py      `rloo dvc ...` / `python -m rloo_workflow.dvc ...`
+    dvcyaml.py  what they share: file names, DvcError, dvc.yaml as written
+"""
+
+from rloo_workflow.dvc.cli import main
+from rloo_workflow.dvc.commit import commit, commit_run
+from rloo_workflow.dvc.compile import build_pipeline, check, generate, split_params
+from rloo_workflow.dvc.dag import Dag, Job, SnakemakeApiError, snakemake_dag, toposort
+from rloo_workflow.dvc.driver import changed_stages, dvc, is_dvc_repo
+from rloo_workflow.dvc.dvcyaml import (
+    DVC_YAML,
+    LOCK,
+    PARAMS,
+    DvcError,
+    covers,
+    expand_stages,
+    load_pipeline,
+    stage_deps,
+    stage_name,
+    stage_outs,
+)
+from rloo_workflow.dvc.restore import restore
+from rloo_workflow.dvc.shell import dvc_command
+
+__all__ = [
+    "DVC_YAML",
+    "LOCK",
+    "PARAMS",
+    "Dag",
+    "DvcError",
+    "Job",
+    "SnakemakeApiError",
+    "build_pipeline",
+    "changed_stages",
+    "check",
+    "commit",
+    "commit_run",
+    "covers",
+    "dvc",
+    "dvc_command",
+    "expand_stages",
+    "generate",
+    "is_dvc_repo",
+    "load_pipeline",
+    "main",
+    "restore",
+    "snakemake_dag",
+    "split_params",
+    "stage_deps",
+    "stage_name",
+    "stage_outs",
+    "toposort",
+]

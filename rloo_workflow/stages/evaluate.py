@@ -1,0 +1,78 @@
+"""`rloo evaluate`: one policy (the untrained base, SFT, or a trained policy) on the held-out problems.
+
+Greedy, and sampled at T = 1 as `evaluate.samples_per_prompt` draws per problem; each completion graded
+by the verifier and the solution checker, each draw scored by the reward model (the proxy) and, where
+RLOO trains on reward functions or a reward server, by the training reward's parts, with its KL to SFT
+(the reference). Writes the policy's records and figures (rloo.eval.records); the report compares the
+policies from them (rloo_workflow/stages/report.py). The decoding noise of a problem depends only on (seed, its
+offset, the stream), so a policy's evaluation does not depend on which others are evaluated, or when.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from safetensors.torch import load_file
+
+from rloo.console import console
+from rloo.data.gsm8k import read_split
+from rloo.errors import InputError
+from rloo.eval import records
+from rloo.eval.evaluation import evaluate_policy, spec_for
+from rloo.eval.reward_figures import reward_figures
+from rloo.model import checkpoint, models
+from rloo.reward.rewards import HttpReward, RewardModelReward, build_plugin
+from rloo.runtime import setup
+from rloo.settings import Config
+
+log = logging.getLogger("rloo.evaluate")
+
+
+def nonfinite_weights(folder: Path) -> str | None:
+    """The first tensor of a model folder's safetensors files holding a NaN or an infinity, or None."""
+    for path in sorted(folder.glob("*.safetensors")):
+        if bad := checkpoint.nonfinite(load_file(str(path))):
+            return f"{bad} ({path.name})"
+    return None
+
+
+def run(cfg: dict, data_dir: str | Path, sft_dir: str | Path, name: str, policy_dir: str | Path,
+        out_records: str | Path, reward_model_dir: str | Path | None = None) -> dict:
+    """Evaluate policy `name` (its folder `policy_dir`) against SFT (`sft_dir`: the tokenizer and the KL
+    reference), the reward model of `reward_model_dir` its proxy; write its records to `out_records` and
+    its figures beside them. Returns the figures."""
+    setup(cfg["threads"], cfg["seed"])
+    sections = Config.from_config(cfg)
+    mc, ec = sections.model, sections.evaluate
+    # A diverged model (NaN or infinite weights) is refused before anything is sampled.
+    for folder in dict.fromkeys(f for f in (policy_dir, sft_dir, reward_model_dir) if f):
+        if bad := nonfinite_weights(Path(folder)):
+            raise InputError(f"{folder}: weight {bad} is not finite (a diverged run?): not evaluated")
+    rows = read_split(Path(data_dir), "test")[: ec.examples]
+    tok = models.load_tokenizer(sft_dir, mc.trust_remote_code)
+    reference = models.load_causal_lm(sft_dir, **models.load_options(mc))
+    proxy = None
+    if reward_model_dir:  # what the learned reward model thinks of these completions
+        proxy = RewardModelReward(models.load_reward_model(reward_model_dir, **models.load_options(mc)),
+                                  models.load_tokenizer(reward_model_dir, mc.trust_remote_code),
+                                  batch_size=ec.batch_size, max_length=mc.max_length, prompt_cfg=cfg["prompt"],
+                                  inference_dtype=mc.inference_dtype)
+    # The user's reward functions or reward server that RLOO trains on, reported for every policy too.
+    plugin = build_plugin(cfg)
+    policy = models.load_causal_lm(policy_dir, **models.load_options(mc))
+    spec = spec_for(cfg, "evaluate", ec.max_new_tokens, ec.samples_per_prompt, stream=21)
+    report, texts = evaluate_policy(policy, tok, rows, spec, reference=reference, proxy=proxy,
+                                    label=Path(policy_dir).name, training_reward=plugin)
+    if isinstance(plugin, HttpReward):  # its retries were console lines as they came; their count here
+        console(f"evaluate: {plugin.client.summary()}", log)
+    report.pop("examples")  # one figure for the whole result
+    parts = report.pop("training_reward_parts", None)
+    if plugin is not None:
+        report["training_reward"] = reward_figures(parts, plugin.weights)
+    log.info("%s: %s", name, report)
+    # what the report needs to say which figures are independent of the training reward
+    summary = {"policy": name, "examples": len(rows), "proxy": proxy is not None,
+               "reward_parts": list(plugin.weights) if plugin is not None else None, "figures": report}
+    records.write(out_records, records.problem_records(rows, texts, parts), summary)
+    return report

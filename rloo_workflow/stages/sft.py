@@ -1,0 +1,32 @@
+"""`rloo sft`: supervised fine-tuning of the reference policy on the pipeline's files: the base stage's
+model, the training split, the test split it is evaluated on. The run itself (the loss on the solution
+only, one training loop) is rloo/train/train_sft.py's; this module reads the inputs, names what a
+checkpoint must match and logs to the stage's MLflow run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rloo.data.gsm8k import read_split
+from rloo.model import base, distributed
+from rloo.runtime import run_fingerprint, setup
+from rloo.settings import Config
+from rloo.train.train_sft import train_sft
+from rloo_workflow import tracking
+
+
+def run(cfg: dict, data_dir: str | Path, base_dir: str | Path, out_dir: str | Path, work_dir: str | Path) -> dict:
+    """Fine-tune the starting model of `base_dir` (the base stage's folder) on `data_dir`'s training split,
+    evaluate it on its test split and write `out_dir` (save_pretrained + metrics.json); resumable via
+    `work_dir`. Under torchrun with `distributed.strategy` ddp or fsdp every process runs this
+    (rloo.train.train_sft)."""
+    distributed.init(cfg)
+    threads = setup(distributed.threads(cfg["threads"]), cfg["seed"])
+    config = Config.from_config(cfg)
+    data_dir = Path(data_dir)
+    train, test = read_split(data_dir, "train"), read_split(data_dir, "test")
+    base.check_matches(Path(base_dir), config.model)
+    fingerprint = distributed.fingerprint(run_fingerprint(cfg, ["seed", "model", "prompt", "sft"], data_dir))
+    return train_sft(config, base_dir, train, test, out_dir, work_dir, fingerprint, log_to=tracking.STAGE_LOG,
+                     facts={"threads": threads}, source=str(data_dir / "train.jsonl"))

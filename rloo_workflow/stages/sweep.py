@@ -1,0 +1,27 @@
+"""Stage `sweep`: the points of one sweep side by side (rloo_workflow.sweep_table), best by validation; JSON + PNG."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rloo.eval import plots
+from rloo.io import write_json_atomic
+from rloo_workflow.pipeline import sweep_grid
+from rloo_workflow.sweep_table import table
+
+
+def run(cfg: dict, name: str, result_files: dict[str, str | Path], policy: str, out_json: str | Path,
+        out_png: str | Path) -> dict[str, Any]:
+    """Table sweep `name` of `cfg` from its points' results files {point id: path}."""
+    points = sweep_grid(cfg, name)
+    missing = sorted(set(points) - set(result_files))
+    if missing:
+        raise ValueError(f"sweep {name}: no results for points {', '.join(missing)}")
+    results = {pid: json.loads(Path(result_files[pid]).read_text()) for pid in points}
+    tab = table(name, points, results, policy)
+    tab["sources"] = {pid: str(result_files[pid]) for pid in points}
+    tab["plot"] = plots.plot_sweep(tab, out_png)  # the plot first: the JSON is the stage's completion marker
+    write_json_atomic(out_json, tab)
+    return tab

@@ -1,0 +1,62 @@
+"""`rloo train`: the RLOO stage on the pipeline's files: the SFT policy, the training and validation splits,
+the configured reward; the run itself (REINFORCE Leave-One-Out with a frozen reference and no critic, or PPO
+with one, on one training loop) is rloo/train/train_rloo.py's. This module reads the inputs, names what a
+checkpoint must match, logs to the stage's MLflow run and reports what it wrote.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+
+from rloo.data.gsm8k import read_split
+from rloo.eval import report
+from rloo.io import sha256_file
+from rloo.model import distributed
+from rloo.reward.functions import user_files
+from rloo.reward.rewards import build_reward
+from rloo.rollout.collect import training_prompts
+from rloo.runtime import run_fingerprint, setup
+from rloo.settings import Config
+from rloo.train.train_rloo import bookkeeping, train_rloo
+from rloo_workflow import tracking
+
+log = logging.getLogger("rloo.train")
+
+
+def run(
+    cfg: dict,
+    data_dir: str | Path,
+    policy_dir: str | Path,
+    out_dir: str | Path,
+    work_dir: str | Path,
+    reward_model_dir: str | Path | None = None,
+) -> dict:
+    """Train and write `out_dir` (save_pretrained policy + steps.jsonl + metrics.json): rloo.train.train_rloo
+    on `data_dir`'s splits (the training prompts of at least rloo.min_solution_steps steps), the reward of
+    `reward.source` and `policy_dir`, logged to the stage's MLflow run.
+
+    Under torchrun with `distributed.strategy` ddp or fsdp every process runs this, each training on its
+    share of every step (rloo/train/rloo.py); rank 0 alone writes the outputs and logs to MLflow.
+    """
+    distributed.init(cfg)
+    threads = setup(distributed.threads(cfg["threads"]), cfg["seed"])
+    config = Config.from_config(cfg)
+    rc = config.rloo
+    data_dir = Path(data_dir)
+    train = training_prompts(read_split(data_dir, "train"), rc.min_solution_steps)
+    val = read_split(data_dir, "val")
+    if rc.prompts_per_step > len(train):  # validation refuses one above the split; min_solution_steps can still cut it
+        log.warning("!!! rloo.prompts_per_step=%d is more than the %d training prompts (rloo.min_solution_steps=%d): "
+                    "each step takes all of them", rc.prompts_per_step, len(train), rc.min_solution_steps)
+    reward = build_reward(cfg, str(reward_model_dir) if reward_model_dir else None)
+    fingerprint = run_fingerprint(cfg, ["seed", "model", "prompt", "reward", "rloo"], data_dir, policy_dir,
+                                  ignore=bookkeeping(rc))
+    if files := user_files(cfg):  # the user's reward code: checkpoints of an earlier version are not resumed
+        fingerprint = hashlib.sha256((fingerprint + "".join(sha256_file(f) for f in files)).encode()).hexdigest()[:16]
+    summary = train_rloo(config, policy_dir, train, val, reward, out_dir, work_dir, distributed.fingerprint(fingerprint),
+                         reward_model_dir=reward_model_dir, log_to=tracking.STAGE_LOG, facts={"threads": threads})
+    for line in report.rloo_lines(summary):
+        log.warning(line) if line.startswith("!!") else log.info(line)
+    return summary

@@ -1,0 +1,119 @@
+"""`rloo why-rerun [STAGE ...]`: which jobs Snakemake would run, and why, in the pipeline's terms.
+
+Snakemake's dry run says "Params have changed since last execution" and prints two digests; this names
+what changed: for a stage's code, each file and function, class or method whose syntax tree differs
+from the code its outputs were made with (rloo_workflow/code_fingerprint.py keeps each fingerprint's manifest);
+for its config, the keys; for its inputs, the file and the stage that makes it again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rloo_workflow.code_fingerprint import changes, load_manifest, parse_param
+from rloo_workflow.config import changed_keys
+from rloo_workflow.dvc.dag import Rerun, rerun_reasons
+from rloo_workflow.dvc.dvcyaml import DvcError, configfile_parser, project_root
+from rloo_workflow.run_record import run_args
+
+LINEAGE_PREFIX = "lineage:"  # rloo_workflow.pipeline.lineage's params
+
+
+def _code_lines(root: Path, before: str, now: str) -> list[str]:
+    (_, old), (_, new) = parse_param(before), parse_param(now)
+    old_manifest, new_manifest = load_manifest(root, old), load_manifest(root, new)
+    if old_manifest is None or new_manifest is None:
+        return [f"its code changed (fingerprint {old} -> {new}; the manifest of {old} is not kept in "
+                f"{root}, so what changed cannot be named)"]
+    lines = changes(old_manifest, new_manifest)
+    return ["its code changed:", *(f"  {line}" for line in lines)] if lines else [
+        f"its code fingerprint changed ({old} -> {new})"]
+
+
+def _config(root: Path, value: str) -> dict | None:
+    """The config a `cfg` param holds: the file it names (--job-config, kept under .rloo/config), or the
+    JSON itself (the records of runs before those files)."""
+    path = root / value
+    try:
+        parsed = json.loads(path.read_text() if value.endswith(".json") and path.is_file() else value)
+    except ValueError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def explain(root: Path, rerun: Rerun) -> list[str]:
+    """The reasons of one job, most specific first."""
+    lines: list[str] = []
+    if rerun.missing:
+        lines.append(f"its output is missing: {', '.join(rerun.missing)}")
+    if rerun.forced and (gone := [i for i in rerun.job.inputs if not (root / i).exists()]):
+        # workflow/rules/common.smk's rerun_if_stale: an output standing on an input that is gone
+        lines.append(f"an input it was made from is missing: {', '.join(gone)} (made again, then this job)")
+    before, now = list(rerun.params_before), list(rerun.params_now)
+    lineage = [p for p in before + now if p.startswith(LINEAGE_PREFIX)]
+    before = [p for p in before if p not in lineage]
+    now = [p for p in now if p not in lineage]
+    old_code = next((p for p in before if parse_param(p)), None)
+    new_code = next((p for p in now if parse_param(p)), None)
+    if old_code and new_code:
+        lines += _code_lines(root, old_code, new_code)
+        before.remove(old_code)
+        now.remove(new_code)
+    old_cfg = next((c for p in before if (c := _config(root, p)) is not None), None)
+    new_cfg = next((c for p in now if (c := _config(root, p)) is not None), None)
+    if old_cfg is not None and new_cfg is not None:
+        lines.append(f"its config changed: {', '.join(changed_keys(old_cfg, new_cfg))}")
+        before = [p for p in before if _config(root, p) is None]
+        now = [p for p in now if _config(root, p) is None]
+    if before or now:
+        lines.append(f"its params changed: before {before or '-'}, now {now or '-'}")
+    if rerun.rebuilt_inputs:
+        lines.append(f"its inputs are made again: {', '.join(rerun.rebuilt_inputs)}")
+    if len(lineage) == 2 and not lines:  # the keys or code of a stage above it (rloo_workflow.pipeline.lineage)
+        lines.append("the config keys or code of a stage above it changed since its output was made")
+    if rerun.updated_inputs:
+        lines.append(f"its inputs changed: {', '.join(rerun.updated_inputs)}")
+    if rerun.shell_changed:
+        lines.append("its rule's command changed")
+    if rerun.inputs_changed:
+        lines.append("its set of inputs changed")
+    if rerun.software_changed:
+        lines.append("its software environment changed")
+    return lines or [rerun.words]
+
+
+def _matches(rerun: Rerun, names: list[str]) -> bool:
+    job = rerun.job
+    return not names or any(n in (job.stage, job.rule, job.rule.split("_")[0]) for n in names)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rloo why-rerun", description=__doc__, parents=[configfile_parser()],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("stage", nargs="*", help="only these stages (a rule, e.g. sft, or a job, e.g. rloo@grpo)")
+    parser.add_argument("--target", action="append", default=[], metavar="FILE_OR_RULE",
+                        help="a Snakemake target besides the default one (e.g. results/comparison.json)")
+    args = parser.parse_args(argv)
+    if (root := project_root("rloo why-rerun")) is None:
+        return 2
+    run = run_args(root, args.configfile)
+    if run.source:
+        print(f"rloo why-rerun: {run.source}", file=sys.stderr)
+    try:
+        reruns = [r for r in rerun_reasons(root, run.configfiles, [*run.targets, *args.target])
+                  if _matches(r, args.stage)]
+    except DvcError as e:
+        print(f"rloo why-rerun: {e}", file=sys.stderr)
+        return 1
+    if not reruns:
+        print(f"nothing to rerun{' for ' + ', '.join(args.stage) if args.stage else ''}: its outputs are up to date")
+        return 0
+    for r in reruns:
+        first, *rest = explain(root, r)
+        print(f"{r.job.stage}: {first}")
+        for line in rest:
+            print(f"  {line}")
+    return 0

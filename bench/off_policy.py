@@ -25,10 +25,10 @@ update), printed beside the peers' published figures (quoted, not measured here)
     python bench/off_policy.py --run tiny=config/config.yaml:results/models/sft:data/gsm8k \\
         --rounds 3 --steps 20 --threads 2 --json docs/figures/off_policy.json
 
-`--paired SYNC OFF` instead compares two evaluations of the same problems (the evaluate stage's
-completions.jsonl of a synchronous chain and of an off-policy one, e.g. config/offpolicy.yaml): each
-one's RLOO - SFT gain and the paired difference RLOO(off) - RLOO(sync), with 95 % intervals
-(rloo/eval/gains.py, as the results JSON's gains).
+`--paired SYNC OFF SFT` instead compares two evaluations of the same problems (the evaluate stage's
+records, results/eval/rloo.jsonl, of a synchronous chain and of an off-policy one, e.g.
+config/offpolicy.yaml, and the SFT records both share): each one's RLOO - SFT gain and the paired
+difference RLOO(off) - RLOO(sync), with 95 % intervals (rloo/eval/gains.py, as the results JSON's gains).
 """
 
 from __future__ import annotations
@@ -155,26 +155,21 @@ def report(label: str, res: dict) -> None:
           + "; ".join(f"{k}: {'-'.join(f'{v:.2f}x' for v in vs)}" for k, vs in PEERS.items()))
 
 
-def paired(sync_path: str, off_path: str, policy: str, seed: int = 0) -> dict:
-    """RLOO - SFT of each evaluation and RLOO(off) - RLOO(sync), from two completions.jsonl of the same
-    problems (rloo.eval.gains: paired bootstrap intervals, sign-flip / McNemar p-values)."""
-    from rloo.eval.evaluation import read_completions
+def paired(sync_path: str, off_path: str, sft_path: str, seed: int = 0) -> dict:
+    """RLOO - SFT of each run and RLOO(off) - RLOO(sync), from the evaluate stage's records of the same
+    problems (results/eval/<policy>.jsonl; rloo.eval.gains: paired bootstrap intervals, sign-flip /
+    McNemar p-values). The SFT records are the one evaluation both chains share."""
     from rloo.eval.gains import correctness, gain
+    from rloo.eval.records import read
 
-    def load(path: str) -> tuple[list[str], dict[str, dict]]:
-        recs = read_completions(Path(path))
-        golds = [r["answer"] for r in recs]
-        names = recs[0]["completions"].keys()
-        texts = {n: {m: [r["completions"][n][m] for r in recs] for m in recs[0]["completions"][n]} for n in names}
-        return golds, {n: correctness(t, golds) for n, t in texts.items()}
-
-    golds_sync, sync = load(sync_path)
-    golds_off, off = load(off_path)
-    if golds_sync != golds_off:
-        raise SystemExit("the two evaluations are not of the same problems in the same order")
-    return {"sync_gain_over_sft": gain(sync[policy], sync["sft"], seed),
-            "off_gain_over_sft": gain(off[policy], off["sft"], seed),
-            "off_minus_sync": gain(off[policy], sync[policy], seed), "problems": len(golds_sync)}
+    evaluations = {name: read(name, path) for name, path in (("sync", sync_path), ("off", off_path), ("sft", sft_path))}
+    golds = evaluations["sft"].golds
+    if any(ev.golds != golds or ev.questions != evaluations["sft"].questions for ev in evaluations.values()):
+        raise SystemExit("the three evaluations are not of the same problems in the same order")
+    ok = {name: correctness(ev.texts(), golds) for name, ev in evaluations.items()}
+    return {"sync_gain_over_sft": gain(ok["sync"], ok["sft"], seed), "off_gain_over_sft": gain(ok["off"], ok["sft"], seed),
+            "off_minus_sync": gain(ok["off"], ok["sync"], seed), "problems": len(golds),
+            "records": {"sync": sync_path, "off": off_path, "sft": sft_path}}
 
 
 def _points(g: dict) -> str:
@@ -185,8 +180,7 @@ def _points(g: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", action="append", metavar="LABEL=CONFIGS:POLICY:DATA[:REWARD_MODEL]")
-    ap.add_argument("--paired", nargs=2, metavar=("SYNC_COMPLETIONS", "OFF_COMPLETIONS"))
-    ap.add_argument("--policy", default="rloo", help="--paired: the policy's name in the completions")
+    ap.add_argument("--paired", nargs=3, metavar=("SYNC_RECORDS", "OFF_RECORDS", "SFT_RECORDS"))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--threads", type=int, default=2)
@@ -194,7 +188,7 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     if a.paired:
-        res = paired(*a.paired, a.policy)
+        res = paired(*a.paired)
         print(f"{res['problems']} problems, sampled accuracy points (95 % CI): RLOO - SFT synchronous "
               f"{_points(res['sync_gain_over_sft'])}; off-policy {_points(res['off_gain_over_sft'])}; "
               f"off-policy - synchronous {_points(res['off_minus_sync'])}")

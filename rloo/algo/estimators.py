@@ -25,6 +25,7 @@ PPO's critic-based estimator works per token instead, on rewards r_t and values 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import torch
@@ -60,11 +61,14 @@ def _group_stats(rewards: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
     return valid, count, total, filled
 
 
-def _no_spread(rewards: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Per group [prompts, 1]: True where all valid rewards are equal (or there are none)."""
-    hi = torch.where(valid, rewards, torch.full_like(rewards, -torch.inf)).amax(dim=1, keepdim=True)
-    lo = torch.where(valid, rewards, torch.full_like(rewards, torch.inf)).amin(dim=1, keepdim=True)
-    return ~(hi > lo)
+def has_signal(rewards: torch.Tensor) -> torch.Tensor:
+    """Per group of raw rewards [groups, k] -> [groups]: at least two finite rewards, and not all of them
+    equal. The one test of a group's learning signal: the group estimators zero the groups that fail it,
+    dynamic sampling drops them and the step metrics count them."""
+    finite = torch.isfinite(rewards)
+    hi = torch.where(finite, rewards, -math.inf).amax(dim=1)
+    lo = torch.where(finite, rewards, math.inf).amin(dim=1)
+    return (finite.sum(dim=1) >= 2) & (hi > lo)
 
 
 def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
@@ -75,7 +79,7 @@ def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
     # Same formula as TRL: baseline = (nansum - r) / (valid_count - 1); the clamp only avoids 0/0 in
     # groups that are masked to zero just below.
     baseline = (total - filled) / (count - 1).clamp(min=1)
-    keep = valid & (count >= 2) & ~_no_spread(rewards, valid)
+    keep = valid & has_signal(rewards)[:, None]
     return torch.where(keep, filled - baseline, torch.zeros_like(rewards))
 
 
@@ -91,7 +95,7 @@ def grpo_advantages(rewards: torch.Tensor, scale_by_std: bool = False, eps: floa
         # (R = 1.0, 0.0, 0.5, 0.3 -> std 0.364) and of GRPO implementations that normalise per group.
         std = (centred.square().sum(dim=1, keepdim=True) / count.clamp(min=1)).sqrt()
         centred = centred / (std + eps)
-    keep = valid & (count >= 2) & ~_no_spread(rewards, valid)
+    keep = valid & has_signal(rewards)[:, None]
     return torch.where(keep, centred, torch.zeros_like(rewards))
 
 

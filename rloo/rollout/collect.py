@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from rloo.algo.estimators import has_signal
 from rloo.data.gsm8k import solution_steps
 from rloo.errors import InputError
 from rloo.rollout import Rollout
@@ -56,14 +57,6 @@ def refill_indices(n: int, step: int, round_: int, seed: int, exclude: np.ndarra
     """Up to `count` prompts for refill round `round_` of `step`, none of `exclude` (those drawn already)."""
     perm = np.random.default_rng([seed, step, round_, 2]).permutation(n)
     return perm[~np.isin(perm, exclude)][:count]
-
-
-def has_signal(scores: torch.Tensor) -> torch.Tensor:
-    """Per group of raw rewards [groups, k]: at least two finite rewards, and not all of them equal."""
-    finite = torch.isfinite(scores)
-    hi = torch.where(finite, scores, -math.inf).amax(dim=1)
-    lo = torch.where(finite, scores, math.inf).amin(dim=1)
-    return (finite.sum(dim=1) >= 2) & (hi > lo)
 
 
 def group_rows(groups: torch.Tensor, k: int) -> torch.Tensor:

@@ -17,6 +17,7 @@ from rloo.algo.estimators import (
     MovingBaseline,
     compute_advantages,
     grpo_advantages,
+    has_signal,
     moving_average_advantages,
     reinforce_advantages,
     remax_advantages,
@@ -195,6 +196,21 @@ def test_equal_rewards_give_exact_zero():
         res = compute_advantages(name, flat)
         assert torch.all(res.advantages == 0), name
         assert res.zero_adv_frac == 1.0
+
+
+@pytest.mark.parametrize("name", ["rloo", "grpo", "grpo_std"])
+def test_group_estimators_zero_exactly_the_groups_without_signal(name):
+    # the same test dynamic sampling filters on and the step metrics count: ties, NaNs and lone rewards
+    gen = torch.Generator().manual_seed(0)
+    # float32 0.7s and 0.1s: an equal group's mean is off by an ulp, so only the signal test zeroes it exactly
+    rewards = torch.tensor([0.1, 0.7, 2.1])[torch.randint(0, 3, (400, 5), generator=gen)]
+    rewards[torch.rand(400, 5, generator=gen) < 0.5] = math.nan
+    rewards[:100, :] = rewards[:100, :1]  # equal groups
+    signal = has_signal(rewards)
+    assert 50 < int(signal.sum()) < 350  # both kinds of group are well represented
+    adv = compute_advantages(name, rewards).advantages
+    assert torch.all(adv[~signal] == 0)
+    assert torch.all((adv[signal] != 0).any(dim=1))
 
 
 @pytest.mark.parametrize("name", ["rloo", "grpo", "grpo_std"])

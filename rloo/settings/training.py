@@ -8,10 +8,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from rloo.algo.names import k_problems
+from rloo.algo.names import ESTIMATORS, k_problems
 from rloo.settings.fields import Section, setting
 
-Estimator = Literal["rloo", "grpo", "grpo_std", "reinforce", "moving_average", "remax", "ppo"]
+# The critic-free estimators (rloo/algo/estimators.py ESTIMATOR_TABLE), then PPO (rloo/train/ppo.py).
+ESTIMATOR_NAMES: tuple[str, ...] = (*ESTIMATORS, "ppo")
+Estimator = Literal[ESTIMATOR_NAMES]  # type: ignore[valid-type]  # the schema's enum
 Alarm = Literal["zero_signal", "kl_without_reward", "length_climb", "sampling_mismatch", "reward_hacking"]
 
 

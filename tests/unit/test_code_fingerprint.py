@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -83,6 +85,17 @@ def test_comments_docstrings_and_descriptions_change_no_stage(package, baseline)
 def test_a_change_of_what_runs_changes_exactly_the_stages_that_run_it(package, baseline, path, function, expected):
     semantic_edit(package / path, function)
     assert changed(baseline, package) == expected
+
+
+def test_a_new_estimator_is_one_entry_of_the_table_which_the_walk_sees(package, baseline):
+    estimators = package / "rloo/algo/estimators.py"
+    line = '    "reinforce": lambda rewards, **_: (reinforce_advantages(rewards), None),\n'
+    assert estimators.read_text().count(line) == 1
+    estimators.write_text(estimators.read_text().replace(line, line + line.replace('"reinforce"', '"plain"')))
+    assert changed(baseline, package) == {"train", "toy"}  # the stages that can pick it
+    code = "import sys; sys.path.insert(0, sys.argv[1]); from rloo.algo import names; print(names.ESTIMATORS)"
+    res = subprocess.run([sys.executable, "-c", code, str(package)], capture_output=True, text=True, check=True)
+    assert "'plain'" in res.stdout  # and the names the settings offer follow it
 
 
 def test_a_schema_constraint_changes_every_stage_a_description_none(package, baseline):

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import subprocess
+import sys
+import typing
 
 import numpy as np
 import pytest
@@ -12,8 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
+from rloo.algo import names
 from rloo.algo.estimators import (
-    ESTIMATORS,
+    ESTIMATOR_TABLE,
     MovingBaseline,
     compute_advantages,
     grpo_advantages,
@@ -225,10 +229,19 @@ def test_k_equal_1_is_fine_without_a_group_baseline():
     assert res.n_degenerate_groups == 2  # fewer than 2 samples per group, reported not refused
 
 
+def test_the_table_is_the_one_list_of_estimators_and_its_names_load_without_torch():
+    from rloo.settings.training import Estimator
+    assert tuple(ESTIMATOR_TABLE) == names.ESTIMATORS
+    assert typing.get_args(Estimator) == (*ESTIMATOR_TABLE, "ppo")  # the schema's enum
+    code = "import sys, rloo.settings; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert res.stdout.strip() == "[]"  # the settings (and the config checks) read the names from source
+
+
 def test_unknown_estimator_lists_valid_names():
     with pytest.raises(ValueError) as info:
         compute_advantages("ppo", torch.ones(2, 4))
-    for name in ESTIMATORS:
+    for name in ESTIMATOR_TABLE:
         assert name in str(info.value)
 
 

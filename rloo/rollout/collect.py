@@ -1,11 +1,11 @@
 """What a policy-gradient step trains on: the prompts of each step and, with dynamic sampling, only
 groups whose rewards differ.
 
-`gather` is the loop behind `Trainer.collect(step)`: sample k completions for each of the step's B
-prompts and score them; with `rloo.dynamic_sampling` (DAPO's dynamic sampling), drop the groups with
-no reward spread and refill from further prompts, at most `rloo.dynamic_sampling_max_rounds` extra
-rounds, until B groups with signal are in hand. It knows nothing of the loss: any trainer that learns
-from scored groups of samples (RLOO, PPO) reuses it.
+`gather` is the loop behind `PolicyTrainer.collect(step)` (rloo/train/policy_trainer.py): sample k
+completions for each of the step's B prompts and score them; with `rloo.dynamic_sampling` (DAPO's
+dynamic sampling), drop the groups with no reward spread and refill from further prompts, at most
+`rloo.dynamic_sampling_max_rounds` extra rounds, until B groups with signal are in hand. It knows
+nothing of the loss: any trainer that learns from scored groups of samples (RLOO, PPO) reuses it.
 
 Everything a step draws depends only on (seed, step) and the policy's weights, so a resumed run
 repeats it: round 0 is `prompt_indices(...)` with the sampling noise of `step_generator(seed, step)`,

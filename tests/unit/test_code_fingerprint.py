@@ -113,9 +113,9 @@ def test_a_schema_constraint_changes_every_stage_a_description_none(package, bas
 def test_changes_name_the_file_and_the_definition(package):
     code = Codebase(package)
     old = code.fingerprint("train").manifest
-    semantic_edit(package / "rloo/train/rloo.py", "Trainer.step")
+    semantic_edit(package / "rloo/train/rloo.py", "Trainer.update")
     new = Codebase(package).fingerprint("train").manifest
-    assert changes(old, new) == ["rloo/train/rloo.py: changed Trainer.step"]
+    assert changes(old, new) == ["rloo/train/rloo.py: changed Trainer.update"]
 
 
 def test_a_docstring_or_comment_is_not_in_the_tree():

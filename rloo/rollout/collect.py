@@ -135,19 +135,15 @@ def gather(
         return Collected(first, ro, scores, timings=timings)
     want = len(first)
     original = Collected(first, ro, scores, timings=timings)
-    kept: list[tuple[np.ndarray, Rollout, torch.Tensor]] = []  # (prompts, samples, scores) with signal
+    kept: list[Part] = []  # each round's groups with signal
     n_kept = sampled = silent = rounds = 0
     drawn, idx = first, first
     while True:
-        signal = has_signal(scores.view(-1, k))
-        groups = signal.nonzero().squeeze(1)[: want - n_kept]  # beyond B, groups with signal are left out
-        sampled, silent = sampled + len(idx), silent + len(idx) - int(signal.sum())
-        if len(groups) == len(idx):
-            kept.append((idx, ro, scores))
-        elif len(groups):
-            rows = group_rows(groups, k)
-            kept.append((idx[groups.cpu().numpy()], ro.select(rows), scores[rows]))
-        n_kept += len(groups)
+        part, n_groups, n_silent = _with_signal(idx, ro, scores, k, want - n_kept)
+        sampled, silent = sampled + len(idx), silent + n_silent
+        if part is not None:
+            kept.append(part)
+        n_kept += n_groups
         if n_kept >= want or rounds >= max_rounds:
             break
         count = want if n_kept == 0 else min(want, math.ceil((want - n_kept) * sampled / n_kept))
@@ -166,6 +162,29 @@ def gather(
     if not kept:
         original.stats = stats
         return original
+    return _joined(kept, stats, timings, pad_id)
+
+
+Part = tuple[np.ndarray, Rollout, torch.Tensor]  # (prompts, their samples, their scores) of one round
+
+
+def _with_signal(idx: np.ndarray, ro: Rollout, scores: torch.Tensor, k: int, room: int
+                 ) -> tuple[Part | None, int, int]:
+    """One round's groups with signal, the first `room` of them (beyond B, groups with signal are left
+    out): (those groups or None, how many, how many of the round's groups had no signal)."""
+    signal = has_signal(scores.view(-1, k))
+    groups = signal.nonzero().squeeze(1)[:room]
+    silent = len(idx) - int(signal.sum())
+    if len(groups) == len(idx):
+        return (idx, ro, scores), len(groups), silent
+    if not len(groups):
+        return None, 0, silent
+    rows = group_rows(groups, k)
+    return (idx[groups.cpu().numpy()], ro.select(rows), scores[rows]), len(groups), silent
+
+
+def _joined(kept: list[Part], stats: dict[str, float], timings: dict[str, float], pad_id: int) -> Collected:
+    """The rounds' groups with signal as one batch."""
     if len(kept) == 1:
         return Collected(*kept[0], stats, timings)
     return Collected(np.concatenate([i for i, _, _ in kept]), cat_rollouts([r for _, r, _ in kept], pad_id),

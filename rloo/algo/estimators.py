@@ -25,11 +25,12 @@ PPO's critic-based estimator works per token instead, on rewards r_t and values 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import torch
 
-from rloo.algo.names import ESTIMATORS, k_problems
+from rloo.algo.names import k_problems
 
 
 def _check_rewards(rewards: torch.Tensor) -> torch.Tensor:
@@ -60,11 +61,14 @@ def _group_stats(rewards: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
     return valid, count, total, filled
 
 
-def _no_spread(rewards: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Per group [prompts, 1]: True where all valid rewards are equal (or there are none)."""
-    hi = torch.where(valid, rewards, torch.full_like(rewards, -torch.inf)).amax(dim=1, keepdim=True)
-    lo = torch.where(valid, rewards, torch.full_like(rewards, torch.inf)).amin(dim=1, keepdim=True)
-    return ~(hi > lo)
+def has_signal(rewards: torch.Tensor) -> torch.Tensor:
+    """Per group of raw rewards [groups, k] -> [groups]: at least two finite rewards, and not all of them
+    equal. The one test of a group's learning signal: the group estimators zero the groups that fail it,
+    dynamic sampling drops them and the step metrics count them."""
+    finite = torch.isfinite(rewards)
+    hi = torch.where(finite, rewards, -math.inf).amax(dim=1)
+    lo = torch.where(finite, rewards, math.inf).amin(dim=1)
+    return (finite.sum(dim=1) >= 2) & (hi > lo)
 
 
 def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
@@ -75,7 +79,7 @@ def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
     # Same formula as TRL: baseline = (nansum - r) / (valid_count - 1); the clamp only avoids 0/0 in
     # groups that are masked to zero just below.
     baseline = (total - filled) / (count - 1).clamp(min=1)
-    keep = valid & (count >= 2) & ~_no_spread(rewards, valid)
+    keep = valid & has_signal(rewards)[:, None]
     return torch.where(keep, filled - baseline, torch.zeros_like(rewards))
 
 
@@ -91,7 +95,7 @@ def grpo_advantages(rewards: torch.Tensor, scale_by_std: bool = False, eps: floa
         # (R = 1.0, 0.0, 0.5, 0.3 -> std 0.364) and of GRPO implementations that normalise per group.
         std = (centred.square().sum(dim=1, keepdim=True) / count.clamp(min=1)).sqrt()
         centred = centred / (std + eps)
-    keep = valid & (count >= 2) & ~_no_spread(rewards, valid)
+    keep = valid & has_signal(rewards)[:, None]
     return torch.where(keep, centred, torch.zeros_like(rewards))
 
 
@@ -162,6 +166,36 @@ class AdvantageResult:
     state: MovingBaseline | None = None  # updated running baseline (moving_average only)
 
 
+def _moving_average(rewards: torch.Tensor, *, state: MovingBaseline | None, decay: float, **_
+                    ) -> tuple[torch.Tensor, MovingBaseline]:
+    if state is None:
+        state = MovingBaseline(value=None, decay=decay)
+    elif not isinstance(state, MovingBaseline):
+        raise TypeError(f"moving_average state must be a MovingBaseline, got {type(state).__name__}")
+    adv, value = moving_average_advantages(rewards, state.value, state.decay)
+    return adv, dataclasses.replace(state, value=value)
+
+
+def _remax(rewards: torch.Tensor, *, greedy_rewards: torch.Tensor | None, **_) -> tuple[torch.Tensor, None]:
+    if greedy_rewards is None:
+        raise ValueError("estimator 'remax' needs greedy_rewards (the reward of each prompt's greedy decode)")
+    return remax_advantages(rewards, greedy_rewards), None
+
+
+# The estimator table, `rloo.estimator` -> (rewards, *, state, greedy_rewards, eps, decay) -> (advantages,
+# new running baseline or None). Its keys are the config's critic-free estimators: rloo/algo/names.py reads
+# them from this source without torch, and the settings' enum (rloo.settings.training.Estimator) from there.
+# A literal table, so that the code fingerprint's static walk sees every estimator a stage can pick.
+ESTIMATOR_TABLE = {
+    "rloo": lambda rewards, **_: (rloo_advantages(rewards), None),
+    "grpo": lambda rewards, *, eps, **_: (grpo_advantages(rewards, scale_by_std=False, eps=eps), None),
+    "grpo_std": lambda rewards, *, eps, **_: (grpo_advantages(rewards, scale_by_std=True, eps=eps), None),
+    "reinforce": lambda rewards, **_: (reinforce_advantages(rewards), None),
+    "moving_average": _moving_average,
+    "remax": _remax,
+}
+
+
 def compute_advantages(
     name: str,
     rewards: torch.Tensor,
@@ -171,38 +205,16 @@ def compute_advantages(
     eps: float = 1e-6,
     decay: float = 0.9,
 ) -> AdvantageResult:
-    """Dispatch to the estimator called ``name`` (one of ESTIMATORS) and collect group diagnostics.
+    """Dispatch to the estimator called ``name`` (a key of ESTIMATOR_TABLE) and collect group diagnostics.
 
     ``state`` carries the running baseline of ``moving_average`` between steps (``decay`` is used only
     when it is None); ``greedy_rewards`` [prompts] is required by ``remax``.
     """
-    if name not in ESTIMATORS:
-        raise ValueError(f"unknown advantage estimator {name!r}; valid names: {', '.join(ESTIMATORS)}")
+    if name not in ESTIMATOR_TABLE:
+        raise ValueError(f"unknown advantage estimator {name!r}; valid names: {', '.join(ESTIMATOR_TABLE)}")
     rewards = _check_rewards(rewards)
     _require_group(rewards, name)
-
-    new_state: MovingBaseline | None = None
-    if name == "rloo":
-        adv = rloo_advantages(rewards)
-    elif name == "grpo":
-        adv = grpo_advantages(rewards, scale_by_std=False, eps=eps)
-    elif name == "grpo_std":
-        adv = grpo_advantages(rewards, scale_by_std=True, eps=eps)
-    elif name == "reinforce":
-        adv = reinforce_advantages(rewards)
-    elif name == "moving_average":
-        if state is None:
-            state = MovingBaseline(value=None, decay=decay)
-        elif not isinstance(state, MovingBaseline):
-            raise TypeError(f"moving_average state must be a MovingBaseline, got {type(state).__name__}")
-        adv, value = moving_average_advantages(rewards, state.value, state.decay)
-        new_state = dataclasses.replace(state, value=value)
-    else:  # remax
-        if greedy_rewards is None:
-            raise ValueError(
-                "estimator 'remax' needs greedy_rewards (the reward of each prompt's greedy decode)"
-            )
-        adv = remax_advantages(rewards, greedy_rewards)
+    adv, new_state = ESTIMATOR_TABLE[name](rewards, state=state, greedy_rewards=greedy_rewards, eps=eps, decay=decay)
 
     n_prompts = rewards.shape[0]
     valid_count = (~torch.isnan(rewards)).sum(dim=1)

@@ -1,7 +1,24 @@
 """The advantage estimators' names and what k they need, without torch: the config checks read them before
 any stage runs."""
 
-ESTIMATORS: tuple[str, ...] = ("rloo", "grpo", "grpo_std", "reinforce", "moving_average", "remax")
+import ast
+from pathlib import Path
+
+TABLE = "ESTIMATOR_TABLE"  # rloo/algo/estimators.py's {name: function}, the one list of the estimators
+
+
+def _table_names() -> tuple[str, ...]:
+    """The keys of estimators.ESTIMATOR_TABLE, read from its source: its functions need torch, and the
+    settings that offer these names load where Snakemake reads the workflow, without it."""
+    path = Path(__file__).with_name("estimators.py")
+    for node in ast.parse(path.read_text(), filename=str(path)).body:
+        if (isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [TABLE]
+                and isinstance(node.value, ast.Dict)):
+            return tuple(ast.literal_eval(k) for k in node.value.keys if k is not None)
+    raise ImportError(f"{path}: no literal {TABLE} = {{name: function}}")
+
+
+ESTIMATORS: tuple[str, ...] = _table_names()
 
 # Estimators whose baseline is built from the other samples of the same group, so k >= 2 is required.
 GROUP_ESTIMATORS: tuple[str, ...] = ("rloo", "grpo", "grpo_std")

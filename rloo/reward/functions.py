@@ -288,7 +288,9 @@ def _from_file(key: str, name: str, fn: str, weight: float, max_failed_share: fl
 
 @dataclass
 class RewardFunction:
-    """One configured function: `__call__` scores a batch, checking what it returns."""
+    """One reward function, loaded: the setting `reward.functions[i]` (rloo.settings.RewardFunctionConfig)
+    with the function it names, or a Python callable (`of`). `__call__` scores a batch, checking what it
+    returns."""
 
     key: str  # reward.functions[i]
     name: str

@@ -1,11 +1,11 @@
 """What a policy-gradient step trains on: the prompts of each step and, with dynamic sampling, only
 groups whose rewards differ.
 
-`gather` is the loop behind `Trainer.collect(step)`: sample k completions for each of the step's B
-prompts and score them; with `rloo.dynamic_sampling` (DAPO's dynamic sampling), drop the groups with
-no reward spread and refill from further prompts, at most `rloo.dynamic_sampling_max_rounds` extra
-rounds, until B groups with signal are in hand. It knows nothing of the loss: any trainer that learns
-from scored groups of samples (RLOO, PPO) reuses it.
+`gather` is the loop behind `PolicyTrainer.collect(step)` (rloo/train/policy_trainer.py): sample k
+completions for each of the step's B prompts and score them; with `rloo.dynamic_sampling` (DAPO's
+dynamic sampling), drop the groups with no reward spread and refill from further prompts, at most
+`rloo.dynamic_sampling_max_rounds` extra rounds, until B groups with signal are in hand. It knows
+nothing of the loss: any trainer that learns from scored groups of samples (RLOO, PPO) reuses it.
 
 Everything a step draws depends only on (seed, step) and the policy's weights, so a resumed run
 repeats it: round 0 is `prompt_indices(...)` with the sampling noise of `step_generator(seed, step)`,
@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from rloo.algo.estimators import has_signal
 from rloo.data.gsm8k import solution_steps
 from rloo.errors import InputError
 from rloo.rollout import Rollout
@@ -56,14 +57,6 @@ def refill_indices(n: int, step: int, round_: int, seed: int, exclude: np.ndarra
     """Up to `count` prompts for refill round `round_` of `step`, none of `exclude` (those drawn already)."""
     perm = np.random.default_rng([seed, step, round_, 2]).permutation(n)
     return perm[~np.isin(perm, exclude)][:count]
-
-
-def has_signal(scores: torch.Tensor) -> torch.Tensor:
-    """Per group of raw rewards [groups, k]: at least two finite rewards, and not all of them equal."""
-    finite = torch.isfinite(scores)
-    hi = torch.where(finite, scores, -math.inf).amax(dim=1)
-    lo = torch.where(finite, scores, math.inf).amin(dim=1)
-    return (finite.sum(dim=1) >= 2) & (hi > lo)
 
 
 def group_rows(groups: torch.Tensor, k: int) -> torch.Tensor:
@@ -142,19 +135,15 @@ def gather(
         return Collected(first, ro, scores, timings=timings)
     want = len(first)
     original = Collected(first, ro, scores, timings=timings)
-    kept: list[tuple[np.ndarray, Rollout, torch.Tensor]] = []  # (prompts, samples, scores) with signal
+    kept: list[Part] = []  # each round's groups with signal
     n_kept = sampled = silent = rounds = 0
     drawn, idx = first, first
     while True:
-        signal = has_signal(scores.view(-1, k))
-        groups = signal.nonzero().squeeze(1)[: want - n_kept]  # beyond B, groups with signal are left out
-        sampled, silent = sampled + len(idx), silent + len(idx) - int(signal.sum())
-        if len(groups) == len(idx):
-            kept.append((idx, ro, scores))
-        elif len(groups):
-            rows = group_rows(groups, k)
-            kept.append((idx[groups.cpu().numpy()], ro.select(rows), scores[rows]))
-        n_kept += len(groups)
+        part, n_groups, n_silent = _with_signal(idx, ro, scores, k, want - n_kept)
+        sampled, silent = sampled + len(idx), silent + n_silent
+        if part is not None:
+            kept.append(part)
+        n_kept += n_groups
         if n_kept >= want or rounds >= max_rounds:
             break
         count = want if n_kept == 0 else min(want, math.ceil((want - n_kept) * sampled / n_kept))
@@ -173,6 +162,29 @@ def gather(
     if not kept:
         original.stats = stats
         return original
+    return _joined(kept, stats, timings, pad_id)
+
+
+Part = tuple[np.ndarray, Rollout, torch.Tensor]  # (prompts, their samples, their scores) of one round
+
+
+def _with_signal(idx: np.ndarray, ro: Rollout, scores: torch.Tensor, k: int, room: int
+                 ) -> tuple[Part | None, int, int]:
+    """One round's groups with signal, the first `room` of them (beyond B, groups with signal are left
+    out): (those groups or None, how many, how many of the round's groups had no signal)."""
+    signal = has_signal(scores.view(-1, k))
+    groups = signal.nonzero().squeeze(1)[:room]
+    silent = len(idx) - int(signal.sum())
+    if len(groups) == len(idx):
+        return (idx, ro, scores), len(groups), silent
+    if not len(groups):
+        return None, 0, silent
+    rows = group_rows(groups, k)
+    return (idx[groups.cpu().numpy()], ro.select(rows), scores[rows]), len(groups), silent
+
+
+def _joined(kept: list[Part], stats: dict[str, float], timings: dict[str, float], pad_id: int) -> Collected:
+    """The rounds' groups with signal as one batch."""
     if len(kept) == 1:
         return Collected(*kept[0], stats, timings)
     return Collected(np.concatenate([i for i, _, _ in kept]), cat_rollouts([r for _, r, _ in kept], pad_id),

@@ -12,7 +12,7 @@ from rloo.settings.training import (
     AlarmConfig,
     PpoConfig,
     RewardConfig,
-    RewardFunction,
+    RewardFunctionConfig,
     RewardHttpConfig,
     RlooConfig,
     RolloutConfig,
@@ -31,7 +31,7 @@ from rloo.settings.workflow import (
 __all__ = [
     "AlarmConfig", "ComparisonConfig", "Config", "DataConfig", "DataFieldsConfig", "DistributedConfig",
     "EvaluateConfig", "LlmJudgeConfig", "LoraConfig", "ModelConfig", "ModelShape", "PathsConfig", "PlanConfig",
-    "PpoConfig", "PromptConfig", "RewardConfig", "RewardFunction", "RewardHttpConfig", "RlooConfig",
+    "PpoConfig", "PromptConfig", "RewardConfig", "RewardFunctionConfig", "RewardHttpConfig", "RlooConfig",
     "RolloutConfig", "RolloutCorrectionConfig", "Section", "SeedsConfig", "ServeConfig", "SftConfig",
     "SyntheticConfig", "TinyConfig", "TrackingConfig", "json_schema", "section_types",
 ]

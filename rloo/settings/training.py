@@ -8,10 +8,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from rloo.algo.names import k_problems
+from rloo.algo.names import ESTIMATORS, k_problems
 from rloo.settings.fields import Section, setting
 
-Estimator = Literal["rloo", "grpo", "grpo_std", "reinforce", "moving_average", "remax", "ppo"]
+# The critic-free estimators (rloo/algo/estimators.py ESTIMATOR_TABLE), then PPO (rloo/train/ppo.py).
+ESTIMATOR_NAMES: tuple[str, ...] = (*ESTIMATORS, "ppo")
+Estimator = Literal[ESTIMATOR_NAMES]  # type: ignore[valid-type]  # the schema's enum
 Alarm = Literal["zero_signal", "kl_without_reward", "length_climb", "sampling_mismatch", "reward_hacking"]
 
 
@@ -98,7 +100,7 @@ class SftConfig(Section):
 
 
 @dataclass(frozen=True)
-class RewardFunction(Section):
+class RewardFunctionConfig(Section):
     """One reward function of `reward.source: function` (rloo/reward/functions.py)."""
 
     name: str = setting(pattern="^[A-Za-z0-9_.-]+$")
@@ -141,7 +143,7 @@ class RewardConfig(Section):
     """What scores RLOO's samples. model = the Bradley-Terry reward model of the reward stage; verifier = the
     final answer against the gold one; judge = the evaluation's judge; function = the weighted sum of
     `functions`; http = a reward server at `http.url` (docs/rewards-and-data.md)."""
-    functions: tuple[RewardFunction, ...] = ()
+    functions: tuple[RewardFunctionConfig, ...] = ()
     """reward.source function: Python reward functions called as TRL calls its own (keyword arguments
     prompts, completions, completion_ids, finished and every column of the data record, each a list of one
     item per completion; they return one float or None per completion). The training reward is the weighted

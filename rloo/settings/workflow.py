@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from rloo.settings.fields import Section, setting
-from rloo.settings.training import Estimator
+from rloo.settings.training import ESTIMATOR_NAMES, Estimator
 
 
 @dataclass(frozen=True)
@@ -94,8 +94,7 @@ class ComparisonConfig(Section):
     on the same prepare, SFT and reward, tabled, each judged against RLOO's policy. Not read by any stage: it
     only decides which estimators' results the comparison takes."""
 
-    estimators: tuple[Estimator, ...] = setting(["rloo", "grpo", "grpo_std", "reinforce", "moving_average",
-                                                 "remax", "ppo"], min_items=2, unique_items=True,
+    estimators: tuple[Estimator, ...] = setting(list(ESTIMATOR_NAMES), min_items=2, unique_items=True,
                                                 contains={"const": "rloo"})
     """The estimators compared, RLOO among them (the others are judged against it)."""
 

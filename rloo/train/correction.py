@@ -1,7 +1,7 @@
 """The rollout correction of a step's rows (`rloo.rollout_correction`, rloo/algo/rollout_correction.py):
 the sampler-trainer mismatch (train/mismatch_*) whenever the sampler reported its log-probabilities,
 and the weights that multiply each token's policy-gradient term. The RLOO and PPO trainers share it
-(`Trainer.correction`)."""
+(`PolicyTrainer.correction`)."""
 
 from __future__ import annotations
 

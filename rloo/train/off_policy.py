@@ -43,6 +43,7 @@ import traceback
 import uuid
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from typing import Any
 
 import torch
 
@@ -325,23 +326,9 @@ def serve(fd_in: int, fd_out: int) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent()
     rx, tx = Connection(fd_in, writable=False), Connection(fd_out, readable=False)
-    from rloo.runtime import setup
-
     try:
         spec: _Spec = pickle.loads(rx.recv_bytes())
-        config = Config.from_config(spec.config)
-        setup(spec.threads, config.seed)
-        logging.getLogger("rloo").setLevel(spec.log_level)
-        if torch.cuda.is_available() and torch.cuda.device_count() > 1:
-            torch.cuda.set_device(1)  # the trainer holds the first GPU; `rloo plan` plans this one
-        model = sampling_model(config, spec.policy_dir)
-        shared = SharedWeights(spec.layout, spec.files).views()
-        on_cpu = model_device(model).type == "cpu"
-        if on_cpu:  # the parameters are the shared buffers themselves: no copy, no second copy
-            params = dict(model.named_parameters())
-            for name, view in shared.items():
-                params[name].data = view
-        rollout = make_rollout(config, config.seed, spec.policy_dir, model)
+        config, model, shared, on_cpu, rollout = _sampler(spec)
     except Exception as e:
         _report(tx, e)
         return 1
@@ -358,23 +345,8 @@ def serve(fd_in: int, fd_out: int) -> int:
              model_device(model))
     batches = StepBatches(config, models.load_tokenizer(spec.policy_dir, config.model.trust_remote_code), rollout,
                           reward, *spec.data, model_device(model))
-    synced = 0
     try:
-        while True:
-            try:
-                msg = pickle.loads(rx.recv_bytes())
-            except EOFError:  # the trainer is gone
-                return 0
-            if msg[0] == "stop":
-                return 0
-            _, step, version = msg
-            if version != synced:
-                if not on_cpu:
-                    _load_into(model, shared)
-                rollout.sync_weights(model)  # a vLLM engine takes them in; HF samples from the module
-                synced = version
-            got = sample_step(batches, model, config, step, spec.chunk_rows)
-            _send(tx, ("batch", step, got.to("cpu"), _server_counts(reward)))
+        return _answer(rx, tx, batches, model, config, None if on_cpu else shared, spec.chunk_rows)
     except (BrokenPipeError, ConnectionResetError):
         return 0
     except Exception as e:
@@ -382,6 +354,49 @@ def serve(fd_in: int, fd_out: int) -> int:
         return 1
     finally:
         rollout.close()
+
+
+def _sampler(spec: _Spec) -> tuple[Config, torch.nn.Module, dict[str, torch.Tensor], bool, Any]:
+    """The sampler's config, its copy of the policy on the shared buffers (their views), whether it is on
+    the CPU, and its rollout backend (rloo.rollout.make_rollout)."""
+    from rloo.runtime import setup
+
+    config = Config.from_config(spec.config)
+    setup(spec.threads, config.seed)
+    logging.getLogger("rloo").setLevel(spec.log_level)
+    if torch.cuda.is_available() and torch.cuda.device_count() > 1:
+        torch.cuda.set_device(1)  # the trainer holds the first GPU; `rloo plan` plans this one
+    model = sampling_model(config, spec.policy_dir)
+    shared = SharedWeights(spec.layout, spec.files).views()
+    on_cpu = model_device(model).type == "cpu"
+    if on_cpu:  # the parameters are the shared buffers themselves: no copy, no second copy
+        params = dict(model.named_parameters())
+        for name, view in shared.items():
+            params[name].data = view
+    return config, model, shared, on_cpu, make_rollout(config, config.seed, spec.policy_dir, model)
+
+
+def _answer(rx: Connection, tx: Connection, batches: StepBatches, model: torch.nn.Module, config: Config,
+            copy_from: dict[str, torch.Tensor] | None, chunk_rows: int) -> int:
+    """Each ("sample", step, version) answered with its batch, sampled with the weights of `version` (read
+    from the shared buffers `copy_from` first, where the model does not sit on them), until ("stop",) or
+    the trainer's end of the pipe closes."""
+    synced = 0
+    while True:
+        try:
+            msg = pickle.loads(rx.recv_bytes())
+        except EOFError:  # the trainer is gone
+            return 0
+        if msg[0] == "stop":
+            return 0
+        _, step, version = msg
+        if version != synced:
+            if copy_from is not None:
+                _load_into(model, copy_from)
+            batches.rollout.sync_weights(model)  # a vLLM engine takes them in; HF samples from the module
+            synced = version
+        got = sample_step(batches, model, config, step, chunk_rows)
+        _send(tx, ("batch", step, got.to("cpu"), _server_counts(batches.reward)))
 
 
 def _server_counts(reward: RewardSource) -> dict[str, int]:

@@ -21,20 +21,20 @@ import torch
 
 from rloo.algo.estimators import gae, whiten
 from rloo.algo.losses import approx_kl, policy_loss, token_kl, token_rewards, value_loss
-from rloo.model import microbatch, models
+from rloo.model import distributed, microbatch, models
 from rloo.model.logprobs import SeqBatch, join
 from rloo.reward.rewards import RewardSource
 from rloo.rollout import Rollout
 from rloo.rollout.collect import Collected
 from rloo.runtime import autocast, step_generator
 from rloo.settings import Config
-from rloo.train.rloo import Trainer
+from rloo.train.policy_trainer import PolicyTrainer
 from rloo.train.step_metrics import ppo_update_metrics
 from rloo.train.step_records import MinibatchUpdate, PpoAdvantages, PpoRows, PpoUpdates
 
 
-class PPOTrainer(Trainer):
-    """`Trainer` plus a critic: one PPO iteration per `step()`."""
+class PPOTrainer(PolicyTrainer):
+    """The shared trainer (rloo/train/policy_trainer.py) plus a critic: one PPO iteration per `step()`."""
 
     # A group whose k rewards are equal still carries signal here (R_t - V_t is not zero), so the share of
     # such groups, which rises as PPO's policy sharpens (0.62-0.67 in the comparison run), is no alarm.
@@ -69,10 +69,6 @@ class PPOTrainer(Trainer):
             out = self.critic(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                               position_ids=batch.position_ids, use_cache=False)
         return out.logits[:, batch.prompt_len - 1 : -1, 0].float()
-
-    def step(self, step: int) -> dict:
-        t0 = time.perf_counter()
-        return self.update(step, self.collect(step), t0)  # the same groups RLOO trains on (dynamic sampling too)
 
     def update(self, step: int, got: Collected, t0: float | None = None) -> dict:
         """One PPO iteration on the scored groups `got`, in named steps as RLOO's update: the rows in fixed
@@ -162,7 +158,7 @@ class PPOTrainer(Trainer):
             upd.loss += float(loss.detach())
             if first_epoch:  # the entropy of the policy that sampled (before this batch's updates)
                 upd.entropies.append(float((ent * mb.completion_mask).sum() / rows.mask.sum().clamp(min=1)))
-        upd.grad_norm = float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), rc.grad_clip))
+        upd.grad_norm = float(distributed.clip_grad_norm_(self.policy.parameters(), rc.grad_clip))
         if self.guard(step, loss=upd.loss, grad_norm=upd.grad_norm, kl=upd.kl, advantages=adv_abs_max):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -174,7 +170,7 @@ class PPOTrainer(Trainer):
             vloss.backward()
             upd.value_loss += float(vloss.detach())
             upd.value_clipped += float(vst["value_clip_frac"]) * float(m.sum())
-        torch.nn.utils.clip_grad_norm_(self.critic.parameters(), rc.grad_clip)
+        distributed.clip_grad_norm_(self.critic.parameters(), rc.grad_clip)
         self.critic_optimizer.step()
         self.critic_optimizer.zero_grad(set_to_none=True)
         return upd

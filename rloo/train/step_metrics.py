@@ -9,10 +9,11 @@ import math
 
 import torch
 
+from rloo.algo.estimators import has_signal
 from rloo.algo.losses import explained_variance
 from rloo.model import distributed
 from rloo.rollout import Rollout, logprob_gap
-from rloo.rollout.collect import Collected, has_signal
+from rloo.rollout.collect import Collected
 from rloo.train.step_records import GradientStep, PpoAdvantages, PpoRows, PpoUpdates, StepAdvantages, StepRows
 
 

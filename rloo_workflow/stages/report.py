@@ -53,12 +53,7 @@ def run(cfg: dict, evaluations: dict[str, records.PolicyRecords], policy: str, t
             raise InputError(f"the {ev.name} evaluation holds other problems than SFT's: evaluate both on the same data")
     texts = {name: ev.texts() for name, ev in evaluations.items()}
     correct = {name: correctness(t, golds) for name, t in texts.items()}
-    figures = {name: dict(ev.summary["figures"]) for name, ev in evaluations.items()}
-    for name, t in texts.items():
-        figures[name]["solution_check"] = check_solutions(t["draws"], t["greedy"], golds)
-        # the same draws read two more ways: any of them right, and their majority answer right
-        figures[name]["pass_at_k"] = pass_at_k(correct[name]["sampled"])
-        figures[name]["maj_at_k"] = maj_at_k(t["draws"], golds)
+    figures = _figures(evaluations, texts, correct, golds)
     metrics = _read_json(Path(training_dir) / "metrics.json")
     if metrics:  # the checkpoint the stage wrote, and the alarms that fired while training it
         figures[policy]["selected_step"] = metrics.get("selected_step")
@@ -95,16 +90,33 @@ def run(cfg: dict, evaluations: dict[str, records.PolicyRecords], policy: str, t
                  "gains": {name: gain(correct[name], correct["base"], seed) for name in reports}},
     }
     if plot_dir is not None:
-        from rloo.eval.plots import plot_policies, plot_proxy_vs_judge
-
-        result["plots"] = {
-            "policies": plot_policies(reports, Path(plot_dir) / "policies.png"),
-            "proxy_vs_judge": plot_proxy_vs_judge({policy: (metrics or {}).get("evals", [])},
-                                                  Path(plot_dir) / "proxy_vs_judge.png"),
-        }
+        result["plots"] = _plots(Path(plot_dir), reports, policy, metrics)
     jsonschema.validate(result, yaml.safe_load(RESULTS_SCHEMA.read_text()))
     write_json_atomic(out_json, result)
     return result
+
+
+def _figures(evaluations: dict[str, records.PolicyRecords], texts: dict[str, dict], correct: dict[str, dict],
+             golds: list[str]) -> dict[str, dict]:
+    """Each policy's figures: its evaluation's, and the solution checker's, pass@k and maj@k of its records."""
+    figures = {name: dict(ev.summary["figures"]) for name, ev in evaluations.items()}
+    for name, t in texts.items():
+        figures[name]["solution_check"] = check_solutions(t["draws"], t["greedy"], golds)
+        # the same draws read two more ways: any of them right, and their majority answer right
+        figures[name]["pass_at_k"] = pass_at_k(correct[name]["sampled"])
+        figures[name]["maj_at_k"] = maj_at_k(t["draws"], golds)
+    return figures
+
+
+def _plots(plot_dir: Path, reports: dict[str, dict], policy: str, metrics: dict | None) -> dict:
+    """The policies' figures, and the trained policy's proxy reward against the judge while it trained."""
+    from rloo.eval.plots import plot_policies, plot_proxy_vs_judge
+
+    return {
+        "policies": plot_policies(reports, plot_dir / "policies.png"),
+        "proxy_vs_judge": plot_proxy_vs_judge({policy: (metrics or {}).get("evals", [])},
+                                              plot_dir / "proxy_vs_judge.png"),
+    }
 
 
 def _win_rate(mode: str, texts: dict[str, dict], questions: list[str], golds: list[str], policy: str,

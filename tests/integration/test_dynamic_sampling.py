@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from rloo.algo.estimators import has_signal
 from rloo.io import read_jsonl
 from rloo.model import checkpoint, models
 from rloo.rollout import collect
@@ -59,7 +60,7 @@ def _spread(scores: torch.Tensor, k: int) -> list[bool]:
 def test_signal_test_reads_raw_rewards_and_treats_nan_as_missing():
     nan = math.nan
     scores = torch.tensor([[1.0, nan, nan], [1.0, 1.0, 1.0], [nan, nan, nan], [0.0, 1.0, nan], [0.0, 0.0, 0.5]])
-    assert collect.has_signal(scores).tolist() == [False, False, False, True, True]
+    assert has_signal(scores).tolist() == [False, False, False, True, True]
 
 
 def test_refill_prompts_skip_those_drawn_and_follow_seed_step_round():

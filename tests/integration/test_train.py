@@ -11,7 +11,7 @@ import torch
 from model_helpers import LengthReward
 from workflow_helpers import same_weights
 
-from rloo.algo.estimators import ESTIMATORS
+from rloo.algo.names import ESTIMATORS
 from rloo.data import synthetic
 from rloo.errors import InputError
 from rloo.io import read_jsonl

@@ -161,3 +161,25 @@ def test_importing_the_api_loads_nothing_of_the_workflow():
             "{'rloo_workflow', 'mlflow', 'dvc', 'snakemake'}))")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert ast.literal_eval(res.stdout.strip()) == []
+
+
+CLIPS = ("clip_grad_norm_", "clip_grads_with_norm_")
+
+
+def direct_grad_clips(mods: dict[str, Path]) -> list[str]:
+    """Every call of torch's clip_grad_norm_ (or clip_grads_with_norm_) outside rloo.model.distributed."""
+    out = []
+    for m, path in mods.items():
+        if m == "rloo.model.distributed":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Attribute) and node.attr in CLIPS and ast.unparse(node.value) != "distributed":
+                out.append(f"{m}:{node.lineno}: {ast.unparse(node)}")
+            elif isinstance(node, ast.ImportFrom) and any(a.name in CLIPS for a in node.names):
+                out.append(f"{m}:{node.lineno}: from {node.module} import {', '.join(a.name for a in node.names)}")
+    return out
+
+
+def test_every_gradient_clip_is_the_one_that_makes_fsdp_shards_whole():
+    # PPO clipped with torch.nn.utils.clip_grad_norm_ beside RLOO's distributed.clip_grad_norm_ (issue 64)
+    assert direct_grad_clips(modules()) == []

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -85,6 +87,17 @@ def test_a_change_of_what_runs_changes_exactly_the_stages_that_run_it(package, b
     assert changed(baseline, package) == expected
 
 
+def test_a_new_estimator_is_one_entry_of_the_table_which_the_walk_sees(package, baseline):
+    estimators = package / "rloo/algo/estimators.py"
+    line = '    "reinforce": lambda rewards, **_: (reinforce_advantages(rewards), None),\n'
+    assert estimators.read_text().count(line) == 1
+    estimators.write_text(estimators.read_text().replace(line, line + line.replace('"reinforce"', '"plain"')))
+    assert changed(baseline, package) == {"train", "toy"}  # the stages that can pick it
+    code = "import sys; sys.path.insert(0, sys.argv[1]); from rloo.algo import names; print(names.ESTIMATORS)"
+    res = subprocess.run([sys.executable, "-c", code, str(package)], capture_output=True, text=True, check=True)
+    assert "'plain'" in res.stdout  # and the names the settings offer follow it
+
+
 def test_a_schema_constraint_changes_every_stage_a_description_none(package, baseline):
     """The schema is the typed settings (rloo/settings/): every stage's validation runs it, so a constraint
     or a default counts for each; a field's doc is a string under it, no code."""
@@ -100,9 +113,9 @@ def test_a_schema_constraint_changes_every_stage_a_description_none(package, bas
 def test_changes_name_the_file_and_the_definition(package):
     code = Codebase(package)
     old = code.fingerprint("train").manifest
-    semantic_edit(package / "rloo/train/rloo.py", "Trainer.step")
+    semantic_edit(package / "rloo/train/rloo.py", "Trainer.update")
     new = Codebase(package).fingerprint("train").manifest
-    assert changes(old, new) == ["rloo/train/rloo.py: changed Trainer.step"]
+    assert changes(old, new) == ["rloo/train/rloo.py: changed Trainer.update"]
 
 
 def test_a_docstring_or_comment_is_not_in_the_tree():

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import subprocess
+import sys
+import typing
 
 import numpy as np
 import pytest
@@ -12,11 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
+from rloo.algo import names
 from rloo.algo.estimators import (
-    ESTIMATORS,
+    ESTIMATOR_TABLE,
     MovingBaseline,
     compute_advantages,
     grpo_advantages,
+    has_signal,
     moving_average_advantages,
     reinforce_advantages,
     remax_advantages,
@@ -198,6 +203,21 @@ def test_equal_rewards_give_exact_zero():
 
 
 @pytest.mark.parametrize("name", ["rloo", "grpo", "grpo_std"])
+def test_group_estimators_zero_exactly_the_groups_without_signal(name):
+    # the same test dynamic sampling filters on and the step metrics count: ties, NaNs and lone rewards
+    gen = torch.Generator().manual_seed(0)
+    # float32 0.7s and 0.1s: an equal group's mean is off by an ulp, so only the signal test zeroes it exactly
+    rewards = torch.tensor([0.1, 0.7, 2.1])[torch.randint(0, 3, (400, 5), generator=gen)]
+    rewards[torch.rand(400, 5, generator=gen) < 0.5] = math.nan
+    rewards[:100, :] = rewards[:100, :1]  # equal groups
+    signal = has_signal(rewards)
+    assert 50 < int(signal.sum()) < 350  # both kinds of group are well represented
+    adv = compute_advantages(name, rewards).advantages
+    assert torch.all(adv[~signal] == 0)
+    assert torch.all((adv[signal] != 0).any(dim=1))
+
+
+@pytest.mark.parametrize("name", ["rloo", "grpo", "grpo_std"])
 def test_group_estimators_need_k_at_least_2(name):
     with pytest.raises(ValueError, match=r"rloo\.k"):
         compute_advantages(name, torch.ones(3, 1))
@@ -209,10 +229,19 @@ def test_k_equal_1_is_fine_without_a_group_baseline():
     assert res.n_degenerate_groups == 2  # fewer than 2 samples per group, reported not refused
 
 
+def test_the_table_is_the_one_list_of_estimators_and_its_names_load_without_torch():
+    from rloo.settings.training import Estimator
+    assert tuple(ESTIMATOR_TABLE) == names.ESTIMATORS
+    assert typing.get_args(Estimator) == (*ESTIMATOR_TABLE, "ppo")  # the schema's enum
+    code = "import sys, rloo.settings; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert res.stdout.strip() == "[]"  # the settings (and the config checks) read the names from source
+
+
 def test_unknown_estimator_lists_valid_names():
     with pytest.raises(ValueError) as info:
         compute_advantages("ppo", torch.ones(2, 4))
-    for name in ESTIMATORS:
+    for name in ESTIMATOR_TABLE:
         assert name in str(info.value)
 
 

@@ -124,8 +124,14 @@ def _checked(config: Config) -> Config:
     return config
 
 
-def _work_dir(out_dir: Path, work_dir: str | Path | None) -> Path:
-    return Path(work_dir) if work_dir is not None else out_dir.with_name(out_dir.name + ".work")
+def _started(policy: str | Path | PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, out_dir: str | Path,
+             work_dir: str | Path | None, config: Config) -> tuple[Path, Path, Path, int]:
+    """(the output folder, the work folder (default: beside it), the policy's folder (`policy_folder`),
+    the thread count) of a run whose process is set up (threads, seed) for it."""
+    out_dir = Path(out_dir)
+    work_dir = Path(work_dir) if work_dir is not None else out_dir.with_name(out_dir.name + ".work")
+    policy = policy_folder(policy, tokenizer, work_dir)
+    return out_dir, work_dir, policy, setup(config.threads, config.seed)
 
 
 def policy_folder(policy: str | Path | PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None,
@@ -170,11 +176,8 @@ def train_rloo(policy: str | Path | PreTrainedModel, prompts: Sequence[Mapping],
                          "(held-out rows with their answers) or RlooConfig(eval_every=0, select='last')")
     if not prompts:
         raise InputError("no prompts to train on")
-    out_dir = Path(out_dir)
-    work_dir = _work_dir(out_dir, work_dir)
-    policy = policy_folder(policy, tokenizer, work_dir)
+    out_dir, work_dir, policy, threads = _started(policy, tokenizer, out_dir, work_dir, config)
     source = reward_source(reward)
-    threads = setup(config.threads, config.seed)
     fingerprint = _fingerprint(config, "rloo", policy, prompts, bookkeeping(rc), source)
     return _train_rloo(config, policy, [dict(r) for r in prompts], [dict(r) for r in validation], source, out_dir,
                        work_dir, fingerprint, log_to=log, facts={"threads": threads})
@@ -197,10 +200,7 @@ def train_sft(policy: str | Path | PreTrainedModel, rows: Sequence[Mapping], out
         raise InputError("no training rows")
     if not test:
         raise InputError("test rows are needed: the fine-tuned policy is evaluated on them (sft.eval_examples)")
-    out_dir = Path(out_dir)
-    work_dir = _work_dir(out_dir, work_dir)
-    policy = policy_folder(policy, tokenizer, work_dir)
-    threads = setup(config.threads, config.seed)
+    out_dir, work_dir, policy, threads = _started(policy, tokenizer, out_dir, work_dir, config)
     return _train_sft(config, policy, [dict(r) for r in rows], [dict(r) for r in test], out_dir, work_dir,
                       _fingerprint(config, "sft", policy, rows), log_to=log, facts={"threads": threads})
 
@@ -221,10 +221,7 @@ def train_reward_model(policy: str | Path | PreTrainedModel, rows: Sequence[Mapp
     config = _checked(Config(reward=config) if isinstance(config, RewardConfig) else config or Config())
     if not rows:
         raise InputError("no rows to sample preference pairs from")
-    out_dir = Path(out_dir)
-    work_dir = _work_dir(out_dir, work_dir)
-    policy = policy_folder(policy, tokenizer, work_dir)
-    threads = setup(config.threads, config.seed)
+    out_dir, work_dir, policy, threads = _started(policy, tokenizer, out_dir, work_dir, config)
     fingerprint = _fingerprint(config, "reward", policy, rows, reward_model.BOOKKEEPING)
     return reward_model.run(config, policy, [dict(r) for r in rows], out_dir, work_dir, fingerprint, log_to=log,
                             facts={"threads": threads})

@@ -25,6 +25,7 @@ an uninterrupted one would have done.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import signal
@@ -213,11 +214,15 @@ def _finite(p: torch.Tensor) -> bool:
 def write_model_output(out_dir: Path, adapted: lora.Adapted | None, model: torch.nn.Module, tokenizer,
                        files: dict[str, Any]) -> None:
     """A training stage's output folder, written atomically by rank 0 (every rank calls it): the model
-    as `lora.whole` gives it (LoRA: merged; FSDP: gathered), its tokenizer and the JSON `files`."""
+    as `lora.whole` gives it (LoRA: merged; FSDP: gathered), its tokenizer and the `files`: JSON, or
+    JSON Lines (one record a line) for a name ending in .jsonl."""
     whole = lora.whole(adapted, model)
     if distributed.is_main():
         with atomic_dir(out_dir) as tmp:
             models.save_pretrained(whole, tokenizer, tmp)
             for name, value in files.items():
-                write_json_atomic(tmp / name, value)
+                if name.endswith(".jsonl"):
+                    (tmp / name).write_text("".join(json.dumps(record) + "\n" for record in value))
+                else:
+                    write_json_atomic(tmp / name, value)
     distributed.barrier()

@@ -86,6 +86,16 @@ class TrainingLoop:
         self.max_nonfinite_steps, self.skipped_steps = max_nonfinite_steps, 0
         self.run_log = RunLog.of(log)  # where the figures go (the stages: MLflow's, rloo_workflow.tracking.STAGE_LOG)
 
+    @classmethod
+    def for_stage(cls, name: str, settings: Any, work_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                  scheduler: Any, fingerprint: str, *, log: RunLog | Callable[[dict, int], None] | None = None,
+                  **options: Any) -> TrainingLoop:
+        """The loop of the training stage `name` whose settings section (SftConfig, RewardConfig, RlooConfig)
+        gives its `steps`, `checkpoint_every` and `max_nonfinite_steps`; its checkpoints in
+        `work_dir`/checkpoints. `options`: the rest of the constructor's keywords."""
+        return cls(name, settings.steps, work_dir / "checkpoints", model, optimizer, scheduler, fingerprint,
+                   settings.checkpoint_every, max_nonfinite_steps=settings.max_nonfinite_steps, log=log, **options)
+
     def resume(self, replay: Callable[[dict], list[dict]] = lambda extra: []) -> dict:
         """Load the newest complete checkpoint, if any: weights, optimizer, scheduler and history in
         place; return the trainer's saved state. The run's log (the stage's MLflow run) gets the earlier steps' metrics
@@ -226,3 +236,11 @@ def write_model_output(out_dir: Path, adapted: lora.Adapted | None, model: torch
                 else:
                     write_json_atomic(tmp / name, value)
     distributed.barrier()
+
+
+def wrapped_with_optimizer(model: torch.nn.Module, lr: float, **adamw: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """(the module the gradient passes run through, the optimizer): DDP around `model`, or `model` sharded in
+    place by FSDP (`distributed.wrap`; itself outside data parallelism), and AdamW over its trainable
+    parameters (`lora.trainable`: with LoRA the adapters, and a reward model's new head)."""
+    train_model = distributed.wrap(model)
+    return train_model, torch.optim.AdamW(lora.trainable(model), lr=lr, **adamw)

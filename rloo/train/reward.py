@@ -19,14 +19,14 @@ import torch
 from rloo.algo.losses import bradley_terry_loss
 from rloo.data.prompting import PromptFormat
 from rloo.errors import InputError
-from rloo.model import distributed, grad_checkpointing, lora, microbatch, models
+from rloo.model import distributed, grad_checkpointing, microbatch, models
 from rloo.model.logprobs import model_device, sequence_scores
 from rloo.reward.preferences import Pair, build_pairs, split_by_prompt
 from rloo.reward.verifier import is_correct
 from rloo.rollout import generate
 from rloo.runtime import Progress, autocast, inference_dtype, step_generator
 from rloo.settings import Config, ModelConfig
-from rloo.train.loop import TrainingLoop, write_model_output
+from rloo.train.loop import TrainingLoop, wrapped_with_optimizer, write_model_output
 from rloo.train.run_log import RunLog
 
 log = logging.getLogger("rloo.reward")
@@ -164,11 +164,9 @@ def run(config: Config, policy_dir: str | Path, train: list[dict], out_dir: str 
     init = rc.init or policy_dir
     model, adapted, tok = reward_model_for_training(init, policy_dir, mc)
     fmt = PromptFormat(tok, config.prompt)
-    train_model = distributed.wrap(model)  # DDP around it, or the model sharded in place by FSDP
-    opt = torch.optim.AdamW(lora.trainable(model), lr=rc.lr)
-    val_before = accuracy(model, fmt, val_pairs, mc)
-    loop = TrainingLoop("reward", rc.steps, work_dir / "checkpoints", model, opt, None, fingerprint,
-                        rc.checkpoint_every, max_nonfinite_steps=rc.max_nonfinite_steps, log=log_to)
+    train_model, opt = wrapped_with_optimizer(model, rc.lr)
+    val_before = accuracy(model, fmt, val_pairs, mc)  # before a resume loads the checkpoint's weights
+    loop = TrainingLoop.for_stage("reward", rc, work_dir, model, opt, None, fingerprint, log=log_to)
     loop.resume()
     t_train = time.perf_counter()
     train_steps(loop, config, model, train_model, opt, fmt, tr_pairs)

@@ -176,11 +176,10 @@ def resumed_loop(trainer: Trainer, rc: RlooConfig, work_dir: Path, fingerprint: 
     trainer's evaluations, moving baseline and lagged weights restored with it) or started afresh (an
     earlier run's best snapshot removed); the off-policy sampler started on the next step's batch."""
     best_dir = work_dir / "best"
-    loop = TrainingLoop("rloo", rc.steps, work_dir / "checkpoints", trainer.policy, trainer.optimizer,
-                        trainer.scheduler, fingerprint, rc.checkpoint_every, keep=rc.keep_checkpoints,
-                        state=lambda: {"evals": trainer.evals, "baseline": asdict(trainer.baseline)},
-                        companions=trainer.companions(), max_nonfinite_steps=rc.max_nonfinite_steps, log=log_to,
-                        tensors=lambda: {"lagged": trainer.lagged_state()})
+    loop = TrainingLoop.for_stage("rloo", rc, work_dir, trainer.policy, trainer.optimizer, trainer.scheduler,
+                                  fingerprint, log=log_to, keep=rc.keep_checkpoints,
+                                  state=lambda: {"evals": trainer.evals, "baseline": asdict(trainer.baseline)},
+                                  companions=trainer.companions(), tensors=lambda: {"lagged": trainer.lagged_state()})
     trainer.guard = loop.finite  # the trainer asks before every optimizer step
     # The step-0 evaluation is the only record logged outside the history.
     extra = loop.resume(replay=lambda extra: [e for e in extra.get("evals", []) if e["step"] == 0])

@@ -26,7 +26,7 @@ from rloo.model.head import causal_logprobs
 from rloo.model.logprobs import model_device
 from rloo.runtime import autocast
 from rloo.settings import Config, PromptConfig, SftConfig
-from rloo.train.loop import TrainingLoop, write_model_output
+from rloo.train.loop import TrainingLoop, wrapped_with_optimizer, write_model_output
 from rloo.train.run_log import RunLog
 
 log = logging.getLogger("rloo.sft")
@@ -163,14 +163,10 @@ def train_sft(config: Config, base_dir: str | Path, train: list[dict], test: lis
     if batch_size < sc.batch_size:  # validation refuses a batch above the split; dropped examples can still cut it
         log.warning("!!! sft.batch_size=%d is more than the %d training examples that fit model.max_length: each "
                     "step takes all of them", sc.batch_size, len(examples))
-    train_model = distributed.wrap(model)  # DDP around it, or the model sharded in place by FSDP
-
-    optimizer = torch.optim.AdamW(
-        lora.trainable(model), lr=sc.lr, weight_decay=sc.weight_decay, betas=(0.9, sc.adam_beta2)
-    )
+    train_model, optimizer = wrapped_with_optimizer(model, sc.lr, weight_decay=sc.weight_decay,
+                                                    betas=(0.9, sc.adam_beta2))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(sc.warmup_steps, sc.steps, "cosine", floor=0.1))
-    loop = TrainingLoop("sft", sc.steps, work_dir / "checkpoints", model, optimizer, scheduler, fingerprint,
-                        sc.checkpoint_every, max_nonfinite_steps=sc.max_nonfinite_steps, log=log_to)
+    loop = TrainingLoop.for_stage("sft", sc, work_dir, model, optimizer, scheduler, fingerprint, log=log_to)
     loop.resume()
 
     t0 = time.perf_counter()

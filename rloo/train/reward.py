@@ -12,6 +12,7 @@ import random
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -19,7 +20,7 @@ import torch
 from rloo.algo.losses import bradley_terry_loss
 from rloo.data.prompting import PromptFormat
 from rloo.errors import InputError
-from rloo.model import distributed, grad_checkpointing, microbatch, models
+from rloo.model import distributed, grad_checkpointing, lora, microbatch, models
 from rloo.model.logprobs import model_device, sequence_scores
 from rloo.reward.preferences import Pair, build_pairs, split_by_prompt
 from rloo.reward.verifier import is_correct
@@ -191,7 +192,8 @@ def run(config: Config, policy_dir: str | Path, train: list[dict], out_dir: str 
     return {**metrics, **timings}
 
 
-def reward_model_for_training(init: str | Path, policy_dir: Path, mc: ModelConfig):
+def reward_model_for_training(init: str | Path, policy_dir: Path,
+                              mc: ModelConfig) -> tuple[torch.nn.Module, lora.Adapted | None, Any]:
     """(the model to train, its LoRA adapters or None, the policy's tokenizer): a sequence-classification
     model from `init` with a new score head; with LoRA, adapters on the backbone and the head trained whole
     (peft's SEQ_CLS task)."""
@@ -202,8 +204,8 @@ def reward_model_for_training(init: str | Path, policy_dir: Path, mc: ModelConfi
     return model, adapted, tok
 
 
-def train_steps(loop: TrainingLoop, config: Config, model, train_model, opt: torch.optim.Optimizer,
-                fmt: PromptFormat, tr_pairs: list[Pair]) -> None:
+def train_steps(loop: TrainingLoop, config: Config, model: torch.nn.Module, train_model: torch.nn.Module,
+                opt: torch.optim.Optimizer, fmt: PromptFormat, tr_pairs: list[Pair]) -> None:
     """The loop's steps: each a batch of `reward.batch_size` training pairs drawn by (seed, step), its
     Bradley-Terry loss's gradient clipped to `reward.grad_clip` and applied (unless the guard skips it),
     its figures logged every `reward.log_every` steps and at the last."""

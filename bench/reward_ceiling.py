@@ -32,8 +32,8 @@ from rloo.model import models  # noqa: E402
 from rloo.reward.preferences import Pair, split_by_prompt  # noqa: E402
 from rloo.runtime import setup  # noqa: E402
 from rloo.settings import ModelConfig  # noqa: E402
+from rloo.train.reward import pairwise_accuracy, sample_pairs  # noqa: E402
 from rloo_workflow.config import load_config  # noqa: E402
-from rloo_workflow.stages.reward import pairwise_accuracy, sample_pairs  # noqa: E402
 
 _RESULT = re.compile(r"=\s*(-?\d+)\s*>>")
 

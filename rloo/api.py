@@ -1,7 +1,9 @@
-"""RLOO and SFT from Python, without the pipeline. `train_rloo` trains a policy (a folder, or a model object
-with its tokenizer) on prompt rows with a reward function, through the same trainer, estimator, divergence
-guard, checkpoints, validation and metrics as `rloo train` (rloo/train/train_rloo.py); `train_sft`
-fine-tunes one on question/answer rows as `rloo sft` does (rloo/train/train_sft.py). `load_rows` reads
+"""RLOO, SFT and the reward model from Python, without the pipeline. `train_rloo` trains a policy (a folder,
+or a model object with its tokenizer) on prompt rows with a reward function, through the same trainer,
+estimator, divergence guard, checkpoints, validation and metrics as `rloo train` (rloo/train/train_rloo.py);
+`train_sft` fine-tunes one on question/answer rows as `rloo sft` does (rloo/train/train_sft.py);
+`train_reward_model` trains a Bradley-Terry reward model on pairs of a policy's samples as `rloo reward`
+does (rloo/train/reward.py). `load_rows` reads
 the rows from a JSONL file or a list of records as `rloo prepare` does, other field names and bare-number
 answers included (data.fields, data.answer_format).
 
@@ -41,8 +43,9 @@ from rloo.io import config_hash
 from rloo.reward.functions import RewardFunction
 from rloo.reward.rewards import FunctionReward, RewardSource, VerifierReward
 from rloo.runtime import setup
-from rloo.settings import Config, ModelConfig, PromptConfig, RlooConfig, SftConfig
+from rloo.settings import Config, ModelConfig, PromptConfig, RewardConfig, RlooConfig, SftConfig
 from rloo.settings.data import DataConfig, DataFieldsConfig
+from rloo.train import reward as reward_model
 from rloo.train.run_log import RunLog
 from rloo.train.train_rloo import bookkeeping
 from rloo.train.train_rloo import train_rloo as _train_rloo
@@ -51,8 +54,8 @@ from rloo.train.train_sft import train_sft as _train_sft
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-__all__ = ["Config", "ModelConfig", "PromptConfig", "RewardSource", "RlooConfig", "RunLog", "SftConfig",
-           "VerifierReward", "load_rows", "train_rloo", "train_sft"]
+__all__ = ["Config", "ModelConfig", "PromptConfig", "RewardConfig", "RewardSource", "RlooConfig", "RunLog",
+           "SftConfig", "VerifierReward", "load_rows", "train_reward_model", "train_rloo", "train_sft"]
 
 Reward = RewardSource | Callable | Sequence[Callable | tuple[Callable, float] | tuple[Callable, float, str]]
 
@@ -121,8 +124,14 @@ def _checked(config: Config) -> Config:
     return config
 
 
-def _work_dir(out_dir: Path, work_dir: str | Path | None) -> Path:
-    return Path(work_dir) if work_dir is not None else out_dir.with_name(out_dir.name + ".work")
+def _started(policy: str | Path | PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, out_dir: str | Path,
+             work_dir: str | Path | None, config: Config) -> tuple[Path, Path, Path, int]:
+    """(the output folder, the work folder (default: beside it), the policy's folder (`policy_folder`),
+    the thread count) of a run whose process is set up (threads, seed) for it."""
+    out_dir = Path(out_dir)
+    work_dir = Path(work_dir) if work_dir is not None else out_dir.with_name(out_dir.name + ".work")
+    policy = policy_folder(policy, tokenizer, work_dir)
+    return out_dir, work_dir, policy, setup(config.threads, config.seed)
 
 
 def policy_folder(policy: str | Path | PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None,
@@ -167,11 +176,8 @@ def train_rloo(policy: str | Path | PreTrainedModel, prompts: Sequence[Mapping],
                          "(held-out rows with their answers) or RlooConfig(eval_every=0, select='last')")
     if not prompts:
         raise InputError("no prompts to train on")
-    out_dir = Path(out_dir)
-    work_dir = _work_dir(out_dir, work_dir)
-    policy = policy_folder(policy, tokenizer, work_dir)
+    out_dir, work_dir, policy, threads = _started(policy, tokenizer, out_dir, work_dir, config)
     source = reward_source(reward)
-    threads = setup(config.threads, config.seed)
     fingerprint = _fingerprint(config, "rloo", policy, prompts, bookkeeping(rc), source)
     return _train_rloo(config, policy, [dict(r) for r in prompts], [dict(r) for r in validation], source, out_dir,
                        work_dir, fingerprint, log_to=log, facts={"threads": threads})
@@ -194,9 +200,28 @@ def train_sft(policy: str | Path | PreTrainedModel, rows: Sequence[Mapping], out
         raise InputError("no training rows")
     if not test:
         raise InputError("test rows are needed: the fine-tuned policy is evaluated on them (sft.eval_examples)")
-    out_dir = Path(out_dir)
-    work_dir = _work_dir(out_dir, work_dir)
-    policy = policy_folder(policy, tokenizer, work_dir)
-    threads = setup(config.threads, config.seed)
+    out_dir, work_dir, policy, threads = _started(policy, tokenizer, out_dir, work_dir, config)
     return _train_sft(config, policy, [dict(r) for r in rows], [dict(r) for r in test], out_dir, work_dir,
                       _fingerprint(config, "sft", policy, rows), log_to=log, facts={"threads": threads})
+
+
+def train_reward_model(policy: str | Path | PreTrainedModel, rows: Sequence[Mapping], out_dir: str | Path, *,
+                       tokenizer: PreTrainedTokenizerBase | None = None, config: Config | RewardConfig | None = None,
+                       work_dir: str | Path | None = None,
+                       log: RunLog | Callable[[dict, int], None] | None = None) -> dict:
+    """Train a Bradley-Terry reward model as `rloo reward` does: `policy` (a folder, or a model object with
+    its `tokenizer`, as for train_rloo) samples `reward.samples_per_prompt` completions for each of the first
+    `reward.prompts` of `rows` ({question, answer}: the answer's final number grades them), a right and a
+    wrong one make a pair, and the model (from `reward.init`, else the policy, with a new score head) is
+    trained on the pairs of all but `reward.val_fraction` of the prompts; its pairwise accuracy on the held-out
+    ones, the model, metrics.json and history.json are written to `out_dir`. `config`: the settings (a
+    RewardConfig alone is the `reward` section). Checkpoints go to `work_dir` (default: beside `out_dir`), and
+    a rerun of the same call resumes from them. `log(metrics, step)` receives every logged step's figures.
+    Returns the metrics and the run's wall-clock figures."""
+    config = _checked(Config(reward=config) if isinstance(config, RewardConfig) else config or Config())
+    if not rows:
+        raise InputError("no rows to sample preference pairs from")
+    out_dir, work_dir, policy, threads = _started(policy, tokenizer, out_dir, work_dir, config)
+    fingerprint = _fingerprint(config, "reward", policy, rows, reward_model.BOOKKEEPING)
+    return reward_model.run(config, policy, [dict(r) for r in rows], out_dir, work_dir, fingerprint, log_to=log,
+                            facts={"threads": threads})

@@ -263,7 +263,7 @@ def plan(sections: Config, shape: Shape, gpu_gb: float | None = None) -> list[St
         _sampling(shape, sections, trained, s.eval_batch_size, "sft.eval_batch_size")]))
 
     r = sections.reward
-    # rloo_workflow/stages/reward.py samples 128 // k prompts x k completions a call, split over the ranks
+    # rloo/train/reward.py samples 128 // k prompts x k completions a call, split over the ranks
     sample_rows = per_rank(max(1, 128 // r.samples_per_prompt) * r.samples_per_prompt)
     rm_trained = _trained(shape, mc, shards, shape.reward_model_parameters())
     plans.append(StagePlan("reward", _strategy(sections), [

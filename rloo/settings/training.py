@@ -169,6 +169,11 @@ class RewardConfig(Section):
     run stops with an error naming the step; 0 stops at the first."""
     lr: float = setting(1.0e-3, exclusive_minimum=0)
     """Learning rate (AdamW)."""
+    grad_clip: float = setting(1.0, exclusive_minimum=0)
+    """Largest gradient norm an update applies (larger ones are scaled down to it)."""
+    log_every: int = setting(10, minimum=1)
+    """Steps between the logged training figures (reward/loss, reward/train_accuracy: MLflow, history.json),
+    the last step always logged."""
     max_new_tokens: int = setting(96, minimum=1)
     """Longest SFT sample the pairs are built from (tokens)."""
     batch_size_score: int = setting(64, minimum=1)

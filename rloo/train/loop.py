@@ -25,6 +25,7 @@ an uninterrupted one would have done.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import signal
@@ -84,6 +85,16 @@ class TrainingLoop:
         self._finished = False
         self.max_nonfinite_steps, self.skipped_steps = max_nonfinite_steps, 0
         self.run_log = RunLog.of(log)  # where the figures go (the stages: MLflow's, rloo_workflow.tracking.STAGE_LOG)
+
+    @classmethod
+    def for_stage(cls, name: str, settings: Any, work_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                  scheduler: Any, fingerprint: str, *, log: RunLog | Callable[[dict, int], None] | None = None,
+                  **options: Any) -> TrainingLoop:
+        """The loop of the training stage `name` whose settings section (SftConfig, RewardConfig, RlooConfig)
+        gives its `steps`, `checkpoint_every` and `max_nonfinite_steps`; its checkpoints in
+        `work_dir`/checkpoints. `options`: the rest of the constructor's keywords."""
+        return cls(name, settings.steps, work_dir / "checkpoints", model, optimizer, scheduler, fingerprint,
+                   settings.checkpoint_every, max_nonfinite_steps=settings.max_nonfinite_steps, log=log, **options)
 
     def resume(self, replay: Callable[[dict], list[dict]] = lambda extra: []) -> dict:
         """Load the newest complete checkpoint, if any: weights, optimizer, scheduler and history in
@@ -213,11 +224,23 @@ def _finite(p: torch.Tensor) -> bool:
 def write_model_output(out_dir: Path, adapted: lora.Adapted | None, model: torch.nn.Module, tokenizer,
                        files: dict[str, Any]) -> None:
     """A training stage's output folder, written atomically by rank 0 (every rank calls it): the model
-    as `lora.whole` gives it (LoRA: merged; FSDP: gathered), its tokenizer and the JSON `files`."""
+    as `lora.whole` gives it (LoRA: merged; FSDP: gathered), its tokenizer and the `files`: JSON, or
+    JSON Lines (one record a line) for a name ending in .jsonl."""
     whole = lora.whole(adapted, model)
     if distributed.is_main():
         with atomic_dir(out_dir) as tmp:
             models.save_pretrained(whole, tokenizer, tmp)
             for name, value in files.items():
-                write_json_atomic(tmp / name, value)
+                if name.endswith(".jsonl"):
+                    (tmp / name).write_text("".join(json.dumps(record) + "\n" for record in value))
+                else:
+                    write_json_atomic(tmp / name, value)
     distributed.barrier()
+
+
+def wrapped_with_optimizer(model: torch.nn.Module, lr: float, **adamw: Any) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """(the module the gradient passes run through, the optimizer): DDP around `model`, or `model` sharded in
+    place by FSDP (`distributed.wrap`; itself outside data parallelism), and AdamW over its trainable
+    parameters (`lora.trainable`: with LoRA the adapters, and a reward model's new head)."""
+    train_model = distributed.wrap(model)
+    return train_model, torch.optim.AdamW(lora.trainable(model), lr=lr, **adamw)

@@ -7,7 +7,6 @@ steps.jsonl, metrics.json). `rloo train` runs it on the pipeline's files (rloo_w
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import shutil
@@ -21,12 +20,11 @@ import numpy as np
 from rloo.algo.estimators import MovingBaseline
 from rloo.console import console
 from rloo.errors import MissingInputError
-from rloo.io import atomic_dir, write_json_atomic
-from rloo.model import checkpoint, distributed, lora, models
+from rloo.model import checkpoint, distributed
 from rloo.reward.rewards import FunctionReward, HttpReward, RewardSource
 from rloo.settings import Config, RlooConfig, RolloutCorrectionConfig
 from rloo.train import alarms
-from rloo.train.loop import TrainingLoop
+from rloo.train.loop import TrainingLoop, write_model_output
 from rloo.train.rloo import Trainer
 from rloo.train.run_log import RunLog
 
@@ -142,116 +140,143 @@ def train_rloo(config: Config, policy_dir: str | Path, train: list[dict], val: l
     out_dir, work_dir = Path(out_dir), Path(work_dir)
     trainer = make_trainer(config, policy_dir, reward, train, reward_model_dir)
     try:
-        ckpt_dir, best_dir = work_dir / "checkpoints", work_dir / "best"
-        loop = TrainingLoop("rloo", rc.steps, ckpt_dir, trainer.policy, trainer.optimizer, trainer.scheduler,
-                            fingerprint, rc.checkpoint_every, keep=rc.keep_checkpoints,
-                            state=lambda: {"evals": trainer.evals, "baseline": asdict(trainer.baseline)},
-                            companions=trainer.companions(), max_nonfinite_steps=rc.max_nonfinite_steps, log=log_to,
-                            tensors=lambda: {"lagged": trainer.lagged_state()})
-        trainer.guard = loop.finite  # the trainer asks before every optimizer step
-        # The step-0 evaluation is the only record logged outside the history.
-        extra = loop.resume(replay=lambda extra: [e for e in extra.get("evals", []) if e["step"] == 0])
-        trainer.history = loop.history  # one list: the loop saves it, the alarms read it
-        lagged = extra.get("tensors", {}).get("lagged")
-        if loop.start:
-            trainer.evals = extra.get("evals", [])
-            trainer.baseline = MovingBaseline(**extra["baseline"]) if extra.get("baseline") else trainer.baseline
-            trainer.rollout.sync_weights(trainer.policy)  # rollout backend (issue 8): engine holds policy_dir's weights
-            if trainer.lagged is not None and lagged is None:
-                raise checkpoint.CheckpointError(f"{loop.ckpt_dir}: an off-policy run's checkpoint of step "
-                                                 f"{loop.start} without its lagged weights; delete {loop.ckpt_dir} "
-                                                 "to start this stage afresh")
-        elif distributed.is_main():
-            shutil.rmtree(best_dir, ignore_errors=True)  # a best snapshot of another run
-        distributed.barrier()
-        if loop.start < rc.steps:  # off-policy: the sampler starts on the next batch (beside the evaluation)
-            trainer.start_lagged(loop.start, lagged)
-        select = checkpoint.Selection(best_dir, rc.select == "best" and rc.eval_every > 0)
-
-        def evaluate(done: int) -> dict:
-            e = {"step": done, **trainer.evaluate(val, rc.eval_examples, rc.eval_draws)}
-            trainer.evals.append(e)
-            e["alarm/reward_hacking"] = int(alarms.reward_hacking(
-                [x["eval/accuracy_sampled"] for x in trainer.evals], [x["eval/proxy_reward"] for x in trainer.evals],
-                min(rc.eval_examples, len(val)) * rc.eval_draws, trainer.alarm_cfg.hacking_z))
-            select.offer(e, trainer.policy)
-            log.info("eval after %d steps: %s", done, {k: round(v, 4) for k, v in e.items() if k != "step"})
-            return e
-
+        loop = resumed_loop(trainer, rc, work_dir, fingerprint, log_to)
+        select = checkpoint.Selection(work_dir / "best", rc.select == "best" and rc.eval_every > 0)
         t_start = time.perf_counter()
-        stopped = None
-        if select.enabled and not trainer.evals:  # the starting policy is a candidate too
-            loop.run_log.metrics({k: v for k, v in evaluate(0).items() if k != "step"}, 0)
-        for step in loop:
-            m = trainer.step(step)
-            done = step + 1
-            if rc.eval_every and (done % rc.eval_every == 0 or done == rc.steps):
-                m.update({k: v for k, v in evaluate(done).items() if k != "step"})
-            loop.log(m, step, reward=f"{m['train/reward_mean']:.3f}", kl=f"{m['train/kl']:.3f}")
-            if fired := [a for a in rc.stop_on if m.get(f"alarm/{a}")]:
-                stopped = {"step": done, "alarm": fired[0]}
-                log.warning("rloo.stop_on: alarm/%s fired after %d steps; stopping here", fired[0], done)
-                loop.finish()
+        stopped = train_steps(loop, trainer, rc, val, select)
         seconds = time.perf_counter() - t_start
         h = trainer.history
         trained = h[-1]["step"] + 1 if h else 0
         chosen = select.best if select.enabled and select.best else {"step": trained, **(trainer.evals[-1] if (
             trainer.evals and trainer.evals[-1]["step"] == trained) else {})}
         if select.enabled and select.best and select.best["step"] != trained:
-            checkpoint.load_snapshot(best_dir, trainer.policy)
-        last10 = h[-10:]
-        summary = {
-            "steps": rc.steps,
-            "steps_trained": trained,
-            "samples_per_step": rc.prompts_per_step * rc.k,
-            "estimator": rc.estimator,
-            "reward_source": reward.name,
-            "select": rc.select,
-            "selected_step": chosen["step"],
-            "selected_val_accuracy_sampled": chosen.get("eval/accuracy_sampled"),
-            "stopped_early": stopped,
-            "final_reward_mean": float(np.nanmean([x["train/reward_mean"] for x in last10])) if last10 else math.nan,
-            "final_kl": float(np.mean([x["train/kl"] for x in last10])) if last10 else math.nan,
-            # Samples drawn in all (dynamic sampling draws more than B*k a step) and the share of trained
-            # groups without signal, over the whole run.
-            "samples_generated": _samples(h, rc),
-            "zero_adv_frac_mean": float(np.mean([x["train/zero_adv_frac"] for x in h])) if h else math.nan,
-            "sampling_mismatch": _mismatch_summary(h, trainer.correction_settings),
-            "alarms": alarms.first_alarms(h),
-            "evals": trainer.evals,
-            "networks": trainer.networks(),  # parameters of every network the stage holds
-        }
-        if trainer.lagged is not None:
-            summary["off_policy"] = _off_policy_summary(h, rc, trainer.correction_settings)
-        if isinstance(reward, FunctionReward):  # each function, and its mean reward over the last 10 steps
-            summary["reward_functions"] = {f.name: {"fn": f.fn, "weight": f.weight, "final_mean": _final_mean(
-                [x.get(f"train/reward/{f.name}", math.nan) for x in last10])} for f in reward.functions}
-        if isinstance(reward, HttpReward):  # the server's record: run facts (a rerun's may differ), not outputs
-            client = reward.client
-            facts = {**(facts or {}), "reward_server_requests": client.requests,
-                     "reward_server_retries": client.retries.count, "reward_server_failed": client.failed}
-            if distributed.is_main():
-                console(f"rloo: {client.summary()}", log)
-        facts = {**(facts or {}), **(trainer.lagged.facts if trainer.lagged is not None else {})}
+            checkpoint.load_snapshot(select.folder, trainer.policy)
+        summary = summarize(trainer, rc, reward, chosen, trained, stopped)
         timings = loop.record_timings(
-            facts,
+            run_facts(trainer, reward, facts),
             train_seconds=seconds,
             # the samples this process drew (dynamic sampling's extra rounds included), per second
             samples_per_second=_samples([x for x in h if x["step"] >= loop.start], rc) / max(seconds, 1e-9),
             seconds_per_step=seconds / max(trained - loop.start, 1))
         loop.run_log.metrics({"rloo/selected_step": chosen["step"]}, trained)
         loop.check_weights(trained, "the output")
-        whole = lora.whole(trainer.adapted, trainer.policy)  # LoRA: merged; FSDP: gathered on rank 0
-        if distributed.is_main():
-            with atomic_dir(out_dir) as tmp:
-                models.save_pretrained(whole, trainer.tokenizer, tmp)
-                # Per-step wall-clock times (time/*) go to the run's log only: the output is a function of
-                # its inputs.
-                (tmp / "steps.jsonl").write_text("".join(
-                    json.dumps({k: v for k, v in x.items() if not k.startswith("time/")}) + "\n" for x in h))
-                write_json_atomic(tmp / "metrics.json", summary)
-        distributed.barrier()
+        # Per-step wall-clock times (time/*) go to the run's log only: the output is a function of its inputs.
+        steps = [{k: v for k, v in x.items() if not k.startswith("time/")} for x in h]
+        write_model_output(out_dir, trainer.adapted, trainer.policy, trainer.tokenizer,
+                           {"steps.jsonl": steps, "metrics.json": summary})
         log.info("rloo done: %s", {**{k: v for k, v in summary.items() if k != "evals"}, **timings})
         return {**summary, **timings}
     finally:
         trainer.close()  # the off-policy sampler ends; a vLLM engine frees its memory (and its process)
+
+
+def resumed_loop(trainer: Trainer, rc: RlooConfig, work_dir: Path, fingerprint: str,
+                 log_to: RunLog | Callable[[dict, int], None] | None) -> TrainingLoop:
+    """The run's training loop, resumed from `work_dir`'s newest checkpoint of this `fingerprint` (the
+    trainer's evaluations, moving baseline and lagged weights restored with it) or started afresh (an
+    earlier run's best snapshot removed); the off-policy sampler started on the next step's batch."""
+    best_dir = work_dir / "best"
+    loop = TrainingLoop.for_stage("rloo", rc, work_dir, trainer.policy, trainer.optimizer, trainer.scheduler,
+                                  fingerprint, log=log_to, keep=rc.keep_checkpoints,
+                                  state=lambda: {"evals": trainer.evals, "baseline": asdict(trainer.baseline)},
+                                  companions=trainer.companions(), tensors=lambda: {"lagged": trainer.lagged_state()})
+    trainer.guard = loop.finite  # the trainer asks before every optimizer step
+    # The step-0 evaluation is the only record logged outside the history.
+    extra = loop.resume(replay=lambda extra: [e for e in extra.get("evals", []) if e["step"] == 0])
+    trainer.history = loop.history  # one list: the loop saves it, the alarms read it
+    lagged = extra.get("tensors", {}).get("lagged")
+    if loop.start:
+        trainer.evals = extra.get("evals", [])
+        trainer.baseline = MovingBaseline(**extra["baseline"]) if extra.get("baseline") else trainer.baseline
+        trainer.rollout.sync_weights(trainer.policy)  # rollout backend (issue 8): engine holds policy_dir's weights
+        if trainer.lagged is not None and lagged is None:
+            raise checkpoint.CheckpointError(f"{loop.ckpt_dir}: an off-policy run's checkpoint of step "
+                                             f"{loop.start} without its lagged weights; delete {loop.ckpt_dir} "
+                                             "to start this stage afresh")
+    elif distributed.is_main():
+        shutil.rmtree(best_dir, ignore_errors=True)  # a best snapshot of another run
+    distributed.barrier()
+    if loop.start < rc.steps:  # off-policy: the sampler starts on the next batch (beside the evaluation)
+        trainer.start_lagged(loop.start, lagged)
+    return loop
+
+
+def validate(trainer: Trainer, rc: RlooConfig, val: list[dict], select: checkpoint.Selection, done: int) -> dict:
+    """The policy after `done` steps evaluated on `val`, with the reward-hacking alarm over the evaluations
+    so far, and offered to `select`."""
+    e = {"step": done, **trainer.evaluate(val, rc.eval_examples, rc.eval_draws)}
+    trainer.evals.append(e)
+    e["alarm/reward_hacking"] = int(alarms.reward_hacking(
+        [x["eval/accuracy_sampled"] for x in trainer.evals], [x["eval/proxy_reward"] for x in trainer.evals],
+        min(rc.eval_examples, len(val)) * rc.eval_draws, trainer.alarm_cfg.hacking_z))
+    select.offer(e, trainer.policy)
+    log.info("eval after %d steps: %s", done, {k: round(v, 4) for k, v in e.items() if k != "step"})
+    return e
+
+
+def train_steps(loop: TrainingLoop, trainer: Trainer, rc: RlooConfig, val: list[dict],
+                select: checkpoint.Selection) -> dict | None:
+    """The loop's steps, the policy validated every `rloo.eval_every` steps (and first the starting policy,
+    where `select` keeps the best); returns where an alarm of `rloo.stop_on` stopped the run, or None."""
+    stopped = None
+    if select.enabled and not trainer.evals:  # the starting policy is a candidate too
+        loop.run_log.metrics({k: v for k, v in validate(trainer, rc, val, select, 0).items() if k != "step"}, 0)
+    for step in loop:
+        m = trainer.step(step)
+        done = step + 1
+        if rc.eval_every and (done % rc.eval_every == 0 or done == rc.steps):
+            m.update({k: v for k, v in validate(trainer, rc, val, select, done).items() if k != "step"})
+        loop.log(m, step, reward=f"{m['train/reward_mean']:.3f}", kl=f"{m['train/kl']:.3f}")
+        if fired := [a for a in rc.stop_on if m.get(f"alarm/{a}")]:
+            stopped = {"step": done, "alarm": fired[0]}
+            log.warning("rloo.stop_on: alarm/%s fired after %d steps; stopping here", fired[0], done)
+            loop.finish()
+    return stopped
+
+
+def summarize(trainer: Trainer, rc: RlooConfig, reward: RewardSource, chosen: dict, trained: int,
+              stopped: dict | None) -> dict:
+    """The run's summary (metrics.json): what was trained and selected, the last 10 steps' reward and KL,
+    the samples drawn, the sampling mismatch, the alarms, the evaluations and, where they apply, the
+    off-policy figures and each reward function's mean."""
+    h = trainer.history
+    last10 = h[-10:]
+    summary = {
+        "steps": rc.steps,
+        "steps_trained": trained,
+        "samples_per_step": rc.prompts_per_step * rc.k,
+        "estimator": rc.estimator,
+        "reward_source": reward.name,
+        "select": rc.select,
+        "selected_step": chosen["step"],
+        "selected_val_accuracy_sampled": chosen.get("eval/accuracy_sampled"),
+        "stopped_early": stopped,
+        "final_reward_mean": float(np.nanmean([x["train/reward_mean"] for x in last10])) if last10 else math.nan,
+        "final_kl": float(np.mean([x["train/kl"] for x in last10])) if last10 else math.nan,
+        # Samples drawn in all (dynamic sampling draws more than B*k a step) and the share of trained
+        # groups without signal, over the whole run.
+        "samples_generated": _samples(h, rc),
+        "zero_adv_frac_mean": float(np.mean([x["train/zero_adv_frac"] for x in h])) if h else math.nan,
+        "sampling_mismatch": _mismatch_summary(h, trainer.correction_settings),
+        "alarms": alarms.first_alarms(h),
+        "evals": trainer.evals,
+        "networks": trainer.networks(),  # parameters of every network the stage holds
+    }
+    if trainer.lagged is not None:
+        summary["off_policy"] = _off_policy_summary(h, rc, trainer.correction_settings)
+    if isinstance(reward, FunctionReward):  # each function, and its mean reward over the last 10 steps
+        summary["reward_functions"] = {f.name: {"fn": f.fn, "weight": f.weight, "final_mean": _final_mean(
+            [x.get(f"train/reward/{f.name}", math.nan) for x in last10])} for f in reward.functions}
+    return summary
+
+
+def run_facts(trainer: Trainer, reward: RewardSource, facts: dict[str, int] | None) -> dict[str, int]:
+    """The run's facts beside `facts`: the reward server's record (a rerun's may differ: not an output) and
+    the off-policy sampler's."""
+    if isinstance(reward, HttpReward):
+        client = reward.client
+        facts = {**(facts or {}), "reward_server_requests": client.requests,
+                 "reward_server_retries": client.retries.count, "reward_server_failed": client.failed}
+        if distributed.is_main():
+            console(f"rloo: {client.summary()}", log)
+    return {**(facts or {}), **(trainer.lagged.facts if trainer.lagged is not None else {})}

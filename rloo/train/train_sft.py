@@ -25,8 +25,8 @@ from rloo.model import checkpoint, distributed, lora, microbatch, models
 from rloo.model.head import causal_logprobs
 from rloo.model.logprobs import model_device
 from rloo.runtime import autocast
-from rloo.settings import Config, PromptConfig
-from rloo.train.loop import TrainingLoop, write_model_output
+from rloo.settings import Config, PromptConfig, SftConfig
+from rloo.train.loop import TrainingLoop, wrapped_with_optimizer, write_model_output
 from rloo.train.run_log import RunLog
 
 log = logging.getLogger("rloo.sft")
@@ -156,76 +156,26 @@ def train_sft(config: Config, base_dir: str | Path, train: list[dict], test: lis
     if sc.max_train_examples:
         train = train[: sc.max_train_examples]
     tokenizer = models.load_tokenizer(init, mc.trust_remote_code)
-    # With LoRA the model trained is the loaded one with adapters injected, only they train.
-    model, adapted = models.for_training(models.load_causal_lm(init, **models.load_options(mc), trainable=True), mc)
-    if eos := align_eos(tokenizer, config.prompt):  # saved with the policy: every later stage stops there
-        models.set_generation_ids(model, tokenizer)
-        log.info("EOS set to the chat template's end-of-turn token %s", eos)
-    device = model_device(model)
-    examples, too_long = tokenize(train, tokenizer, config.prompt, mc.max_length)
-    if not train:
-        raise InputError(f"{source}: no training examples")
-    if too_long / len(train) > sc.max_dropped_share:
-        raise InputError(
-            f"{source}: {too_long} of {len(train)} training examples "
-            f"({too_long / len(train):.0%}) are longer than model.max_length={mc.max_length} tokens, more than "
-            f"sft.max_dropped_share={sc.max_dropped_share}; raise model.max_length (or that share)")
-    if not examples:
-        raise InputError(f"{source}: no example fits model.max_length={mc.max_length}")
-    if too_long:
-        log.warning("dropped %d of %d training examples longer than model.max_length", too_long, len(train))
-    lengths = np.array([len(e.ids) for e in examples])
+    model, adapted = policy_for_training(init, tokenizer, config)
+    device = model_device(model)  # before FSDP shards it
+    examples, too_long = training_examples(train, tokenizer, config, source)
     batch_size = min(sc.batch_size, len(examples))
     if batch_size < sc.batch_size:  # validation refuses a batch above the split; dropped examples can still cut it
         log.warning("!!! sft.batch_size=%d is more than the %d training examples that fit model.max_length: each "
                     "step takes all of them", sc.batch_size, len(examples))
-    train_model = distributed.wrap(model)  # DDP around it, or the model sharded in place by FSDP
-
-    optimizer = torch.optim.AdamW(
-        lora.trainable(model), lr=sc.lr, weight_decay=sc.weight_decay, betas=(0.9, sc.adam_beta2)
-    )
+    train_model, optimizer = wrapped_with_optimizer(model, sc.lr, weight_decay=sc.weight_decay,
+                                                    betas=(0.9, sc.adam_beta2))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(sc.warmup_steps, sc.steps, "cosine", floor=0.1))
-    loop = TrainingLoop("sft", sc.steps, work_dir / "checkpoints", model, optimizer, scheduler, fingerprint,
-                        sc.checkpoint_every, max_nonfinite_steps=sc.max_nonfinite_steps, log=log_to)
+    loop = TrainingLoop.for_stage("sft", sc, work_dir, model, optimizer, scheduler, fingerprint, log=log_to)
     loop.resume()
 
     t0 = time.perf_counter()
-    tokens = 0
-    model.train()
-    for step in loop:
-        idx = batch_indices(lengths, step, batch_size, config.seed)
-        if distributed.enabled():  # this rank's contiguous share of the step's batch
-            lo, hi = distributed.shard(len(idx))
-            idx = idx[lo:hi]
-        batch = [examples[i] for i in idx]
-        loss_value = step_loss(train_model, batch, tokenizer.pad_token_id, sc.micro_batch_tokens, mc.autocast,
-                               device, mc.logits_chunk_tokens)
-        grad_norm = distributed.clip_grad_norm_(model.parameters(), sc.grad_clip)
-        if loop.finite(step, loss=loss_value, grad_norm=float(grad_norm)):
-            optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        tokens += sum(len(e.ids) for e in batch)
-        if step % sc.log_every == 0 or step == sc.steps - 1:
-            value = distributed.mean_over_ranks({"loss": loss_value})["loss"]  # the whole batch's loss
-            loop.log({"step": step, "sft/loss": value, "sft/grad_norm": float(grad_norm),
-                      "sft/lr": scheduler.get_last_lr()[0]}, step, loss=f"{value:.3f}")
+    tokens = train_steps(loop, config, model, train_model, optimizer, scheduler, examples, batch_size,
+                         tokenizer.pad_token_id, device)
     train_seconds = time.perf_counter() - t0
-    # Every rank holds the same history (the losses are averaged over ranks), so all stop together.
-    if why := learned_nothing(loop.history, model.config.vocab_size, sc.min_loss_drop_nats):
-        loop.run_log.tags({"rloo.learned_nothing": why})
-        last = checkpoint.latest(loop.ckpt_dir)
-        kept = f"its last checkpoint, {last}, is kept" if last else "no checkpoint had been written"
-        raise LearnedNothingError(
-            f"sft: {why}: the run learned nothing; no output written, {kept} (check sft.lr={sc.lr:g} and "
-            f"sft.steps={sc.steps}; sft.min_loss_drop_nats=0 turns the second check off)")
+    stop_if_learned_nothing(loop, model, sc)
     (tokens,) = distributed.all_sum(tokens) if distributed.enabled() else (tokens,)
-    model.eval()
-    spec = spec_for(config, "sft", sc.eval_max_new_tokens, sc.eval_draws, stream=7)
-    with distributed.gathered(model):  # rank 0 evaluates, every rank gets its report
-        report = distributed.on_main(lambda: evaluate_policy(model, tokenizer, test[: sc.eval_examples], spec,
-                                                             label="sft")[0])
-    metrics = {k: v for k, v in report.items() if v is not None}  # no reference, no proxy here
+    metrics = evaluated(model, tokenizer, test, config)
     metrics.update(
         {
             "steps": sc.steps,
@@ -242,3 +192,91 @@ def train_sft(config: Config, base_dir: str | Path, train: list[dict], test: lis
     write_model_output(out_dir, adapted, model, tokenizer, {"metrics.json": metrics, "history.json": loop.history})
     log.info("sft done: %s", {**{k: metrics[k] for k in ("accuracy", "accuracy_sampled")}, **timings})
     return {**metrics, **timings}
+
+
+def policy_for_training(init: Path, tokenizer, config: Config) -> tuple[torch.nn.Module, lora.Adapted | None]:
+    """(the model to train, its LoRA adapters or None): the causal LM of `init`, with LoRA the adapters
+    injected and only they trained; its EOS set to the chat template's end-of-turn token where the
+    prompt's template has one."""
+    model, adapted = models.for_training(models.load_causal_lm(init, **models.load_options(config.model),
+                                                               trainable=True), config.model)
+    if eos := align_eos(tokenizer, config.prompt):  # saved with the policy: every later stage stops there
+        models.set_generation_ids(model, tokenizer)
+        log.info("EOS set to the chat template's end-of-turn token %s", eos)
+    return model, adapted
+
+
+def training_examples(train: list[dict], tokenizer, config: Config, source: str) -> tuple[list[Example], int]:
+    """`tokenize`'s examples of `train` and the count dropped as longer than model.max_length; an
+    InputError naming `source` where there is none, none fits, or more than sft.max_dropped_share is
+    dropped."""
+    sc, mc = config.sft, config.model
+    examples, too_long = tokenize(train, tokenizer, config.prompt, mc.max_length)
+    if not train:
+        raise InputError(f"{source}: no training examples")
+    if too_long / len(train) > sc.max_dropped_share:
+        raise InputError(
+            f"{source}: {too_long} of {len(train)} training examples "
+            f"({too_long / len(train):.0%}) are longer than model.max_length={mc.max_length} tokens, more than "
+            f"sft.max_dropped_share={sc.max_dropped_share}; raise model.max_length (or that share)")
+    if not examples:
+        raise InputError(f"{source}: no example fits model.max_length={mc.max_length}")
+    if too_long:
+        log.warning("dropped %d of %d training examples longer than model.max_length", too_long, len(train))
+    return examples, too_long
+
+
+def train_steps(loop: TrainingLoop, config: Config, model: torch.nn.Module, train_model: torch.nn.Module,
+                optimizer: torch.optim.Optimizer, scheduler, examples: list[Example], batch_size: int,
+                pad_id: int, device: torch.device) -> int:
+    """The loop's steps: each the batch of `batch_indices` (its share, data-parallel), its loss's gradient
+    clipped to `sft.grad_clip` and applied (unless the guard skips it), its figures logged every
+    `sft.log_every` steps and at the last. Returns the tokens this process trained on."""
+    sc, mc = config.sft, config.model
+    lengths = np.array([len(e.ids) for e in examples])
+    tokens = 0
+    model.train()
+    for step in loop:
+        idx = batch_indices(lengths, step, batch_size, config.seed)
+        if distributed.enabled():  # this rank's contiguous share of the step's batch
+            lo, hi = distributed.shard(len(idx))
+            idx = idx[lo:hi]
+        batch = [examples[i] for i in idx]
+        loss_value = step_loss(train_model, batch, pad_id, sc.micro_batch_tokens, mc.autocast, device,
+                               mc.logits_chunk_tokens)
+        grad_norm = distributed.clip_grad_norm_(model.parameters(), sc.grad_clip)
+        if loop.finite(step, loss=loss_value, grad_norm=float(grad_norm)):
+            optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        tokens += sum(len(e.ids) for e in batch)
+        if step % sc.log_every == 0 or step == sc.steps - 1:
+            value = distributed.mean_over_ranks({"loss": loss_value})["loss"]  # the whole batch's loss
+            loop.log({"step": step, "sft/loss": value, "sft/grad_norm": float(grad_norm),
+                      "sft/lr": scheduler.get_last_lr()[0]}, step, loss=f"{value:.3f}")
+    return tokens
+
+
+def stop_if_learned_nothing(loop: TrainingLoop, model: torch.nn.Module, sc: SftConfig) -> None:
+    """LearnedNothingError (the run tagged, its checkpoints kept, no output) where `learned_nothing` says
+    the logged losses show a run that learned nothing."""
+    # Every rank holds the same history (the losses are averaged over ranks), so all stop together.
+    if why := learned_nothing(loop.history, model.config.vocab_size, sc.min_loss_drop_nats):
+        loop.run_log.tags({"rloo.learned_nothing": why})
+        last = checkpoint.latest(loop.ckpt_dir)
+        kept = f"its last checkpoint, {last}, is kept" if last else "no checkpoint had been written"
+        raise LearnedNothingError(
+            f"sft: {why}: the run learned nothing; no output written, {kept} (check sft.lr={sc.lr:g} and "
+            f"sft.steps={sc.steps}; sft.min_loss_drop_nats=0 turns the second check off)")
+
+
+def evaluated(model: torch.nn.Module, tokenizer, test: list[dict], config: Config) -> dict:
+    """The trained policy's report on the first `sft.eval_examples` rows of `test` (its None figures, a
+    reference's and a proxy's, left out): rank 0 evaluates, every rank gets it."""
+    sc = config.sft
+    model.eval()
+    spec = spec_for(config, "sft", sc.eval_max_new_tokens, sc.eval_draws, stream=7)
+    with distributed.gathered(model):
+        report = distributed.on_main(lambda: evaluate_policy(model, tokenizer, test[: sc.eval_examples], spec,
+                                                             label="sft")[0])
+    return {k: v for k, v in report.items() if v is not None}

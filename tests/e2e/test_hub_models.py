@@ -30,6 +30,7 @@ from rloo.model import models
 from rloo.model.logprobs import left_pad, positions, sequence_scores
 from rloo.reward.rewards import RewardModelReward, VerifierReward
 from rloo.rollout import decode, generate
+from rloo.train import reward as reward_run
 from rloo.train import train_sft
 from rloo.train.rloo import Trainer
 from rloo_workflow.config import load_config
@@ -156,8 +157,8 @@ def test_every_stage_builds_the_same_prompt_ids(qwen_dir, rows, monkeypatch):
             return real(model, prompts, **kw)
         monkeypatch.setattr(module, "generate", wrapper)
 
-    recording(reward, "reward")
-    pairs, _ = reward.sample_pairs(cfg, qwen_dir, rows)
+    recording(reward_run, "reward")
+    pairs, _ = reward_run.sample_pairs(cfg, qwen_dir, rows)
     k = cfg["reward"]["samples_per_prompt"]
     assert seen["reward"] == [e for e in expected for _ in range(k)]
     assert pairs and all(p.prompt == fmt.prompt(rows[p.prompt_id]["question"]) for p in pairs)

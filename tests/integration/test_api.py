@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import reward_functions
 
-from rloo.api import Config, RlooConfig, load_rows, train_rloo, train_sft
+from rloo.api import Config, RewardConfig, RlooConfig, load_rows, train_reward_model, train_rloo, train_sft
 from rloo.data.gsm8k import DataError, read_split
 from rloo.errors import InputError
 from rloo.io import read_jsonl
@@ -74,6 +74,26 @@ def test_sft_from_python_trains_as_the_sft_stage_does(micro_run, tmp_path):
     assert metrics["accuracy"] == micro_run["sft_metrics"]["accuracy"] and 0 in logged
     with pytest.raises(InputError, match="test rows are needed"):
         train_sft(micro_run["base_model"], read_split(data, "train"), tmp_path / "other", test=[])
+
+
+@pytest.mark.slow
+def test_the_reward_model_from_python_trains_as_the_reward_stage_does(micro_run, micro_reward, tmp_path):
+    """rloo.api.train_reward_model on the micro run's SFT policy and training split writes the reward
+    stage's model, metrics and history to the bit (micro_reward is the stage's output)."""
+    cfg, data = micro_run["cfg"], micro_run["data"]
+    logged = []
+    metrics = train_reward_model(micro_run["sft"], read_split(data, "train"), tmp_path / "rm",
+                                 config=Config.from_config(cfg), log=lambda m, step: logged.append(step))
+    assert _digest(tmp_path / "rm" / "model.safetensors") == _digest(micro_reward / "model.safetensors")
+    for name in ("metrics.json", "history.json"):
+        assert (tmp_path / "rm" / name).read_bytes() == (micro_reward / name).read_bytes()
+    rc = Config.from_config(cfg).reward
+    # the logged steps (every reward.log_every, and the last), then the run's figures at the end
+    assert [s for s in logged if s < rc.steps] == sorted({*range(0, rc.steps, rc.log_every), rc.steps - 1})
+    assert metrics["val_accuracy"] == json.loads((micro_reward / "metrics.json").read_text())["val_accuracy"]
+    assert (tmp_path / "rm.work" / "timings.json").is_file()  # the work folder beside the output
+    with pytest.raises(InputError, match="no rows to sample preference pairs from"):
+        train_reward_model(micro_run["sft"], [], tmp_path / "other", config=RewardConfig(steps=2))
 
 
 def test_settings_that_cannot_train_are_refused_before_anything_loads(micro_run, tmp_path):

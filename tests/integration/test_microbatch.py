@@ -186,7 +186,7 @@ def test_micro_batched_reward_step_has_the_one_pass_gradient(micro_run):
     """Bradley-Terry over pairs kept whole in micro-batches: the sum over a part's pairs / the step's."""
     from rloo.data.prompting import PromptFormat
     from rloo.reward.preferences import Pair
-    from rloo_workflow.stages import reward
+    from rloo.train import reward
 
     cfg = micro_run["cfg"]
     tok = models.load_tokenizer(micro_run["sft"])

@@ -37,6 +37,17 @@ def jobs(folder: Path) -> dict[str, dict[str, float]]:
     return out
 
 
+def by_rule(per_job: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """The jobs' seconds summed per rule (a job's benchmark file is `<rule>[_<wildcards>].tsv`)."""
+    out: dict[str, dict[str, float]] = {}
+    for job, v in per_job.items():
+        rule = out.setdefault(job.split("_")[0], {"jobs": 0, "s": 0.0, "cpu_s": 0.0})
+        rule["jobs"] += 1
+        rule["s"] = round(rule["s"] + v["s"], 2)
+        rule["cpu_s"] = round(rule["cpu_s"] + v["cpu_s"], 2)
+    return out
+
+
 def elapsed_s(log: Path) -> float:
     """Snakemake's `Elapsed time: H:MM:SS.ffffff` at the end of its log, in seconds."""
     m = re.findall(r"Elapsed time: (\d+):(\d+):(\d+(?:\.\d+)?)", log.read_text())
@@ -55,11 +66,13 @@ def main() -> None:
     for spec in a.run:
         label, _, rest = spec.partition("=")
         folder, log, tree = rest.split(":")
-        runs[label] = {"tree_commit": git_output(["rev-parse", "HEAD"], Path(tree)), "jobs": jobs(Path(folder)),
-                       "snakemake_s": round(elapsed_s(Path(log)), 1)}
+        per_job = jobs(Path(folder))
+        runs[label] = {"tree_commit": git_output(["rev-parse", "HEAD"], Path(tree)), "jobs": per_job,
+                       "by_rule": by_rule(per_job), "snakemake_s": round(elapsed_s(Path(log)), 1)}
     for label, run in runs.items():
         parts = ", ".join(f"{job} {v['s']:.0f} s ({v['cpu_s']:.0f} CPU s)" for job, v in run["jobs"].items())
-        print(f"{label}: snakemake {run['snakemake_s']:.0f} s; {parts}")
+        rules = ", ".join(f"{rule} x{v['jobs']} {v['s']:.0f} s ({v['cpu_s']:.0f} CPU s)" for rule, v in run["by_rule"].items())
+        print(f"{label}: snakemake {run['snakemake_s']:.0f} s; by rule: {rules}; by job: {parts}")
     if a.json:
         write(a.json, {"runs": runs})
 

@@ -1,193 +1,282 @@
-"""The RLOO trainer: `update` is one step of RLOO or another critic-free estimator on the scored groups.
-
-Per step: sample k completions for each of B prompts at T = 1 and score them (`collect`, shared with PPO in
-rloo/train/policy_trainer.py; with `rloo.dynamic_sampling`, only groups whose rewards differ, refilled from
-further prompts: rloo/rollout/collect.py), shape the reward with the sequence KL to the reference, turn
-rewards into advantages with the configured estimator, and take one (or a few, ratio-clipped) optimizer
-steps on -mean_i A_i log π(y_i). PPO's trainer (rloo/train/ppo.py) shares the policy, the sampling and the
-rest with it through `PolicyTrainer`, and has its own advantage and update.
-
-Beside it: the settings it refuses (preflight.py), the records the update's named steps hand on
-(step_records.py), the rollout correction (correction.py) and the step's metrics (step_metrics.py).
+"""One RLOO run from a policy folder: the trainer of `rloo.estimator` (rloo/train/rloo.py, or PPO's,
+rloo/train/ppo.py) on one training loop (resume, the divergence guard, checkpoints), validation with the
+checkpoint of best accuracy kept, the alarms that stop a run, and the output folder (the policy's weights,
+steps.jsonl, metrics.json). `rloo train` runs it on the pipeline's files (rloo_workflow/stages/train.py);
+`rloo.api.train_rloo` on a notebook's rows and reward function.
 """
 
 from __future__ import annotations
 
+import logging
+import math
+import shutil
 import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict
+from pathlib import Path
 
 import numpy as np
-import torch
 
-from rloo.algo.estimators import compute_advantages
-from rloo.algo.losses import kl_loss_term, policy_loss, sequence_kl, shaped_reward
-from rloo.model import distributed, microbatch
-from rloo.model.logprobs import SeqBatch, join
-from rloo.rollout import Rollout
-from rloo.rollout.collect import Collected
-from rloo.runtime import autocast
-from rloo.train.policy_trainer import PolicyTrainer
-from rloo.train.step_metrics import update_metrics
-from rloo.train.step_records import GradientStep, StepAdvantages, StepRows
+from rloo.algo.estimators import MovingBaseline
+from rloo.console import console
+from rloo.errors import MissingInputError
+from rloo.model import checkpoint, distributed
+from rloo.reward.rewards import FunctionReward, HttpReward, RewardSource
+from rloo.settings import Config, RlooConfig, RolloutCorrectionConfig
+from rloo.train import alarms
+from rloo.train.loop import TrainingLoop, write_model_output
+from rloo.train.rloo import Trainer
+from rloo.train.run_log import RunLog
+
+log = logging.getLogger("rloo.train")
+
+# The per-step figures `rloo summary` reports the run's mean of (rloo/algo/rollout_correction.py).
+MISMATCH_KEYS = ("mismatch_abs_mean", "mismatch_abs_max", "mismatch_k3_token", "mismatch_k3_seq",
+                 "mismatch_out_of_band", "correction_truncated_share", "correction_masked_share")
+# Off-policy, the whole sampler-to-trainer ratio and, where measured, its policy-lag factor (rloo/train/correction.py).
+OFF_POLICY_KEYS = ("offpolicy_abs_mean", "offpolicy_abs_max", "offpolicy_k3_token", "offpolicy_out_of_band",
+                   "lag_abs_mean", "lag_k3_token", "correction_truncated_share")
 
 
-class Trainer(PolicyTrainer):
-    """RLOO and the critic-free estimators: `update` shapes each sample's reward with its sequence KL,
-    turns the rewards into advantages by `rloo.estimator` and takes the policy-gradient step(s)."""
+def check_sampling(rc: RlooConfig) -> list[str]:
+    """Loud warnings for sampling settings that bias the estimator (the article's sampling mismatch)."""
+    problems = []
+    if rc.temperature != 1.0:
+        problems.append(f"rloo.temperature={rc.temperature}")
+    if rc.top_p < 1.0:
+        problems.append(f"rloo.top_p={rc.top_p}")
+    if rc.top_k:
+        problems.append(f"rloo.top_k={rc.top_k}")
+    for p in problems:
+        log.warning(
+            "!!! %s: training samples no longer come from the policy whose log-probabilities are "
+            "differentiated; the RLOO gradient is biased. Sample with temperature 1.0, no top-p/top-k.", p
+        )
+    return problems
 
-    def _generate(self, prompts: list[list[int]], **kwargs) -> Rollout:
-        return self.batches.generate(prompts, **kwargs)
 
-    def _score(self, idx: np.ndarray, ro: Rollout, repeat: int) -> tuple[torch.Tensor, list[str]]:
-        return self.batches.score(idx, ro, repeat)
+def bookkeeping(rc: RlooConfig) -> tuple[str, ...]:
+    """The `rloo.*` keys a run may change and still resume its checkpoints: evaluation, selection and
+    stopping rules change what is written, not the training trajectory; under the constant LR schedule a
+    run may be extended (more steps); PPO's settings do not touch the other estimators' runs."""
+    out = ("rloo.checkpoint_every", "rloo.keep_checkpoints", "rloo.eval_every", "rloo.eval_examples",
+           "rloo.eval_draws", "rloo.eval_batch_size", "rloo.select", "rloo.stop_on", "rloo.alarms")
+    return out + (("rloo.ppo",) if rc.estimator != "ppo" else ()) + (("rloo.steps",) if rc.lr_schedule == "constant" else ())
 
-    def _greedy_baseline(self, idx: np.ndarray) -> torch.Tensor:
-        """ReMax: the shaped reward of each prompt's greedy completion."""
-        with distributed.gathered(self.policy):
-            ro = self._generate([self.prompt_ids[i] for i in idx], greedy=True)
-            scores, _ = self._score(idx, ro, 1)
-            batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
-            with torch.no_grad(), autocast(self.mc.autocast, self.device):
-                lp = self._logprobs(self.policy, batch, self.chunk_rows)[0]
-                with self.reference_model() as reference:
-                    lp_ref = self._logprobs(reference, batch, self.chunk_rows)[0]
-        kl = sequence_kl(lp, lp_ref, batch.completion_mask, self.rc.kl_estimator)
-        return shaped_reward(scores, kl, self.rc.beta) if self.rc.kl_in == "reward" else scores
 
-    def _reference_logprobs(self, batch: SeqBatch, parts: list[microbatch.Part]) -> torch.Tensor:
-        """The frozen reference's token log-probabilities of `batch`, a micro-batch at a time."""
-        with torch.no_grad(), autocast(self.mc.autocast, self.device), self.reference_model() as reference:
-            if len(parts) == 1:
-                return self._logprobs(reference, batch, self.chunk_rows)[0]
-            return microbatch.no_grad_map(
-                [p.rows for p in parts if p.weight],
-                lambda rows: self._logprobs(reference, microbatch.sub_batch(batch, rows), self.chunk_rows)[0],
-                len(batch.completion_mask), (batch.completion_len,), batch.completion_mask)
+def make_trainer(config: Config | Mapping, policy_dir: str | Path, reward: RewardSource, train: list[dict],
+                 reward_model_dir: str | Path | None = None) -> Trainer:
+    """The trainer of `rloo.estimator`: PPO (its critic grown from the policy or the reward model), or
+    the critic-free Trainer for every other estimator."""
+    config = config if isinstance(config, Config) else Config.from_config(config)
+    rc = config.rloo
+    if rc.estimator != "ppo":
+        return Trainer(config, policy_dir, reward, train)
+    from rloo.train.ppo import PPOTrainer
 
-    def _old_policy_pass(self, batch: SeqBatch, parts: list[microbatch.Part]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The policy's token log-probabilities and entropies before the update, a micro-batch at a time
-        without gradient, each through the very computation its gradient pass repeats (so a first
-        ratio-clipped update starts at ratio 1)."""
-        width, n = batch.completion_len, len(batch.completion_mask)
-        lp, ent = (batch.completion_mask.new_zeros((n, width)) for _ in range(2))
-        with torch.no_grad(), distributed.gathered(self.policy):
-            for part in (p for p in parts if p.weight):
-                sub = microbatch.sub_batch(batch, part.rows)
-                got_lp, got_ent = self._policy_pass(sub, torch.arange(len(part.rows), device=self.device))
-                lp[part.rows, : got_lp.shape[1]], ent[part.rows, : got_ent.shape[1]] = got_lp, got_ent
-        return lp, ent
+    critic_dir = policy_dir
+    if rc.ppo.critic_init == "reward_model":
+        if not reward_model_dir:
+            raise MissingInputError("rloo.ppo.critic_init=reward_model: no reward model folder given (--reward-model)")
+        critic_dir = reward_model_dir
+    return PPOTrainer(config, policy_dir, reward, train, critic_dir)
 
-    def update(self, step: int, got: Collected, t0: float | None = None) -> dict:
-        """The update of step `step` on the scored groups `got` (what `collect(step)` returned), in three
-        named steps: the rows' log-probabilities, the advantages of their KL-shaped rewards, and the
-        policy-gradient pass (micro-batched under rloo.micro_batch_tokens), each token's term weighted
-        by the rollout correction (`correction`; none by default); then the step's metrics."""
-        t0 = time.perf_counter() if t0 is None else t0
-        greedy = self._greedy_baseline(got.idx) if self.rc.estimator == "remax" else None
-        t_score = time.perf_counter()
-        rows = self._step_rows(got.rollout)
-        t_ref = time.perf_counter()
-        self._policy_logprobs(rows)
-        correction = self.correction(rows.rollout, rows.old_lp, rows.mask, got.trainer_logprobs)
-        adv = self._advantages(got.scores, rows, greedy)
-        lr = self.scheduler.get_last_lr()[0]  # the rate this step's updates use
-        grad = self._policy_gradient(step, rows, adv, correction.weights)
-        self.scheduler.step()
-        self.rollout.sync_weights(self.policy)  # rollout backend (issue 8): in-place push; no-op for hf
-        t_upd = time.perf_counter()
-        metrics = {**update_metrics(step, got, rows, adv, grad, lr), **correction.metrics}
-        return self._complete(metrics, got, (t0, t_score, t_ref, t_upd))
 
-    def _step_rows(self, ro: Rollout) -> StepRows:
-        """The step's rows, their distinct rows in micro-batches, and the reference's log-probabilities.
+def _samples(history: list[dict], rc: RlooConfig) -> int:
+    """Samples drawn over these steps: B * k each, plus dynamic sampling's extra rounds."""
+    return sum(rc.prompts_per_step * rc.k + x.get("train/extra_samples", 0) for x in history)
 
-        Samples of a prompt are often the very same completion (a peaked policy): the forward passes run
-        once per distinct row, and every copy reads its log-probabilities. Exact: copies have the same
-        log-probabilities, KL and shaped reward, and the gradient through the shared row is the sum over
-        its copies."""
-        batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
-        first, inverse = self.distinct_rows(batch)
-        distinct = batch.select(first) if len(first) < len(inverse) else batch
-        parts = self.parts(distinct)
-        ref_lp = self._reference_logprobs(distinct, parts)[inverse]
-        return StepRows(ro, batch.completion_mask, distinct, first, inverse, parts, ref_lp)
 
-    def distinct_rows(self, batch: SeqBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """(each distinct row's index, each row's distinct row): the rows the forward passes run on."""
-        return batch.distinct_rows
+def _means(history: list[dict], keys: tuple[str, ...]) -> dict[str, float]:
+    """The run's mean of each train/<key> over the steps where it is finite (keys never logged left out)."""
+    means = {}
+    for key in keys:
+        values = [x[f"train/{key}"] for x in history if math.isfinite(x.get(f"train/{key}", math.nan))]
+        if values:
+            means[key] = float(np.mean(values))
+    return means
 
-    def _policy_logprobs(self, rows: StepRows) -> None:
-        """The policy's log-probabilities before the update (`old_lp`) and its entropies. One micro-batch:
-        one pass with gradient, kept for the first update (`lp`). Several: a pass without gradient, each
-        micro-batch's gradient pass comes later. The policy stays in eval mode (no dropout): before the
-        first update it gives exactly the reference's log-probabilities, so the measured KL starts at 0."""
-        if rows.one_pass:
-            rows.lp, rows.token_ent = self._policy_pass(rows.distinct, rows.inverse)
-            rows.old_lp = rows.lp.detach()
-        else:
-            old_d, ent_d = self._old_policy_pass(rows.distinct, rows.parts)
-            rows.old_lp, rows.token_ent = old_d[rows.inverse], ent_d[rows.inverse]
 
-    def _advantages(self, scores: torch.Tensor, rows: StepRows, greedy: torch.Tensor | None) -> StepAdvantages:
-        """R̃_i = r_i - β KL_i (β here only under `kl_in: reward`), then A from R̃ by the configured
-        estimator (rloo: A_i = R̃_i - mean_{j≠i} R̃_j)."""
-        rc = self.rc
-        seq_kl = sequence_kl(rows.old_lp, rows.ref_lp, rows.mask, rc.kl_estimator)
-        shaped = shaped_reward(scores, seq_kl, rc.beta if rc.kl_in == "reward" else 0.0)
-        adv = compute_advantages(rc.estimator, shaped.view(-1, rc.k), state=self.baseline,
-                                 greedy_rewards=greedy, decay=rc.moving_average_decay)
-        if adv.state is not None:
-            self.baseline = adv.state
-        return StepAdvantages(seq_kl, shaped, adv.advantages.reshape(-1), adv.zero_adv_frac, adv.n_degenerate_groups)
+def _mismatch_summary(history: list[dict], correction: RolloutCorrectionConfig) -> dict | None:
+    """The run's mean of each train/mismatch_* and train/correction_* figure and the correction applied
+    (`correction` resolved); None when the mismatch was not measured (the sampler reported no
+    log-probabilities; off-policy without rloo.rollout_correction.mismatch_every)."""
+    means = _means(history, MISMATCH_KEYS)
+    return {**means, "mode": correction.mode, "cap": correction.cap} if "mismatch_abs_mean" in means else None
 
-    def _policy_gradient(self, step: int, rows: StepRows, adv: StepAdvantages,
-                         weights: torch.Tensor | None = None) -> GradientStep:
-        """rloo.updates_per_batch optimizer steps on L = (1/D) Σ_i A_i ℓ_i (+ β KL in the loss under
-        `kl_in: loss`), ℓ_i = -Σ_t w_it log π(y_it) or its ratio-clipped form (w: the rollout
-        correction's constant weights, or none), D the step's responses
-        (`sequence`) or response tokens (`token`). One normaliser: D is this process's rows or tokens;
-        data-parallel, the loss is also multiplied by W·D/D_all (`distributed.loss_scale`), so that the
-        ranks' averaged gradients are those of L over all D_all rows or tokens."""
-        rc = self.rc
-        mask = rows.mask
-        denominator = float(mask.sum()) if rc.loss_norm == "token" else float(len(mask))
-        scale = distributed.loss_scale(denominator) if distributed.enabled() else 1.0
-        # One micro-batch holds every row: the loss's own mean over them is the same normaliser D.
-        step_denominator = None if rows.one_pass else denominator
-        clipped = rc.updates_per_batch > 1
 
-        def loss_of(lp: torch.Tensor, sel: torch.Tensor | slice, width: int) -> tuple[torch.Tensor, dict[str, float]]:
-            """The loss of the step's rows `sel`, whose log-probabilities with gradient are `lp`, and
-            how many of their tokens the ratio clipped."""
-            m = mask[sel, :width]
-            loss, stats = policy_loss(lp, m, adv.advantages[sel], norm=rc.loss_norm,
-                                      old_token_logp=rows.old_lp[sel, :width] if clipped else None,
-                                      clip_eps=rc.clip_eps, denominator=step_denominator,
-                                      weights=None if weights is None else weights[sel, :width])
-            if rc.kl_in == "loss":
-                loss = loss + kl_loss_term(lp, rows.ref_lp[sel, :width], m, rc.beta, rc.kl_estimator,
-                                           rc.loss_norm, denominator=step_denominator)
-            return loss * scale, {"clipped_tokens": float(stats["clip_frac"]) * float(m.sum())}
+def _off_policy_summary(history: list[dict], rc: RlooConfig, correction: RolloutCorrectionConfig) -> dict:
+    """An off-policy run's lag, the correction it applied (resolved) and the run's mean of the whole ratio's
+    figures and of the lag's."""
+    return {"off_policy_steps": rc.off_policy_steps, "mode": correction.mode, "cap": correction.cap,
+            "mismatch_every": correction.mismatch_every, **_means(history, OFF_POLICY_KEYS)}
 
-        def micro_loss(part_rows: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-            """A micro-batch of distinct rows: its gradient pass, read by every copy of its rows."""
-            sub = microbatch.sub_batch(rows.distinct, part_rows)
-            sel, at = microbatch.copies(rows.inverse, part_rows)
-            return loss_of(self._policy_pass(sub, at)[0], sel, sub.completion_len)
 
-        clip_frac, grad_norm, loss_value = 0.0, 0.0, 0.0
-        for update in range(rc.updates_per_batch):
-            if rows.one_pass:
-                if update > 0:  # (the entropy logged stays the sampling policy's, as with micro-batches)
-                    rows.lp, _ = self._policy_pass(rows.distinct, rows.inverse)
-                loss, counts = loss_of(rows.lp, slice(None), mask.shape[1])
-                loss.backward()
-                loss_value = float(loss.detach())
-            else:
-                loss_value, counts = microbatch.accumulate(self.policy_train, rows.parts, micro_loss)
-            grad_norm = float(distributed.clip_grad_norm_(self.policy.parameters(), rc.grad_clip))
-            if self.guard(step, loss=loss_value, grad_norm=grad_norm, kl=float(adv.seq_kl.mean()),
-                          advantages=float(adv.advantages.abs().max())):
-                self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            clip_frac += counts.get("clipped_tokens", 0.0) / max(float(mask.sum()), 1.0) / rc.updates_per_batch
-        return GradientStep(loss_value, grad_norm, clip_frac)
+def _final_mean(values: list[float]) -> float | None:
+    """The mean of the finite `values` (None, which JSON can hold, where there is none)."""
+    finite = [v for v in values if math.isfinite(v)]
+    return float(np.mean(finite)) if finite else None
+
+
+def train_rloo(config: Config, policy_dir: str | Path, train: list[dict], val: list[dict], reward: RewardSource,
+               out_dir: str | Path, work_dir: str | Path, fingerprint: str, *,
+               reward_model_dir: str | Path | None = None,
+               log_to: RunLog | Callable[[dict, int], None] | None = None, facts: dict[str, int] | None = None) -> dict:
+    """Train on the prompt rows `train` ({question, answer, ...}) and write `out_dir` (save_pretrained policy,
+    steps.jsonl, metrics.json); return the run's summary (metrics.json) and its run facts (times, peak
+    memory, the step it resumed from).
+
+    Checkpoints go to `work_dir`; one made for the same `fingerprint` (what a checkpoint must match) is
+    resumed. The policy written is the one of `rloo.select`: `best`, the checkpoint of highest accuracy on
+    `val` (the starting policy itself, step 0, included), or `last`. A run stops early when an alarm named
+    in `rloo.stop_on` fires. Every step's figures go to `log_to` (a RunLog, or a `log(metrics, step)`); the
+    run's facts (`facts`, such as its thread count, with its times) to it and to `work_dir`/timings.json.
+
+    Data-parallel (the process group set up beforehand: rloo/model/distributed.py), every process runs
+    this, each training on its share of every step; rank 0 alone writes the outputs, the best snapshot and
+    the checkpoints."""
+    rc = config.rloo
+    check_sampling(rc)
+    out_dir, work_dir = Path(out_dir), Path(work_dir)
+    trainer = make_trainer(config, policy_dir, reward, train, reward_model_dir)
+    try:
+        loop = resumed_loop(trainer, rc, work_dir, fingerprint, log_to)
+        select = checkpoint.Selection(work_dir / "best", rc.select == "best" and rc.eval_every > 0)
+        t_start = time.perf_counter()
+        stopped = train_steps(loop, trainer, rc, val, select)
+        seconds = time.perf_counter() - t_start
+        h = trainer.history
+        trained = h[-1]["step"] + 1 if h else 0
+        chosen = select.best if select.enabled and select.best else {"step": trained, **(trainer.evals[-1] if (
+            trainer.evals and trainer.evals[-1]["step"] == trained) else {})}
+        if select.enabled and select.best and select.best["step"] != trained:
+            checkpoint.load_snapshot(select.folder, trainer.policy)
+        summary = summarize(trainer, rc, reward, chosen, trained, stopped)
+        timings = loop.record_timings(
+            run_facts(trainer, reward, facts),
+            train_seconds=seconds,
+            # the samples this process drew (dynamic sampling's extra rounds included), per second
+            samples_per_second=_samples([x for x in h if x["step"] >= loop.start], rc) / max(seconds, 1e-9),
+            seconds_per_step=seconds / max(trained - loop.start, 1))
+        loop.run_log.metrics({"rloo/selected_step": chosen["step"]}, trained)
+        loop.check_weights(trained, "the output")
+        # Per-step wall-clock times (time/*) go to the run's log only: the output is a function of its inputs.
+        steps = [{k: v for k, v in x.items() if not k.startswith("time/")} for x in h]
+        write_model_output(out_dir, trainer.adapted, trainer.policy, trainer.tokenizer,
+                           {"steps.jsonl": steps, "metrics.json": summary})
+        log.info("rloo done: %s", {**{k: v for k, v in summary.items() if k != "evals"}, **timings})
+        return {**summary, **timings}
+    finally:
+        trainer.close()  # the off-policy sampler ends; a vLLM engine frees its memory (and its process)
+
+
+def resumed_loop(trainer: Trainer, rc: RlooConfig, work_dir: Path, fingerprint: str,
+                 log_to: RunLog | Callable[[dict, int], None] | None) -> TrainingLoop:
+    """The run's training loop, resumed from `work_dir`'s newest checkpoint of this `fingerprint` (the
+    trainer's evaluations, moving baseline and lagged weights restored with it) or started afresh (an
+    earlier run's best snapshot removed); the off-policy sampler started on the next step's batch."""
+    best_dir = work_dir / "best"
+    loop = TrainingLoop.for_stage("rloo", rc, work_dir, trainer.policy, trainer.optimizer, trainer.scheduler,
+                                  fingerprint, log=log_to, keep=rc.keep_checkpoints,
+                                  state=lambda: {"evals": trainer.evals, "baseline": asdict(trainer.baseline)},
+                                  companions=trainer.companions(), tensors=lambda: {"lagged": trainer.lagged_state()})
+    trainer.guard = loop.finite  # the trainer asks before every optimizer step
+    # The step-0 evaluation is the only record logged outside the history.
+    extra = loop.resume(replay=lambda extra: [e for e in extra.get("evals", []) if e["step"] == 0])
+    trainer.history = loop.history  # one list: the loop saves it, the alarms read it
+    lagged = extra.get("tensors", {}).get("lagged")
+    if loop.start:
+        trainer.evals = extra.get("evals", [])
+        trainer.baseline = MovingBaseline(**extra["baseline"]) if extra.get("baseline") else trainer.baseline
+        trainer.rollout.sync_weights(trainer.policy)  # rollout backend (issue 8): engine holds policy_dir's weights
+        if trainer.lagged is not None and lagged is None:
+            raise checkpoint.CheckpointError(f"{loop.ckpt_dir}: an off-policy run's checkpoint of step "
+                                             f"{loop.start} without its lagged weights; delete {loop.ckpt_dir} "
+                                             "to start this stage afresh")
+    elif distributed.is_main():
+        shutil.rmtree(best_dir, ignore_errors=True)  # a best snapshot of another run
+    distributed.barrier()
+    if loop.start < rc.steps:  # off-policy: the sampler starts on the next batch (beside the evaluation)
+        trainer.start_lagged(loop.start, lagged)
+    return loop
+
+
+def validate(trainer: Trainer, rc: RlooConfig, val: list[dict], select: checkpoint.Selection, done: int) -> dict:
+    """The policy after `done` steps evaluated on `val`, with the reward-hacking alarm over the evaluations
+    so far, and offered to `select`."""
+    e = {"step": done, **trainer.evaluate(val, rc.eval_examples, rc.eval_draws)}
+    trainer.evals.append(e)
+    e["alarm/reward_hacking"] = int(alarms.reward_hacking(
+        [x["eval/accuracy_sampled"] for x in trainer.evals], [x["eval/proxy_reward"] for x in trainer.evals],
+        min(rc.eval_examples, len(val)) * rc.eval_draws, trainer.alarm_cfg.hacking_z))
+    select.offer(e, trainer.policy)
+    log.info("eval after %d steps: %s", done, {k: round(v, 4) for k, v in e.items() if k != "step"})
+    return e
+
+
+def train_steps(loop: TrainingLoop, trainer: Trainer, rc: RlooConfig, val: list[dict],
+                select: checkpoint.Selection) -> dict | None:
+    """The loop's steps, the policy validated every `rloo.eval_every` steps (and first the starting policy,
+    where `select` keeps the best); returns where an alarm of `rloo.stop_on` stopped the run, or None."""
+    stopped = None
+    if select.enabled and not trainer.evals:  # the starting policy is a candidate too
+        loop.run_log.metrics({k: v for k, v in validate(trainer, rc, val, select, 0).items() if k != "step"}, 0)
+    for step in loop:
+        m = trainer.step(step)
+        done = step + 1
+        if rc.eval_every and (done % rc.eval_every == 0 or done == rc.steps):
+            m.update({k: v for k, v in validate(trainer, rc, val, select, done).items() if k != "step"})
+        loop.log(m, step, reward=f"{m['train/reward_mean']:.3f}", kl=f"{m['train/kl']:.3f}")
+        if fired := [a for a in rc.stop_on if m.get(f"alarm/{a}")]:
+            stopped = {"step": done, "alarm": fired[0]}
+            log.warning("rloo.stop_on: alarm/%s fired after %d steps; stopping here", fired[0], done)
+            loop.finish()
+    return stopped
+
+
+def summarize(trainer: Trainer, rc: RlooConfig, reward: RewardSource, chosen: dict, trained: int,
+              stopped: dict | None) -> dict:
+    """The run's summary (metrics.json): what was trained and selected, the last 10 steps' reward and KL,
+    the samples drawn, the sampling mismatch, the alarms, the evaluations and, where they apply, the
+    off-policy figures and each reward function's mean."""
+    h = trainer.history
+    last10 = h[-10:]
+    summary = {
+        "steps": rc.steps,
+        "steps_trained": trained,
+        "samples_per_step": rc.prompts_per_step * rc.k,
+        "estimator": rc.estimator,
+        "reward_source": reward.name,
+        "select": rc.select,
+        "selected_step": chosen["step"],
+        "selected_val_accuracy_sampled": chosen.get("eval/accuracy_sampled"),
+        "stopped_early": stopped,
+        "final_reward_mean": float(np.nanmean([x["train/reward_mean"] for x in last10])) if last10 else math.nan,
+        "final_kl": float(np.mean([x["train/kl"] for x in last10])) if last10 else math.nan,
+        # Samples drawn in all (dynamic sampling draws more than B*k a step) and the share of trained
+        # groups without signal, over the whole run.
+        "samples_generated": _samples(h, rc),
+        "zero_adv_frac_mean": float(np.mean([x["train/zero_adv_frac"] for x in h])) if h else math.nan,
+        "sampling_mismatch": _mismatch_summary(h, trainer.correction_settings),
+        "alarms": alarms.first_alarms(h),
+        "evals": trainer.evals,
+        "networks": trainer.networks(),  # parameters of every network the stage holds
+    }
+    if trainer.lagged is not None:
+        summary["off_policy"] = _off_policy_summary(h, rc, trainer.correction_settings)
+    if isinstance(reward, FunctionReward):  # each function, and its mean reward over the last 10 steps
+        summary["reward_functions"] = {f.name: {"fn": f.fn, "weight": f.weight, "final_mean": _final_mean(
+            [x.get(f"train/reward/{f.name}", math.nan) for x in last10])} for f in reward.functions}
+    return summary
+
+
+def run_facts(trainer: Trainer, reward: RewardSource, facts: dict[str, int] | None) -> dict[str, int]:
+    """The run's facts beside `facts`: the reward server's record (a rerun's may differ: not an output) and
+    the off-policy sampler's."""
+    if isinstance(reward, HttpReward):
+        client = reward.client
+        facts = {**(facts or {}), "reward_server_requests": client.requests,
+                 "reward_server_retries": client.retries.count, "reward_server_failed": client.failed}
+        if distributed.is_main():
+            console(f"rloo: {client.summary()}", log)
+    return {**(facts or {}), **(trainer.lagged.facts if trainer.lagged is not None else {})}

@@ -221,7 +221,7 @@ def construct_length_climb(name: str = "length_climb") -> None:
     from rloo.io import read_jsonl
     from rloo.rollout.collect import training_prompts
     from rloo.runtime import setup
-    from rloo.train.rloo import Trainer
+    from rloo.train.rloo_trainer import RlooTrainer
     from rloo_workflow.config import load_config, parse_set
     from rloo_workflow.stages import base, prepare, sft
 
@@ -234,7 +234,7 @@ def construct_length_climb(name: str = "length_climb") -> None:
         setup(cfg["threads"], cfg["seed"])
         train = training_prompts([r for _, r in read_jsonl(work / "data" / "train.jsonl")],
                                  cfg["rloo"]["min_solution_steps"])
-        trainer = Trainer(cfg, work / "sft", LongerInGroupJudge(), train)
+        trainer = RlooTrainer(cfg, work / "sft", LongerInGroupJudge(), train)
         for step in range(cfg["rloo"]["steps"]):
             trainer.history.append(trainer.step(step))  # as the stage's loop keeps it: the alarms read it
     finally:

@@ -95,7 +95,7 @@ def _one_update(folder: str, rows: int, prompt: int, completion: int, seed: int,
     from rloo.rollout import Rollout
     from rloo.rollout.collect import Collected
     from rloo.runtime import peak_memory_mb, setup
-    from rloo.train.rloo import Trainer
+    from rloo.train.rloo_trainer import RlooTrainer
     from rloo_workflow.config import load_config, parse_set
 
     k = 4
@@ -108,7 +108,7 @@ def _one_update(folder: str, rows: int, prompt: int, completion: int, seed: int,
         f"rloo.max_new_tokens={completion}", *sets]))
     setup(2, seed)
     train = [{"question": f"q{i}", "answer": "#### 1"} for i in range(rows // k)]
-    trainer = Trainer(cfg, folder, VerifierReward(), train)
+    trainer = RlooTrainer(cfg, folder, VerifierReward(), train)
     g = torch.Generator().manual_seed(seed)
     vocab = QWEN05["vocab_size"]
     prompts = torch.randint(10, vocab, (rows // k, prompt), generator=g).repeat_interleave(k, 0)

@@ -62,7 +62,7 @@ def run_mode(files: list[str], policy: str, data: str, reward_model: str | None,
     from rloo.rollout.collect import training_prompts
     from rloo.runtime import setup
     from rloo.settings import Config
-    from rloo.train.train_rloo import train_rloo
+    from rloo.train import rloo
     from rloo_workflow.config import load_config
 
     overrides = {"seed": seed, "threads": threads, "tracking": {"enabled": False},
@@ -76,9 +76,9 @@ def run_mode(files: list[str], policy: str, data: str, reward_model: str | None,
     steps_seen: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="rloo-bench-off-policy-") as tmp:
         t0 = time.perf_counter()
-        summary = train_rloo(config, policy, rows, read_split(data, "val"), build_reward(cfg, reward_model),
-                             Path(tmp) / "out", Path(tmp) / "work", f"bench-{seed}-{off_policy}",
-                             log_to=lambda m, step: steps_seen.append(m) if "time/step_s" in m else None)
+        summary = rloo.run(config, policy, rows, Path(tmp) / "out", Path(tmp) / "work", f"bench-{seed}-{off_policy}",
+                           val=read_split(data, "val"), reward=build_reward(cfg, reward_model),
+                           log_to=lambda m, step: steps_seen.append(m) if "time/step_s" in m else None)
         wall = time.perf_counter() - t0
     out = {"samples_per_s": summary["samples_per_second"], "seconds_per_step": summary["seconds_per_step"],
            "outside_loop_s": wall - summary["train_seconds"]}

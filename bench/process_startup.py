@@ -32,7 +32,7 @@ TARGETS = {
     "transformers (modeling)": "from transformers import PreTrainedModel",
     "rloo stage: prepare": "import rloo_workflow.stages.prepare",
     "rloo stage: sft": "import rloo_workflow.stages.sft",
-    "rloo stage: train (RLOO)": "import rloo_workflow.stages.train",
+    "rloo stage: train (RLOO)": "import rloo_workflow.stages.rloo",
     "rloo stage: evaluate": "import rloo_workflow.stages.evaluate",
     "mlflow": "import mlflow",
     "dvc (dvc.repo)": "from dvc.repo import Repo",

@@ -47,9 +47,9 @@ def previous_path(trainer_class: type) -> type:
 def run_variant(cfg: dict, policy: str, train: list[dict], variant: str, first_step: int, steps: int) -> dict:
     from rloo.reward.rewards import build_reward
     from rloo.rollout import HFRollout
-    from rloo.train.rloo import Trainer
+    from rloo.train.rloo_trainer import RlooTrainer
 
-    trainer = (previous_path(Trainer) if variant == "old" else Trainer)(cfg, policy, build_reward(cfg), train)
+    trainer = (previous_path(RlooTrainer) if variant == "old" else RlooTrainer)(cfg, policy, build_reward(cfg), train)
     if variant == "old":
         trainer.rollout = HFRollout(trainer.policy, lean=False)
     trainer.step(first_step)  # warm-up (allocator, thread pool), not timed

@@ -48,7 +48,7 @@ def run_ours(a: argparse.Namespace) -> dict:
     from rloo.io import read_jsonl
     from rloo.reward.rewards import VerifierReward
     from rloo.runtime import setup
-    from rloo.train.rloo import Trainer
+    from rloo.train.rloo_trainer import RlooTrainer
     from rloo_workflow.config import load_config
 
     cfg = load_config(a.config, {
@@ -60,7 +60,7 @@ def run_ours(a: argparse.Namespace) -> dict:
     })
     setup(cfg["threads"], cfg["seed"])
     train = [r for _, r in read_jsonl(Path(a.data) / "train.jsonl")]
-    trainer = Trainer(cfg, a.policy, VerifierReward(), train)
+    trainer = RlooTrainer(cfg, a.policy, VerifierReward(), train)
     times = []
     for step in range(a.warmup + a.steps):
         t0 = time.perf_counter()

@@ -1,9 +1,10 @@
 """RLOO, SFT and the reward model from Python, without the pipeline. `train_rloo` trains a policy (a folder,
 or a model object with its tokenizer) on prompt rows with a reward function, through the same trainer,
-estimator, divergence guard, checkpoints, validation and metrics as `rloo train` (rloo/train/train_rloo.py);
-`train_sft` fine-tunes one on question/answer rows as `rloo sft` does (rloo/train/train_sft.py);
+estimator, divergence guard, checkpoints, validation and metrics as `rloo train` (rloo/train/rloo.py);
+`train_sft` fine-tunes one on question/answer rows as `rloo sft` does (rloo/train/sft.py);
 `train_reward_model` trains a Bradley-Terry reward model on pairs of a policy's samples as `rloo reward`
-does (rloo/train/reward.py). `load_rows` reads
+does (rloo/train/reward.py). The three take the same leading arguments (the policy, the rows, the output
+folder), then keywords. `load_rows` reads
 the rows from a JSONL file or a list of records as `rloo prepare` does, other field names and bare-number
 answers included (data.fields, data.answer_format).
 
@@ -20,7 +21,7 @@ as `(function, weight, name)`.
         return [1.0 if c.strip().endswith(a.split("####")[-1].strip()) else 0.0 for c, a in zip(completions, answer)]
 
     rows = load_rows("my_problems.jsonl", fields={"question": "problem", "answer": "result"}, answer_format="number")
-    summary = train_rloo("my-sft-model", rows[32:], correct, "runs/rloo", validation=rows[:32],
+    summary = train_rloo("my-sft-model", rows[32:], "runs/rloo", reward=correct, validation=rows[:32],
                          config=Config(rloo=RlooConfig(k=4, steps=100, lr=5e-5)), log=print_metrics)
 
 Nothing of the pipeline (config files, Snakemake, MLflow, DVC) is imported: a notebook, a script or
@@ -46,10 +47,10 @@ from rloo.runtime import setup
 from rloo.settings import Config, ModelConfig, PromptConfig, RewardConfig, RlooConfig, SftConfig
 from rloo.settings.data import DataConfig, DataFieldsConfig
 from rloo.train import reward as reward_model
+from rloo.train import rloo as rloo_run
+from rloo.train import sft as sft_run
+from rloo.train.rloo import bookkeeping
 from rloo.train.run_log import RunLog
-from rloo.train.train_rloo import bookkeeping
-from rloo.train.train_rloo import train_rloo as _train_rloo
-from rloo.train.train_sft import train_sft as _train_sft
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -151,14 +152,14 @@ def policy_folder(policy: str | Path | PreTrainedModel, tokenizer: PreTrainedTok
     return folder
 
 
-def train_rloo(policy: str | Path | PreTrainedModel, prompts: Sequence[Mapping], reward: Reward,
-               out_dir: str | Path, *, tokenizer: PreTrainedTokenizerBase | None = None,
+def train_rloo(policy: str | Path | PreTrainedModel, rows: Sequence[Mapping], out_dir: str | Path, *,
+               reward: Reward, tokenizer: PreTrainedTokenizerBase | None = None,
                validation: Sequence[Mapping] = (), config: Config | RlooConfig | None = None,
                work_dir: str | Path | None = None, log: RunLog | Callable[[dict, int], None] | None = None) -> dict:
     """Train `policy` (a folder holding a transformers causal LM and its tokenizer, or a model object
     with its `tokenizer`: saved to `work_dir`/start and trained from there; the trained policy is
     written to `out_dir`, the object left as it was) with RLOO on
-    `prompts` (rows of at least `question`; their other fields, `answer` among them, reach the reward
+    `rows` (prompts: rows of at least `question`; their other fields, `answer` among them, reach the reward
     functions as columns) and write the trained policy, steps.jsonl and metrics.json to `out_dir`.
 
     `reward`: a function in TRL's form (`f(completions, **kwargs) -> list[float | None]`), several
@@ -174,13 +175,13 @@ def train_rloo(policy: str | Path | PreTrainedModel, prompts: Sequence[Mapping],
     if rc.eval_every and not validation:
         raise InputError("validation rows are needed to evaluate every rloo.eval_every steps; pass validation= "
                          "(held-out rows with their answers) or RlooConfig(eval_every=0, select='last')")
-    if not prompts:
+    if not rows:
         raise InputError("no prompts to train on")
     out_dir, work_dir, policy, threads = _started(policy, tokenizer, out_dir, work_dir, config)
     source = reward_source(reward)
-    fingerprint = _fingerprint(config, "rloo", policy, prompts, bookkeeping(rc), source)
-    return _train_rloo(config, policy, [dict(r) for r in prompts], [dict(r) for r in validation], source, out_dir,
-                       work_dir, fingerprint, log_to=log, facts={"threads": threads})
+    fingerprint = _fingerprint(config, "rloo", policy, rows, bookkeeping(rc), source)
+    return rloo_run.run(config, policy, [dict(r) for r in rows], out_dir, work_dir, fingerprint,
+                        val=[dict(r) for r in validation], reward=source, log_to=log, facts={"threads": threads})
 
 
 def train_sft(policy: str | Path | PreTrainedModel, rows: Sequence[Mapping], out_dir: str | Path, *,
@@ -201,8 +202,8 @@ def train_sft(policy: str | Path | PreTrainedModel, rows: Sequence[Mapping], out
     if not test:
         raise InputError("test rows are needed: the fine-tuned policy is evaluated on them (sft.eval_examples)")
     out_dir, work_dir, policy, threads = _started(policy, tokenizer, out_dir, work_dir, config)
-    return _train_sft(config, policy, [dict(r) for r in rows], [dict(r) for r in test], out_dir, work_dir,
-                      _fingerprint(config, "sft", policy, rows), log_to=log, facts={"threads": threads})
+    return sft_run.run(config, policy, [dict(r) for r in rows], out_dir, work_dir, _fingerprint(config, "sft", policy, rows),
+                       test=[dict(r) for r in test], log_to=log, facts={"threads": threads})
 
 
 def train_reward_model(policy: str | Path | PreTrainedModel, rows: Sequence[Mapping], out_dir: str | Path, *,

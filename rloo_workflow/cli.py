@@ -34,6 +34,8 @@ from rloo_workflow.job_log import run_logged
 DEFAULT_CONFIG = "config/config.yaml"
 # The stages that train data-parallel under torchrun or srun (rloo/model/distributed.py).
 DATA_PARALLEL = tuple(s.verb for s in pipeline.STAGES.values() if s.data_parallel)
+# Old verbs kept working: {alias: its command}.
+ALIASES = {"compare": "comparison"}
 
 
 def _config(args: argparse.Namespace) -> dict:
@@ -168,7 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="default: paths.results/toy_variance.json")
     p.add_argument("--plot", default=None, help="default: paths.results/toy_variance.png")
 
-    p = sub.add_parser("compare", parents=[common], help="compare the evaluation results of several estimators")
+    p = sub.add_parser("comparison", aliases=list(ALIASES), parents=[common],
+                       help="compare the evaluation results of several estimators (`compare`: its old name)")
     p.add_argument("--result", action="append", default=[], required=True, metavar="NAME=FILE",
                    help="an evaluation result (results/gsm8k_<estimator>.json) named by its estimator (repeatable)")
     p.add_argument("--timings", action="append", default=[], metavar="NAME=FILE",
@@ -222,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] in (["dvc"], ["why-rerun"]):  # tools with a parser of their own
         return COMMANDS[argv[0]](argv[1:])
     args = parser.parse_args(argv)
+    args.stage = ALIASES.get(args.stage, args.stage)  # an alias runs, logs and fingerprints as its command
     if args.stage in ("summary", "schema"):  # tools that read no config
         return COMMANDS[args.stage](args)
     return run_logged(getattr(args, "log", None), f"rloo {args.stage}", lambda: _main(args, argv))
@@ -391,12 +395,12 @@ def _sft(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
     _data_parallel(lambda: sft.run(cfg, job.data, base, job.out["model"], job.work))
 
 
-def _train(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
-    from rloo_workflow.stages import train
+def _rloo(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
+    from rloo_workflow.stages import rloo
 
     reads = pipeline.reads_reward_model(cfg)
     reward_model = args.reward_model or (pipeline.outputs("reward", cfg)["model"] if reads else None)
-    _data_parallel(lambda: train.run(cfg, job.data, args.policy or job.sft, job.out["model"], job.work, reward_model))
+    _data_parallel(lambda: rloo.run(cfg, job.data, args.policy or job.sft, job.out["model"], job.work, reward_model))
 
 
 def _reward(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
@@ -439,15 +443,15 @@ def _toy(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
     toy.run(job.out["result"], job.out["plot"], seed=cfg["seed"])
 
 
-def _compare(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
-    from rloo_workflow.stages import compare
+def _comparison(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
+    from rloo_workflow.stages import comparison
 
     results = dict(r.split("=", 1) for r in args.result)
     timings = {name: f"{pipeline.work_dir('rloo', cfg, name)}/timings.json" for name in results}
     timings.update(dict(t.split("=", 1) for t in args.timings))
     record_files = {name: pipeline.outputs("evaluate", cfg, policy=name)["records"] for name in results}
     record_files.update(dict(r.split("=", 1) for r in args.records))
-    compare.run(results, job.out["result"], job.out["plot"], timings, cfg, args.judge_log, record_files)
+    comparison.run(results, job.out["result"], job.out["plot"], timings, cfg, args.judge_log, record_files)
 
 
 def _seeds(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
@@ -517,9 +521,9 @@ def _why_rerun(argv: list[str]) -> int:
 
 
 COMMANDS: dict[str, Callable[..., int | None]] = {
-    "prepare": _prepare, "base": _base, "sft": _sft, "train": _train, "reward": _reward, "evaluate": _evaluate,
+    "prepare": _prepare, "base": _base, "sft": _sft, "train": _rloo, "reward": _reward, "evaluate": _evaluate,
     "judge": _judge, "report": _report,
-    "toy": _toy, "compare": _compare, "seeds": _seeds, "sweep": _sweep,
+    "toy": _toy, "comparison": _comparison, "seeds": _seeds, "sweep": _sweep,
     "validate-config": _validate_config, "plan": _plan, "dvc": _dvc, "summary": _summary, "why-rerun": _why_rerun,
     "schema": _schema,
 }

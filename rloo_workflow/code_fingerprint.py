@@ -1,6 +1,6 @@
 """A stage's code fingerprint: what the code it runs computes, not how that code is spelled.
 
-A stage runs its own module (`rloo_workflow.stages.<verb>`, all of it), the CLI's dispatch
+A stage runs its own module (`rloo_workflow.stages.<stage>`, all of it), the CLI's dispatch
 (rloo_workflow/cli.py from `entry` and `main`, without the other commands' handlers), and every definition
 of the two packages (the library `rloo`, the workflow `rloo_workflow`) those reach: a function, class or module-level name is counted when a counted definition names it (through
 the imports of its module or of its function), and a module's import-time statements are counted when
@@ -45,7 +45,7 @@ STATE_DIR = ".rloo"
 FINGERPRINTS_FILE = f"{STATE_DIR}/fingerprints.yaml"
 MANIFESTS_DIR = f"{STATE_DIR}/code"
 MODULE_NODE = "<module>"  # a module's import-time statements: imports, `if`/`try` blocks, expressions
-PARAM_PREFIX = "code:"  # the rules' `code` param: `code:<verb>:<digest>`
+PARAM_PREFIX = "code:"  # the rules' `code` param: `code:<stage>:<digest>`
 
 Key = tuple[str, str]  # (module, definition name)
 
@@ -151,7 +151,7 @@ def _data_digest(path: Path) -> str:
 
 @dataclass(frozen=True)
 class Fingerprint:
-    stage: str  # the verb: `rloo <stage>`
+    stage: str  # the stage's name (rloo_workflow.pipeline.STAGES), or a command that is no stage
     digest: str
     manifest: dict[str, dict[str, str]]  # {file: {definition: digest}}
 
@@ -165,11 +165,11 @@ class Fingerprint:
 
 
 def parse_param(value: str | None) -> tuple[str, str] | None:
-    """(verb, digest) of a `code` param, else None."""
+    """(stage, digest) of a `code` param, else None."""
     if not isinstance(value, str) or not value.startswith(PARAM_PREFIX) or value.count(":") != 2:
         return None
-    _, verb, digest = value.split(":")
-    return verb, digest
+    _, stage, digest = value.split(":")
+    return stage, digest
 
 
 class Codebase:
@@ -344,12 +344,15 @@ class Codebase:
                         if isinstance(k, ast.Constant) and isinstance(v, ast.Name)}
         raise ValueError(f"{self.root}/{WORKFLOW}/cli.py: no COMMANDS table of the sub-commands' handlers")
 
-    def stage_keys(self, verb: str) -> list[Key]:
-        """The definitions `rloo <verb>` runs: its module, and the CLI less the other commands' handlers."""
+    def stage_keys(self, stage: str) -> list[Key]:
+        """The definitions `stage` runs: its module (rloo_workflow.stages.<stage>), and the CLI less the other
+        commands' handlers. `stage` is a pipeline stage, its command `rloo <its verb>`, or a command that is
+        no stage (`summary`)."""
         handlers = self.command_handlers()
+        verb = stage_verb(stage)
         if verb not in handlers:
             raise ValueError(f"rloo {verb}: no such command (rloo_workflow/cli.py COMMANDS: {', '.join(handlers)})")
-        cli, module = f"{WORKFLOW}.cli", f"{WORKFLOW}.stages.{verb}"
+        cli, module = f"{WORKFLOW}.cli", f"{WORKFLOW}.stages.{stage}"
         roots = [*(self.whole(module) if self.is_module(module) else []),
                  (cli, "entry"), (cli, "main"), (cli, handlers[verb])]
         return sorted(self.reachable(roots, [(cli, h) for h in handlers.values() if h != handlers[verb]]))
@@ -400,11 +403,11 @@ class Codebase:
                 out[self._rel(self.data_file(module, f))] = {"<data>": _data_digest(self.data_file(module, f))}
         return out
 
-    def fingerprint(self, verb: str, extra_files: Iterable[Path] = (), extra_roots: Iterable[Key] = ()) -> Fingerprint:
-        """The fingerprint of `rloo <verb>`: the definitions it reaches (and those `extra_roots` reach:
+    def fingerprint(self, stage: str, extra_files: Iterable[Path] = (), extra_roots: Iterable[Key] = ()) -> Fingerprint:
+        """The fingerprint of `stage` (`stage_keys`): the definitions it reaches (and those `extra_roots` reach:
         functions of the package the config names), and `extra_files` (a user's own code the config names),
         whole."""
-        keys = set(self.stage_keys(verb))
+        keys = set(self.stage_keys(stage))
         if extra_roots:
             keys |= self.reachable([k for module, name in extra_roots for k in self.symbol(module, name)])
         m = self.manifest(keys)
@@ -416,7 +419,19 @@ class Codebase:
                                       for i, s in enumerate(tree.body)}
             else:
                 m[self._rel(path)] = {"<data>": _data_digest(path)}
-        return Fingerprint(verb, _digest(json.dumps(m, sort_keys=True)), m)
+        return Fingerprint(stage, _digest(json.dumps(m, sort_keys=True)), m)
+
+
+def stage_verb(stage: str) -> str:
+    """The `rloo` command that runs `stage` (its verb differs where `rloo <stage>` reads badly: `rloo train`
+    runs the rloo stage); a name that is no stage is a command itself."""
+    from rloo_workflow.pipeline import BY_VERB, STAGES
+
+    if stage in STAGES:
+        return STAGES[stage].verb
+    if stage in BY_VERB:  # without its module the walk would miss the stage's own code
+        raise ValueError(f"{stage}: a command, not a stage: `rloo {stage}` runs the stage {BY_VERB[stage].name}")
+    return stage
 
 
 @cache
@@ -426,29 +441,26 @@ def installed() -> Codebase:
 
 
 @cache
-def _stage_fingerprint(verb: str, extra_files: tuple[Path, ...], extra_roots: tuple[Key, ...]) -> Fingerprint:
-    return installed().fingerprint(verb, extra_files, extra_roots)
+def _stage_fingerprint(stage: str, extra_files: tuple[Path, ...], extra_roots: tuple[Key, ...]) -> Fingerprint:
+    return installed().fingerprint(stage, extra_files, extra_roots)
 
 
-def stage_fingerprint(verb: str, cfg: dict | None = None) -> Fingerprint:
-    """`rloo <verb>`'s fingerprint; with a config whose reward functions the stage runs (rloo and
+def stage_fingerprint(stage: str, cfg: dict | None = None) -> Fingerprint:
+    """`stage`'s fingerprint; with a config whose reward functions the stage runs (rloo and
     evaluate), their code too, by name: the user's files, and the package's functions a spec names."""
-    from rloo_workflow.pipeline import BY_VERB
-
-    stage = BY_VERB.get(verb)
     files: tuple[Path, ...] = ()
     roots: tuple[Key, ...] = ()
-    if cfg is not None and stage is not None and stage.name in ("rloo", "evaluate"):
+    if cfg is not None and stage in ("rloo", "evaluate"):
         from rloo.reward.functions import package_functions, user_files
 
         files, roots = tuple(user_files(cfg)), tuple(package_functions(cfg))
-    return _stage_fingerprint(verb, files, roots)
+    return _stage_fingerprint(stage, files, roots)
 
 
-def stage_code_param(verb: str, cfg: dict | None = None, root: Path | None = None) -> str:
-    """The `code` param of `rloo <verb>`'s Snakemake jobs, its manifest kept under `root` (default: the
+def stage_code_param(stage: str, cfg: dict | None = None, root: Path | None = None) -> str:
+    """The `code` param of `stage`'s Snakemake jobs, its manifest kept under `root` (default: the
     working directory, the workflow's) for `rloo why-rerun`; a folder that cannot be written keeps none."""
-    fp = stage_fingerprint(verb, cfg)
+    fp = stage_fingerprint(stage, cfg)
     with contextlib.suppress(OSError):
         save_manifest(Path.cwd() if root is None else root, fp)
     return fp.param

@@ -90,7 +90,7 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
     Stage("toy", "toy", {"result": "{results}/toy_variance.json", "plot": "{results}/toy_variance.png"},
           keys=("seed",)),
     # It judges every estimator's policy against RLOO's with the evaluation's judge, on their records.
-    Stage("comparison", "compare", {"result": "{results}/comparison.json", "plot": "{results}/comparison.png"},
+    Stage("comparison", "comparison", {"result": "{results}/comparison.json", "plot": "{results}/comparison.png"},
           keys=("seed", "evaluate.judge", "evaluate.llm_judge", "evaluate.win_rate_decoding")),
     # The `seeds` target: the chain per seed of `seeds.values` (the config's estimator), aggregated. It
     # reads only the per-seed results files its rule hands it, so no config key reruns it by itself.
@@ -415,7 +415,7 @@ def job_inputs(cfg: Mapping[str, Any], stage: str, estimator: str | None = None,
 def lineage(cfg: Mapping[str, Any], stage: str, code: Callable[[str], str], estimator: str | None = None,
             variant: Variant | None = None, policy: str | None = None) -> str:
     """`lineage:<digest>` of `stage`'s job: what it reads of the config (`job_settings`) and its code
-    (`code(verb)`: its fingerprint), and the same of every job upstream of it, recursively. A rule's
+    (`code(stage)`: its fingerprint), and the same of every job upstream of it, recursively. A rule's
     `lineage` param: a change anywhere above a job reruns it, whether or not the job in between still has
     its output (an interrupted rerun deletes it)."""
     return _lineage(cfg, _node(stage, estimator, policy), code, variant, {})
@@ -429,7 +429,7 @@ def _lineage(cfg: Mapping[str, Any], job: tuple[str, str | None, str | None], co
     jcfg = job_config(cfg, stage, variant, estimator, policy)
     decide = estimator or _sections(jcfg).rloo.estimator
     parts = {"stage": stage, "policy": policy, "config": job_settings(cfg, stage, estimator, variant, policy),
-             "code": code(STAGES[stage].verb),
+             "code": code(stage),
              "upstream": sorted(_lineage(cfg, up, code, variant, seen)
                                 for up in upstream_jobs(stage, jcfg, decide, policy))}
     blob = json.dumps(parts, sort_keys=True, separators=(",", ":"))

@@ -716,11 +716,11 @@ def code_paths(record: dict) -> list[str]:
             paths.add("tests/data/trajectories")
         if "rloo_workflow.cli" in script.read_text():  # it runs stages in subprocesses: their code too
             for stage in STAGES.values():
-                paths.update(stage_fingerprint(stage.verb).files)
+                paths.update(stage_fingerprint(stage.name).files)
     else:
         paths.update(["Snakefile", "workflow", "scripts/pipeline.sh", "config/config.yaml"])
         for stage in STAGES.values():
-            paths.update(stage_fingerprint(stage.verb).files)
+            paths.update(stage_fingerprint(stage.name).files)
     named = re.findall(r"\bconfig/[\w.-]+\.ya?ml\b", command)
     if m and not named and "config/config.yaml" in script.read_text():
         named = ["config/config.yaml"]  # the bench's default config

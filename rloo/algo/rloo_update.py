@@ -1,5 +1,5 @@
 """One RLOO update exactly as the method writes it, to read and to hold the trainer against
-(tests/integration/test_reference_update.py): no shared prompt passes, duplicate rows, micro-batches, chunked head,
+(tests/integration/test_rloo_update.py): no shared prompt passes, duplicate rows, micro-batches, chunked head,
 autocast or data parallelism; the full logits of one plain forward pass."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What the policy-gradient trainers share: RLOO's `Trainer` (rloo/train/rloo.py) and PPO's `PPOTrainer`
+"""What the policy-gradient trainers share: RLOO's `RlooTrainer` (rloo/train/rloo_trainer.py) and PPO's `PPOTrainer`
 (rloo/train/ppo.py) each add their advantage and their update (`update(step, got, t0)`) to this.
 
 Shared: the policy (LoRA, grad checkpointing, DDP / FSDP), the frozen reference, the optimizer and its

@@ -1,7 +1,7 @@
-"""One RLOO run from a policy folder: the trainer of `rloo.estimator` (rloo/train/rloo.py, or PPO's,
+"""One RLOO run from a policy folder: the trainer of `rloo.estimator` (rloo/train/rloo_trainer.py, or PPO's,
 rloo/train/ppo.py) on one training loop (resume, the divergence guard, checkpoints), validation with the
 checkpoint of best accuracy kept, the alarms that stop a run, and the output folder (the policy's weights,
-steps.jsonl, metrics.json). `rloo train` runs it on the pipeline's files (rloo_workflow/stages/train.py);
+steps.jsonl, metrics.json). `rloo train` runs it on the pipeline's files (rloo_workflow/stages/rloo.py);
 `rloo.api.train_rloo` on a notebook's rows and reward function.
 """
 
@@ -25,7 +25,7 @@ from rloo.reward.rewards import FunctionReward, HttpReward, RewardSource
 from rloo.settings import Config, RlooConfig, RolloutCorrectionConfig
 from rloo.train import alarms
 from rloo.train.loop import TrainingLoop, write_model_output
-from rloo.train.rloo import Trainer
+from rloo.train.rloo_trainer import RlooTrainer
 from rloo.train.run_log import RunLog
 
 log = logging.getLogger("rloo.train")
@@ -65,13 +65,13 @@ def bookkeeping(rc: RlooConfig) -> tuple[str, ...]:
 
 
 def make_trainer(config: Config | Mapping, policy_dir: str | Path, reward: RewardSource, train: list[dict],
-                 reward_model_dir: str | Path | None = None) -> Trainer:
+                 reward_model_dir: str | Path | None = None) -> RlooTrainer:
     """The trainer of `rloo.estimator`: PPO (its critic grown from the policy or the reward model), or
-    the critic-free Trainer for every other estimator."""
+    the critic-free RlooTrainer for every other estimator."""
     config = config if isinstance(config, Config) else Config.from_config(config)
     rc = config.rloo
     if rc.estimator != "ppo":
-        return Trainer(config, policy_dir, reward, train)
+        return RlooTrainer(config, policy_dir, reward, train)
     from rloo.train.ppo import PPOTrainer
 
     critic_dir = policy_dir
@@ -118,11 +118,10 @@ def _final_mean(values: list[float]) -> float | None:
     return float(np.mean(finite)) if finite else None
 
 
-def train_rloo(config: Config, policy_dir: str | Path, train: list[dict], val: list[dict], reward: RewardSource,
-               out_dir: str | Path, work_dir: str | Path, fingerprint: str, *,
-               reward_model_dir: str | Path | None = None,
-               log_to: RunLog | Callable[[dict, int], None] | None = None, facts: dict[str, int] | None = None) -> dict:
-    """Train on the prompt rows `train` ({question, answer, ...}) and write `out_dir` (save_pretrained policy,
+def run(config: Config, policy_dir: str | Path, rows: list[dict], out_dir: str | Path, work_dir: str | Path,
+        fingerprint: str, *, val: list[dict], reward: RewardSource, reward_model_dir: str | Path | None = None,
+        log_to: RunLog | Callable[[dict, int], None] | None = None, facts: dict[str, int] | None = None) -> dict:
+    """Train the policy in `policy_dir` on the prompt rows `rows` ({question, answer, ...}) and write `out_dir` (save_pretrained policy,
     steps.jsonl, metrics.json); return the run's summary (metrics.json) and its run facts (times, peak
     memory, the step it resumed from).
 
@@ -138,7 +137,7 @@ def train_rloo(config: Config, policy_dir: str | Path, train: list[dict], val: l
     rc = config.rloo
     check_sampling(rc)
     out_dir, work_dir = Path(out_dir), Path(work_dir)
-    trainer = make_trainer(config, policy_dir, reward, train, reward_model_dir)
+    trainer = make_trainer(config, policy_dir, reward, rows, reward_model_dir)
     try:
         loop = resumed_loop(trainer, rc, work_dir, fingerprint, log_to)
         select = checkpoint.Selection(work_dir / "best", rc.select == "best" and rc.eval_every > 0)
@@ -170,7 +169,7 @@ def train_rloo(config: Config, policy_dir: str | Path, train: list[dict], val: l
         trainer.close()  # the off-policy sampler ends; a vLLM engine frees its memory (and its process)
 
 
-def resumed_loop(trainer: Trainer, rc: RlooConfig, work_dir: Path, fingerprint: str,
+def resumed_loop(trainer: RlooTrainer, rc: RlooConfig, work_dir: Path, fingerprint: str,
                  log_to: RunLog | Callable[[dict, int], None] | None) -> TrainingLoop:
     """The run's training loop, resumed from `work_dir`'s newest checkpoint of this `fingerprint` (the
     trainer's evaluations, moving baseline and lagged weights restored with it) or started afresh (an
@@ -201,7 +200,7 @@ def resumed_loop(trainer: Trainer, rc: RlooConfig, work_dir: Path, fingerprint: 
     return loop
 
 
-def validate(trainer: Trainer, rc: RlooConfig, val: list[dict], select: checkpoint.Selection, done: int) -> dict:
+def validate(trainer: RlooTrainer, rc: RlooConfig, val: list[dict], select: checkpoint.Selection, done: int) -> dict:
     """The policy after `done` steps evaluated on `val`, with the reward-hacking alarm over the evaluations
     so far, and offered to `select`."""
     e = {"step": done, **trainer.evaluate(val, rc.eval_examples, rc.eval_draws)}
@@ -214,7 +213,7 @@ def validate(trainer: Trainer, rc: RlooConfig, val: list[dict], select: checkpoi
     return e
 
 
-def train_steps(loop: TrainingLoop, trainer: Trainer, rc: RlooConfig, val: list[dict],
+def train_steps(loop: TrainingLoop, trainer: RlooTrainer, rc: RlooConfig, val: list[dict],
                 select: checkpoint.Selection) -> dict | None:
     """The loop's steps, the policy validated every `rloo.eval_every` steps (and first the starting policy,
     where `select` keeps the best); returns where an alarm of `rloo.stop_on` stopped the run, or None."""
@@ -234,7 +233,7 @@ def train_steps(loop: TrainingLoop, trainer: Trainer, rc: RlooConfig, val: list[
     return stopped
 
 
-def summarize(trainer: Trainer, rc: RlooConfig, reward: RewardSource, chosen: dict, trained: int,
+def summarize(trainer: RlooTrainer, rc: RlooConfig, reward: RewardSource, chosen: dict, trained: int,
               stopped: dict | None) -> dict:
     """The run's summary (metrics.json): what was trained and selected, the last 10 steps' reward and KL,
     the samples drawn, the sampling mismatch, the alarms, the evaluations and, where they apply, the
@@ -270,7 +269,7 @@ def summarize(trainer: Trainer, rc: RlooConfig, reward: RewardSource, chosen: di
     return summary
 
 
-def run_facts(trainer: Trainer, reward: RewardSource, facts: dict[str, int] | None) -> dict[str, int]:
+def run_facts(trainer: RlooTrainer, reward: RewardSource, facts: dict[str, int] | None) -> dict[str, int]:
     """The run's facts beside `facts`: the reward server's record (a rerun's may differ: not an output) and
     the off-policy sampler's."""
     if isinstance(reward, HttpReward):

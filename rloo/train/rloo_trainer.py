@@ -30,7 +30,7 @@ from rloo.train.step_metrics import update_metrics
 from rloo.train.step_records import GradientStep, StepAdvantages, StepRows
 
 
-class Trainer(PolicyTrainer):
+class RlooTrainer(PolicyTrainer):
     """RLOO and the critic-free estimators: `update` shapes each sample's reward with its sequence KL,
     turns the rewards into advantages by `rloo.estimator` and takes the policy-gradient step(s)."""
 

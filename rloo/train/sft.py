@@ -136,10 +136,10 @@ def step_loss(train_model: torch.nn.Module, batch: list[Example], pad_id: int, b
     return microbatch.accumulate(train_model, parts, loss_of)[0]
 
 
-def train_sft(config: Config, base_dir: str | Path, train: list[dict], test: list[dict], out_dir: str | Path,
-              work_dir: str | Path, fingerprint: str, *, log_to: RunLog | Callable[[dict, int], None] | None = None,
-              facts: dict[str, int] | None = None, source: str = "the training rows") -> dict:
-    """Fine-tune the model in `base_dir` on the rows `train` ({question, answer}), evaluate it on the first
+def run(config: Config, policy_dir: str | Path, rows: list[dict], out_dir: str | Path, work_dir: str | Path,
+        fingerprint: str, *, test: list[dict], log_to: RunLog | Callable[[dict, int], None] | None = None,
+        facts: dict[str, int] | None = None, source: str = "the training rows") -> dict:
+    """Fine-tune the model in `policy_dir` (the base stage's) on the rows `rows` ({question, answer}), evaluate it on the first
     `sft.eval_examples` rows of `test` and write `out_dir` (save_pretrained + metrics.json, history.json);
     return the metrics and the run's facts (times, peak memory, the step it resumed from, `facts`).
 
@@ -152,9 +152,8 @@ def train_sft(config: Config, base_dir: str | Path, train: list[dict], test: lis
     the batch's answer tokens (so the averaged gradient is the single-process one); rank 0 evaluates and
     writes."""
     sc, mc = config.sft, config.model
-    out_dir, work_dir, init = Path(out_dir), Path(work_dir), Path(base_dir)
-    if sc.max_train_examples:
-        train = train[: sc.max_train_examples]
+    out_dir, work_dir, init = Path(out_dir), Path(work_dir), Path(policy_dir)
+    train = rows[: sc.max_train_examples] if sc.max_train_examples else rows
     tokenizer = models.load_tokenizer(init, mc.trust_remote_code)
     model, adapted = policy_for_training(init, tokenizer, config)
     device = model_device(model)  # before FSDP shards it

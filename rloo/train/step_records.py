@@ -1,4 +1,4 @@
-"""The records the named parts of an update hand on: RLOO's (rloo/train/rloo.py, `Trainer.update`): the
+"""The records the named parts of an update hand on: RLOO's (rloo/train/rloo_trainer.py, `RlooTrainer.update`): the
 step's rows with their log-probabilities (`StepRows`), their advantages (`StepAdvantages`) and the
 optimizer steps taken on them (`GradientStep`); PPO's (rloo/train/ppo.py, `PPOTrainer.update`) the same
 three for its minibatches, critic and per-token advantages (`PpoRows`, `PpoAdvantages`, `PpoUpdates` of

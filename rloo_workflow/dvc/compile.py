@@ -103,7 +103,7 @@ def _stage_body(job: Job, config: dict, overridden: set[str], pins: dict[str, st
 
 
 def fingerprints(dag: Dag) -> dict[str, str]:
-    """{verb: code fingerprint} of the DAG's stages: FINGERPRINTS_FILE, the params file of their `code`."""
+    """{stage: code fingerprint} of the DAG's stages: FINGERPRINTS_FILE, the params file of their `code`."""
     out = {}
     for job in [*dag.jobs, *dag.templates.values()]:
         if code := parse_param(job.code):

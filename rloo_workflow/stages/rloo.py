@@ -1,6 +1,6 @@
 """`rloo train`: the RLOO stage on the pipeline's files: the SFT policy, the training and validation splits,
 the configured reward; the run itself (REINFORCE Leave-One-Out with a frozen reference and no critic, or PPO
-with one, on one training loop) is rloo/train/train_rloo.py's. This module reads the inputs, names what a
+with one, on one training loop) is rloo/train/rloo.py's. This module reads the inputs, names what a
 checkpoint must match, logs to the stage's MLflow run and reports what it wrote.
 """
 
@@ -19,7 +19,8 @@ from rloo.reward.rewards import build_reward
 from rloo.rollout.collect import training_prompts
 from rloo.runtime import run_fingerprint, setup
 from rloo.settings import Config
-from rloo.train.train_rloo import bookkeeping, train_rloo
+from rloo.train import rloo
+from rloo.train.rloo import bookkeeping
 from rloo_workflow import tracking
 
 log = logging.getLogger("rloo.train")
@@ -33,12 +34,12 @@ def run(
     work_dir: str | Path,
     reward_model_dir: str | Path | None = None,
 ) -> dict:
-    """Train and write `out_dir` (save_pretrained policy + steps.jsonl + metrics.json): rloo.train.train_rloo
+    """Train and write `out_dir` (save_pretrained policy + steps.jsonl + metrics.json): rloo.train.rloo.run
     on `data_dir`'s splits (the training prompts of at least rloo.min_solution_steps steps), the reward of
     `reward.source` and `policy_dir`, logged to the stage's MLflow run.
 
     Under torchrun with `distributed.strategy` ddp or fsdp every process runs this, each training on its
-    share of every step (rloo/train/rloo.py); rank 0 alone writes the outputs and logs to MLflow.
+    share of every step (rloo/train/rloo_trainer.py); rank 0 alone writes the outputs and logs to MLflow.
     """
     distributed.init(cfg)
     threads = setup(distributed.threads(cfg["threads"]), cfg["seed"])
@@ -55,8 +56,9 @@ def run(
                                   ignore=bookkeeping(rc))
     if files := user_files(cfg):  # the user's reward code: checkpoints of an earlier version are not resumed
         fingerprint = hashlib.sha256((fingerprint + "".join(sha256_file(f) for f in files)).encode()).hexdigest()[:16]
-    summary = train_rloo(config, policy_dir, train, val, reward, out_dir, work_dir, distributed.fingerprint(fingerprint),
-                         reward_model_dir=reward_model_dir, log_to=tracking.STAGE_LOG, facts={"threads": threads})
+    summary = rloo.run(config, policy_dir, train, out_dir, work_dir, distributed.fingerprint(fingerprint), val=val,
+                       reward=reward, reward_model_dir=reward_model_dir, log_to=tracking.STAGE_LOG,
+                       facts={"threads": threads})
     for line in report.rloo_lines(summary):
         log.warning(line) if line.startswith("!!") else log.info(line)
     return summary

@@ -1,6 +1,6 @@
 """`rloo sft`: supervised fine-tuning of the reference policy on the pipeline's files: the base stage's
 model, the training split, the test split it is evaluated on. The run itself (the loss on the solution
-only, one training loop) is rloo/train/train_sft.py's; this module reads the inputs, names what a
+only, one training loop) is rloo/train/sft.py's; this module reads the inputs, names what a
 checkpoint must match and logs to the stage's MLflow run.
 """
 
@@ -12,7 +12,7 @@ from rloo.data.gsm8k import read_split
 from rloo.model import base, distributed
 from rloo.runtime import run_fingerprint, setup
 from rloo.settings import Config
-from rloo.train.train_sft import train_sft
+from rloo.train import sft
 from rloo_workflow import tracking
 
 
@@ -20,7 +20,7 @@ def run(cfg: dict, data_dir: str | Path, base_dir: str | Path, out_dir: str | Pa
     """Fine-tune the starting model of `base_dir` (the base stage's folder) on `data_dir`'s training split,
     evaluate it on its test split and write `out_dir` (save_pretrained + metrics.json); resumable via
     `work_dir`. Under torchrun with `distributed.strategy` ddp or fsdp every process runs this
-    (rloo.train.train_sft)."""
+    (rloo.train.sft.run)."""
     distributed.init(cfg)
     threads = setup(distributed.threads(cfg["threads"]), cfg["seed"])
     config = Config.from_config(cfg)
@@ -28,5 +28,5 @@ def run(cfg: dict, data_dir: str | Path, base_dir: str | Path, out_dir: str | Pa
     train, test = read_split(data_dir, "train"), read_split(data_dir, "test")
     base.check_matches(Path(base_dir), config.model)
     fingerprint = distributed.fingerprint(run_fingerprint(cfg, ["seed", "model", "prompt", "sft"], data_dir))
-    return train_sft(config, base_dir, train, test, out_dir, work_dir, fingerprint, log_to=tracking.STAGE_LOG,
-                     facts={"threads": threads}, source=str(data_dir / "train.jsonl"))
+    return sft.run(config, base_dir, train, out_dir, work_dir, fingerprint, test=test, log_to=tracking.STAGE_LOG,
+                   facts={"threads": threads}, source=str(data_dir / "train.jsonl"))

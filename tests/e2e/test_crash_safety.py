@@ -16,7 +16,7 @@ from model_helpers import evaluate_and_report
 from rloo.model import checkpoint, models
 from rloo_workflow.config import load_config
 from rloo_workflow.stages import reward
-from rloo_workflow.stages import train as rloo_stage
+from rloo_workflow.stages import rloo as rloo_stage
 
 ROOT = Path(__file__).resolve().parents[2]
 

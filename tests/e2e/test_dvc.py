@@ -346,7 +346,7 @@ def test_a_foreach_item_that_reads_more_params_than_the_others_is_written_so_and
 
 def test_dvc_command_reads_params_yaml_instead_of_the_jobs_config_file():
     cfg = ".rloo/config/rloo-0123456789abcdef.json"  # the rule's cfg param: rloo_workflow.config.job_config_file
-    code = "code:train:0123456789abcdef"
+    code = "code:rloo:0123456789abcdef"
     shell = (f"python workflow/scripts/workdir.py results/work/rloo_grpo {cfg} {code} data/x > logs/r.log 2>&1 && "
              f"rloo train --job-config {cfg} --set threads=4 --data data/gsm8k --out results/models/rloo_grpo "
              "--log logs/r.log")

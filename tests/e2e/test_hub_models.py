@@ -31,11 +31,11 @@ from rloo.model.logprobs import left_pad, positions, sequence_scores
 from rloo.reward.rewards import RewardModelReward, VerifierReward
 from rloo.rollout import decode, generate
 from rloo.train import reward as reward_run
-from rloo.train import train_sft
-from rloo.train.rloo import Trainer
+from rloo.train import sft as sft_run
+from rloo.train.rloo_trainer import RlooTrainer
 from rloo_workflow.config import load_config
 from rloo_workflow.stages import base, prepare, reward, sft
-from rloo_workflow.stages import train as rloo_stage
+from rloo_workflow.stages import rloo as rloo_stage
 
 ROOT = Path(__file__).resolve().parents[2]
 QWEN = ROOT / "config" / "qwen2-tiny.yaml"
@@ -114,9 +114,9 @@ def test_auto_leaves_the_embedded_tokenizer_on_the_bare_template(qwen_dir):
 
 def test_sft_trains_on_the_assistant_turn_only(qwen_dir, rows):
     tok = models.load_tokenizer(qwen_dir)
-    examples, too_long = train_sft.tokenize(rows, tok, _cfg(qwen_dir)["prompt"], 192)
+    examples, too_long = sft_run.tokenize(rows, tok, _cfg(qwen_dir)["prompt"], 192)
     assert too_long == 0
-    _, _, labels = train_sft.collate(examples, tok.pad_token_id)
+    _, _, labels = sft_run.collate(examples, tok.pad_token_id)
     for r, e, lab in zip(rows, examples, labels, strict=True):
         chat = [{"role": "user", "content": r["question"]}, {"role": "assistant", "content": r["answer"]}]
         # the example is the chat template's rendering of the conversation, up to the assistant's end of turn
@@ -144,7 +144,7 @@ def test_every_stage_builds_the_same_prompt_ids(qwen_dir, rows, monkeypatch):
     expected = [fmt.prompt_ids(r["question"]) for r in rows]
     assert all(tok.decode(e).startswith("<|im_start|>user\n" + r["question"]) for e, r in zip(expected, rows, strict=True))
 
-    examples, _ = train_sft.tokenize(rows, tok, cfg["prompt"], cfg["model"]["max_length"])
+    examples, _ = sft_run.tokenize(rows, tok, cfg["prompt"], cfg["model"]["max_length"])
     assert [e.ids[: e.n_prompt] for e in examples] == expected
 
     seen: dict[str, list[list[int]]] = {}
@@ -166,7 +166,7 @@ def test_every_stage_builds_the_same_prompt_ids(qwen_dir, rows, monkeypatch):
     for r, e in zip(rows, examples, strict=True):
         assert fmt.scored_ids(fmt.prompt(r["question"]) + fmt.solution(r["answer"]), 192) == e.ids
 
-    trainer = Trainer(cfg, qwen_dir, VerifierReward(), rows)
+    trainer = RlooTrainer(cfg, qwen_dir, VerifierReward(), rows)
     assert trainer.prompt_ids == expected and trainer.prompts == [fmt.prompt(r["question"]) for r in rows]
 
     recording(rloo.eval.evaluation, "evaluate")

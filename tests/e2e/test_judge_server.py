@@ -25,7 +25,7 @@ from workflow_helpers import pythonpath
 from rloo.settings import ServeConfig
 from rloo_workflow.config import ConfigError, load_config
 from rloo_workflow.judge_server import JudgeServerError, command_for, free_port, judge_devices, serve
-from rloo_workflow.stages import compare
+from rloo_workflow.stages import comparison
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE = ROOT / "tests" / "helpers" / "fake_judge_server.py"
@@ -197,7 +197,7 @@ def test_the_judge_job_judges_with_the_served_model_and_stops_it(micro_run, reco
     cfg = load_config(ROOT / "config" / "micro.yaml", {"evaluate": {"judge": "llm", "llm_judge": {"serve": {
         "model": "fake-judge", "command": [sys.executable, str(FAKE), "{port}"]}}}})
     out = tmp_path / "gsm8k_rloo.json"
-    table = compare.run({"rloo": out, "grpo": out}, tmp_path / "comparison.json", tmp_path / "comparison.png", cfg=cfg,
+    table = comparison.run({"rloo": out, "grpo": out}, tmp_path / "comparison.json", tmp_path / "comparison.png", cfg=cfg,
                         judge_log=tmp_path / "comparison.judge.log", record_files={"rloo": records, "grpo": records})
     assert table["estimators"]["grpo"]["win_rate_vs_rloo"]["ties"] == 4
     assert table["judge_vs_baseline"]["failed_calls"] == 0

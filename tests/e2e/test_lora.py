@@ -28,7 +28,7 @@ from rloo.model.logprobs import completion_logprobs, join
 from rloo.rollout import generate
 from rloo.runtime import step_generator
 from rloo.settings import ModelConfig
-from rloo.train.rloo import Trainer
+from rloo.train.rloo_trainer import RlooTrainer
 from rloo_workflow.stages import reward, sft
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,7 +57,7 @@ def _batch(trainer, step: int = 0):
 @pytest.fixture(scope="module")
 def lora_run(micro_run):
     """A LoRA trainer after 3 RLOO steps, with its parameters before them and the steps' metrics."""
-    trainer = Trainer(_cfg(micro_run), micro_run["sft"], LengthReward(), _rows(micro_run))
+    trainer = RlooTrainer(_cfg(micro_run), micro_run["sft"], LengthReward(), _rows(micro_run))
     before = {k: v.detach().clone() for k, v in trainer.policy.named_parameters()}
     metrics = [trainer.step(s) for s in range(STEPS)]
     return trainer, before, metrics
@@ -138,7 +138,7 @@ def test_lora_with_vllm_rollouts_is_refused(micro_run):
     cfg = _cfg(micro_run)
     cfg["rollout"]["backend"] = "vllm"
     with pytest.raises(InputError, match=r"model\.lora with rollout\.backend=vllm"):
-        Trainer(cfg, micro_run["sft"], LengthReward(), _rows(micro_run))
+        RlooTrainer(cfg, micro_run["sft"], LengthReward(), _rows(micro_run))
 
 
 def test_ppo_with_lora_keeps_a_full_critic_and_the_adapters_off_reference(micro_run):
@@ -179,7 +179,7 @@ def test_gradient_checkpointing_recomputes_and_gives_the_same_gradients(micro_ru
     grads, calls = {}, {}
     for gc in (False, True):
         torch.manual_seed(0)  # the adapters' A starts random: the same A in both
-        trainer = Trainer(_cfg(micro_run, lora_on, gc), micro_run["sft"], LengthReward(), _rows(micro_run))
+        trainer = RlooTrainer(_cfg(micro_run, lora_on, gc), micro_run["sft"], LengthReward(), _rows(micro_run))
         batch = _batch(trainer)
         counter = _forward_calls(trainer.policy)
         lp, _ = trainer._policy_pass(batch, torch.arange(len(batch.completion_mask)))

@@ -11,7 +11,7 @@ import json
 import pytest
 from test_vllm import _LengthReward, _vllm_cfg, needs_vllm, policy_dir  # noqa: F401  (policy_dir: a fixture)
 
-from rloo_workflow.stages import train as rloo_stage
+from rloo_workflow.stages import rloo as rloo_stage
 
 
 @pytest.mark.slow

@@ -37,7 +37,7 @@ def _declared(cfg: dict) -> dict[str, set[str]]:
 def test_the_cli_and_mlflow_use_the_declared_outputs_and_names(estimator):
     cfg = load_config(ROOT / "config" / "config.yaml", {"rloo": {"estimator": estimator}})
     declared = _declared(cfg)
-    extra = {"compare": ["--result", "a=b"], "seeds": ["--result", "0=b"], "sweep": ["--name", "x", "--result", "p=b"]}
+    extra = {"comparison": ["--result", "a=b"], "seeds": ["--result", "0=b"], "sweep": ["--name", "x", "--result", "p=b"]}
     for verb, stage in pipeline.BY_VERB.items():
         args = cli.build_parser().parse_args([verb, *extra.get(verb, [])])
         outs = list(pipeline.cli_outputs(args, cfg).values())

@@ -242,11 +242,11 @@ def _vllm_cfg(micro_run, **rloo) -> dict:
 @pytest.mark.slow
 @needs_vllm
 def test_trainer_step_syncs_the_engine_and_logs_the_gap(micro_run, policy_dir, special, monkeypatch):
-    from rloo.train.rloo import Trainer
+    from rloo.train.rloo_trainer import RlooTrainer
 
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # vLLM's CPU knob (GiB): independent of RSS
     rows = [r for _, r in read_jsonl(micro_run["data"] / "train.jsonl")]
-    trainer = Trainer(_vllm_cfg(micro_run), policy_dir, _LengthReward(), rows)
+    trainer = RlooTrainer(_vllm_cfg(micro_run), policy_dir, _LengthReward(), rows)
     try:
         from rloo.rollout.vllm import VLLMRollout
 
@@ -279,9 +279,9 @@ def test_the_engine_samples_in_the_inference_dtype(micro_run, policy_dir, monkey
     cfg = _vllm_cfg(micro_run)
     cfg["model"]["inference_dtype"] = "bfloat16"
     rows = [r for _, r in read_jsonl(micro_run["data"] / "train.jsonl")]
-    from rloo.train.rloo import Trainer
+    from rloo.train.rloo_trainer import RlooTrainer
 
-    trainer = Trainer(cfg, policy_dir, _LengthReward(), rows)
+    trainer = RlooTrainer(cfg, policy_dir, _LengthReward(), rows)
     try:
         assert trainer.rollout.llm.llm_engine.model_config.dtype == torch.bfloat16
         m0 = trainer.step(0)
@@ -299,7 +299,7 @@ def test_the_engine_samples_in_the_inference_dtype(micro_run, policy_dir, monkey
 @needs_vllm
 def test_resumed_run_syncs_the_checkpoint_into_the_engine(micro_run, policy_dir, tmp_path, monkeypatch):
     """`run` builds the engine from the SFT folder, then resumes a checkpoint: the engine must follow it."""
-    from rloo_workflow.stages import train as rloo_stage
+    from rloo_workflow.stages import rloo as rloo_stage
 
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     monkeypatch.setattr(rloo_stage, "build_reward", lambda cfg, rm=None: _LengthReward())

@@ -39,7 +39,7 @@ from workflow_helpers import (
 
 from rloo.settings.evaluation import tensor_parallel
 from rloo_workflow.config import load_config
-from rloo_workflow.stages import compare
+from rloo_workflow.stages import comparison
 
 pytestmark = pytest.mark.slow
 
@@ -164,7 +164,7 @@ def test_comments_docstrings_and_descriptions_rerun_nothing(run):
     ("source", "function", "expected"),
     [
         ("rloo_workflow/stages/reward.py", "run", {"reward": 1, "evaluate": 4, "report": 2}),
-        ("rloo_workflow/stages/train.py", "run", {"rloo": 2, "evaluate": 2, "report": 2}),
+        ("rloo_workflow/stages/rloo.py", "run", {"rloo": 2, "evaluate": 2, "report": 2}),
         ("rloo_workflow/stages/evaluate.py", "run", {"evaluate": 4, "report": 2}),
         ("rloo_workflow/stages/report.py", "run", {"report": 2}),
         ("rloo/algo/bandit.py", "run_toy", {"toy": 1}),
@@ -295,7 +295,7 @@ def test_comparison_target_reuses_shared_stages(run):
 
 def test_compare_stage_on_real_results(run, tmp_path):
     c = run["copy"]
-    table = compare.run({e: c / f"results/gsm8k_{e}.json" for e in ("rloo", "grpo")},
+    table = comparison.run({e: c / f"results/gsm8k_{e}.json" for e in ("rloo", "grpo")},
                         tmp_path / "comparison.json", tmp_path / "comparison.png")
     assert set(table["estimators"]) == {"rloo", "grpo"}
     assert table["checks"] == dict.fromkeys(("same_data", "same_examples", "same_sft_accuracy", "same_steps",

@@ -59,7 +59,7 @@ MUTATIONS = {
         "the sampling_mismatch alarm is never raised",
     ),
     "no-optimizer-step": (
-        "rloo/train/rloo.py",
+        "rloo/train/rloo_trainer.py",
         "            self.optimizer.step()\n",
         "            pass  # mutation: no optimizer step\n",
         "the RLOO stage skips its optimizer step",

@@ -19,7 +19,7 @@ from rloo.io import read_jsonl
 from rloo.rollout.collect import training_prompts
 from rloo_workflow.config import load_config
 from rloo_workflow.stages import prepare
-from rloo_workflow.stages import train as rloo_stage
+from rloo_workflow.stages import rloo as rloo_stage
 
 ROOT = Path(__file__).resolve().parents[2]
 SHORTER = f"{ROOT / 'tests' / 'helpers' / 'reward_functions.py'}:shorter"
@@ -44,7 +44,7 @@ def test_the_python_api_trains_as_the_rloo_stage_does(micro_run, tmp_path, given
     if given == "model object":
         policy, tokenizer = models.load_causal_lm(micro_run["sft"]), models.load_tokenizer(micro_run["sft"])
         before = {k: v.clone() for k, v in policy.state_dict().items()}
-    summary = train_rloo(policy, rows, reward_functions.shorter, tmp_path / "api", tokenizer=tokenizer,
+    summary = train_rloo(policy, rows, tmp_path / "api", reward=reward_functions.shorter, tokenizer=tokenizer,
                          validation=read_split(micro_run["data"], "val"), config=Config.from_config(cfg),
                          log=lambda m, step: logged.append(step))
     stage, api = tmp_path / "stage", tmp_path / "api"
@@ -101,14 +101,14 @@ def test_settings_that_cannot_train_are_refused_before_anything_loads(micro_run,
 
     last = RlooConfig(eval_every=0, select="last")
     with pytest.raises(InputError, match="a model object needs its tokenizer"):
-        train_rloo(models.load_causal_lm(micro_run["sft"]), [{"question": "q"}], reward_functions.shorter, tmp_path,
+        train_rloo(models.load_causal_lm(micro_run["sft"]), [{"question": "q"}], tmp_path, reward=reward_functions.shorter,
                    config=last)
     with pytest.raises(InputError, match="policy: a model folder or a transformers model object, not dict"):
-        train_rloo({}, [{"question": "q"}], reward_functions.shorter, tmp_path, config=last)
+        train_rloo({}, [{"question": "q"}], tmp_path, reward=reward_functions.shorter, config=last)
     with pytest.raises(InputError, match="validation rows are needed"):
-        train_rloo(tmp_path / "nosuch", [{"question": "q", "answer": "#### 1"}], reward_functions.shorter, tmp_path)
+        train_rloo(tmp_path / "nosuch", [{"question": "q", "answer": "#### 1"}], tmp_path, reward=reward_functions.shorter)
     with pytest.raises(InputError, match=r"key 'rloo.k': the rloo estimator needs k >= 2"):
-        train_rloo(tmp_path / "nosuch", [{"question": "q"}], reward_functions.shorter, tmp_path,
+        train_rloo(tmp_path / "nosuch", [{"question": "q"}], tmp_path, reward=reward_functions.shorter,
                    config=RlooConfig(k=1, eval_every=0, select="last"))
 
 

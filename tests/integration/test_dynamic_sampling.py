@@ -15,8 +15,8 @@ from rloo.io import read_jsonl
 from rloo.model import checkpoint, models
 from rloo.rollout import collect
 from rloo.rollout.collect import prompt_indices
-from rloo.train.rloo import Trainer
-from rloo_workflow.stages import train as rloo_stage
+from rloo.train.rloo_trainer import RlooTrainer
+from rloo_workflow.stages import rloo as rloo_stage
 
 
 def _cfg(micro_run, **rloo):
@@ -101,8 +101,8 @@ def test_gather_stops_when_the_prompts_run_out_and_keeps_rows_aligned():
 def test_only_groups_with_spread_are_trained_and_refills_are_counted(micro_run):
     k, b = 4, 4
     reward = ScriptedReward()
-    trainer = Trainer(_cfg(micro_run), micro_run["sft"], reward, _rows(micro_run))
-    plain = Trainer(_cfg(micro_run, dynamic_sampling=False), micro_run["sft"], ScriptedReward(), _rows(micro_run))
+    trainer = RlooTrainer(_cfg(micro_run), micro_run["sft"], reward, _rows(micro_run))
+    plain = RlooTrainer(_cfg(micro_run, dynamic_sampling=False), micro_run["sft"], ScriptedReward(), _rows(micro_run))
     refilled = 0
     for step in range(4):
         got = trainer.collect(step)
@@ -130,8 +130,8 @@ def test_only_groups_with_spread_are_trained_and_refills_are_counted(micro_run):
 
 
 def test_kept_prompts_and_tokens_depend_only_on_seed_and_step(micro_run):
-    a = Trainer(_cfg(micro_run), micro_run["sft"], ScriptedReward(), _rows(micro_run))
-    b = Trainer(_cfg(micro_run), micro_run["sft"], ScriptedReward(), _rows(micro_run))
+    a = RlooTrainer(_cfg(micro_run), micro_run["sft"], ScriptedReward(), _rows(micro_run))
+    b = RlooTrainer(_cfg(micro_run), micro_run["sft"], ScriptedReward(), _rows(micro_run))
     for step in (0, 7):
         x, y, z = a.collect(step), b.collect(step), a.collect(step)
         for other in (y, z):
@@ -146,9 +146,9 @@ def test_rounds_are_bounded_and_no_signal_trains_on_the_first_batch(micro_run):
     k, b, rounds = 4, 4, 2
     flat = ScriptedReward(pays=lambda p: False)  # 0 everywhere: no group has signal
     # a window of one step, so that this step's share decides zero_signal (the default reads 50 steps)
-    trainer = Trainer(_cfg(micro_run, dynamic_sampling_max_rounds=rounds, alarms={"window": 1}),
+    trainer = RlooTrainer(_cfg(micro_run, dynamic_sampling_max_rounds=rounds, alarms={"window": 1}),
                             micro_run["sft"], flat, _rows(micro_run))
-    plain = Trainer(_cfg(micro_run, dynamic_sampling=False), micro_run["sft"], flat, _rows(micro_run))
+    plain = RlooTrainer(_cfg(micro_run, dynamic_sampling=False), micro_run["sft"], flat, _rows(micro_run))
     flat.calls = 0
     got = trainer.collect(0)
     assert flat.calls == 1 + rounds
@@ -166,7 +166,7 @@ def test_short_of_signal_trains_on_the_groups_found(micro_run, estimator):
     cfg = _cfg(micro_run, estimator=estimator, dynamic_sampling_max_rounds=2)
     lone = rows[int(prompt_indices(len(rows), 0, 4, cfg["seed"])[2])]["question"]
     reward = ScriptedReward(pays=lambda p: lone in p)  # one prompt of step 0 has signal, no other prompt
-    trainer = Trainer(cfg, micro_run["sft"], reward, rows)
+    trainer = RlooTrainer(cfg, micro_run["sft"], reward, rows)
     got = trainer.collect(0)
     if not all(_spread(got.scores, 4)) or len(got.idx) != 1:
         pytest.fail(f"expected the one group with signal, got {got.idx} {got.scores}")
@@ -178,7 +178,7 @@ def test_short_of_signal_trains_on_the_groups_found(micro_run, estimator):
 
 def test_dynamic_sampling_needs_two_samples_per_prompt(micro_run):
     with pytest.raises(ValueError, match=r"rloo.dynamic_sampling .* k >= 2"):
-        Trainer(_cfg(micro_run, k=1, estimator="reinforce"), micro_run["sft"], ScriptedReward(), _rows(micro_run))
+        RlooTrainer(_cfg(micro_run, k=1, estimator="reinforce"), micro_run["sft"], ScriptedReward(), _rows(micro_run))
 
 
 def test_run_with_dynamic_sampling_resumes_bit_identically(micro_run, tmp_path, monkeypatch):

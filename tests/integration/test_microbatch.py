@@ -20,7 +20,7 @@ from rloo.model import microbatch, models
 from rloo.model.logprobs import join
 from rloo.settings import ModelConfig
 from rloo.train.ppo import PPOTrainer
-from rloo.train.rloo import Trainer
+from rloo.train.rloo_trainer import RlooTrainer
 
 # Float32 (no autocast) gradients of one pass against several: measured max |diff| ~1e-7 on the
 # micro policy, against gradient entries of ~1e-2; a wrong weighting (a micro-batch normalised by its
@@ -98,10 +98,10 @@ def _budget_for_parts(trainer, step: int, parts: int) -> int:
 @pytest.mark.parametrize("kl_in", ["reward", "loss"])
 def test_micro_batched_rloo_step_has_the_one_pass_gradient(micro_run, norm, updates, kl_in):
     cfg = _cfg(micro_run, loss_norm=norm, updates_per_batch=updates, kl_in=kl_in)
-    whole = Trainer({**cfg, "rloo": {**cfg["rloo"], "micro_batch_tokens": 0}}, micro_run["sft"],
+    whole = RlooTrainer({**cfg, "rloo": {**cfg["rloo"], "micro_batch_tokens": 0}}, micro_run["sft"],
                           LengthReward(), _rows(micro_run))
     budget = _budget_for_parts(whole, 0, 3)
-    split = Trainer({**cfg, "rloo": {**cfg["rloo"], "micro_batch_tokens": budget}}, micro_run["sft"],
+    split = RlooTrainer({**cfg, "rloo": {**cfg["rloo"], "micro_batch_tokens": budget}}, micro_run["sft"],
                           LengthReward(), _rows(micro_run))
     ro = split.collect(0).rollout
     batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
@@ -164,7 +164,7 @@ def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def test_micro_batched_sft_step_has_the_one_pass_gradient(micro_run, logits_chunk):
     """SFT's loss, the mean over the batch's answer tokens, from micro-batches (HF's num_items_in_batch;
     or the chunked head's log-probabilities), equals HF's one-pass loss and its gradient."""
-    from rloo.train import train_sft as sft
+    from rloo.train import sft
 
     cfg = micro_run["cfg"]
     tok = models.load_tokenizer(micro_run["sft"])

@@ -17,7 +17,7 @@ from model_helpers import LengthReward
 from safetensors.torch import load_file
 from workflow_helpers import same_weights
 
-from rloo.algo import reference
+from rloo.algo import rloo_update
 from rloo.data.gsm8k import read_split
 from rloo.model import checkpoint, models
 from rloo.reward.rewards import build_reward
@@ -25,10 +25,10 @@ from rloo.rollout import make_rollout
 from rloo.rollout.collect import training_prompts
 from rloo.runtime import setup
 from rloo.settings import Config
-from rloo.train.rloo import Trainer
-from rloo_workflow.stages import train as rloo_stage
+from rloo.train.rloo_trainer import RlooTrainer
+from rloo_workflow.stages import rloo as rloo_stage
 
-# As tests/integration/test_reference_update.py: float32 on the micro policy, the trainer's chunked head and
+# As tests/integration/test_rloo_update.py: float32 on the micro policy, the trainer's chunked head and
 # shared prompt passes against one plain forward pass round apart by ~1e-7.
 ATOL, RTOL = 2e-6, 1e-4
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,7 +55,7 @@ def _steps(folder) -> list[dict]:
     return [json.loads(line) for line in (folder / "steps.jsonl").read_text().splitlines()]
 
 
-def _emulate(cfg: dict, micro_run, reward_dir) -> tuple[Trainer, list[dict]]:
+def _emulate(cfg: dict, micro_run, reward_dir) -> tuple[RlooTrainer, list[dict]]:
     """The schedule of rloo.off_policy_steps 1 in one process, from parts of a synchronous trainer: the batch
     of step t is sampled by a copy of the policy that holds the weights after t - 1 updates (the
     starting weights for steps 0 and 1), then the trainer updates on it with token_tis at cap 2."""
@@ -64,7 +64,7 @@ def _emulate(cfg: dict, micro_run, reward_dir) -> tuple[Trainer, list[dict]]:
     config = Config.from_config(cfg)
     setup(config.threads, config.seed)
     rows = training_prompts(read_split(micro_run["data"], "train"), config.rloo.min_solution_steps)
-    trainer = Trainer(config, micro_run["sft"], build_reward(cfg, str(reward_dir)), rows)
+    trainer = RlooTrainer(config, micro_run["sft"], build_reward(cfg, str(reward_dir)), rows)
     lagged = copy.deepcopy(trainer.policy)
     trainer.batches.rollout = make_rollout(config, config.seed, micro_run["sft"], lagged)
     history = []
@@ -98,7 +98,7 @@ def test_an_off_policy_run_equals_its_sequential_emulation_to_the_bit(micro_run,
     assert max(float((out[k] - sft[k]).abs().max()) for k in sft) > 1e-3  # it trained
 
 
-def _gradient(trainer: Trainer, step: int, got) -> dict[str, torch.Tensor]:
+def _gradient(trainer: RlooTrainer, step: int, got) -> dict[str, torch.Tensor]:
     """The gradient the trainer's update of `got` hands the optimizer (its guard sees it; the step is skipped)."""
     grads: dict[str, torch.Tensor] = {}
 
@@ -119,7 +119,7 @@ def test_the_update_weights_each_token_by_its_ratio_to_the_lagged_sampler(micro_
     cfg["model"]["autocast"] = "none"  # float32: the comparison is about the weights, not bf16 rounding
     cfg = _off_policy(cfg, sampler_threads=0)  # the emulation in this process: the policies are at hand
     rows = [r for r in training_prompts(read_split(micro_run["data"], "train"), 0)]
-    trainer = Trainer(cfg, micro_run["sft"], LengthReward(), rows)
+    trainer = RlooTrainer(cfg, micro_run["sft"], LengthReward(), rows)
     trainer.step(0)
     w1 = copy.deepcopy(trainer.policy)
     trainer.step(1)
@@ -128,10 +128,10 @@ def test_the_update_weights_each_token_by_its_ratio_to_the_lagged_sampler(micro_
     assert float(got.scores.std()) > 0, "degenerate fixture: no reward spread, so no gradient"
     args = (ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
     with torch.no_grad():
-        lagged = reference.token_logprobs(w1, *args)
-        logp_ref = reference.token_logprobs(trainer.reference, *args)
+        lagged = rloo_update.token_logprobs(w1, *args)
+        logp_ref = rloo_update.token_logprobs(trainer.reference, *args)
     trainer.policy.zero_grad(set_to_none=True)
-    logp = reference.token_logprobs(trainer.policy, *args)
+    logp = rloo_update.token_logprobs(trainer.policy, *args)
     m = ro.completion_mask
     # the batch was sampled with W1 (its recorded log-probabilities are W1's), and W2 is far from it
     assert float((ro.logprobs - lagged)[m].abs().max()) < 1e-4
@@ -139,8 +139,8 @@ def test_the_update_weights_each_token_by_its_ratio_to_the_lagged_sampler(micro_
 
     def reference_gradient(sampler_logp: torch.Tensor) -> dict[str, torch.Tensor]:
         trainer.policy.zero_grad(set_to_none=True)
-        lp = reference.token_logprobs(trainer.policy, *args)
-        reference.rloo_loss(lp, logp_ref, m, got.scores, r["k"], r["beta"], sampler_logp=sampler_logp,
+        lp = rloo_update.token_logprobs(trainer.policy, *args)
+        rloo_update.rloo_loss(lp, logp_ref, m, got.scores, r["k"], r["beta"], sampler_logp=sampler_logp,
                             cap=2.0).backward()
         out = {n: p.grad.detach().clone() for n, p in trainer.policy.named_parameters() if p.grad is not None}
         trainer.policy.zero_grad(set_to_none=True)
@@ -230,7 +230,7 @@ def test_a_reward_that_does_not_pickle_samples_inline_and_says_so(micro_run, tmp
     with caplog.at_level("WARNING", logger="rloo.train"):
         for threads in (1, 0):
             config = Config.from_config(_off_policy(cfg, threads))
-            train_rloo(micro_run["sft"], rows, shorter, tmp_path / f"out{threads}", config=config)
+            train_rloo(micro_run["sft"], rows, tmp_path / f"out{threads}", reward=shorter, config=config)
     assert sum("the training reward does not pickle" in r.message for r in caplog.records) == 1
     assert json.loads((tmp_path / "out1.work" / "timings.json").read_text())["sampler"] == "inline"
     for name in ("model.safetensors", "steps.jsonl"):

@@ -17,8 +17,8 @@ from rloo.algo.losses import explained_variance, policy_loss, token_rewards, val
 from rloo.model import checkpoint, models
 from rloo.reward.rewards import build_reward
 from rloo.rollout.collect import training_prompts
-from rloo.train.train_rloo import make_trainer
-from rloo_workflow.stages import train as rloo_stage
+from rloo.train.rloo import make_trainer
+from rloo_workflow.stages import rloo as rloo_stage
 
 
 def test_gae_on_a_hand_computed_trajectory():

@@ -122,7 +122,7 @@ def test_results_file_matches_its_schema(micro_run, tmp_path):
     from rloo.eval import report
     from rloo_workflow.stages import report as report_stage
     from rloo_workflow.stages import reward
-    from rloo_workflow.stages import train as rloo_stage
+    from rloo_workflow.stages import rloo as rloo_stage
 
     cfg = json.loads(json.dumps(micro_run["cfg"]))
     cfg["rloo"]["eval_every"] = 2

@@ -22,8 +22,8 @@ from rloo.eval import report
 from rloo.model import models
 from rloo.rollout import hf
 from rloo.train import alarms
-from rloo.train.rloo import Trainer
-from rloo_workflow.stages import train as rloo_stage
+from rloo.train.rloo_trainer import RlooTrainer
+from rloo_workflow.stages import rloo as rloo_stage
 
 CORRECTIONS = ("token_tis", "sequence_tis", "token_mask", "sequence_mask")
 
@@ -173,7 +173,7 @@ def test_the_hf_samplers_logprobs_are_the_trainers_of_the_same_tokens(micro_run,
 
 def test_the_trainer_logs_the_mismatch_and_its_default_applies_nothing(micro_run):
     cfg = _cfg(micro_run, temperature=1.0)
-    trainer = Trainer(cfg, micro_run["sft"], LengthReward(), _rows(micro_run))
+    trainer = RlooTrainer(cfg, micro_run["sft"], LengthReward(), _rows(micro_run))
     got = trainer.collect(0)
     rows = trainer._step_rows(got.rollout)
     trainer._policy_logprobs(rows)
@@ -187,7 +187,7 @@ def test_the_trainer_logs_the_mismatch_and_its_default_applies_nothing(micro_run
 
 def test_a_correction_without_sampler_logprobs_is_an_error(micro_run):
     cfg = _cfg(micro_run, rollout_correction={"mode": "token_tis", "cap": 2.0})
-    trainer = Trainer(cfg, micro_run["sft"], LengthReward(), _rows(micro_run))
+    trainer = RlooTrainer(cfg, micro_run["sft"], LengthReward(), _rows(micro_run))
     got = trainer.collect(0)
     got.rollout.logprobs = None  # a sampler that reports none
     with pytest.raises(InputError, match="rollout_correction"):

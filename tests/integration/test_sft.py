@@ -3,7 +3,7 @@ import json
 import pytest
 
 from rloo.model import checkpoint, models
-from rloo.train import train_sft
+from rloo.train import sft as sft_run
 from rloo_workflow.stages import sft
 
 
@@ -28,8 +28,8 @@ def test_batches_depend_only_on_seed_and_step():
     import numpy as np
 
     lengths = np.random.default_rng(0).integers(10, 100, size=500)
-    a = [train_sft.batch_indices(lengths, s, 16, seed=1).tolist() for s in range(40)]
-    b = [train_sft.batch_indices(lengths, s, 16, seed=1).tolist() for s in range(40)]
+    a = [sft_run.batch_indices(lengths, s, 16, seed=1).tolist() for s in range(40)]
+    b = [sft_run.batch_indices(lengths, s, 16, seed=1).tolist() for s in range(40)]
     assert a == b
     first_epoch = sorted(i for batch in a[: 500 // 16] for i in batch)
     assert len(first_epoch) == len(set(first_epoch))  # an epoch visits each example at most once

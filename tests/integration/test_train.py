@@ -19,10 +19,10 @@ from rloo.model import checkpoint, models
 from rloo.reward.rewards import VerifierReward
 from rloo.rollout.collect import training_prompts
 from rloo.settings import RlooConfig
-from rloo.train.rloo import Trainer
-from rloo.train.train_rloo import check_sampling
+from rloo.train.rloo import check_sampling
+from rloo.train.rloo_trainer import RlooTrainer
 from rloo_workflow.stages import prepare
-from rloo_workflow.stages import train as rloo_stage
+from rloo_workflow.stages import rloo as rloo_stage
 
 
 def _cfg(micro_run, **rloo):
@@ -46,7 +46,7 @@ def _moved(trainer, sft_dir) -> float:
 def test_kl_is_exactly_zero_before_the_first_update(micro_run, autocast):
     cfg = _cfg(micro_run, k=4, prompts_per_step=4)
     cfg["model"]["autocast"] = autocast
-    trainer = Trainer(cfg, micro_run["sft"], LengthReward(), _train_rows(micro_run))
+    trainer = RlooTrainer(cfg, micro_run["sft"], LengthReward(), _train_rows(micro_run))
     m = trainer.step(0)
     assert m["train/kl"] == 0.0
     # ...and the update moved the policy away from the reference.
@@ -57,7 +57,7 @@ def test_kl_is_exactly_zero_before_the_first_update(micro_run, autocast):
 @pytest.mark.parametrize("estimator", ESTIMATORS)
 def test_every_estimator_trains(micro_run, estimator):
     cfg = _cfg(micro_run, estimator=estimator, k=2, prompts_per_step=4, lr=1e-3)
-    trainer = Trainer(cfg, micro_run["sft"], LengthReward(), _train_rows(micro_run))
+    trainer = RlooTrainer(cfg, micro_run["sft"], LengthReward(), _train_rows(micro_run))
     for s in range(2):
         m = trainer.step(s)
         assert all(math.isfinite(v) for k, v in m.items() if isinstance(v, float)), m
@@ -71,7 +71,7 @@ def test_every_estimator_trains(micro_run, estimator):
 )
 def test_loss_variants_train(micro_run, options):
     cfg = _cfg(micro_run, lr=1e-3, **options)
-    trainer = Trainer(cfg, micro_run["sft"], LengthReward(), _train_rows(micro_run))
+    trainer = RlooTrainer(cfg, micro_run["sft"], LengthReward(), _train_rows(micro_run))
     m = [trainer.step(s) for s in range(2)][-1]
     assert math.isfinite(m["train/loss"]) and 0.0 <= m["train/clip_frac"] <= 1.0
     assert m["train/grad_norm"] > 0.0 and _moved(trainer, micro_run["sft"]) > 1e-4
@@ -79,12 +79,12 @@ def test_loss_variants_train(micro_run, options):
 
 def test_k_below_two_is_a_clear_error(micro_run):
     with pytest.raises(ValueError, match=r"rloo.k=1: the rloo estimator needs k >= 2"):
-        Trainer(_cfg(micro_run, k=1), micro_run["sft"], VerifierReward(), _train_rows(micro_run))
+        RlooTrainer(_cfg(micro_run, k=1), micro_run["sft"], VerifierReward(), _train_rows(micro_run))
 
 
 def test_prompts_per_step_larger_than_the_data_is_a_clear_error(micro_run):
     with pytest.raises(ValueError, match=r"rloo.prompts_per_step=9999"):
-        Trainer(_cfg(micro_run, prompts_per_step=9999), micro_run["sft"], VerifierReward(), _train_rows(micro_run))
+        RlooTrainer(_cfg(micro_run, prompts_per_step=9999), micro_run["sft"], VerifierReward(), _train_rows(micro_run))
 
 
 def test_prompts_longer_than_the_context_are_a_clear_error(micro_run):
@@ -92,7 +92,7 @@ def test_prompts_longer_than_the_context_are_a_clear_error(micro_run):
     cfg["model"]["max_length"] = 40
     # rows handed in from Python (rloo.api) are cited by their place among them
     with pytest.raises(ValueError, match=r"^prompts\[\d+\]: a training prompt of \d+ tokens, longer than model\.max_length"):
-        Trainer(cfg, micro_run["sft"], VerifierReward(), _train_rows(micro_run))
+        RlooTrainer(cfg, micro_run["sft"], VerifierReward(), _train_rows(micro_run))
 
 
 def test_a_prompt_too_long_for_the_stage_is_cited_by_its_file_and_line(micro_run, tmp_path):
@@ -137,7 +137,7 @@ class _FlakyReward:
 
 
 def test_missing_rewards_are_counted_not_propagated(micro_run):
-    trainer = Trainer(_cfg(micro_run, k=2), micro_run["sft"], _FlakyReward(), _train_rows(micro_run))
+    trainer = RlooTrainer(_cfg(micro_run, k=2), micro_run["sft"], _FlakyReward(), _train_rows(micro_run))
     m = trainer.step(0)
     assert m["train/missing_rewards"] > 0
     assert math.isfinite(m["train/loss"]) and math.isfinite(m["train/adv_std"])
@@ -218,7 +218,7 @@ def test_non_finite_reward_model_scores_become_missing_rewards(micro_run, tmp_pa
         reward.score(["Question: q\nAnswer:"] * 3, [" #### 1", "", " x"], ["#### 1"] * 3, [True] * 3)
     with torch.no_grad():
         rm.score.weight.copy_(weight)
-    trainer = Trainer(_cfg(micro_run, k=2), micro_run["sft"], reward, _train_rows(micro_run))
+    trainer = RlooTrainer(_cfg(micro_run, k=2), micro_run["sft"], reward, _train_rows(micro_run))
     # some scores non-finite: those rewards are missing, their groups degenerate, the step stays finite
     real = reward.score
     reward.score = lambda *a: torch.where(torch.arange(len(a[0])) < 2, math.nan, real(*a))
@@ -231,7 +231,7 @@ def test_empty_completions_score_zero_and_train(micro_run):
     reward = VerifierReward()
     assert reward.score(["p", "p"], ["", " #### 3"], ["#### 3", "#### 3"], [True, True]).tolist() == [0.0, 1.0]
     # A policy that answers with EOS at once: empty completions everywhere, still a finite step.
-    trainer = Trainer(_cfg(micro_run, k=2), micro_run["sft"], reward, _train_rows(micro_run))
+    trainer = RlooTrainer(_cfg(micro_run, k=2), micro_run["sft"], reward, _train_rows(micro_run))
     with torch.no_grad():
         head = trainer.policy.get_output_embeddings()
         bias = torch.full((trainer.policy.config.vocab_size,), -1e4, device=head.weight.device)
@@ -269,7 +269,7 @@ def _scripted_evaluations(monkeypatch, script):
         acc, proxy = next(calls)
         return {"eval/accuracy_sampled": acc, "eval/accuracy_greedy": acc, "eval/proxy_reward": proxy}
 
-    monkeypatch.setattr(Trainer, "evaluate", evaluate)
+    monkeypatch.setattr(RlooTrainer, "evaluate", evaluate)
 
 
 def _weights(folder):
@@ -330,13 +330,13 @@ def test_duplicate_samples_are_passed_once_with_the_same_update(micro_run):
     """k samples of a prompt are often the same completion; the forward passes run once per distinct
     row. The step's log-probabilities, advantages and update are those of the plain step."""
     cfg = _cfg(micro_run, k=4, prompts_per_step=4, lr=1e-3, temperature=0.05, max_new_tokens=4)  # many copies
-    class EveryRow(Trainer):
+    class EveryRow(RlooTrainer):
         def distinct_rows(self, batch):
             n = len(batch.completion_mask)
             return torch.arange(n), torch.arange(n)
 
     results = []
-    for trainer_class in (Trainer, EveryRow):
+    for trainer_class in (RlooTrainer, EveryRow):
         trainer = trainer_class(cfg, micro_run["sft"], LengthReward(), _train_rows(micro_run))
         m = trainer.step(0)
         m1 = trainer.step(1)

@@ -173,12 +173,12 @@ def test_zero_signal_is_not_ppos_alarm():
     such groups rises as its policy sharpens (the comparison run, above half from step 50). Its trainer
     does not check zero_signal; every group-baselined estimator does."""
     from rloo.train.ppo import PPOTrainer
-    from rloo.train.rloo import Trainer
+    from rloo.train.rloo_trainer import RlooTrainer
 
     history = _history("comparison_ppo")
     assert alarms.replay(history, CFG)["zero_signal"]
     assert alarms.replay(history, CFG, PPOTrainer.alarms_not_applicable)["zero_signal"] == []
-    assert PPOTrainer.alarms_not_applicable == ("zero_signal",) and Trainer.alarms_not_applicable == ()
+    assert PPOTrainer.alarms_not_applicable == ("zero_signal",) and RlooTrainer.alarms_not_applicable == ()
 
 
 def test_sampling_mismatch_is_a_level_beyond_the_windows_noise():

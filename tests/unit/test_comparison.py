@@ -1,4 +1,4 @@
-"""The comparison refuses runs that are not like for like (rloo_workflow.stages.compare.require_fair)."""
+"""The comparison refuses runs that are not like for like (rloo_workflow.stages.comparison.require_fair)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import copy
 import pytest
 
 from rloo.errors import InputError
-from rloo_workflow.stages.compare import compare
+from rloo_workflow.stages.comparison import compare
 
 
 def _result(name: str) -> dict:

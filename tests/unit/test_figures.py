@@ -198,7 +198,7 @@ def test_a_pipeline_figure_runs_the_default_config_and_the_overlays_its_command_
     figures = _figures_module()
     paths = figures.code_paths({"command": "snakemake --cores all results/comparison.json --configfile "
                                            "config/comparison.yaml   # after bash scripts/pipeline.sh"})
-    assert {"config/config.yaml", "config/comparison.yaml", "workflow", "rloo_workflow/stages/train.py"} <= set(paths)
+    assert {"config/config.yaml", "config/comparison.yaml", "workflow", "rloo_workflow/stages/rloo.py"} <= set(paths)
     assert not any(p == "config" or p.startswith("config/smollm2") for p in paths)  # another overlay: not run
     # an overlay's base is read beneath it (smollm2-judge.yaml -> smollm2.yaml -> config.yaml)
     bench = figures.code_paths({"command": "python bench/rollout_backends.py -c config/smollm2-judge.yaml"})

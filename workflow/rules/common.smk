@@ -77,15 +77,15 @@ def _local(path):
         return str(path)
 
 
-def code(verb):
-    """The `code` param of `rloo <verb>`'s jobs: its code fingerprint (rloo_workflow/code_fingerprint.py), so that
+def code(stage):
+    """The `code` param of `stage`'s jobs (its rule's name): its code fingerprint (rloo_workflow/code_fingerprint.py), so that
     a change to what the stage computes reruns it and its descendants, and a comment, a docstring or a
     schema description reruns nothing. Computed from the package `rloo` is imported from here (PYTHONPATH
     or the installed package); its manifest is kept for `rloo why-rerun`. Once per process: every job's
     lineage reads the fingerprints of the stages above it."""
-    if verb not in _CODE:
-        _CODE[verb] = stage_code_param(verb, config)
-    return _CODE[verb]
+    if stage not in _CODE:
+        _CODE[stage] = stage_code_param(stage, config)
+    return _CODE[stage]
 
 
 _CODE = {}

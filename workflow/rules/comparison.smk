@@ -13,7 +13,7 @@ rule comparison:
             category="Estimator comparison",
         ),
     params:
-        code=code("compare"),
+        code=code("comparison"),
         cfg=lambda wildcards: stage_config("comparison"),
         results=lambda wildcards, input: " ".join(
             f"--result {e}={f} --records {e}={r}" for e, f, r in zip(COMPARED, input.results, input.records, strict=True)
@@ -34,5 +34,5 @@ rule comparison:
         # a served judge's GPUs (evaluate.llm_judge.serve); none for the verifier or an external judge
         **({"gpu": JUDGE_GPUS} if JUDGE_GPUS else {}),
     shell:
-        "rloo compare --job-config {params.cfg} {params.results} {params.timings} --out {output.result} --plot {output.plot} "
+        "rloo comparison --job-config {params.cfg} {params.results} {params.timings} --out {output.result} --plot {output.plot} "
         "--judge-log {log.judge} --log {log.stage}"

@@ -4,7 +4,7 @@ rule rloo:
     output:
         model=directory(OUT["rloo"]["model"]),
     params:
-        code=code("train"),
+        code=code("rloo"),
         cfg=chain_cfg("rloo"),
         lineage=chain_lineage("rloo"),
         data=data_dir,

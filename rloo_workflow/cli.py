@@ -22,7 +22,7 @@ from rloo_workflow import launch, pipeline, tracking
 from rloo_workflow.config import (
     ConfigError,
     changed_keys,
-    declares_base,
+    declares_extends,
     deep_merge,
     load_config,
     parse_set,
@@ -60,7 +60,7 @@ def _warn_without_base(paths: list[str], overrides: dict, cfg: dict) -> None:
     lays it over config/config.yaml: say so loudly when that changes a value."""
     if not Path(DEFAULT_CONFIG).is_file() or any(Path(p).resolve() == Path(DEFAULT_CONFIG).resolve() for p in paths):
         return
-    if any(declares_base(p) for p in paths):
+    if any(declares_extends(p) for p in paths):
         return
     on_default = load_config([DEFAULT_CONFIG, *paths], overrides)
     differ = changed_keys(cfg, on_default)
@@ -68,7 +68,7 @@ def _warn_without_base(paths: list[str], overrides: dict, cfg: dict) -> None:
         shown = ", ".join(differ[:6]) + (f" and {len(differ) - 6} more" if len(differ) > 6 else "")
         print(f"rloo: warning: {' + '.join(map(str, paths))} is read on the schema's defaults, not on "
               f"{DEFAULT_CONFIG} (as snakemake --configfile would); {len(differ)} keys differ: {shown}. Add "
-              f"`base: config.yaml` to the file, or pass -c {DEFAULT_CONFIG} first.", file=sys.stderr)
+              f"`extends: config.yaml` to the file, or pass -c {DEFAULT_CONFIG} first.", file=sys.stderr)
 
 
 def build_parser() -> argparse.ArgumentParser:

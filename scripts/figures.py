@@ -729,9 +729,9 @@ def code_paths(record: dict) -> list[str]:
 
 
 def config_chain(named: list[str]) -> set[str]:
-    """The config files `named` and those they overlay (`base:`, and its `base:` in turn), as repository
+    """The config files `named` and those they overlay (`extends:`, and its `extends:` in turn), as repository
     paths."""
-    from rloo_workflow.config import config_base
+    from rloo_workflow.config import config_extends
 
     out: set[str] = set()
     todo = [ROOT / n for n in named]
@@ -741,8 +741,8 @@ def config_chain(named: list[str]) -> set[str]:
         if rel in out:
             continue
         out.add(rel)
-        if (base := config_base(path)) is not None:
-            todo.append(base)
+        if (extended := config_extends(path)) is not None:
+            todo.append(extended)
     return out
 
 

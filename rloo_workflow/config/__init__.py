@@ -5,8 +5,8 @@ from rloo_workflow.config.checks import validate
 from rloo_workflow.config.overlays import (
     JOB_CONFIG_DIR,
     RESOLVED_ENV,
-    config_base,
-    declares_base,
+    config_extends,
+    declares_extends,
     deep_merge,
     export_resolved,
     job_config_file,
@@ -19,7 +19,8 @@ from rloo_workflow.config.schema import SCHEMA_PATH, ConfigError, load_schema
 from rloo_workflow.config.selection import changed_keys, config_hash, select, with_overrides
 
 __all__ = [
-    "JOB_CONFIG_DIR", "RESOLVED_ENV", "SCHEMA_PATH", "ConfigError", "changed_keys", "config_base", "config_hash", "declares_base", "deep_merge",
+    "JOB_CONFIG_DIR", "RESOLVED_ENV", "SCHEMA_PATH", "ConfigError", "changed_keys", "config_extends", "config_hash", "declares_extends",
+    "deep_merge",
     "export_resolved", "job_config_file", "load_config", "load_schema", "parse_set", "read_job_config", "resolved_base", "select",
     "validate", "with_overrides",
 ]

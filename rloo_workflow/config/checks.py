@@ -15,13 +15,18 @@ from rloo_workflow.config.schema import ConfigError, Validator, coerce, key_path
 from rloo_workflow.config.selection import leaves, put, select
 from rloo_workflow.host_memory import config_problems as host_memory_problems
 
+# The key by which an overlay names the config it lays itself over, then its old spelling (still read):
+# rloo_workflow.config.overlays merges the file it names before the config is validated.
+EXTENDS_KEYS = ("extends", "base")
+
 
 def validate(cfg: dict, source: str = "config", overrides: dict | None = None) -> dict:
     """Validate `cfg` in place, filling defaults; raise ConfigError naming the offending key. `overrides`:
     the part of `cfg` set last (`--set`, `snakemake --config`, a sweep's value), whose keys a rule that
     ties several keys together names first (`_lead_with_given`)."""
     schema = load_schema()
-    cfg.pop("base", None)  # an overlay's declared base, already merged by load_config
+    for key in EXTENDS_KEYS:  # the file an overlay extends, already merged by load_config
+        cfg.pop(key, None)
     coerce(cfg, schema)
     given = {**dict.fromkeys(_paths(cfg), 1), **dict.fromkeys(_paths(overrides or {}), 2)}  # before the defaults
     if problems := _non_finite(cfg) + _credentials(cfg):

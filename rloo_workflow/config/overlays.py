@@ -1,4 +1,4 @@
-"""Reading a config: YAML files overlaid in order (an overlay may name its `base`), `--set` assignments,
+"""Reading a config: YAML files overlaid in order (an overlay may name the file it `extends`), `--set` assignments,
 and the resolved config a Snakemake run hands its jobs."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from rloo_workflow.config.checks import validate
+from rloo_workflow.config.checks import EXTENDS_KEYS, validate
 from rloo_workflow.config.schema import ConfigError
 
 
@@ -130,8 +130,17 @@ def load_config(
     return validate(cfg, source, overrides)
 
 
+def _extends(path: str | Path, cfg: dict) -> tuple[str, object] | None:
+    """(the key given, its value) of an overlay that names the config it extends, else None."""
+    given = [k for k in EXTENDS_KEYS if k in cfg]
+    if len(given) > 1:
+        raise ConfigError(f"{path}: keys 'extends' and 'base' both name the config this file overlays; keep "
+                          "'extends' ('base' is its old spelling)")
+    return (given[0], cfg[given[0]]) if given else None
+
+
 def _read_yaml(path: str | Path, seen: tuple[Path, ...] = ()) -> dict:
-    """A config file; an overlay that names its `base` (a path relative to itself) is read on top of it."""
+    """A config file; an overlay that names the file it `extends` (a path relative to itself) is read on top of it."""
     try:
         cfg = yaml.safe_load(Path(path).read_text()) or {}
     except FileNotFoundError:
@@ -140,31 +149,33 @@ def _read_yaml(path: str | Path, seen: tuple[Path, ...] = ()) -> dict:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(cfg, dict):
         raise ConfigError(f"{path}: the top level must be a mapping, got {type(cfg).__name__}")
-    base = cfg.pop("base", None)
-    if base is None:
+    extends = _extends(path, cfg)
+    if extends is None:
         return cfg
-    if not isinstance(base, str):
-        raise ConfigError(f"{path}: key 'base' must be a path to the config this file overlays")
-    base_path = (Path(path).parent / base).resolve()
-    if base_path in seen:
-        raise ConfigError(f"{path}: key 'base': {base} is already being read (a cycle of bases)")
-    return deep_merge(_read_yaml(base_path, (*seen, base_path)), cfg)
+    key, parent = extends
+    del cfg[key]
+    if not isinstance(parent, str):
+        raise ConfigError(f"{path}: key '{key}' must be a path to the config this file overlays")
+    parent_path = (Path(path).parent / parent).resolve()
+    if parent_path in seen:
+        raise ConfigError(f"{path}: key '{key}': {parent} is already being read (a cycle of overlays)")
+    return deep_merge(_read_yaml(parent_path, (*seen, parent_path)), cfg)
 
 
-def config_base(path: str | Path) -> Path | None:
-    """The file a config overlays (its `base:`, resolved against its own folder), or None."""
+def config_extends(path: str | Path) -> Path | None:
+    """The file a config overlays (its `extends:`, resolved against its own folder), or None."""
     try:
         cfg = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError):
         return None
-    base = cfg.get("base") if isinstance(cfg, dict) else None
-    return (Path(path).parent / base).resolve() if isinstance(base, str) else None
+    extends = _extends(path, cfg) if isinstance(cfg, dict) else None
+    return (Path(path).parent / extends[1]).resolve() if extends and isinstance(extends[1], str) else None
 
 
-def declares_base(path: str | Path) -> bool:
-    """Whether a config file names the config it overlays (`base:`)."""
+def declares_extends(path: str | Path) -> bool:
+    """Whether a config file names the config it overlays (`extends:`)."""
     try:
         cfg = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError):
         return False
-    return isinstance(cfg, dict) and "base" in cfg
+    return isinstance(cfg, dict) and any(k in cfg for k in EXTENDS_KEYS)

@@ -281,7 +281,7 @@ def test_snakemake_config_values_are_typed_and_checked_before_any_job(workflow):
 def test_an_overlay_read_alone_says_what_it_misses():
     res = _rloo("validate-config", "-c", MICRO, cwd=ROOT)
     assert res.returncode == 0 and "warning" in res.stderr and "reward.source" in res.stderr
-    # An overlay that names its base is read on top of it, with no warning.
+    # An overlay that names the file it extends is read on top of it, with no warning.
     res = _rloo("validate-config", "-c", str(ROOT / "config" / "reward_model.yaml"), cwd=ROOT)
     cfg, base = json.loads(res.stdout), load_config(ROOT / "config" / "config.yaml")
     assert "warning" not in res.stderr

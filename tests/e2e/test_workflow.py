@@ -272,7 +272,7 @@ def test_scale_out_overlays_plan_one_task_per_gpu(tmp_path, overlay, nodes):
             assert part in resources[rule], (rule, part, resources[rule])
     assert "gpu=1" in resources["evaluate"] and "mpi=" not in resources["evaluate"], resources["evaluate"]
     assert "gpu=1" in resources["judge"] and "mpi=" not in resources["judge"], resources["judge"]
-    cfg = load_config(ROOT / "config" / overlay)  # its base chain: gpu.yaml, config.yaml
+    cfg = load_config(ROOT / "config" / overlay)  # the files it extends: gpu.yaml, config.yaml
     assert cfg["model"]["name_or_path"] == load_config(ROOT / "config" / "gpu.yaml")["model"]["name_or_path"]
     world = 8 * nodes
     for key in ("sft.batch_size", "reward.batch_size", "rloo.prompts_per_step"):  # each process gets a share
@@ -608,14 +608,14 @@ def test_a_missing_output_reruns_its_stage_and_everything_below_it(run, gone):
 
 
 @pytest.mark.slow
-def test_an_overlay_whose_base_snakemake_did_not_read_is_an_error(tmp_path):
-    """Snakemake reads a --configfile as it is; `base:` is rloo's. An overlay given without its base
-    (config/qwen2-tiny.yaml overlays config/micro.yaml) would silently lose the base's keys: it stops the
-    run, naming both files; given in order, the same overlay plans."""
+def test_an_overlay_whose_extended_file_snakemake_did_not_read_is_an_error(tmp_path):
+    """Snakemake reads a --configfile as it is; `extends:` is rloo's. An overlay given without the file it
+    extends (config/qwen2-tiny.yaml overlays config/micro.yaml) would silently lose that file's keys: it stops
+    the run, naming both files; given in order, the same overlay plans."""
     copy = make_copy(tmp_path / "wf")
     res = snakemake(copy, "-n", "--configfile", "config/qwen2-tiny.yaml", check=False)
     out = res.stdout + res.stderr
     assert res.returncode != 0
-    assert "its base" in out and "--configfile config/micro.yaml config/qwen2-tiny.yaml" in out, out[-2000:]
+    assert "the file it extends" in out and "--configfile config/micro.yaml config/qwen2-tiny.yaml" in out, out[-2000:]
     ok = snakemake(copy, "-n", "--configfile", "config/micro.yaml", "config/qwen2-tiny.yaml", check=False)
     assert ok.returncode == 0, (ok.stdout + ok.stderr)[-2000:]

@@ -74,13 +74,36 @@ def test_config_files_overlay_in_order(tmp_path, capsys):
     assert printed["model"]["tiny"] == base["model"]["tiny"]
 
 
+@pytest.mark.parametrize("key", ["extends", "base"])
+def test_an_overlay_names_the_file_it_extends_with_either_spelling(tmp_path, key):
+    """`extends:` names the config an overlay lays itself over; `base:`, its old spelling, still reads the
+    same; an error names the key as the file spells it."""
+    (tmp_path / "parent.yaml").write_text("rloo:\n  k: 3\n  steps: 9\n")
+    (tmp_path / "child.yaml").write_text(f"{key}: parent.yaml\nrloo:\n  k: 5\n")
+    cfg = load_config(tmp_path / "child.yaml")
+    assert (cfg["rloo"]["k"], cfg["rloo"]["steps"]) == (5, 9) and "extends" not in cfg and "base" not in cfg
+    (tmp_path / "bad.yaml").write_text(f"{key}: 3\n")
+    with pytest.raises(ConfigError, match=f"bad.yaml: key '{key}' must be a path to the config this file overlays"):
+        load_config(tmp_path / "bad.yaml")
+    (tmp_path / "loop.yaml").write_text(f"{key}: loop.yaml\n")
+    with pytest.raises(ConfigError, match=f"loop.yaml: key '{key}': loop.yaml is already being read"):
+        load_config(tmp_path / "loop.yaml")
+
+
+def test_an_overlay_with_both_spellings_is_refused(tmp_path):
+    (tmp_path / "parent.yaml").write_text("rloo:\n  k: 3\n")
+    (tmp_path / "both.yaml").write_text("extends: parent.yaml\nbase: parent.yaml\n")
+    with pytest.raises(ConfigError, match=r"both\.yaml: keys 'extends' and 'base' both name the config"):
+        load_config(tmp_path / "both.yaml")
+
+
 EXAMPLES = sorted((ROOT / "config" / "examples").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("overlay", EXAMPLES, ids=[p.name for p in EXAMPLES])
 def test_every_example_overlay_validates(overlay, monkeypatch, capsys):
-    """config/examples/: the front page's "your model, your data, your reward" overlays. Each names its
-    base; its relative paths (a reward file, data files) are read from the repository's root, where the
+    """config/examples/: the front page's "your model, your data, your reward" overlays. Each names the
+    file it extends; its relative paths (a reward file, data files) are read from the repository's root, where the
     pipeline runs. The micro one runs in tests/e2e/test_reward_plugins.py."""
     import json
 

@@ -200,7 +200,7 @@ def test_a_pipeline_figure_runs_the_default_config_and_the_overlays_its_command_
                                            "config/comparison.yaml   # after bash scripts/pipeline.sh"})
     assert {"config/config.yaml", "config/comparison.yaml", "workflow", "rloo_workflow/stages/rloo.py"} <= set(paths)
     assert not any(p == "config" or p.startswith("config/smollm2") for p in paths)  # another overlay: not run
-    # an overlay's base is read beneath it (smollm2-judge.yaml -> smollm2.yaml -> config.yaml)
+    # the file an overlay extends is read beneath it (smollm2-judge.yaml -> smollm2.yaml -> config.yaml)
     bench = figures.code_paths({"command": "python bench/rollout_backends.py -c config/smollm2-judge.yaml"})
     assert {"bench/rollout_backends.py", "config/smollm2-judge.yaml", "config/smollm2.yaml", "config/config.yaml"} <= set(bench)
     assert "config/config.yaml" in figures.code_paths({"command": "python bench/rloo_step.py --rounds 3"})  # its default

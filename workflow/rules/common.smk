@@ -6,7 +6,7 @@ from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
-from rloo_workflow.config import config_base as _config_base
+from rloo_workflow.config import config_extends as _config_extends
 from rloo_workflow.config import load_schema
 from rloo_workflow.config import job_config_file
 from rloo_workflow.config import validate as _validate_config
@@ -19,16 +19,16 @@ from rloo_workflow.pipeline import stage_config as _stage_config
 from rloo_workflow.pipeline import POLICIES, parse_variant, rule_outputs, work_dir
 from rloo_workflow.code_fingerprint import stage_code_param
 
-# Snakemake reads each --configfile as it is and knows nothing of an overlay's `base:` (the file it
+# Snakemake reads each --configfile as it is and knows nothing of an overlay's `extends:` (the file it
 # overlays, which `rloo <stage> -c` reads first). The Snakefile's own configfile is config/config.yaml;
-# any other base must be given too, before its overlay, or its keys would be silently missing.
+# any other file extended must be given too, before its overlay, or its keys would be silently missing.
 _read = [Path("config/config.yaml").resolve(), *(Path(f).resolve() for f in workflow.overwrite_configfiles or [])]
 for _i, _file in enumerate(_read[1:], start=1):
-    _base = _config_base(_file)
-    if _base is not None and _base not in _read[:_i]:
+    _extended = _config_extends(_file)
+    if _extended is not None and _extended not in _read[:_i]:
         raise WorkflowError(
-            f"{_file}: its base {_base} was not read: Snakemake does not follow `base:`; give both, the "
-            f"base first: --configfile {os.path.relpath(_base)} {os.path.relpath(_file)}")
+            f"{_file}: the file it extends, {_extended}, was not read: Snakemake does not follow `extends:`; give "
+            f"both, the extended file first: --configfile {os.path.relpath(_extended)} {os.path.relpath(_file)}")
 # The same schema and validator as `rloo <stage>`: defaults filled in place, unknown keys named; a rule
 # across keys names the one given with --config first, as --set does.
 _validate_config(config, source="snakemake config", overrides=dict(workflow.config_settings.config))

@@ -2,7 +2,7 @@
 
     adapted = lora.adapt(model, sections.model.lora)   # None when model.lora.enabled is false
     policy = adapted.model                      # the model's own class, LoRA layers injected: train this
-    with adapted.base():                        # adapters off: the base model (RLOO's reference)
+    with adapted.adapters_off():                # the frozen weights W alone (RLOO's reference)
         ...
     whole = adapted.merged()                    # plain model, B A merged in: what a stage saves
 
@@ -51,8 +51,8 @@ class Adapted:
         return self.peft.get_base_model()
 
     @contextlib.contextmanager
-    def base(self) -> Iterator[torch.nn.Module]:
-        """`model` with its adapters switched off within the block: exactly the frozen base model."""
+    def adapters_off(self) -> Iterator[torch.nn.Module]:
+        """`model` with its adapters switched off within the block: exactly the frozen weights it started from."""
         with self.peft.disable_adapter():
             yield self.model
 

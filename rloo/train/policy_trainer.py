@@ -123,8 +123,8 @@ class PolicyTrainer:
         if self.adapted is None:
             yield self.reference
             return
-        with distributed.gathered(self.policy), self.adapted.base() as base:
-            yield base
+        with distributed.gathered(self.policy), self.adapted.adapters_off() as frozen:
+            yield frozen
 
     def networks(self) -> dict[str, int]:
         """{network: parameters} of every network this trainer holds (the method's memory argument)."""

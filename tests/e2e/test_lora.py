@@ -129,8 +129,8 @@ def test_lean_sampling_applies_the_adapters(micro_run):
     lean = generate(model, prompts, generator=step_generator(0, 1), lean=True, **kw)
     hf = generate(model, prompts, generator=step_generator(0, 1), lean=False, **kw)
     assert torch.equal(lean.completions, hf.completions)
-    with adapted.base() as base:
-        plain = generate(base, prompts, generator=step_generator(0, 1), lean=True, **kw)
+    with adapted.adapters_off() as frozen:
+        plain = generate(frozen, prompts, generator=step_generator(0, 1), lean=True, **kw)
     assert not torch.equal(plain.completions, lean.completions)
 
 

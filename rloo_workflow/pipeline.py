@@ -36,8 +36,8 @@ ConfigLike = Config | Mapping[str, Any]
 
 @dataclass(frozen=True)
 class Stage:
-    name: str  # the Snakemake rule, the DVC stage and (with the estimator) the MLflow run
-    verb: str  # `rloo <verb>`; rloo_workflow.stages.<verb>.run does the work
+    name: str  # the Snakemake rule, the DVC stage, the stage module, the code key and (with the estimator) the MLflow run
+    verb: str  # `rloo <verb>` runs rloo_workflow.stages.<name>; the name but for rloo (`rloo train`)
     outputs: dict[str, str]  # named output paths (templates); `cli_outputs` maps them to the CLI options
     keys: tuple[str, ...] = ()  # config keys it reads ("section" or "section.key")
     excluded: tuple[str, ...] = ()  # keys below those that it does not read

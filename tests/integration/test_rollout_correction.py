@@ -14,7 +14,7 @@ import torch
 from model_helpers import LengthReward
 from test_microbatch import _cfg, _rows
 
-from rloo.algo import bandit, reference
+from rloo.algo import bandit, rloo_update
 from rloo.algo import rollout_correction as rc
 from rloo.algo.losses import policy_loss
 from rloo.errors import InputError
@@ -167,7 +167,7 @@ def test_the_hf_samplers_logprobs_are_the_trainers_of_the_same_tokens(micro_run,
         assert float((ro.logprobs - want).abs()[m].max()) < 1e-5, temperature
         assert torch.equal(ro.logprobs[~m], torch.zeros_like(ro.logprobs[~m]))  # padding: 0
     with torch.no_grad():  # the helper at T = 1 is the method's reference pass
-        plain = reference.token_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.completions, m)
+        plain = rloo_update.token_logprobs(model, ro.prompt_ids, ro.prompt_mask, ro.completions, m)
     torch.testing.assert_close(_trainer_logprobs(model, ro, 1.0)[m], plain[m])
 
 

@@ -51,11 +51,11 @@ def _config(args: argparse.Namespace) -> dict:
         overrides = deep_merge(resolved_base(), overrides)
     cfg = load_config(paths or None, overrides)
     if paths:
-        _warn_without_base(paths, overrides, cfg)
+        _warn_without_extends(paths, overrides, cfg)
     return cfg
 
 
-def _warn_without_base(paths: list[str], overrides: dict, cfg: dict) -> None:
+def _warn_without_extends(paths: list[str], overrides: dict, cfg: dict) -> None:
     """`rloo -c overlay.yaml` reads the file on the schema's defaults, while `snakemake --configfile`
     lays it over config/config.yaml: say so loudly when that changes a value."""
     if not Path(DEFAULT_CONFIG).is_file() or any(Path(p).resolve() == Path(DEFAULT_CONFIG).resolve() for p in paths):

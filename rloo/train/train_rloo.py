@@ -65,13 +65,13 @@ def bookkeeping(rc: RlooConfig) -> tuple[str, ...]:
 
 
 def make_trainer(config: Config | Mapping, policy_dir: str | Path, reward: RewardSource, train: list[dict],
-                 reward_model_dir: str | Path | None = None) -> Trainer:
+                 reward_model_dir: str | Path | None = None, source: str = "the training prompts") -> Trainer:
     """The trainer of `rloo.estimator`: PPO (its critic grown from the policy or the reward model), or
-    the critic-free Trainer for every other estimator."""
+    the critic-free Trainer for every other estimator (`source` names `train` in errors)."""
     config = config if isinstance(config, Config) else Config.from_config(config)
     rc = config.rloo
     if rc.estimator != "ppo":
-        return Trainer(config, policy_dir, reward, train)
+        return Trainer(config, policy_dir, reward, train, source)
     from rloo.train.ppo import PPOTrainer
 
     critic_dir = policy_dir
@@ -79,7 +79,7 @@ def make_trainer(config: Config | Mapping, policy_dir: str | Path, reward: Rewar
         if not reward_model_dir:
             raise MissingInputError("rloo.ppo.critic_init=reward_model: no reward model folder given (--reward-model)")
         critic_dir = reward_model_dir
-    return PPOTrainer(config, policy_dir, reward, train, critic_dir)
+    return PPOTrainer(config, policy_dir, reward, train, critic_dir, source)
 
 
 def _samples(history: list[dict], rc: RlooConfig) -> int:
@@ -121,8 +121,9 @@ def _final_mean(values: list[float]) -> float | None:
 def train_rloo(config: Config, policy_dir: str | Path, train: list[dict], val: list[dict], reward: RewardSource,
                out_dir: str | Path, work_dir: str | Path, fingerprint: str, *,
                reward_model_dir: str | Path | None = None,
-               log_to: RunLog | Callable[[dict, int], None] | None = None, facts: dict[str, int] | None = None) -> dict:
-    """Train on the prompt rows `train` ({question, answer, ...}) and write `out_dir` (save_pretrained policy,
+               log_to: RunLog | Callable[[dict, int], None] | None = None, facts: dict[str, int] | None = None,
+               source: str = "the training prompts") -> dict:
+    """Train on the prompt rows `train` (named `source` in errors) ({question, answer, ...}) and write `out_dir` (save_pretrained policy,
     steps.jsonl, metrics.json); return the run's summary (metrics.json) and its run facts (times, peak
     memory, the step it resumed from).
 
@@ -138,7 +139,7 @@ def train_rloo(config: Config, policy_dir: str | Path, train: list[dict], val: l
     rc = config.rloo
     check_sampling(rc)
     out_dir, work_dir = Path(out_dir), Path(work_dir)
-    trainer = make_trainer(config, policy_dir, reward, train, reward_model_dir)
+    trainer = make_trainer(config, policy_dir, reward, train, reward_model_dir, source)
     try:
         loop = resumed_loop(trainer, rc, work_dir, fingerprint, log_to)
         select = checkpoint.Selection(work_dir / "best", rc.select == "best" and rc.eval_every > 0)

@@ -32,4 +32,5 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
         cfg, ["seed", "model", "prompt", "reward"], data_dir, policy_dir,
         ignore=("reward.checkpoint_every", *STAGES["reward"].excluded)))
     return reward.run(Config.from_config(cfg), policy_dir, read_split(data_dir, "train"), out_dir, work_dir,
-                      fingerprint, log_to=tracking.STAGE_LOG, facts={"threads": threads})
+                      fingerprint, log_to=tracking.STAGE_LOG, facts={"threads": threads},
+                      source=str(Path(data_dir) / "train.jsonl"))

@@ -47,16 +47,15 @@ def run(
     data_dir = Path(data_dir)
     train = training_prompts(read_split(data_dir, "train"), rc.min_solution_steps)
     val = read_split(data_dir, "val")
-    if rc.prompts_per_step > len(train):  # validation refuses one above the split; min_solution_steps can still cut it
-        log.warning("!!! rloo.prompts_per_step=%d is more than the %d training prompts (rloo.min_solution_steps=%d): "
-                    "each step takes all of them", rc.prompts_per_step, len(train), rc.min_solution_steps)
     reward = build_reward(cfg, str(reward_model_dir) if reward_model_dir else None)
     fingerprint = run_fingerprint(cfg, ["seed", "model", "prompt", "reward", "rloo"], data_dir, policy_dir,
                                   ignore=bookkeeping(rc))
     if files := user_files(cfg):  # the user's reward code: checkpoints of an earlier version are not resumed
         fingerprint = hashlib.sha256((fingerprint + "".join(sha256_file(f) for f in files)).encode()).hexdigest()[:16]
     summary = train_rloo(config, policy_dir, train, val, reward, out_dir, work_dir, distributed.fingerprint(fingerprint),
-                         reward_model_dir=reward_model_dir, log_to=tracking.STAGE_LOG, facts={"threads": threads})
+                         reward_model_dir=reward_model_dir, log_to=tracking.STAGE_LOG, facts={"threads": threads},
+                         source=f"{data_dir / 'train.jsonl'}: the prompts of rloo.min_solution_steps="
+                                f"{rc.min_solution_steps} or more solution steps")
     for line in report.rloo_lines(summary):
         log.warning(line) if line.startswith("!!") else log.info(line)
     return summary

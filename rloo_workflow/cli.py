@@ -18,6 +18,7 @@ from rloo.console import configure_logging
 from rloo.errors import MissingInputError, UserError
 from rloo.io import failed_write_line
 from rloo.model import launcher
+from rloo.settings import Config
 from rloo_workflow import launch, pipeline, tracking
 from rloo_workflow.config import (
     ConfigError,
@@ -313,34 +314,50 @@ class _Job:
     work: str | None
 
 
+# Inputs a command reads only where its option names one (without it, the stage goes on without them).
+_GIVEN_ONLY = {"evaluate": ("reward_model",), "report": ("judged", "training", "manifest")}
+
+
 def _inputs_exist(args: argparse.Namespace, cfg: dict, data: str, sft: str) -> None:
-    """Every local folder the stage reads exists, or one line names it, where it came from and the
-    stage that writes it (rather than transformers reading a missing folder as a hub id)."""
-    needs: list[tuple[str, str, str]] = []  # (path, where it came from, the stage that writes it)
-    if args.stage in ("sft", "reward", "train", "evaluate") or (args.stage == "base" and "prepare" in pipeline.upstream("base", cfg)):
-        needs.append((data, "--data" if getattr(args, "data", None) else "paths.data", "prepare"))
-    if args.stage == "sft":
-        needs.append((args.base or pipeline.outputs("base", cfg)["model"], "--base" if args.base else "the base output",
-                      "base"))
-    if args.stage in ("reward", "train"):
-        needs.append((args.policy or sft, "--policy" if args.policy else "the SFT output", "sft"))
-    if args.stage == "train" and (args.reward_model or cfg["reward"]["source"] == "model"):
-        needs.append((args.reward_model or pipeline.outputs("reward", cfg)["model"],
-                      "--reward-model" if args.reward_model else "reward.source=model", "reward"))
-    if args.stage == "evaluate":
-        needs.append((args.sft or sft, "--sft" if args.sft else "the SFT output", "sft"))
-        name, folder = pipeline.evaluated_policy(args, cfg)
-        needs.append((folder, f"the {name} policy", pipeline.policy_model(name).stage))
-        if args.reward_model:
-            needs.append((args.reward_model, "--reward-model", "reward"))
-    if args.stage in ("report", "judge"):
-        needs += [(path, f"the {name} evaluation", "evaluate") for name, path in _evaluations(args, cfg).items()]
-    for path, source, writer in needs:
+    """Every local folder the stage reads (pipeline.input_graph, the rules' inputs) exists, or one line
+    names it, where it came from (the option of the input's name, else the config) and the stage that
+    writes it (rather than transformers reading a missing folder as a hub id)."""
+    stage = pipeline.BY_VERB[args.stage].name
+    if stage not in pipeline.CHAIN:
+        return
+    policy = pipeline.evaluated_policy(args, cfg) if stage == "evaluate" else None
+    needs: dict[str, tuple[str, str]] = {}  # path: (where it came from, the stage that writes it)
+    for key, ref in pipeline.input_graph(stage, cfg, policy=policy and policy[0]).items():
+        given = getattr(args, key, None)
+        if key in _GIVEN_ONLY.get(stage, ()) and not given:
+            continue
+        if ref.stage == "prepare":  # the data folder's files: --data, else paths.data
+            needs.setdefault(data, ("--data" if getattr(args, "data", None) else "paths.data", "prepare"))
+        elif ref.stage == "evaluate":  # the records of --policy, --sft and --base, else the declared ones
+            needs.update({path: (f"the {name} evaluation", "evaluate") for name, path in _evaluations(args, cfg).items()})
+        elif policy and key == "policy":  # evaluate: its --policy NAME=FOLDER, else the estimator's output
+            needs[policy[1]] = (f"the {policy[0]} policy", ref.stage)
+        elif given:
+            needs[given] = (f"--{key.replace('_', '-')}", ref.stage)
+        else:
+            path = sft if ref.stage == "sft" else pipeline.outputs(ref.stage, cfg, ref.estimator, policy=ref.policy)[ref.output]
+            needs[path] = (_why_read(stage, key, ref.stage, cfg), ref.stage)
+    # the earliest stage first: the one to run first
+    for path, (source, writer) in sorted(needs.items(), key=lambda need: pipeline.CHAIN.index(need[1][1])):
         # A hub id given on the command line (namespace/name) is transformers' to resolve.
         hub_id = source.startswith("--") and writer != "prepare" and re.fullmatch(r"[\w.-]+/[\w.-]+", str(path))
         if not Path(path).exists() and not hub_id:
             raise MissingInputError(f"{path} ({source}) does not exist: the {writer} stage writes it "
                                     f"(rloo {pipeline.STAGES[writer].verb}, or snakemake runs it)")
+
+
+def _why_read(stage: str, key: str, writer: str, cfg: dict) -> str:
+    """Where an input the options do not name comes from: the setting that makes the RLOO stage read the
+    reward model, else the upstream stage's declared output."""
+    if stage == "rloo" and key == "reward_model":
+        source = Config.from_config(cfg).reward.source
+        return "reward.source=model" if source == "model" else "rloo.ppo.critic_init=reward_model"
+    return f"the {writer} output"
 
 
 def _evaluations(args: argparse.Namespace, cfg: dict) -> dict[str, str]:

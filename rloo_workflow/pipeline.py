@@ -195,7 +195,8 @@ def policy_model(policy: str) -> Ref:
 
 
 # The input graph, declared once: each chain stage's named inputs, as outputs of the jobs that write them.
-# The Snakemake rules take their inputs from it (`job_inputs`), and a job's lineage (what reruns it:
+# The Snakemake rules take their inputs from it (`job_inputs`), `rloo <stage>` checks them before it runs
+# (rloo_workflow/cli.py `_inputs_exist`), and a job's lineage (what reruns it:
 # `lineage`) and the jobs a variant runs itself (`owns`) follow it.
 def input_graph(stage: str, cfg: ConfigLike, estimator: str | None = None,
                 policy: str | None = None) -> dict[str, Ref]:

@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 from rloo.errors import InputError
 from rloo.settings import Config
+from rloo.train.identity import NOT_READ_BY_REWARD_MODEL
 from rloo_workflow.config.selection import put, select, with_overrides
 
 # What the functions below take: the typed config, or the validated dict the Snakefile (workflow/rules/*.smk)
@@ -67,7 +68,7 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
           excluded=("model.shape",), data_parallel=True),
     # The reward model does not depend on what RLOO then uses as its reward.
     Stage("reward", "reward", {"model": "{models}/reward"}, keys=("seed", "model", "prompt", "reward"),
-          excluded=("reward.source", "reward.batch_size_score", "reward.functions", "reward.http", "model.shape"),
+          excluded=(*NOT_READ_BY_REWARD_MODEL, "model.shape"),
           work=True, data_parallel=True),
     Stage("rloo", "train", {"model": "{models}/rloo_{estimator}"},
           keys=("seed", "model", "prompt", "reward.source", "rloo", "rollout"), per_estimator=True, work=True,

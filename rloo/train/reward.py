@@ -33,12 +33,6 @@ from rloo.train.run_log import RunLog
 
 log = logging.getLogger("rloo.reward")
 
-# The `reward.*` keys a run may change and still resume its checkpoints: the checkpoint interval, and
-# what scores RLOO's samples, which this run does not read.
-BOOKKEEPING = ("reward.checkpoint_every", "reward.source", "reward.batch_size_score", "reward.functions",
-               "reward.http")
-
-
 def sample_pairs(config: Config | Mapping, policy_dir: Path, train: list[dict]) -> tuple[list[Pair], dict]:
     """Sample `samples_per_prompt` completions per prompt from the SFT policy; label; pair them.
 

@@ -55,15 +55,6 @@ def check_sampling(rc: RlooConfig) -> list[str]:
     return problems
 
 
-def bookkeeping(rc: RlooConfig) -> tuple[str, ...]:
-    """The `rloo.*` keys a run may change and still resume its checkpoints: evaluation, selection and
-    stopping rules change what is written, not the training trajectory; under the constant LR schedule a
-    run may be extended (more steps); PPO's settings do not touch the other estimators' runs."""
-    out = ("rloo.checkpoint_every", "rloo.keep_checkpoints", "rloo.eval_every", "rloo.eval_examples",
-           "rloo.eval_draws", "rloo.eval_batch_size", "rloo.select", "rloo.stop_on", "rloo.alarms")
-    return out + (("rloo.ppo",) if rc.estimator != "ppo" else ()) + (("rloo.steps",) if rc.lr_schedule == "constant" else ())
-
-
 def make_trainer(config: Config | Mapping, policy_dir: str | Path, reward: RewardSource, train: list[dict],
                  reward_model_dir: str | Path | None = None, source: str = "the training prompts") -> Trainer:
     """The trainer of `rloo.estimator`: PPO (its critic grown from the policy or the reward model), or

@@ -10,8 +10,9 @@ from pathlib import Path
 
 from rloo.data.gsm8k import read_split
 from rloo.model import base, distributed
-from rloo.runtime import run_fingerprint, setup
+from rloo.runtime import setup
 from rloo.settings import Config
+from rloo.train.identity import run_identity
 from rloo.train.train_sft import train_sft
 from rloo_workflow import tracking
 
@@ -27,6 +28,6 @@ def run(cfg: dict, data_dir: str | Path, base_dir: str | Path, out_dir: str | Pa
     data_dir = Path(data_dir)
     train, test = read_split(data_dir, "train"), read_split(data_dir, "test")
     base.check_matches(Path(base_dir), config.model)
-    fingerprint = distributed.fingerprint(run_fingerprint(cfg, ["seed", "model", "prompt", "sft"], data_dir))
+    fingerprint = distributed.fingerprint(run_identity(config, "sft", data_dir=data_dir))
     return train_sft(config, base_dir, train, test, out_dir, work_dir, fingerprint, log_to=tracking.STAGE_LOG,
                      facts={"threads": threads}, source=str(data_dir / "train.jsonl"))

@@ -6,20 +6,19 @@ checkpoint must match, logs to the stage's MLflow run and reports what it wrote.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from pathlib import Path
 
 from rloo.data.gsm8k import read_split
 from rloo.eval import report
-from rloo.io import sha256_file
 from rloo.model import distributed
 from rloo.reward.functions import user_files
 from rloo.reward.rewards import build_reward
 from rloo.rollout.collect import training_prompts
-from rloo.runtime import run_fingerprint, setup
+from rloo.runtime import setup
 from rloo.settings import Config
-from rloo.train.train_rloo import bookkeeping, train_rloo
+from rloo.train.identity import run_identity
+from rloo.train.train_rloo import train_rloo
 from rloo_workflow import tracking
 
 log = logging.getLogger("rloo.train")
@@ -48,10 +47,7 @@ def run(
     train = training_prompts(read_split(data_dir, "train"), rc.min_solution_steps)
     val = read_split(data_dir, "val")
     reward = build_reward(cfg, str(reward_model_dir) if reward_model_dir else None)
-    fingerprint = run_fingerprint(cfg, ["seed", "model", "prompt", "reward", "rloo"], data_dir, policy_dir,
-                                  ignore=bookkeeping(rc))
-    if files := user_files(cfg):  # the user's reward code: checkpoints of an earlier version are not resumed
-        fingerprint = hashlib.sha256((fingerprint + "".join(sha256_file(f) for f in files)).encode()).hexdigest()[:16]
+    fingerprint = run_identity(config, "rloo", data_dir=data_dir, model_dir=policy_dir, reward_files=user_files(cfg))
     summary = train_rloo(config, policy_dir, train, val, reward, out_dir, work_dir, distributed.fingerprint(fingerprint),
                          reward_model_dir=reward_model_dir, log_to=tracking.STAGE_LOG, facts={"threads": threads},
                          source=f"{data_dir / 'train.jsonl'}: the prompts of rloo.min_solution_steps="

@@ -238,8 +238,9 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
     if "SLURM_STEP_ID" in os.environ:  # a task of an srun step: its ranks become torchrun's variables
         launcher.adopt_slurm_env()
     if args.stage in DATA_PARALLEL and launcher.launched_world() == 1:
-        n = args.nproc if args.nproc is not None else cfg["distributed"]["nproc_per_node"]
-        if n * cfg["distributed"]["nodes"] > 1:
+        d = Config.of(cfg).distributed
+        n = args.nproc if args.nproc is not None else d.nproc_per_node
+        if n * d.nodes > 1:
             # Not yet under a launcher: become srun (inside a Slurm allocation) or torchrun, starting
             # the run's processes, each running this command.
             if problem := launch.launch_problem(cfg, n):
@@ -355,7 +356,7 @@ def _why_read(stage: str, key: str, writer: str, cfg: dict) -> str:
     """Where an input the options do not name comes from: the setting that makes the RLOO stage read the
     reward model, else the upstream stage's declared output."""
     if stage == "rloo" and key == "reward_model":
-        source = Config.from_config(cfg).reward.source
+        source = Config.of(cfg).reward.source
         return "reward.source=model" if source == "model" else "rloo.ppo.critic_init=reward_model"
     return f"the {writer} output"
 
@@ -367,7 +368,8 @@ def _evaluations(args: argparse.Namespace, cfg: dict) -> dict[str, str]:
         return pipeline.outputs("evaluate", cfg, policy=policy)["records"]
 
     trained = [p.split("=", 1) for p in (args.policy if isinstance(args.policy, list) else [args.policy]) if p]
-    out = {name: path for name, path in trained} or {cfg["rloo"]["estimator"]: records(cfg["rloo"]["estimator"])}
+    estimator = Config.of(cfg).rloo.estimator
+    out = {name: path for name, path in trained} or {estimator: records(estimator)}
     out["sft"] = args.sft or records("sft")
     if args.stage == "report":
         out["base"] = args.base or records("base")
@@ -435,7 +437,7 @@ def _judge(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
 
     evaluations = {name: read(name, path) for name, path in _evaluations(args, cfg).items()}
     sft = evaluations.pop("sft")
-    log = args.judge_log or Path(cfg["paths"]["logs"]) / f"judge_{next(iter(evaluations))}.judge.log"
+    log = args.judge_log or Path(Config.of(cfg).paths.logs) / f"judge_{next(iter(evaluations))}.judge.log"
     judge.run(cfg, evaluations, sft, job.out["result"], log)
 
 
@@ -453,7 +455,7 @@ def _report(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
 def _toy(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
     from rloo_workflow.stages import toy
 
-    toy.run(job.out["result"], job.out["plot"], seed=cfg["seed"])
+    toy.run(job.out["result"], job.out["plot"], seed=Config.of(cfg).seed)
 
 
 def _compare(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
@@ -470,13 +472,14 @@ def _compare(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
 def _seeds(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
     from rloo_workflow.stages import seeds
 
-    seeds.run(dict(r.split("=", 1) for r in args.result), cfg["rloo"]["estimator"], job.out["result"], job.out["plot"])
+    seeds.run(dict(r.split("=", 1) for r in args.result), Config.of(cfg).rloo.estimator, job.out["result"],
+              job.out["plot"])
 
 
 def _sweep(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
     from rloo_workflow.stages import sweep
 
-    sweep.run(cfg, args.name, dict(r.split("=", 1) for r in args.result), cfg["rloo"]["estimator"],
+    sweep.run(cfg, args.name, dict(r.split("=", 1) for r in args.result), Config.of(cfg).rloo.estimator,
               job.out["result"], job.out["plot"])
 
 

@@ -146,23 +146,9 @@ class Variant:
     roots: frozenset[str] = frozenset()
 
 
-_TYPED: dict[str, Config] = {}  # the last few dicts converted, by their content
-
-
 def _sections(cfg: ConfigLike) -> Config:
-    """The typed config of `cfg`. A workflow asks this of its one validated dict thousands of times while
-    Snakemake builds the DAG (every job's inputs, params and lineage), so the last few conversions are kept,
-    by the dict's content (serialising it costs a tenth of converting it)."""
-    if isinstance(cfg, Config):
-        return cfg
-    key = json.dumps(cfg, sort_keys=True, default=str)
-    if (hit := _TYPED.get(key)) is not None:
-        return hit
-    sections = Config.from_config(cfg)
-    if len(_TYPED) >= 8:
-        _TYPED.pop(next(iter(_TYPED)))
-    _TYPED[key] = sections
-    return sections
+    """The typed config of `cfg` (`Config.of`: conversions kept by content)."""
+    return Config.of(cfg)
 
 
 def _pretrained(sections: Config) -> bool:

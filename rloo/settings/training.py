@@ -193,8 +193,8 @@ class RewardConfig(Section):
     padded length: a step's rows are packed by length into micro-batches under it and their gradients
     accumulated, so the step's gradient equals the whole batch's. 0 = the whole batch in one pass."""
 
-    def problems(self, max_length: int, cfg: dict[str, Any]) -> list[str]:
-        """(`cfg`: the whole config as a dict, which the reward functions' check reads.)"""
+    def problems(self, max_length: int, cfg: Any) -> list[str]:
+        """(`cfg`: the whole config, rloo.settings.Config, which the reward functions' check reads.)"""
         out = completion_room("reward.max_new_tokens", self.max_new_tokens, max_length)
         if self.source == "http" and not self.http.url:
             out.append("key 'reward.http.url': reward.source is 'http' but no URL is set (http://host:port/path)")

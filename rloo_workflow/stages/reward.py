@@ -23,11 +23,11 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
     training split and write `out_dir` (save_pretrained + metrics.json, history.json): rloo.train.reward.
     Checkpoints go to `work_dir` (default: a `work` folder next to `out_dir`); a rerun resumes. Under
     torchrun with `distributed.strategy` ddp or fsdp every process runs this."""
-    distributed.init(cfg)
-    threads = setup(distributed.threads(cfg["threads"]), cfg["seed"])
+    config = Config.of(cfg)
+    distributed.init(config)
+    threads = setup(distributed.threads(config.threads), config.seed)
     out_dir = Path(out_dir)
     work_dir = Path(work_dir) if work_dir is not None else out_dir.parent / "work" / out_dir.name
-    config = Config.from_config(cfg)
     fingerprint = distributed.fingerprint(run_identity(config, "reward", data_dir=data_dir, model_dir=policy_dir))
     return reward.run(config, policy_dir, read_split(data_dir, "train"), out_dir, work_dir,
                       fingerprint, log_to=tracking.STAGE_LOG, facts={"threads": threads},

@@ -22,9 +22,9 @@ def run(cfg: dict, data_dir: str | Path, base_dir: str | Path, out_dir: str | Pa
     evaluate it on its test split and write `out_dir` (save_pretrained + metrics.json); resumable via
     `work_dir`. Under torchrun with `distributed.strategy` ddp or fsdp every process runs this
     (rloo.train.train_sft)."""
-    distributed.init(cfg)
-    threads = setup(distributed.threads(cfg["threads"]), cfg["seed"])
-    config = Config.from_config(cfg)
+    config = Config.of(cfg)
+    distributed.init(config)
+    threads = setup(distributed.threads(config.threads), config.seed)
     data_dir = Path(data_dir)
     train, test = read_split(data_dir, "train"), read_split(data_dir, "test")
     base.check_matches(Path(base_dir), config.model)

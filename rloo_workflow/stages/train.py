@@ -39,15 +39,15 @@ def run(
     Under torchrun with `distributed.strategy` ddp or fsdp every process runs this, each training on its
     share of every step (rloo/train/rloo.py); rank 0 alone writes the outputs and logs to MLflow.
     """
-    distributed.init(cfg)
-    threads = setup(distributed.threads(cfg["threads"]), cfg["seed"])
-    config = Config.from_config(cfg)
+    config = Config.of(cfg)
+    distributed.init(config)
+    threads = setup(distributed.threads(config.threads), config.seed)
     rc = config.rloo
     data_dir = Path(data_dir)
     train = training_prompts(read_split(data_dir, "train"), rc.min_solution_steps)
     val = read_split(data_dir, "val")
     reward = build_reward(cfg, str(reward_model_dir) if reward_model_dir else None)
-    fingerprint = run_identity(config, "rloo", data_dir=data_dir, model_dir=policy_dir, reward_files=user_files(cfg))
+    fingerprint = run_identity(config, "rloo", data_dir=data_dir, model_dir=policy_dir, reward_files=user_files(config))
     summary = train_rloo(config, policy_dir, train, val, reward, out_dir, work_dir, distributed.fingerprint(fingerprint),
                          reward_model_dir=reward_model_dir, log_to=tracking.STAGE_LOG, facts={"threads": threads},
                          source=f"{data_dir / 'train.jsonl'}: the prompts of rloo.min_solution_steps="

@@ -30,8 +30,6 @@ another framework's loop can use it as it is.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -40,7 +38,6 @@ from typing import TYPE_CHECKING
 
 from rloo.data import gsm8k
 from rloo.errors import InputError
-from rloo.io import config_hash
 from rloo.reward.functions import RewardFunction
 from rloo.reward.rewards import FunctionReward, RewardSource, VerifierReward
 from rloo.runtime import setup
@@ -49,7 +46,7 @@ from rloo.settings.data import DataConfig, DataFieldsConfig
 from rloo.train import reward as reward_model
 from rloo.train import rloo as rloo_run
 from rloo.train import sft as sft_run
-from rloo.train.rloo import bookkeeping
+from rloo.train.identity import run_identity
 from rloo.train.run_log import RunLog
 
 if TYPE_CHECKING:
@@ -99,24 +96,6 @@ def reward_source(reward: Reward) -> RewardSource:
         return reward  # type: ignore[return-value]
     parts = [reward] if callable(reward) else list(reward)
     return FunctionReward([RewardFunction.of(*p) if isinstance(p, tuple) else RewardFunction.of(p) for p in parts])
-
-
-def _fingerprint(config: Config, stage: str, policy: Path, rows: Sequence[Mapping], ignore: tuple[str, ...] = (),
-                 reward: RewardSource | None = None) -> str:
-    """What a checkpoint must match to be resumed: the settings that shape the trajectory (but the
-    bookkeeping keys `ignore`), the training rows, the starting policy's config and weights index, and the
-    reward's functions by name."""
-    cfg = config.to_config()
-    for dotted in ignore:
-        section, key = dotted.split(".", 1)
-        cfg[section].pop(key, None)
-    h = hashlib.sha256(config_hash(cfg, ["seed", "model", "prompt", stage]).encode())
-    h.update(json.dumps([dict(r) for r in rows], sort_keys=True, default=str).encode())
-    for path in [policy / "config.json", *sorted(policy.glob("*.safetensors"))]:
-        h.update(f"{path.name}:{path.stat().st_size}".encode())
-    if reward is not None:
-        h.update(json.dumps([f.fn for f in getattr(reward, "functions", [])] or [reward.name]).encode())
-    return h.hexdigest()[:16]
 
 
 def _checked(config: Config) -> Config:
@@ -179,7 +158,8 @@ def train_rloo(policy: str | Path | PreTrainedModel, rows: Sequence[Mapping], ou
         raise InputError("no prompts to train on")
     out_dir, work_dir, policy, threads = _started(policy, tokenizer, out_dir, work_dir, config)
     source = reward_source(reward)
-    fingerprint = _fingerprint(config, "rloo", policy, rows, bookkeeping(rc), source)
+    names = [f.fn for f in getattr(source, "functions", [])] or [source.name]
+    fingerprint = run_identity(config, "rloo", rows=rows, model_dir=policy, reward_names=names)
     return rloo_run.run(config, policy, [dict(r) for r in rows], out_dir, work_dir, fingerprint,
                         val=[dict(r) for r in validation], reward=source, log_to=log, facts={"threads": threads})
 
@@ -202,7 +182,8 @@ def train_sft(policy: str | Path | PreTrainedModel, rows: Sequence[Mapping], out
     if not test:
         raise InputError("test rows are needed: the fine-tuned policy is evaluated on them (sft.eval_examples)")
     out_dir, work_dir, policy, threads = _started(policy, tokenizer, out_dir, work_dir, config)
-    return sft_run.run(config, policy, [dict(r) for r in rows], out_dir, work_dir, _fingerprint(config, "sft", policy, rows),
+    return sft_run.run(config, policy, [dict(r) for r in rows], out_dir, work_dir,
+                       run_identity(config, "sft", rows=rows, model_dir=policy),
                        test=[dict(r) for r in test], log_to=log, facts={"threads": threads})
 
 
@@ -223,6 +204,6 @@ def train_reward_model(policy: str | Path | PreTrainedModel, rows: Sequence[Mapp
     if not rows:
         raise InputError("no rows to sample preference pairs from")
     out_dir, work_dir, policy, threads = _started(policy, tokenizer, out_dir, work_dir, config)
-    fingerprint = _fingerprint(config, "reward", policy, rows, reward_model.BOOKKEEPING)
+    fingerprint = run_identity(config, "reward", rows=rows, model_dir=policy)
     return reward_model.run(config, policy, [dict(r) for r in rows], out_dir, work_dir, fingerprint, log_to=log,
                             facts={"threads": threads})

@@ -168,36 +168,6 @@ class StopFlag:
             signal.signal(sig, handler)
 
 
-def run_fingerprint(
-    cfg: dict, sections: list[str], data_dir, model_dir=None, ignore: tuple[str, ...] = ()
-) -> str:
-    """What a checkpoint must match to be resumed: the stage's config sections, the data manifest and
-    (for stages that start from a trained model) that model's config and weights index.
-
-    `ignore` names "section.key" entries left out: bookkeeping (such as the step count of a run whose
-    schedule does not depend on it) may change between a run and its resumption.
-    """
-    import copy
-    import hashlib
-    from pathlib import Path
-
-    from rloo.io import config_hash
-
-    part = copy.deepcopy({k: cfg.get(k) for k in sections})
-    for dotted in ignore:
-        section, key = dotted.split(".", 1)
-        (part.get(section) or {}).pop(key, None)
-    h = hashlib.sha256(config_hash(part).encode())
-    for path in [Path(data_dir) / "manifest.json", *([Path(model_dir) / "config.json"] if model_dir else [])]:
-        if path.is_file():
-            h.update(path.read_bytes())
-    if model_dir is not None:
-        for weights in sorted(Path(model_dir).glob("*.safetensors")):
-            st = weights.stat()
-            h.update(f"{weights.name}:{st.st_size}".encode())
-    return h.hexdigest()[:16]
-
-
 ECHO_EVERY_S = 30.0
 
 

@@ -18,6 +18,7 @@ from rloo.console import configure_logging
 from rloo.errors import MissingInputError, UserError
 from rloo.io import failed_write_line
 from rloo.model import launcher
+from rloo.settings import Config
 from rloo_workflow import launch, pipeline, tracking
 from rloo_workflow.config import (
     ConfigError,
@@ -241,8 +242,9 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
     if "SLURM_STEP_ID" in os.environ:  # a task of an srun step: its ranks become torchrun's variables
         launcher.adopt_slurm_env()
     if args.stage in DATA_PARALLEL and launcher.launched_world() == 1:
-        n = args.nproc if args.nproc is not None else cfg["distributed"]["nproc_per_node"]
-        if n * cfg["distributed"]["nodes"] > 1:
+        d = Config.of(cfg).distributed
+        n = args.nproc if args.nproc is not None else d.nproc_per_node
+        if n * d.nodes > 1:
             # Not yet under a launcher: become srun (inside a Slurm allocation) or torchrun, starting
             # the run's processes, each running this command.
             if problem := launch.launch_problem(cfg, n):
@@ -317,34 +319,50 @@ class _Job:
     work: str | None
 
 
+# Inputs a command reads only where its option names one (without it, the stage goes on without them).
+_GIVEN_ONLY = {"evaluate": ("reward_model",), "report": ("judged", "training", "manifest")}
+
+
 def _inputs_exist(args: argparse.Namespace, cfg: dict, data: str, sft: str) -> None:
-    """Every local folder the stage reads exists, or one line names it, where it came from and the
-    stage that writes it (rather than transformers reading a missing folder as a hub id)."""
-    needs: list[tuple[str, str, str]] = []  # (path, where it came from, the stage that writes it)
-    if args.stage in ("sft", "reward", "train", "evaluate") or (args.stage == "base" and "prepare" in pipeline.upstream("base", cfg)):
-        needs.append((data, "--data" if getattr(args, "data", None) else "paths.data", "prepare"))
-    if args.stage == "sft":
-        needs.append((args.base or pipeline.outputs("base", cfg)["model"], "--base" if args.base else "the base output",
-                      "base"))
-    if args.stage in ("reward", "train"):
-        needs.append((args.policy or sft, "--policy" if args.policy else "the SFT output", "sft"))
-    if args.stage == "train" and (args.reward_model or cfg["reward"]["source"] == "model"):
-        needs.append((args.reward_model or pipeline.outputs("reward", cfg)["model"],
-                      "--reward-model" if args.reward_model else "reward.source=model", "reward"))
-    if args.stage == "evaluate":
-        needs.append((args.sft or sft, "--sft" if args.sft else "the SFT output", "sft"))
-        name, folder = pipeline.evaluated_policy(args, cfg)
-        needs.append((folder, f"the {name} policy", pipeline.policy_model(name).stage))
-        if args.reward_model:
-            needs.append((args.reward_model, "--reward-model", "reward"))
-    if args.stage in ("report", "judge"):
-        needs += [(path, f"the {name} evaluation", "evaluate") for name, path in _evaluations(args, cfg).items()]
-    for path, source, writer in needs:
+    """Every local folder the stage reads (pipeline.input_graph, the rules' inputs) exists, or one line
+    names it, where it came from (the option of the input's name, else the config) and the stage that
+    writes it (rather than transformers reading a missing folder as a hub id)."""
+    stage = pipeline.BY_VERB[args.stage].name
+    if stage not in pipeline.CHAIN:
+        return
+    policy = pipeline.evaluated_policy(args, cfg) if stage == "evaluate" else None
+    needs: dict[str, tuple[str, str]] = {}  # path: (where it came from, the stage that writes it)
+    for key, ref in pipeline.input_graph(stage, cfg, policy=policy and policy[0]).items():
+        given = getattr(args, key, None)
+        if key in _GIVEN_ONLY.get(stage, ()) and not given:
+            continue
+        if ref.stage == "prepare":  # the data folder's files: --data, else paths.data
+            needs.setdefault(data, ("--data" if getattr(args, "data", None) else "paths.data", "prepare"))
+        elif ref.stage == "evaluate":  # the records of --policy, --sft and --base, else the declared ones
+            needs.update({path: (f"the {name} evaluation", "evaluate") for name, path in _evaluations(args, cfg).items()})
+        elif policy and key == "policy":  # evaluate: its --policy NAME=FOLDER, else the estimator's output
+            needs[policy[1]] = (f"the {policy[0]} policy", ref.stage)
+        elif given:
+            needs[given] = (f"--{key.replace('_', '-')}", ref.stage)
+        else:
+            path = sft if ref.stage == "sft" else pipeline.outputs(ref.stage, cfg, ref.estimator, policy=ref.policy)[ref.output]
+            needs[path] = (_why_read(stage, key, ref.stage, cfg), ref.stage)
+    # the earliest stage first: the one to run first
+    for path, (source, writer) in sorted(needs.items(), key=lambda need: pipeline.CHAIN.index(need[1][1])):
         # A hub id given on the command line (namespace/name) is transformers' to resolve.
         hub_id = source.startswith("--") and writer != "prepare" and re.fullmatch(r"[\w.-]+/[\w.-]+", str(path))
         if not Path(path).exists() and not hub_id:
             raise MissingInputError(f"{path} ({source}) does not exist: the {writer} stage writes it "
                                     f"(rloo {pipeline.STAGES[writer].verb}, or snakemake runs it)")
+
+
+def _why_read(stage: str, key: str, writer: str, cfg: dict) -> str:
+    """Where an input the options do not name comes from: the setting that makes the RLOO stage read the
+    reward model, else the upstream stage's declared output."""
+    if stage == "rloo" and key == "reward_model":
+        source = Config.of(cfg).reward.source
+        return "reward.source=model" if source == "model" else "rloo.ppo.critic_init=reward_model"
+    return f"the {writer} output"
 
 
 def _evaluations(args: argparse.Namespace, cfg: dict) -> dict[str, str]:
@@ -354,7 +372,8 @@ def _evaluations(args: argparse.Namespace, cfg: dict) -> dict[str, str]:
         return pipeline.outputs("evaluate", cfg, policy=policy)["records"]
 
     trained = [p.split("=", 1) for p in (args.policy if isinstance(args.policy, list) else [args.policy]) if p]
-    out = {name: path for name, path in trained} or {cfg["rloo"]["estimator"]: records(cfg["rloo"]["estimator"])}
+    estimator = Config.of(cfg).rloo.estimator
+    out = {name: path for name, path in trained} or {estimator: records(estimator)}
     out["sft"] = args.sft or records("sft")
     if args.stage == "report":
         out["base"] = args.base or records("base")
@@ -422,7 +441,7 @@ def _judge(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
 
     evaluations = {name: read(name, path) for name, path in _evaluations(args, cfg).items()}
     sft = evaluations.pop("sft")
-    log = args.judge_log or Path(cfg["paths"]["logs"]) / f"judge_{next(iter(evaluations))}.judge.log"
+    log = args.judge_log or Path(Config.of(cfg).paths.logs) / f"judge_{next(iter(evaluations))}.judge.log"
     judge.run(cfg, evaluations, sft, job.out["result"], log)
 
 
@@ -440,7 +459,7 @@ def _report(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
 def _toy(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
     from rloo_workflow.stages import toy
 
-    toy.run(job.out["result"], job.out["plot"], seed=cfg["seed"])
+    toy.run(job.out["result"], job.out["plot"], seed=Config.of(cfg).seed)
 
 
 def _comparison(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
@@ -457,13 +476,14 @@ def _comparison(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
 def _seeds(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
     from rloo_workflow.stages import seeds
 
-    seeds.run(dict(r.split("=", 1) for r in args.result), cfg["rloo"]["estimator"], job.out["result"], job.out["plot"])
+    seeds.run(dict(r.split("=", 1) for r in args.result), Config.of(cfg).rloo.estimator, job.out["result"],
+              job.out["plot"])
 
 
 def _sweep(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
     from rloo_workflow.stages import sweep
 
-    sweep.run(cfg, args.name, dict(r.split("=", 1) for r in args.result), cfg["rloo"]["estimator"],
+    sweep.run(cfg, args.name, dict(r.split("=", 1) for r in args.result), Config.of(cfg).rloo.estimator,
               job.out["result"], job.out["plot"])
 
 

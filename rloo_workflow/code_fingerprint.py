@@ -452,8 +452,10 @@ def stage_fingerprint(stage: str, cfg: dict | None = None) -> Fingerprint:
     roots: tuple[Key, ...] = ()
     if cfg is not None and stage in ("rloo", "evaluate"):
         from rloo.reward.functions import package_functions, user_files
+        from rloo.settings import Config
 
-        files, roots = tuple(user_files(cfg)), tuple(package_functions(cfg))
+        config = Config.of(cfg)
+        files, roots = tuple(user_files(config)), tuple(package_functions(config))
     return _stage_fingerprint(stage, files, roots)
 
 

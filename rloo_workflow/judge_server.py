@@ -33,7 +33,7 @@ from pathlib import Path
 from rloo.errors import UserError
 from rloo.io import exists
 from rloo.reward.judges import LLMJudge, PairwiseJudge, build_judge
-from rloo.settings import EvaluateConfig, ServeConfig
+from rloo.settings import Config, ServeConfig
 from rloo.settings.evaluation import tensor_parallel
 
 log = logging.getLogger("rloo_workflow.judge_server")
@@ -229,7 +229,7 @@ def open_judge(cfg: dict, log_path: str | Path, reserved_gpus: int = 1) -> Itera
     """The configured judge for a block: with `evaluate.llm_judge.serve`, the model served on a free local
     port for the block's duration (`serve`, its output in `log_path`), on the GPUs after the stage's own
     `reserved_gpus`; else `build_judge`."""
-    ec = EvaluateConfig.from_config(cfg["evaluate"])
+    ec = Config.of(cfg).evaluate
     j = ec.llm_judge
     if ec.judge != "llm" or j.serve is None:
         yield build_judge(cfg)

@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 import sys
 
+from rloo.settings import Config
+
 
 def in_slurm_allocation() -> bool:
     """Inside a Slurm job but not in one of its steps: a batch script, an salloc shell, or the shell
@@ -30,21 +32,22 @@ def srun_command(cfg: dict, nproc: int | None = None) -> list[str]:
     process, `distributed.nodes` x `nproc` (default: nproc_per_node) tasks, `threads` CPUs each.
     Counts are explicit: the Snakemake plugin strips the allocation's SLURM_* defaults from the
     rule's environment."""
-    d = cfg["distributed"]
-    per_node = nproc or d["nproc_per_node"]
-    cmd = ["srun", f"--nodes={d['nodes']}", f"--ntasks={d['nodes'] * per_node}", f"--ntasks-per-node={per_node}"]
-    if cfg["threads"]:
-        cmd.append(f"--cpus-per-task={cfg['threads']}")
+    config = Config.of(cfg)
+    d = config.distributed
+    per_node = nproc or d.nproc_per_node
+    cmd = ["srun", f"--nodes={d.nodes}", f"--ntasks={d.nodes * per_node}", f"--ntasks-per-node={per_node}"]
+    if config.threads:
+        cmd.append(f"--cpus-per-task={config.threads}")
     return [*cmd, "--kill-on-bad-exit=1"]
 
 
 def launch_problem(cfg: dict, nproc: int) -> str | None:
     """Why `rloo <stage> --nproc N` cannot start N processes here, or None."""
-    d = cfg["distributed"]
-    if d["strategy"] == "none":
+    d = Config.of(cfg).distributed
+    if d.strategy == "none":
         return f"--nproc {nproc} needs distributed.strategy ddp or fsdp (it is none)"
-    if d["nodes"] > 1 and not in_slurm_allocation():
-        return (f"distributed.nodes={d['nodes']}: run inside a Slurm allocation (sbatch, salloc, or "
+    if d.nodes > 1 and not in_slurm_allocation():
+        return (f"distributed.nodes={d.nodes}: run inside a Slurm allocation (sbatch, salloc, or "
                 "snakemake --profile slurm), where the stage starts its processes with srun, or start one "
                 "torchrun per node; --nproc launches the processes of this machine only")
     return None

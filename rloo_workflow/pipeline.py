@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 from rloo.errors import InputError
 from rloo.settings import Config
+from rloo.train.identity import NOT_READ_BY_REWARD_MODEL
 from rloo_workflow.config.selection import put, select, with_overrides
 
 # What the functions below take: the typed config, or the validated dict the Snakefile (workflow/rules/*.smk)
@@ -67,7 +68,7 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
           excluded=("model.shape",), data_parallel=True),
     # The reward model does not depend on what RLOO then uses as its reward.
     Stage("reward", "reward", {"model": "{models}/reward"}, keys=("seed", "model", "prompt", "reward"),
-          excluded=("reward.source", "reward.batch_size_score", "reward.functions", "reward.http", "model.shape"),
+          excluded=(*NOT_READ_BY_REWARD_MODEL, "model.shape"),
           work=True, data_parallel=True),
     Stage("rloo", "train", {"model": "{models}/rloo_{estimator}"},
           keys=("seed", "model", "prompt", "reward.source", "rloo", "rollout"), per_estimator=True, work=True,
@@ -145,23 +146,9 @@ class Variant:
     roots: frozenset[str] = frozenset()
 
 
-_TYPED: dict[str, Config] = {}  # the last few dicts converted, by their content
-
-
 def _sections(cfg: ConfigLike) -> Config:
-    """The typed config of `cfg`. A workflow asks this of its one validated dict thousands of times while
-    Snakemake builds the DAG (every job's inputs, params and lineage), so the last few conversions are kept,
-    by the dict's content (serialising it costs a tenth of converting it)."""
-    if isinstance(cfg, Config):
-        return cfg
-    key = json.dumps(cfg, sort_keys=True, default=str)
-    if (hit := _TYPED.get(key)) is not None:
-        return hit
-    sections = Config.from_config(cfg)
-    if len(_TYPED) >= 8:
-        _TYPED.pop(next(iter(_TYPED)))
-    _TYPED[key] = sections
-    return sections
+    """The typed config of `cfg` (`Config.of`: conversions kept by content)."""
+    return Config.of(cfg)
 
 
 def _pretrained(sections: Config) -> bool:
@@ -195,7 +182,8 @@ def policy_model(policy: str) -> Ref:
 
 
 # The input graph, declared once: each chain stage's named inputs, as outputs of the jobs that write them.
-# The Snakemake rules take their inputs from it (`job_inputs`), and a job's lineage (what reruns it:
+# The Snakemake rules take their inputs from it (`job_inputs`), `rloo <stage>` checks them before it runs
+# (rloo_workflow/cli.py `_inputs_exist`), and a job's lineage (what reruns it:
 # `lineage`) and the jobs a variant runs itself (`owns`) follow it.
 def input_graph(stage: str, cfg: ConfigLike, estimator: str | None = None,
                 policy: str | None = None) -> dict[str, Ref]:

@@ -23,7 +23,7 @@ import contextlib
 import hashlib
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -33,13 +33,14 @@ import torch.distributed as dist
 from rloo.console import configure_logging
 from rloo.errors import InputError
 from rloo.model.launcher import adopt_slurm_env, launched_rank, launched_world
+from rloo.settings import Config
 
 log = logging.getLogger("rloo")
 
 _strategy = "none"  # the strategy this process runs under, set by init
 
 
-def init(cfg: dict) -> int:
+def init(cfg: Config | Mapping) -> int:
     """Join the process group of this torchrun job or srun step (once); return the world size (1: single
     process).
 
@@ -48,7 +49,8 @@ def init(cfg: dict) -> int:
     global _strategy
     configure_logging()  # before setup(): what init says (strategy, processes, backend) reaches the log
     adopt_slurm_env()
-    strategy, world = cfg["distributed"]["strategy"], launched_world()
+    config = Config.of(cfg)
+    strategy, world = config.distributed.strategy, launched_world()
     if world > 1 and strategy == "none":
         raise InputError(f"{world} processes were launched (WORLD_SIZE={world}) but distributed.strategy is "
                          "none; set distributed.strategy to ddp or fsdp")
@@ -60,7 +62,7 @@ def init(cfg: dict) -> int:
         _strategy = "none"
         return 1
     if not dist.is_initialized():
-        cuda = cfg["model"]["device"] != "cpu" and torch.cuda.is_available()
+        cuda = config.model.device != "cpu" and torch.cuda.is_available()
         if cuda:
             # srun may show a task every GPU of its node or its own one only
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())

@@ -204,65 +204,68 @@ def signature_problem(func: Callable, offered: set[str] | None) -> str | None:
     return None if params is None else params.problem(offered)
 
 
-def offered_names(cfg: dict) -> set[str] | None:
-    """The arguments every call offers under `cfg`: None where the data set may carry further columns
+def offered_names(config: Any) -> set[str] | None:
+    """The arguments every call offers under `config` (a rloo.settings.Config, as every function here
+    takes: not imported, since the settings' own check imports this module): None where the data set may carry further columns
     (a jsonl or hub source: they are checked at the first call, when the records are read)."""
-    return None if cfg["data"]["source"] in ("jsonl", "hub") else {*ARGUMENTS, *RECORD_COLUMNS}
+    return None if config.data.source in ("jsonl", "hub") else {*ARGUMENTS, *RECORD_COLUMNS}
 
 
-def config_problems(cfg: dict) -> list[str]:
+def config_problems(config: Any) -> list[str]:
     """Each configured reward function that does not import or whose signature does not fit, one line
     each naming its key and file; and a function source without functions."""
-    if cfg["reward"]["source"] != "function":
+    functions = _functions(config)
+    if functions is None:
         return []
-    functions = cfg["reward"]["functions"]
     if not functions:
         return ["key 'reward.functions': reward.source is 'function' but no function is listed "
                 "(- {name: correct, fn: 'rloo.reward.verifier:reward', weight: 1.0})"]
     problems, names = [], set()
-    offered = offered_names(cfg)
+    offered = offered_names(config)
     for i, f in enumerate(functions):
         key = f"reward.functions[{i}]"
-        if f["name"] in names:
-            problems.append(f"key '{key}.name': '{f['name']}' is the name of an earlier function; names must differ")
-        names.add(f["name"])
+        if f.name in names:
+            problems.append(f"key '{key}.name': '{f.name}' is the name of an earlier function; names must differ")
+        names.add(f.name)
         try:
-            func, where = load(f["fn"], f"{key}.fn")
+            func, where = load(f.fn, f"{key}.fn")
         except RewardFunctionError as e:
             problems.append(str(e))
             continue
         if problem := signature_problem(func, offered):
-            name = f["fn"].rpartition(":")[2]
+            name = f.fn.rpartition(":")[2]
             problems.append(f"key '{key}.fn': {where}: '{name}' cannot be called as a reward function: {problem}")
     return problems
 
 
-def package_functions(cfg: dict) -> list[tuple[str, str]]:
+def _functions(config: Any) -> tuple[Any, ...] | None:
+    """`reward.functions` (rloo.settings.RewardFunctionConfig) where `reward.source` is function, else None."""
+    rc = config.reward
+    return rc.functions if rc.source == "function" else None
+
+
+def package_functions(config: Any) -> list[tuple[str, str]]:
     """(module, function) of each configured reward function that this package holds
     (`rloo.reward.verifier:reward`): code the rloo and evaluate stages run by name, which their code
     fingerprints count (rloo_workflow/code_fingerprint.py)."""
-    if cfg["reward"]["source"] != "function":
-        return []
     out = []
-    for f in cfg["reward"]["functions"]:
-        target, _, name = f["fn"].rpartition(":")
+    for f in _functions(config) or ():
+        target, _, name = f.fn.rpartition(":")
         if not is_path(target) and (target == "rloo" or target.startswith("rloo.")):
             out.append((target, name))
     return out
 
 
-def user_files(cfg: dict) -> list[Path]:
+def user_files(config: Any) -> list[Path]:
     """The files of the user's own code that the configured reward functions run: each
     `path/to/file.py:function`, and each `module:function` whose module lies outside this package and
     outside the Python installation and its environment (the standard library, installed packages):
     a module of the working directory, say. The rloo and evaluate stages' code fingerprints count them
     (rloo_workflow/code_fingerprint.py), so that editing one reruns those stages."""
-    if cfg["reward"]["source"] != "function":
-        return []
     out: list[Path] = []
     not_user = _not_user_roots()
-    for f in cfg["reward"]["functions"]:
-        target = f["fn"].rpartition(":")[0]
+    for f in _functions(config) or ():
+        target = f.fn.rpartition(":")[0]
         if is_path(target):
             path = resolve(target)
         else:
@@ -301,13 +304,12 @@ class RewardFunction:
     params: Parameters | None = field(repr=False, default=None)
 
     @classmethod
-    def from_config(cls, cfg: dict) -> list[RewardFunction]:
+    def from_config(cls, config: Any) -> list[RewardFunction]:
         out = []
-        for i, f in enumerate(cfg["reward"]["functions"]):
+        for i, f in enumerate(config.reward.functions):
             key = f"reward.functions[{i}]"
-            func, _ = load(f["fn"], f"{key}.fn")
-            out.append(cls(key, f["name"], f["fn"], float(f["weight"]), float(f["max_failed_share"]), func,
-                           Parameters.of(func)))
+            func, _ = load(f.fn, f"{key}.fn")
+            out.append(cls(key, f.name, f.fn, float(f.weight), float(f.max_failed_share), func, Parameters.of(func)))
         return out
 
     def __reduce__(self):

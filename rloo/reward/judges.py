@@ -10,13 +10,14 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from rloo.errors import UserError
 from rloo.reward import retries
 from rloo.reward.verifier import is_correct
-from rloo.settings import EvaluateConfig, LlmJudgeConfig
+from rloo.settings import Config, LlmJudgeConfig
 
 if TYPE_CHECKING:
     import torch
@@ -205,8 +206,8 @@ class LLMJudge:
                    j.max_failed_share, structured=structured, api_key=api_key)
 
 
-def build_judge(cfg: dict) -> PairwiseJudge:
-    ec = EvaluateConfig.from_config(cfg["evaluate"])
+def build_judge(cfg: Config | Mapping) -> PairwiseJudge:
+    ec = Config.of(cfg).evaluate
     return LLMJudge.from_config(ec.llm_judge) if ec.judge == "llm" else VerifierJudge()
 
 
@@ -285,7 +286,7 @@ class JudgeReward:
         self.judge_ = judge
 
     @classmethod
-    def from_config(cls, cfg: dict) -> JudgeReward:
+    def from_config(cls, cfg: Config | Mapping) -> JudgeReward:
         return cls(build_judge(cfg))
 
     def score(self, prompts, completions, golds, finished) -> torch.Tensor:

@@ -27,10 +27,12 @@ import logging
 import os
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 
 from rloo.errors import UserError
 from rloo.reward import retries
 from rloo.reward.functions import BadRewards, reward_list
+from rloo.settings import Config
 
 log = logging.getLogger("rloo.reward.remote")
 
@@ -49,11 +51,11 @@ class RewardClient:
         self.retries = retries.Retries(f"reward server {url}", max_retries)
 
     @classmethod
-    def from_config(cls, cfg: dict) -> RewardClient:
-        h = cfg["reward"]["http"]
-        if not h["url"]:
+    def from_config(cls, cfg: Config | Mapping) -> RewardClient:
+        h = Config.of(cfg).reward.http
+        if not h.url:
             raise RewardServerError("reward.source is 'http' but reward.http.url is not set")
-        return cls(h["url"], h["timeout_s"], h["max_retries"], h["max_failed_share"], h["api_key_env"])
+        return cls(h.url, h.timeout_s, h.max_retries, h.max_failed_share, h.api_key_env)
 
     def _headers(self) -> dict[str, str]:
         headers = {"Content-Type": "application/json"}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from typing import Protocol
 
 import torch
@@ -149,19 +150,20 @@ def _records(rows: list[dict] | None, golds: list[str]) -> list[dict]:
     return rows if rows is not None else [{"answer": g} for g in golds]
 
 
-def build_plugin(cfg: dict) -> FunctionReward | HttpReward | None:
+def build_plugin(cfg: Config | Mapping) -> FunctionReward | HttpReward | None:
     """The user's reward functions or reward server that `reward.source` names, else None."""
-    source = cfg["reward"]["source"]
+    config = Config.of(cfg)
+    source = config.reward.source
     if source == "function":
-        return FunctionReward(RewardFunction.from_config(cfg))
+        return FunctionReward(RewardFunction.from_config(config))
     if source == "http":
         return HttpReward(RewardClient.from_config(cfg))
     return None
 
 
-def build_reward(cfg: dict, reward_model_dir: str | None = None) -> RewardSource:
+def build_reward(cfg: Config | Mapping, reward_model_dir: str | None = None) -> RewardSource:
     """The training reward named by `reward.source`."""
-    sections = Config.from_config(cfg)
+    sections = Config.of(cfg)
     if sections.reward.source == "verifier":
         return VerifierReward()
     if plugin := build_plugin(cfg):
@@ -177,7 +179,7 @@ def build_reward(cfg: dict, reward_model_dir: str | None = None) -> RewardSource
             models.load_tokenizer(reward_model_dir, mc.trust_remote_code),
             batch_size=sections.reward.batch_size_score,
             max_length=mc.max_length,
-            prompt_cfg=cfg["prompt"],
+            prompt_cfg=sections.prompt,
             inference_dtype=mc.inference_dtype,
         )
     from rloo.reward.judges import JudgeReward

@@ -3,6 +3,7 @@ keys of several sections together (each in the section of the key it names: `pro
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,9 +62,30 @@ class Config(Section):
     others are the main chain's. Each key must be a config key and each value valid for it. Not read by any
     stage: changing it reruns nothing of the main chain."""
 
+    @classmethod
+    def of(cls, cfg: Config | Mapping[str, Any]) -> Config:
+        """The typed config of `cfg`: itself, or the validated dict (every key filled) converted. Code outside
+        the config loaders reads settings through it, never the dict's keys. A workflow asks this of its one
+        dict thousands of times while Snakemake builds the DAG (every job's inputs, params and lineage), so
+        the last few conversions are kept, by the dict's content (serialising it costs a tenth of
+        converting it)."""
+        if isinstance(cfg, Config):
+            return cfg
+        key = json.dumps(cfg, sort_keys=True, default=str)
+        if (hit := _TYPED.get(key)) is not None:
+            return hit
+        typed = cls.from_config(cfg)
+        if len(_TYPED) >= 8:
+            _TYPED.pop(next(iter(_TYPED)))
+        _TYPED[key] = typed
+        return typed
+
     def problems(self) -> list[str]:
         """Every rule that ties a key to others, broken: one line each, naming the key. Each rule is its
         section's (`problems`), handed what it reads of the others."""
         context, examples = self.model.max_length, self.data.train_examples()
-        return (self.sft.problems(context, examples) + self.reward.problems(context, self.to_config())
+        return (self.sft.problems(context, examples) + self.reward.problems(context, self)
                 + self.rloo.problems(context, examples, self.distributed.strategy) + self.evaluate.problems(context, self.reward.source))
+
+
+_TYPED: dict[str, Config] = {}  # the last few dicts converted (`Config.of`), by their content

@@ -98,8 +98,8 @@ class DataConfig(Section):
     def train_examples(self) -> tuple[int, str] | None:
         """(at most this many training problems in the prepared split, where that number comes from), where
         the config says: the embedded generator's count, or max_train; None for a data set whose size is
-        known once prepare has read it (a JSONL file's bad records, a hub data set: the stages then warn
-        once where a batch is cut to the data)."""
+        known once prepare has read it (a JSONL file's bad records, a hub data set: the stages then refuse
+        a batch larger than the rows they count, as validation does)."""
         found = [(self.synthetic.n_train, "data.synthetic.n_train")] if self.source == "synthetic" else []
         if self.max_train:
             found.append((self.max_train, "data.max_train"))

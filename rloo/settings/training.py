@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rloo.algo.names import ESTIMATORS, k_problems
+from rloo.errors import InputError
 from rloo.settings.fields import Section, setting
 
 # The critic-free estimators (rloo/algo/estimators.py ESTIMATOR_TABLE), then PPO (rloo/train/ppo.py).
@@ -30,15 +31,24 @@ def completion_room(key: str, new_tokens: int, context: int) -> list[str]:
             f"(prompt + completion); lower {key} below {context}"]
 
 
-def batch_within_data(key: str, size: int, found: Examples, cap: Examples = None) -> list[str]:
-    """A batch larger than the training split would be cut to it in silence (every step takes all of it);
-    known where the config gives the split's size (`found`), and `cap` bounds it."""
+def batch_within_data(key: str, size: int, found: Examples, cap: Examples = None,
+                      rows: str = "training problems") -> list[str]:
+    """A batch larger than the training data is refused, at validation where the config gives the split's
+    size (`found`, bounded by `cap`) and at run time where the rows are counted (`refuse_batch_over_data`):
+    every step would take all of it, so `size` would not be what a step trains on. `rows` names what
+    is counted."""
     if found is None:
         return []
     have, source = min([found, *([cap] if cap and cap[0] else [])])
     if size <= have:
         return []
-    return [f"key '{key}': {size} is more than the {have} training problems ({source}); lower {key} to at most {have}"]
+    return [f"key '{key}': {size} is more than the {have} {rows} ({source}); lower {key} to at most {have}"]
+
+
+def refuse_batch_over_data(key: str, size: int, have: int, source: str, rows: str) -> None:
+    """`batch_within_data` at run time, on the `have` rows counted where `source` says: an InputError."""
+    if problems := batch_within_data(key, size, (have, source), rows=rows):
+        raise InputError(problems[0])
 
 
 @dataclass(frozen=True)
@@ -183,8 +193,8 @@ class RewardConfig(Section):
     padded length: a step's rows are packed by length into micro-batches under it and their gradients
     accumulated, so the step's gradient equals the whole batch's. 0 = the whole batch in one pass."""
 
-    def problems(self, max_length: int, cfg: dict[str, Any]) -> list[str]:
-        """(`cfg`: the whole config as a dict, which the reward functions' check reads.)"""
+    def problems(self, max_length: int, cfg: Any) -> list[str]:
+        """(`cfg`: the whole config, rloo.settings.Config, which the reward functions' check reads.)"""
         out = completion_room("reward.max_new_tokens", self.max_new_tokens, max_length)
         if self.source == "http" and not self.http.url:
             out.append("key 'reward.http.url': reward.source is 'http' but no URL is set (http://host:port/path)")

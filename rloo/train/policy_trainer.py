@@ -47,7 +47,9 @@ class PolicyTrainer:
     """Holds the policy, the frozen reference, the optimizer and the reward; `step()` is one step of the
     subclass's `update` on the scored groups of `collect(step)`."""
 
-    def __init__(self, config: Config | Mapping, policy_dir: str | Path, reward: RewardSource, train: list[dict]) -> None:
+    def __init__(self, config: Config | Mapping, policy_dir: str | Path, reward: RewardSource, train: list[dict],
+                 source: str = "the training prompts") -> None:
+        # (`source` names the prompts `train` in errors: the stage's train.jsonl)
         # the typed config (a validated dict is read once, here)
         self.config = sections = config if isinstance(config, Config) else Config.from_config(config)
         self.rc, self.mc, self.seed = sections.rloo, sections.model, sections.seed
@@ -55,7 +57,7 @@ class PolicyTrainer:
         # Asked before every optimizer step with the step's loss, KL, advantages and gradient norm; the
         # RLOO stage hands in its TrainingLoop's (which may skip a step); alone, any non-finite one stops.
         self.guard: Callable[..., bool] = stop_if_not_finite
-        check_settings(sections, len(train))
+        check_settings(sections, len(train), source)
         self.tokenizer = models.load_tokenizer(policy_dir, self.mc.trust_remote_code)
         # With LoRA (`self.adapted`) the policy is the model with adapters injected, only they train.
         self.policy, self.adapted = models.for_training(

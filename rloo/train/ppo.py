@@ -41,8 +41,8 @@ class PPOTrainer(PolicyTrainer):
     alarms_not_applicable = ("zero_signal",)
 
     def __init__(self, config: Config | Mapping, policy_dir: str | Path, reward: RewardSource, train: list[dict],
-                 critic_dir: str | Path) -> None:
-        super().__init__(config, policy_dir, reward, train)
+                 critic_dir: str | Path, source: str = "the training prompts") -> None:
+        super().__init__(config, policy_dir, reward, train, source)
         self.critic = models.load_critic(critic_dir, **models.load_options(self.mc), trainable=True)
         self.critic.config.pad_token_id = self.tokenizer.pad_token_id
         self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=self.rc.ppo.critic_lr,

@@ -8,15 +8,16 @@ from rloo.algo.names import k_problems
 from rloo.errors import InputError
 from rloo.model import distributed, lora
 from rloo.settings import Config
+from rloo.settings.training import refuse_batch_over_data
 
 
-def check_settings(sections: Config, n_train: int) -> None:
-    """Raise InputError for the first setting of `sections` a trainer on `n_train` prompts cannot run."""
+def check_settings(sections: Config, n_train: int, source: str = "the training prompts") -> None:
+    """Raise InputError for the first setting of `sections` a trainer on `n_train` prompts (`source`) cannot
+    run."""
     rc = sections.rloo
     if problems := k_problems(rc.estimator, rc.k, rc.dynamic_sampling):
         raise InputError(f"rloo.k={rc.k}: {problems[0]}")
-    if rc.prompts_per_step > n_train:
-        raise InputError(f"rloo.prompts_per_step={rc.prompts_per_step} exceeds the {n_train} training prompts")
+    refuse_batch_over_data("rloo.prompts_per_step", rc.prompts_per_step, n_train, source, "training prompts")
     vllm = sections.rollout.backend == "vllm"
     for what, unsupported in (("rloo.estimator=ppo", rc.estimator == "ppo"),
                               ("rloo.estimator=moving_average (a baseline over the whole batch)",

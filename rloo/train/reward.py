@@ -27,16 +27,11 @@ from rloo.reward.verifier import is_correct
 from rloo.rollout import generate
 from rloo.runtime import Progress, autocast, inference_dtype, step_generator
 from rloo.settings import Config, ModelConfig
+from rloo.settings.training import refuse_batch_over_data
 from rloo.train.loop import TrainingLoop, wrapped_with_optimizer, write_model_output
 from rloo.train.run_log import RunLog
 
 log = logging.getLogger("rloo.reward")
-
-# The `reward.*` keys a run may change and still resume its checkpoints: the checkpoint interval, and
-# what scores RLOO's samples, which this run does not read.
-BOOKKEEPING = ("reward.checkpoint_every", "reward.source", "reward.batch_size_score", "reward.functions",
-               "reward.http")
-
 
 def sample_pairs(config: Config | Mapping, policy_dir: Path, train: list[dict]) -> tuple[list[Pair], dict]:
     """Sample `samples_per_prompt` completions per prompt from the SFT policy; label; pair them.
@@ -139,7 +134,7 @@ def pairwise_accuracy(model, fmt: PromptFormat, pairs: list[Pair], max_length: i
 
 def run(config: Config, policy_dir: str | Path, train: list[dict], out_dir: str | Path, work_dir: str | Path,
         fingerprint: str, *, log_to: RunLog | Callable[[dict, int], None] | None = None,
-        facts: dict[str, int] | None = None) -> dict:
+        facts: dict[str, int] | None = None, source: str = "the training rows") -> dict:
     """Build preference pairs from the samples of the policy in `policy_dir` on the first `reward.prompts`
     rows of `train` ({question, answer}), train the reward model (from `reward.init`, else that policy),
     report its held-out pairwise accuracy and write `out_dir` (save_pretrained + metrics.json,
@@ -148,7 +143,8 @@ def run(config: Config, policy_dir: str | Path, train: list[dict], out_dir: str 
 
     Checkpoints go to `work_dir`; one made for the same `fingerprint` (what a checkpoint must match) is
     resumed. The pairs are sampled again on a resume: they depend only on the seed, like each step's batch.
-    Every logged step's figures go to `log_to` (a RunLog, or a `log(metrics, step)`).
+    Every logged step's figures go to `log_to` (a RunLog, or a `log(metrics, step)`). `source` names the
+    training rows in errors (the stage: its train.jsonl).
 
     Data-parallel (`distributed.strategy` ddp or fsdp, the process group set up beforehand), each process
     scores its contiguous share of every step's pairs, its mean loss weighted by its share of the pairs (so
@@ -160,6 +156,9 @@ def run(config: Config, policy_dir: str | Path, train: list[dict], out_dir: str 
     tr_pairs, val_pairs = split_by_prompt(pairs, rc.val_fraction, config.seed)
     if not tr_pairs:
         raise InputError("reward: no preference pairs could be built (every sample was correct, or none)")
+    refuse_batch_over_data("reward.batch_size", rc.batch_size, len(tr_pairs),
+                           f"{source}: pairs of {min(rc.prompts, len(train))} rows' samples, less reward.val_fraction's",
+                           "training pairs")
     t_pairs = time.perf_counter() - t0
 
     init = rc.init or policy_dir
@@ -210,12 +209,9 @@ def train_steps(loop: TrainingLoop, config: Config, model: torch.nn.Module, trai
     Bradley-Terry loss's gradient clipped to `reward.grad_clip` and applied (unless the guard skips it),
     its figures logged every `reward.log_every` steps and at the last."""
     rc, mc = config.reward, config.model
-    if rc.batch_size > len(tr_pairs):
-        log.warning("!!! reward.batch_size=%d is more than the %d training pairs: each step takes all of them",
-                    rc.batch_size, len(tr_pairs))
     for step in loop:
         batch_rng = np.random.default_rng([config.seed, step])  # the batch of step N depends on (seed, N) only
-        idx = batch_rng.choice(len(tr_pairs), size=min(rc.batch_size, len(tr_pairs)), replace=False)
+        idx = batch_rng.choice(len(tr_pairs), size=rc.batch_size, replace=False)
         if distributed.enabled():  # this rank's contiguous share of the step's pairs, through DDP / FSDP
             lo, hi = distributed.shard(len(idx))
             idx = idx[lo:hi]

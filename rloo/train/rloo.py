@@ -55,23 +55,14 @@ def check_sampling(rc: RlooConfig) -> list[str]:
     return problems
 
 
-def bookkeeping(rc: RlooConfig) -> tuple[str, ...]:
-    """The `rloo.*` keys a run may change and still resume its checkpoints: evaluation, selection and
-    stopping rules change what is written, not the training trajectory; under the constant LR schedule a
-    run may be extended (more steps); PPO's settings do not touch the other estimators' runs."""
-    out = ("rloo.checkpoint_every", "rloo.keep_checkpoints", "rloo.eval_every", "rloo.eval_examples",
-           "rloo.eval_draws", "rloo.eval_batch_size", "rloo.select", "rloo.stop_on", "rloo.alarms")
-    return out + (("rloo.ppo",) if rc.estimator != "ppo" else ()) + (("rloo.steps",) if rc.lr_schedule == "constant" else ())
-
-
 def make_trainer(config: Config | Mapping, policy_dir: str | Path, reward: RewardSource, train: list[dict],
-                 reward_model_dir: str | Path | None = None) -> RlooTrainer:
+                 reward_model_dir: str | Path | None = None, source: str = "the training prompts") -> RlooTrainer:
     """The trainer of `rloo.estimator`: PPO (its critic grown from the policy or the reward model), or
-    the critic-free RlooTrainer for every other estimator."""
+    the critic-free RlooTrainer for every other estimator (`source` names `train` in errors)."""
     config = config if isinstance(config, Config) else Config.from_config(config)
     rc = config.rloo
     if rc.estimator != "ppo":
-        return RlooTrainer(config, policy_dir, reward, train)
+        return RlooTrainer(config, policy_dir, reward, train, source)
     from rloo.train.ppo import PPOTrainer
 
     critic_dir = policy_dir
@@ -79,7 +70,7 @@ def make_trainer(config: Config | Mapping, policy_dir: str | Path, reward: Rewar
         if not reward_model_dir:
             raise MissingInputError("rloo.ppo.critic_init=reward_model: no reward model folder given (--reward-model)")
         critic_dir = reward_model_dir
-    return PPOTrainer(config, policy_dir, reward, train, critic_dir)
+    return PPOTrainer(config, policy_dir, reward, train, critic_dir, source)
 
 
 def _samples(history: list[dict], rc: RlooConfig) -> int:
@@ -120,7 +111,8 @@ def _final_mean(values: list[float]) -> float | None:
 
 def run(config: Config, policy_dir: str | Path, rows: list[dict], out_dir: str | Path, work_dir: str | Path,
         fingerprint: str, *, val: list[dict], reward: RewardSource, reward_model_dir: str | Path | None = None,
-        log_to: RunLog | Callable[[dict, int], None] | None = None, facts: dict[str, int] | None = None) -> dict:
+        log_to: RunLog | Callable[[dict, int], None] | None = None, facts: dict[str, int] | None = None,
+        source: str = "the training prompts") -> dict:
     """Train the policy in `policy_dir` on the prompt rows `rows` ({question, answer, ...}) and write `out_dir` (save_pretrained policy,
     steps.jsonl, metrics.json); return the run's summary (metrics.json) and its run facts (times, peak
     memory, the step it resumed from).
@@ -137,7 +129,7 @@ def run(config: Config, policy_dir: str | Path, rows: list[dict], out_dir: str |
     rc = config.rloo
     check_sampling(rc)
     out_dir, work_dir = Path(out_dir), Path(work_dir)
-    trainer = make_trainer(config, policy_dir, reward, rows, reward_model_dir)
+    trainer = make_trainer(config, policy_dir, reward, rows, reward_model_dir, source)
     try:
         loop = resumed_loop(trainer, rc, work_dir, fingerprint, log_to)
         select = checkpoint.Selection(work_dir / "best", rc.select == "best" and rc.eval_every > 0)

@@ -26,6 +26,7 @@ from rloo.model.head import causal_logprobs
 from rloo.model.logprobs import model_device
 from rloo.runtime import autocast
 from rloo.settings import Config, PromptConfig, SftConfig
+from rloo.settings.training import refuse_batch_over_data
 from rloo.train.loop import TrainingLoop, wrapped_with_optimizer, write_model_output
 from rloo.train.run_log import RunLog
 
@@ -158,10 +159,9 @@ def run(config: Config, policy_dir: str | Path, rows: list[dict], out_dir: str |
     model, adapted = policy_for_training(init, tokenizer, config)
     device = model_device(model)  # before FSDP shards it
     examples, too_long = training_examples(train, tokenizer, config, source)
-    batch_size = min(sc.batch_size, len(examples))
-    if batch_size < sc.batch_size:  # validation refuses a batch above the split; dropped examples can still cut it
-        log.warning("!!! sft.batch_size=%d is more than the %d training examples that fit model.max_length: each "
-                    "step takes all of them", sc.batch_size, len(examples))
+    # validation refuses a batch above the split; the cap and the examples dropped as too long can still cut it
+    refuse_batch_over_data("sft.batch_size", sc.batch_size, len(examples),
+                           f"{source}: {len(train)} rows, {too_long} longer than model.max_length", "training examples")
     train_model, optimizer = wrapped_with_optimizer(model, sc.lr, weight_decay=sc.weight_decay,
                                                     betas=(0.9, sc.adam_beta2))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(sc.warmup_steps, sc.steps, "cosine", floor=0.1))
@@ -169,7 +169,7 @@ def run(config: Config, policy_dir: str | Path, rows: list[dict], out_dir: str |
     loop.resume()
 
     t0 = time.perf_counter()
-    tokens = train_steps(loop, config, model, train_model, optimizer, scheduler, examples, batch_size,
+    tokens = train_steps(loop, config, model, train_model, optimizer, scheduler, examples, sc.batch_size,
                          tokenizer.pad_token_id, device)
     train_seconds = time.perf_counter() - t0
     stop_if_learned_nothing(loop, model, sc)

@@ -17,6 +17,7 @@ from typing import Any
 
 from rloo.errors import InputError
 from rloo.io import atomic_path, write_json_atomic
+from rloo.settings import Config
 
 # Per-policy metrics copied from the evaluation report, and training summary fields from metrics.json.
 POLICY_KEYS = ("accuracy", "accuracy_flexible", "accuracy_sampled", "accuracy_sampled_flexible", "kl",
@@ -136,12 +137,13 @@ def judge_against_baseline(table: dict[str, Any], record_files: dict[str, Path],
 
     if BASELINE not in record_files or not all(Path(f).is_file() for f in record_files.values()):
         return
-    mode = cfg["evaluate"]["win_rate_decoding"]
+    config = Config.of(cfg)
+    mode = config.evaluate.win_rate_decoding
     baseline = read(BASELINE, record_files[BASELINE])
     candidates = {name: read(name, f) for name, f in record_files.items()
                   if name != BASELINE and name in table["estimators"]}
     # The job holds no policy: all its GPUs are the judge's.
-    with open_judge(cfg, judge_log or Path(cfg["paths"]["logs"]) / "comparison.judge.log", reserved_gpus=0) as judge:
+    with open_judge(cfg, judge_log or Path(config.paths.logs) / "comparison.judge.log", reserved_gpus=0) as judge:
         for name, detail in judge_pairs(judge, candidates, baseline, mode).items():
             table["estimators"][name][f"win_rate_vs_{BASELINE}"] = detail
         table["judge_vs_baseline"] = {"baseline": BASELINE, "decoding": mode, **judge.check()}

@@ -42,8 +42,8 @@ def run(cfg: dict, data_dir: str | Path, sft_dir: str | Path, name: str, policy_
     """Evaluate policy `name` (its folder `policy_dir`) against SFT (`sft_dir`: the tokenizer and the KL
     reference), the reward model of `reward_model_dir` its proxy; write its records to `out_records` and
     its figures beside them. Returns the figures."""
-    setup(cfg["threads"], cfg["seed"])
-    sections = Config.from_config(cfg)
+    sections = Config.of(cfg)
+    setup(sections.threads, sections.seed)
     mc, ec = sections.model, sections.evaluate
     # A diverged model (NaN or infinite weights) is refused before anything is sampled.
     for folder in dict.fromkeys(f for f in (policy_dir, sft_dir, reward_model_dir) if f):
@@ -56,7 +56,7 @@ def run(cfg: dict, data_dir: str | Path, sft_dir: str | Path, name: str, policy_
     if reward_model_dir:  # what the learned reward model thinks of these completions
         proxy = RewardModelReward(models.load_reward_model(reward_model_dir, **models.load_options(mc)),
                                   models.load_tokenizer(reward_model_dir, mc.trust_remote_code),
-                                  batch_size=ec.batch_size, max_length=mc.max_length, prompt_cfg=cfg["prompt"],
+                                  batch_size=ec.batch_size, max_length=mc.max_length, prompt_cfg=sections.prompt,
                                   inference_dtype=mc.inference_dtype)
     # The user's reward functions or reward server that RLOO trains on, reported for every policy too.
     plugin = build_plugin(cfg)

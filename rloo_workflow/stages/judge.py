@@ -16,6 +16,7 @@ from rloo.errors import InputError
 from rloo.eval.gains import judged_win_rate
 from rloo.eval.records import PolicyRecords
 from rloo.io import write_json_atomic
+from rloo.settings import Config
 from rloo_workflow.judge_server import open_judge
 
 log = logging.getLogger("rloo.judge")
@@ -39,7 +40,7 @@ def run(cfg: dict, candidates: dict[str, PolicyRecords], baseline: PolicyRecords
     """Judge each of `candidates` against `baseline` with the configured judge; write the verdicts' record
     (`{"judge": its description, decoding and calls, "win_rates": {name: ...}}`) to `out_json`. The job
     holds no policy: the served judge takes all its GPUs but `reserved_gpus`."""
-    mode = cfg["evaluate"]["win_rate_decoding"]
+    mode = Config.of(cfg).evaluate.win_rate_decoding
     with open_judge(cfg, judge_log, reserved_gpus=reserved_gpus) as judge:
         wins = judge_pairs(judge, candidates, baseline, mode)
         calls = judge.check()  # too many failed calls stop the job here, before any output

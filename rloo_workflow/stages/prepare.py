@@ -11,6 +11,7 @@ from rloo.data import contamination, gsm8k, synthetic
 from rloo.data.contamination import Overlap
 from rloo.errors import InputError
 from rloo.io import sha256_file, write_json_atomic, write_jsonl_atomic
+from rloo.settings import Config
 from rloo_workflow.config import config_hash
 
 log = logging.getLogger("rloo.prepare")
@@ -22,16 +23,16 @@ def load_splits(cfg: dict) -> tuple[list[dict], list[dict], list[dict], dict]:
     The validation split (`data.val_examples` problems, for model selection during training) is disjoint
     from test: generated after train and test by the embedded generator, else held out of the train split.
     """
-    d = cfg["data"]
-    if d["source"] == "synthetic":
-        s = d["synthetic"]
+    config = Config.of(cfg)
+    d = config.data
+    if d.source == "synthetic":
+        s = d.synthetic
         train, test, val = synthetic.generate(
-            s["n_train"], s["n_test"], cfg["seed"], s["step_weights"], s["max_number"], s["max_value"],
-            n_val=d["val_examples"],
+            s.n_train, s.n_test, config.seed, list(s.step_weights), s.max_number, s.max_value, n_val=d.val_examples,
         )
         info = {
             "source": "synthetic",
-            "generator": dict(s),
+            "generator": s.to_config(),
             "steps_histogram": {
                 split: dict(sorted(collections.Counter(r["steps"] for r in rows).items()))
                 for split, rows in (("train", train), ("test", test), ("val", val))
@@ -39,23 +40,23 @@ def load_splits(cfg: dict) -> tuple[list[dict], list[dict], list[dict], dict]:
         }
         strip = lambda rows: [{"question": r["question"], "answer": r["answer"]} for r in rows]  # noqa: E731
         return strip(train), strip(test), strip(val), info
-    shape = {"fields": dict(d["fields"]), "answer_format": d["answer_format"],  # how the records name and write them
-             "limit": gsm8k.SizeLimit(d["max_record_chars"], d["on_oversized"])}
-    if d["source"] == "hub":
-        train, rep_tr = gsm8k.load_hub_split(d["hub_id"], d["hub_config"], "train", d["on_bad_record"], **shape)
-        test, rep_te = gsm8k.load_hub_split(d["hub_id"], d["hub_config"], "test", d["on_bad_record"], **shape)
-        info = {"source": "hub", "hub_id": d["hub_id"], "hub_config": d["hub_config"]}
+    shape = {"fields": d.fields.to_config(), "answer_format": d.answer_format,  # how the records name and write them
+             "limit": gsm8k.SizeLimit(d.max_record_chars, d.on_oversized)}
+    if d.source == "hub":
+        train, rep_tr = gsm8k.load_hub_split(d.hub_id, d.hub_config, "train", d.on_bad_record, **shape)
+        test, rep_te = gsm8k.load_hub_split(d.hub_id, d.hub_config, "test", d.on_bad_record, **shape)
+        info = {"source": "hub", "hub_id": d.hub_id, "hub_config": d.hub_config}
     else:
         for key in ("train_file", "test_file"):
-            if not d[key]:
+            if not getattr(d, key):
                 raise InputError(f"data.{key} must be set when data.source is 'jsonl'")
-        train, rep_tr = gsm8k.load_jsonl_split(d["train_file"], d["on_bad_record"], **shape)
-        test, rep_te = gsm8k.load_jsonl_split(d["test_file"], d["on_bad_record"], **shape)
+        train, rep_tr = gsm8k.load_jsonl_split(d.train_file, d.on_bad_record, **shape)
+        test, rep_te = gsm8k.load_jsonl_split(d.test_file, d.on_bad_record, **shape)
         info = {
             "source": "jsonl",
-            "train_file": d["train_file"],
-            "test_file": d["test_file"],
-            "input_sha256": {"train": sha256_file(d["train_file"]), "test": sha256_file(d["test_file"])},
+            "train_file": d.train_file,
+            "test_file": d.test_file,
+            "input_sha256": {"train": sha256_file(d.train_file), "test": sha256_file(d.test_file)},
         }
     info["skipped"] = {"train": rep_tr.skipped, "test": rep_te.skipped}
     info["skip_reasons"] = rep_tr.reasons + rep_te.reasons
@@ -65,8 +66,8 @@ def load_splits(cfg: dict) -> tuple[list[dict], list[dict], list[dict], dict]:
             log.warning("%s: skipped %d bad records (data.on_bad_record=skip)", split, rep.skipped)
         if rep.oversized:
             log.warning("!!! %s: dropped %d records over data.max_record_chars=%d (data.on_oversized=drop)", split,
-                        rep.oversized, d["max_record_chars"])
-    train, val = hold_out(train, d["val_examples"], cfg["seed"])
+                        rep.oversized, d.max_record_chars)
+    train, val = hold_out(train, d.val_examples, config.seed)
     return train, test, val, info
 
 
@@ -127,11 +128,12 @@ def run(cfg: dict, out_dir: str | Path) -> dict:
     """Write train.jsonl, test.jsonl, val.jsonl and manifest.json under `out_dir`."""
     out = Path(out_dir)
     train, test, val, info = load_splits(cfg)
-    d = cfg["data"]
-    if d["max_train"]:
-        train = train[: d["max_train"]]
-    if d["max_test"]:
-        test = test[: d["max_test"]]
+    config = Config.of(cfg)
+    d = config.data
+    if d.max_train:
+        train = train[: d.max_train]
+    if d.max_test:
+        test = test[: d.max_test]
     splits = dict(zip(SPLITS, (train, test, val), strict=True))
     if not all(splits.values()):
         raise InputError(f"data: empty split ({', '.join(f'{k}={len(v)}' for k, v in splits.items())})")
@@ -140,19 +142,19 @@ def run(cfg: dict, out_dir: str | Path) -> dict:
     if val_test:  # selection on validation must never see a test problem
         raise InputError(f"data: {val_test} validation questions also occur in the test split (compared with case, "
                          "whitespace, punctuation and number formatting normalised)")
-    found = contamination.overlap([r["question"] for r in train], test_questions, d["ngram_overlap_words"])
-    overlap = check_overlap(train, found, d["allow_train_test_overlap"])
-    ngram = check_ngram_overlap(train, found, d["ngram_overlap_words"], d["on_ngram_overlap"])
+    found = contamination.overlap([r["question"] for r in train], test_questions, d.ngram_overlap_words)
+    overlap = check_overlap(train, found, d.allow_train_test_overlap)
+    ngram = check_ngram_overlap(train, found, d.ngram_overlap_words, d.on_ngram_overlap)
     for name, rows in splits.items():
         write_jsonl_atomic(out / f"{name}.jsonl", rows)
     manifest = {
         **info,
-        "seed": cfg["seed"],
+        "seed": config.seed,
         "counts": {k: len(v) for k, v in splits.items()},
         "train_test_overlap": overlap,
         "train_test_ngram_overlap": ngram,
         "sha256": {k: sha256_file(out / f"{k}.jsonl") for k in SPLITS},
-        "config_hash": config_hash(cfg, ["seed", "data"]),
+        "config_hash": config_hash(config.to_config(), ["seed", "data"]),
     }
     write_json_atomic(out / "manifest.json", manifest)
     log.info("prepared %d train / %d test / %d validation records from %s", len(train), len(test), len(val),

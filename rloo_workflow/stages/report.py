@@ -44,7 +44,7 @@ def run(cfg: dict, evaluations: dict[str, records.PolicyRecords], policy: str, t
     ({"base", "sft", policy}: rloo.eval.records.read), `training_dir` the trained policy's folder (its
     metrics.json), `manifest` the data's; `judged`: an LLM judge's verdicts (`rloo judge`), where the
     judge is not the verifier. Writes `out_json`, and the plots into `plot_dir`."""
-    sections = Config.from_config(cfg)
+    sections = Config.of(cfg)
     mode = sections.evaluate.win_rate_decoding
     base, sft, trained = evaluations["base"], evaluations["sft"], evaluations[policy]
     questions, golds = sft.questions, sft.golds
@@ -59,7 +59,7 @@ def run(cfg: dict, evaluations: dict[str, records.PolicyRecords], policy: str, t
         figures[policy]["selected_step"] = metrics.get("selected_step")
         figures[policy]["alarms"] = {k: v for k, v in (metrics.get("alarms") or {}).items() if v is not None}
     judge, win = _win_rate(mode, texts, questions, golds, policy, judged)
-    seed = cfg["seed"]
+    seed = sections.seed
     facts = read_manifest(Path(manifest).parent)
     reports = {"sft": figures["sft"], policy: figures[policy]}
     summary = trained.summary

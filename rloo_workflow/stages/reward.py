@@ -10,11 +10,11 @@ from pathlib import Path
 
 from rloo.data.gsm8k import read_split
 from rloo.model import distributed
-from rloo.runtime import run_fingerprint, setup
+from rloo.runtime import setup
 from rloo.settings import Config
 from rloo.train import reward
+from rloo.train.identity import run_identity
 from rloo_workflow import tracking
-from rloo_workflow.pipeline import STAGES
 
 
 def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | Path,
@@ -23,13 +23,12 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
     training split and write `out_dir` (save_pretrained + metrics.json, history.json): rloo.train.reward.
     Checkpoints go to `work_dir` (default: a `work` folder next to `out_dir`); a rerun resumes. Under
     torchrun with `distributed.strategy` ddp or fsdp every process runs this."""
-    distributed.init(cfg)
-    threads = setup(distributed.threads(cfg["threads"]), cfg["seed"])
+    config = Config.of(cfg)
+    distributed.init(config)
+    threads = setup(distributed.threads(config.threads), config.seed)
     out_dir = Path(out_dir)
     work_dir = Path(work_dir) if work_dir is not None else out_dir.parent / "work" / out_dir.name
-    # Not part of the run: the checkpoint interval, and what the stage does not read (pipeline.STAGES).
-    fingerprint = distributed.fingerprint(run_fingerprint(
-        cfg, ["seed", "model", "prompt", "reward"], data_dir, policy_dir,
-        ignore=("reward.checkpoint_every", *STAGES["reward"].excluded)))
-    return reward.run(Config.from_config(cfg), policy_dir, read_split(data_dir, "train"), out_dir, work_dir,
-                      fingerprint, log_to=tracking.STAGE_LOG, facts={"threads": threads})
+    fingerprint = distributed.fingerprint(run_identity(config, "reward", data_dir=data_dir, model_dir=policy_dir))
+    return reward.run(config, policy_dir, read_split(data_dir, "train"), out_dir, work_dir,
+                      fingerprint, log_to=tracking.STAGE_LOG, facts={"threads": threads},
+                      source=str(Path(data_dir) / "train.jsonl"))

@@ -6,21 +6,19 @@ checkpoint must match, logs to the stage's MLflow run and reports what it wrote.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from pathlib import Path
 
 from rloo.data.gsm8k import read_split
 from rloo.eval import report
-from rloo.io import sha256_file
 from rloo.model import distributed
 from rloo.reward.functions import user_files
 from rloo.reward.rewards import build_reward
 from rloo.rollout.collect import training_prompts
-from rloo.runtime import run_fingerprint, setup
+from rloo.runtime import setup
 from rloo.settings import Config
 from rloo.train import rloo
-from rloo.train.rloo import bookkeeping
+from rloo.train.identity import run_identity
 from rloo_workflow import tracking
 
 log = logging.getLogger("rloo.train")
@@ -41,24 +39,20 @@ def run(
     Under torchrun with `distributed.strategy` ddp or fsdp every process runs this, each training on its
     share of every step (rloo/train/rloo_trainer.py); rank 0 alone writes the outputs and logs to MLflow.
     """
-    distributed.init(cfg)
-    threads = setup(distributed.threads(cfg["threads"]), cfg["seed"])
-    config = Config.from_config(cfg)
+    config = Config.of(cfg)
+    distributed.init(config)
+    threads = setup(distributed.threads(config.threads), config.seed)
     rc = config.rloo
     data_dir = Path(data_dir)
     train = training_prompts(read_split(data_dir, "train"), rc.min_solution_steps)
     val = read_split(data_dir, "val")
-    if rc.prompts_per_step > len(train):  # validation refuses one above the split; min_solution_steps can still cut it
-        log.warning("!!! rloo.prompts_per_step=%d is more than the %d training prompts (rloo.min_solution_steps=%d): "
-                    "each step takes all of them", rc.prompts_per_step, len(train), rc.min_solution_steps)
     reward = build_reward(cfg, str(reward_model_dir) if reward_model_dir else None)
-    fingerprint = run_fingerprint(cfg, ["seed", "model", "prompt", "reward", "rloo"], data_dir, policy_dir,
-                                  ignore=bookkeeping(rc))
-    if files := user_files(cfg):  # the user's reward code: checkpoints of an earlier version are not resumed
-        fingerprint = hashlib.sha256((fingerprint + "".join(sha256_file(f) for f in files)).encode()).hexdigest()[:16]
+    fingerprint = run_identity(config, "rloo", data_dir=data_dir, model_dir=policy_dir, reward_files=user_files(config))
     summary = rloo.run(config, policy_dir, train, out_dir, work_dir, distributed.fingerprint(fingerprint), val=val,
                        reward=reward, reward_model_dir=reward_model_dir, log_to=tracking.STAGE_LOG,
-                       facts={"threads": threads})
+                       facts={"threads": threads},
+                       source=f"{data_dir / 'train.jsonl'}: the prompts of rloo.min_solution_steps="
+                              f"{rc.min_solution_steps} or more solution steps")
     for line in report.rloo_lines(summary):
         log.warning(line) if line.startswith("!!") else log.info(line)
     return summary

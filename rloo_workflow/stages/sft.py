@@ -10,9 +10,10 @@ from pathlib import Path
 
 from rloo.data.gsm8k import read_split
 from rloo.model import base, distributed
-from rloo.runtime import run_fingerprint, setup
+from rloo.runtime import setup
 from rloo.settings import Config
 from rloo.train import sft
+from rloo.train.identity import run_identity
 from rloo_workflow import tracking
 
 
@@ -21,12 +22,12 @@ def run(cfg: dict, data_dir: str | Path, base_dir: str | Path, out_dir: str | Pa
     evaluate it on its test split and write `out_dir` (save_pretrained + metrics.json); resumable via
     `work_dir`. Under torchrun with `distributed.strategy` ddp or fsdp every process runs this
     (rloo.train.sft.run)."""
-    distributed.init(cfg)
-    threads = setup(distributed.threads(cfg["threads"]), cfg["seed"])
-    config = Config.from_config(cfg)
+    config = Config.of(cfg)
+    distributed.init(config)
+    threads = setup(distributed.threads(config.threads), config.seed)
     data_dir = Path(data_dir)
     train, test = read_split(data_dir, "train"), read_split(data_dir, "test")
     base.check_matches(Path(base_dir), config.model)
-    fingerprint = distributed.fingerprint(run_fingerprint(cfg, ["seed", "model", "prompt", "sft"], data_dir))
+    fingerprint = distributed.fingerprint(run_identity(config, "sft", data_dir=data_dir))
     return sft.run(config, base_dir, train, out_dir, work_dir, fingerprint, test=test, log_to=tracking.STAGE_LOG,
                    facts={"threads": threads}, source=str(data_dir / "train.jsonl"))

@@ -152,11 +152,12 @@ def test_a_function_of_the_package_that_the_config_names_counts_for_rloo_and_eva
     """`reward.functions` names code by a string (`rloo.reward.verifier:reward`), which no import reaches:
     the fingerprints of the stages that run it count it as a root of their walk."""
     from rloo.reward.functions import package_functions
+    from rloo.settings import Config
 
     cfg = {"reward": {"source": "function", "functions": [
         {"name": "correct", "fn": "rloo.reward.verifier:reward", "weight": 1.0},
         {"name": "mine", "fn": "rewards/mine.py:bonus", "weight": 0.2}]}}
-    roots = package_functions(cfg)
+    roots = package_functions(Config.of(cfg))
     assert roots == [("rloo.reward.verifier", "reward")]
     code = Codebase(package)
     named, plain = code.fingerprint("rloo", extra_roots=roots).digest, code.fingerprint("rloo").digest

@@ -212,5 +212,5 @@ def test_sizes_that_fit_pass_and_a_gpu_run_is_not_held_to_this_machines_memory()
     assert load_config(MICRO_CPU, {"rloo": {"k": 64}, "model": {"device": "cpu"}})["rloo"]["k"] == 64
     # the GPU plan judges a GPU run (plan.gpu_memory_gb), not the host memory of the machine that validates
     assert load_config(MICRO_CPU, {"rloo": {"k": 100000}, "model": {"device": "cuda"}})["rloo"]["k"] == 100000
-    # a data set whose size the config does not say (a hub id): the stage warns where a batch is cut
+    # a data set whose size the config does not say (a hub id): the stage refuses a batch over the rows it counts
     load_config(MICRO_CPU, {"data": {"source": "hub"}, "sft": {"batch_size": 100000}})

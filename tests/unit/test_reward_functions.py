@@ -15,6 +15,7 @@ import torch
 from rloo.reward.functions import RewardFunction, RewardFunctionError, user_files
 from rloo.reward.rewards import FunctionReward, VerifierReward, build_reward
 from rloo.reward.verifier import reward as verifier_reward
+from rloo.settings import Config
 from rloo_workflow.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,8 +103,8 @@ def test_a_function_in_trls_documented_form_gets_every_argument(rewards_file):
     reward = reward_of({"name": "trl", "fn": f"{rewards_file}:trl_style"})
     got = score(reward)
     assert got.tolist() == [float(len(c)) for c in COMPLETIONS]
-    seen = RewardFunction.from_config(reward_config := config([{"name": "t", "fn": f"{rewards_file}:trl_style"}]))
-    assert reward_config["reward"]["functions"][0]["weight"] == 1.0  # the schema's default
+    seen = RewardFunction.from_config(reward_config := Config.of(config([{"name": "t", "fn": f"{rewards_file}:trl_style"}])))
+    assert reward_config.reward.functions[0].weight == 1.0  # the schema's default
     module_seen = seen[0].func.__globals__["SEEN"]["trl_style"]
     # prompts, completions, completion_ids, finished, and every column of the records, one item per completion
     assert set(module_seen) == {"prompts", "completions", "completion_ids", "finished", "question", "answer", "steps"}
@@ -272,12 +273,12 @@ def test_a_relative_file_is_read_from_the_working_directory(rewards_file, monkey
     cfg = config([{"name": "m", "fn": "mine.py:marker"}, {"name": "v", "fn": "rloo.reward.verifier:reward"}])
     assert score(build_reward(cfg)).tolist() == [2.0, 1.0, 0.0, 1.0]
     # the user's code that the rloo and evaluate rules take as inputs: the file, not rloo's own module
-    assert user_files(cfg) == [rewards_file.parent / "mine.py"]
+    assert user_files(Config.of(cfg)) == [rewards_file.parent / "mine.py"]
     (rewards_file.parent / "my_rewards.py").write_text(FUNCTIONS)  # a module of the working directory
     monkeypatch.syspath_prepend(str(rewards_file.parent))
     cfg = config([{"name": "m", "fn": "my_rewards:marker"}, {"name": "v", "fn": "rloo.reward.verifier:reward"}])
-    assert user_files(cfg) == [rewards_file.parent / "my_rewards.py"]
+    assert user_files(Config.of(cfg)) == [rewards_file.parent / "my_rewards.py"]
     # the standard library and installed packages are not the user's code
     cfg["reward"]["functions"] += [{"name": "s", "fn": "json:dumps"}, {"name": "y", "fn": "yaml:safe_dump"}]
-    assert user_files(cfg) == [rewards_file.parent / "my_rewards.py"]
-    assert user_files(load_config(ROOT / "config" / "config.yaml")) == []
+    assert user_files(Config.of(cfg)) == [rewards_file.parent / "my_rewards.py"]
+    assert user_files(Config.of(load_config(ROOT / "config" / "config.yaml"))) == []

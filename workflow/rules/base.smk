@@ -5,7 +5,7 @@ rule base:
     input:
         unpack(chain_inputs("base")),
         # model.name_or_path / model.tokenizer when they are local folders; the GGUF file itself
-        start=local_inputs(config["model"]["name_or_path"], config["model"]["tokenizer"]) + gguf_input(config),
+        start=local_inputs(SETTINGS.model.name_or_path, SETTINGS.model.tokenizer) + gguf_input(config),
     output:
         model=directory(OUT["base"]["model"]),
     params:

@@ -14,6 +14,7 @@ from rloo_workflow.config import with_overrides
 from rloo_workflow.dvc.dag import force_rerun
 from rloo_workflow.launch import srun_command
 from rloo.model.base import gguf_file
+from rloo.settings import Config
 from rloo_workflow.pipeline import STAGES, VARIANT_FIELDS, VARIANT_PATTERN, job_inputs, job_settings, lineage, outputs
 from rloo_workflow.pipeline import stage_config as _stage_config
 from rloo_workflow.pipeline import POLICIES, parse_variant, rule_outputs, work_dir
@@ -37,8 +38,10 @@ _validate_config(config, source="snakemake config", overrides=dict(workflow.conf
 # conda; a plain run uses the environment it was started in). Relative to the rule files.
 RLOO_ENV = "../envs/rloo.yaml"
 
-RESULTS = config["paths"]["results"]
-LOGS = config["paths"]["logs"]
+# The validated config, typed: the rules read their settings from it, never the dict's keys.
+SETTINGS = Config.of(config)
+RESULTS = SETTINGS.paths.results
+LOGS = SETTINGS.paths.logs
 # Each rule's output paths, from the pipeline's one declaration (rloo_workflow/pipeline.py): the CLI's defaults,
 # MLflow's output tags and dvc.yaml agree with these (tests/e2e/test_pipeline.py). `{estimator}` is a wildcard.
 OUT = {name: rule_outputs(name, config) for name in STAGES}
@@ -46,9 +49,9 @@ OUT = {name: rule_outputs(name, config) for name in STAGES}
 # Every estimator of the RLOO stage (results/gsm8k_{estimator}.json); the default target uses the
 # config's own rloo.estimator.
 ESTIMATORS = load_schema()["properties"]["rloo"]["properties"]["estimator"]["enum"]
-ESTIMATOR = config["rloo"]["estimator"]
+ESTIMATOR = SETTINGS.rloo.estimator
 # The estimators the comparison target tables (comparison.estimators; RLOO among them).
-COMPARED = config["comparison"]["estimators"]
+COMPARED = list(SETTINGS.comparison.estimators)
 
 
 wildcard_constraints:
@@ -205,7 +208,8 @@ def base_data_arg(wildcards, input):
 
 def gguf_input(cfg):
     """The GGUF file `model.gguf` names (a path, or a file inside an installed package), as an input."""
-    return [str(gguf_file(cfg["model"]["gguf"]))] if cfg["model"].get("gguf") else []
+    gguf = Config.of(cfg).model.gguf
+    return [str(gguf_file(gguf))] if gguf else []
 
 
 def data_dir(wildcards, input):
@@ -215,15 +219,15 @@ def data_dir(wildcards, input):
 
 # GPUs of a judge a job serves itself (evaluate.llm_judge.serve): the judge and comparison rules ask for
 # them (those jobs hold no policy).
-_SERVE = config["evaluate"]["llm_judge"]["serve"] if config["evaluate"]["judge"] == "llm" else None
-JUDGE_GPUS = _SERVE["gpus"] if _SERVE else 0
+_SERVE = SETTINGS.evaluate.llm_judge.serve if SETTINGS.evaluate.judge == "llm" else None
+JUDGE_GPUS = _SERVE.gpus if _SERVE else 0
 # The served judge's weights, when they are a local folder: an input, so replacing them reruns the judging.
-JUDGE_MODEL = local_inputs(_SERVE["model"]) if _SERVE else []
+JUDGE_MODEL = local_inputs(_SERVE.model) if _SERVE else []
 
 
 # Threads of the torch stages: config `threads`, else 8. Locally Snakemake lowers them to --cores;
 # on Slurm they are the job's --cpus-per-task. The stage gets exactly this many (--set threads=).
-TORCH_THREADS = config["threads"] or 8
+TORCH_THREADS = SETTINGS.threads or 8
 
 
 def cpus(wildcards, threads):
@@ -237,11 +241,11 @@ def gpu_resources(stage):
     and `tasks_per_gpu: 1`, which the plugin would otherwise take `tasks` for), and `mpi`, which makes
     the plugin run the rule's shell in the batch step instead of under `srun -n1`: there `rloo <stage>`
     finds itself in the allocation and starts its processes with this very srun line (rloo_workflow/launch.py)."""
-    d = config["distributed"]
-    per_node, nodes = d["nproc_per_node"], d["nodes"]
-    if not STAGES[stage].data_parallel or d["strategy"] == "none" or per_node * nodes == 1:
+    d = SETTINGS.distributed
+    per_node, nodes = d.nproc_per_node, d.nodes
+    if not STAGES[stage].data_parallel or d.strategy == "none" or per_node * nodes == 1:
         # one-step off-policy RLOO: its sampler process on a second GPU (rloo_workflow/memory_plan.py, rloo sampler)
-        return {"gpu": 2 if stage == "rloo" and config["rloo"]["off_policy_steps"] else 1}
+        return {"gpu": 2 if stage == "rloo" and SETTINGS.rloo.off_policy_steps else 1}
     tasks = {"tasks_per_node": per_node} if per_node > 1 else {"tasks": nodes, "tasks_per_gpu": 1}
     def srun(wildcards, threads):  # the job's threads: what `--set threads={threads}` hands the stage
         return " ".join(srun_command({**config, "threads": threads}))
@@ -259,8 +263,8 @@ def no_such_estimator(wildcards):
 
 # The memory plan (rloo_workflow/memory_plan.py, `rloo plan`), where the config names its GPUs' memory
 # (plan.gpu_memory_gb): a config whose stage would not fit one GPU is refused before any job is queued.
-if config["plan"]["gpu_memory_gb"]:
+if SETTINGS.plan.gpu_memory_gb:
     from rloo_workflow.memory_plan import check as _memory_check
 
     if _problem := _memory_check(config):
-        raise ValueError(f"memory plan (plan.gpu_memory_gb={config['plan']['gpu_memory_gb']:g}): {_problem}")
+        raise ValueError(f"memory plan (plan.gpu_memory_gb={SETTINGS.plan.gpu_memory_gb:g}): {_problem}")

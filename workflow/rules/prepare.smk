@@ -1,8 +1,8 @@
 rule prepare:
     input:
         # data.source=jsonl: the local files are inputs too (replacing one reruns prepare)
-        files=local_inputs(config["data"]["train_file"], config["data"]["test_file"])
-        if config["data"]["source"] == "jsonl"
+        files=local_inputs(SETTINGS.data.train_file, SETTINGS.data.test_file)
+        if SETTINGS.data.source == "jsonl"
         else [],
     output:
         **OUT["prepare"],

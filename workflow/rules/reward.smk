@@ -2,7 +2,7 @@ rule reward:
     input:
         unpack(chain_inputs("reward")),
         # reward.init when it is a local folder
-        start=local_inputs(config["reward"]["init"]),
+        start=local_inputs(SETTINGS.reward.init),
     output:
         model=directory(OUT["reward"]["model"]),
     params:

@@ -16,11 +16,11 @@ from rloo_workflow.run_record import record as _record_run
 onstart:
     # The user's resolved config for every job (RLOO_RESOLVED_CONFIG): each stage reruns on its own keys
     # (--job-config) but sees, logs and hashes what the user ran.
-    _export_resolved(config, f"{config['paths']['results']}/runs/config.json")
+    _export_resolved(config, f"{RESULTS}/runs/config.json")
     # what this run was given, for `rloo why-rerun` and `rloo dvc` without --configfile (rloo_workflow/run_record.py)
     _record_run(Path.cwd(), workflow.overwrite_configfiles or [], workflow.config_settings.config,
                 workflow.dag_settings.targets)
-    _tracking.start_pipeline(config, results_dir=config["paths"]["results"])
+    _tracking.start_pipeline(config, results_dir=RESULTS)
 
 
 onsuccess:

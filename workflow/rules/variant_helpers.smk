@@ -9,7 +9,7 @@ VARIANT_OUT = {name: {k: v.replace("{estimator}", ESTIMATOR) for k, v in rule_ou
 
 
 # The results file of every seed, and of every point of every sweep: the aggregate rules' inputs.
-SEEDS = config["seeds"]["values"]
+SEEDS = list(SETTINGS.seeds.values)
 SEED_RESULTS = {s: outputs("report", config, ESTIMATOR, seed_variant(config, s))["result"] for s in SEEDS}
 
 

@@ -48,7 +48,7 @@ class PolicyTrainer:
     subclass's `update` on the scored groups of `collect(step)`."""
 
     def __init__(self, config: Config | Mapping, policy_dir: str | Path, reward: RewardSource, train: list[dict],
-                 source: str = "the training prompts") -> None:
+                 source: str = "the rows handed in") -> None:
         # (`source` names the prompts `train` in errors: the stage's train.jsonl)
         # the typed config (a validated dict is read once, here)
         self.config = sections = config if isinstance(config, Config) else Config.from_config(config)

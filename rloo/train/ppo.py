@@ -41,7 +41,7 @@ class PPOTrainer(PolicyTrainer):
     alarms_not_applicable = ("zero_signal",)
 
     def __init__(self, config: Config | Mapping, policy_dir: str | Path, reward: RewardSource, train: list[dict],
-                 critic_dir: str | Path, source: str = "the training prompts") -> None:
+                 critic_dir: str | Path, source: str = "the rows handed in") -> None:
         super().__init__(config, policy_dir, reward, train, source)
         self.critic = models.load_critic(critic_dir, **models.load_options(self.mc), trainable=True)
         self.critic.config.pad_token_id = self.tokenizer.pad_token_id

@@ -11,7 +11,7 @@ from rloo.settings import Config
 from rloo.settings.training import refuse_batch_over_data
 
 
-def check_settings(sections: Config, n_train: int, source: str = "the training prompts") -> None:
+def check_settings(sections: Config, n_train: int, source: str = "the rows handed in") -> None:
     """Raise InputError for the first setting of `sections` a trainer on `n_train` prompts (`source`) cannot
     run."""
     rc = sections.rloo

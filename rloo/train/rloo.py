@@ -56,7 +56,7 @@ def check_sampling(rc: RlooConfig) -> list[str]:
 
 
 def make_trainer(config: Config | Mapping, policy_dir: str | Path, reward: RewardSource, train: list[dict],
-                 reward_model_dir: str | Path | None = None, source: str = "the training prompts") -> RlooTrainer:
+                 reward_model_dir: str | Path | None = None, source: str = "the rows handed in") -> RlooTrainer:
     """The trainer of `rloo.estimator`: PPO (its critic grown from the policy or the reward model), or
     the critic-free RlooTrainer for every other estimator (`source` names `train` in errors)."""
     config = config if isinstance(config, Config) else Config.from_config(config)
@@ -112,7 +112,7 @@ def _final_mean(values: list[float]) -> float | None:
 def run(config: Config, policy_dir: str | Path, rows: list[dict], out_dir: str | Path, work_dir: str | Path,
         fingerprint: str, *, val: list[dict], reward: RewardSource, reward_model_dir: str | Path | None = None,
         log_to: RunLog | Callable[[dict, int], None] | None = None, facts: dict[str, int] | None = None,
-        source: str = "the training prompts") -> dict:
+        source: str = "the rows handed in") -> dict:
     """Train the policy in `policy_dir` on the prompt rows `rows` ({question, answer, ...}) and write `out_dir` (save_pretrained policy,
     steps.jsonl, metrics.json); return the run's summary (metrics.json) and its run facts (times, peak
     memory, the step it resumed from).

@@ -15,7 +15,7 @@ import pytest
 from rloo.errors import InputError
 from rloo.io import sha256_file
 from rloo_workflow.stages import reward, sft
-from rloo_workflow.stages import train as rloo_stage
+from rloo_workflow.stages import rloo as rloo_stage
 
 
 def _fewer_rows(micro_run, tmp_path: Path, n: int) -> Path:

@@ -83,7 +83,7 @@ def test_k_below_two_is_a_clear_error(micro_run):
 
 
 def test_prompts_per_step_larger_than_the_data_is_a_clear_error(micro_run):
-    with pytest.raises(ValueError, match=r"rloo.prompts_per_step=9999"):
+    with pytest.raises(ValueError, match=r"^key 'rloo.prompts_per_step': 9999 is more than the 256 training prompts \(the rows handed in\)"):
         RlooTrainer(_cfg(micro_run, prompts_per_step=9999), micro_run["sft"], VerifierReward(), _train_rows(micro_run))
 
 

@@ -30,7 +30,7 @@ KNOWN lists the differences other issues made between b5444b5 and issue 64 on pu
 are shown, and do not fail the run.
 
 It prints a table (artifact, baseline, this tree, equal?), writes `--json` through bench/record.py's
-`write`, and exits 1 naming every artifact that differs. About 5 minutes on 2 cores.
+`write`, and exits 1 naming every artifact that differs. About 6 minutes on 2 cores.
 
     python bench/same_behaviour.py --baseline b5444b5 --json docs/figures/same_behaviour.json
 """
@@ -80,7 +80,8 @@ PATHLIKE = re.compile(r"(^|/)[\w.<>-]+/[\w./<>-]+|\.py\b")
 KNOWN = (
     (r"", r"(^|\.)train_test_ngram_overlap\.", "added by issue 61 item 3 (5f4f108): the 13-gram overlap count"),
     (r"", r"(^|\.)data_manifest_sha256(\.|$)", "the manifest gained train_test_ngram_overlap (issue 61 item 3)"),
-    (r"^data/gsm8k/manifest\.json$", r"^config_hash$", "the data section gained four keys (issue 61, 95707e2)"),
+    (r"^data/gsm8k/manifest\.json$", r"^config_hash$", "the data section gained four keys (issue 61 items 3, 4: max_record_chars, "
+     "on_oversized, ngram_overlap_words, on_ngram_overlap)"),
 )
 # What issue 63 (cf30855) moved: the evaluations' records and figures, once per policy in results/eval/
 # instead of per estimator in results/gsm8k_<estimator>/completions.jsonl and results/gsm8k_<estimator>.json.

@@ -486,6 +486,31 @@ def alarms_mismatch_table() -> str:
     return "\n".join(rows)
 
 
+def same_behaviour_table() -> str:
+    """bench/same_behaviour.py's artifacts by run and kind: how many, how many equal, how many of those
+    differ only by a key another issue added (KNOWN), how many differ."""
+    data = _load("same_behaviour.json")
+    kinds = (("weights (safetensors)", lambda n: n.endswith(".safetensors")),
+             ("prepare's data and manifest", lambda n: n.startswith("data/")),
+             ("training stages' metrics, steps, configs", lambda n: n.startswith("results/models/")),
+             ("reports, comparison, toy experiment", lambda n: n.startswith("results/")),
+             ("each policy's evaluation texts", lambda n: n.startswith("records:")),
+             ("each policy's evaluation figures", lambda n: n.startswith("figures:")),
+             ("other", lambda n: True))
+    rows = ["| run | kind | compared | equal | of which a known key differs | differ |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    for run, prefix in (("micro chain + comparison", ""), ("RLOO, GRPO on the proxy reward", "proxy reward: ")):
+        groups: dict[str, list[dict]] = {}
+        for name, a in data["artifacts"].items():
+            if name.startswith("proxy reward: ") == bool(prefix):
+                groups.setdefault(next(k for k, test in kinds if test(name.removeprefix(prefix))), []).append(a)
+        for label, group in ((k, groups[k]) for k, _ in kinds if k in groups):
+            equal = [a for a in group if a["equal"]]
+            rows.append(f"| {run} | {label} | {len(group)} | {len(equal)} | {sum(bool(a.get('known')) for a in equal)} "
+                        f"| {len(group) - len(equal)} |")
+    return "\n".join(rows) + f"\n\n[same_behaviour](docs/figures/same_behaviour.json), against {data['baseline']}"
+
+
 TABLES = {
     "alarms": alarms_table,
     "alarms-grid": alarms_grid_table,
@@ -506,6 +531,7 @@ TABLES = {
     "reward-model-chain": reward_model_chain_table,
     "rloo-step": rloo_step_table,
     "trl": trl_table,
+    "same-behaviour": same_behaviour_table,
 }
 _BLOCK = re.compile(r"(<!-- figures:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /figures:(?P=name) -->)", re.S)
 

@@ -167,6 +167,6 @@ def test_the_reward_file_counts_in_the_code_fingerprints_dvc_reads_of_rloo_and_e
         after = fingerprints()
     finally:
         path.write_text(original)
-    assert {v for v in before if before[v] != after[v]} == {"train", "evaluate"}
+    assert {v for v in before if before[v] != after[v]} == {"rloo", "evaluate"}
     stages = yaml.safe_load((chain["copy"] / "dvc.yaml").read_text())["stages"]
-    assert {".rloo/fingerprints.yaml": ["train"]} in stages["rloo"]["do"]["params"]
+    assert {".rloo/fingerprints.yaml": ["rloo"]} in stages["rloo"]["do"]["params"]

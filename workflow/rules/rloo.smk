@@ -19,6 +19,9 @@ rule rloo:
     benchmark:
         f"{LOGS}/benchmarks/rloo_{{estimator}}.tsv"
     threads: TORCH_THREADS
+    # the longest path (RLOO, its evaluation, the report) starts first: base's and SFT's evaluations,
+    # ready at the same time, fill the cores beside it; and a rerun's first error is the training's
+    priority: 1
     resources:
         **gpu_resources("rloo"),
         mem_mb=32000,

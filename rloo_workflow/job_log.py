@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-TAIL_LINES = 10  # what a failure shows of the log
+TAIL_LINES = 9  # what a failure shows of the log: with Snakemake's own lines, one screen (60)
 MAX_LINE = 400  # characters of one log line shown
 
 

@@ -31,7 +31,7 @@ from rloo.train.identity import NOT_READ_BY_REWARD_MODEL
 from rloo_workflow.config.selection import put, select, with_overrides
 
 # What the functions below take: the typed config, or the validated dict the Snakefile (workflow/rules/*.smk)
-# and the CLI hold, which each converts once (`_sections`) and hands on typed.
+# and the CLI hold, which each converts once (`Config.of`) and hands on typed.
 ConfigLike = Config | Mapping[str, Any]
 
 
@@ -146,11 +146,6 @@ class Variant:
     roots: frozenset[str] = frozenset()
 
 
-def _sections(cfg: ConfigLike) -> Config:
-    """The typed config of `cfg` (`Config.of`: conversions kept by content)."""
-    return Config.of(cfg)
-
-
 def _pretrained(sections: Config) -> bool:
     """Whether the base stage starts from a model (a hub id, a folder, a GGUF file) rather than building
     the embedded one from the training texts."""
@@ -160,7 +155,7 @@ def _pretrained(sections: Config) -> bool:
 def reads_reward_model(cfg: ConfigLike, estimator: str | None = None) -> bool:
     """Whether the RLOO stage of `estimator` (default: the config's) reads the reward model: as its
     training reward, or as the start of PPO's critic."""
-    sections = _sections(cfg)
+    sections = Config.of(cfg)
     estimator = estimator or sections.rloo.estimator
     return sections.reward.source == "model" or (
         estimator == "ppo" and sections.rloo.ppo.critic_init == "reward_model")
@@ -191,7 +186,7 @@ def input_graph(stage: str, cfg: ConfigLike, estimator: str | None = None,
     `policy`: an evaluation's). rloo reads the reward model only where it uses it, base the training texts
     only where it builds the embedded model from them, the report the judge's verdicts only where an LLM
     judges."""
-    sections = _sections(cfg)
+    sections = Config.of(cfg)
     estimator = estimator or sections.rloo.estimator
     if stage == "prepare":
         return {}
@@ -258,7 +253,7 @@ def owns(variant: Variant | None, cfg: ConfigLike, stage: str, estimator: str | 
 def seed_variant(cfg: ConfigLike, seed: int | str) -> Variant:
     """Seed `seed` of the `seeds` target: the seed of the stages of `seeds.scope`, and of every stage
     downstream of them. (A non-numeric seed stays a string: the DVC compiler's template job.)"""
-    sections = _sections(cfg)
+    sections = Config.of(cfg)
     value = int(seed) if str(seed).lstrip("-").isdigit() else seed
     # only the scope's stages that read the seed (a pretrained base does not); what follows them too (`owns`)
     roots = frozenset(s for s in SEED_SCOPES[sections.seeds.scope] if reads_key(sections, s, "seed"))
@@ -279,7 +274,7 @@ def parse_variant(cfg: ConfigLike, folder: str) -> Variant:
     """The variant whose folder is `folder` (`Variant.folder`): a seed (`seed_variant`) or a sweep's point
     (`sweep_variant`: an error for a sweep or point not in the config)."""
     kind, fields = variant_fields(folder)
-    sections = _sections(cfg)
+    sections = Config.of(cfg)
     return (seed_variant(sections, fields["seed"]) if kind == "seed" else
             sweep_variant(sections, fields["sweep"], fields["point"]))
 
@@ -301,7 +296,7 @@ def point_label(values: dict[str, Any]) -> str:
 
 def sweep_grid(cfg: ConfigLike, name: str) -> dict[str, dict[str, Any]]:
     """{point id: {key: value}}: the cartesian product of `sweeps.<name>`, in the order the grid lists it."""
-    sweeps = _sections(cfg).sweeps
+    sweeps = Config.of(cfg).sweeps
     try:
         axes = sweeps[name]
     except KeyError:
@@ -313,7 +308,7 @@ def sweep_grid(cfg: ConfigLike, name: str) -> dict[str, dict[str, Any]]:
 
 def sweep_stages(cfg: ConfigLike, name: str) -> frozenset[str]:
     """The chain stages that read a key of sweep `name`: a point runs their jobs itself, and those below them."""
-    sections = _sections(cfg)
+    sections = Config.of(cfg)
     keys = list(sections.sweeps[name])
     return frozenset(s for s in CHAIN if any(reads_key(sections, s, k) for k in keys))
 
@@ -321,7 +316,7 @@ def sweep_stages(cfg: ConfigLike, name: str) -> frozenset[str]:
 def sweep_variant(cfg: ConfigLike, name: str, point: str) -> Variant:
     """Point `point` of sweep `name` as a variant of the chain; a point id not in the grid is an error
     naming the grid's points (never another point's values)."""
-    sections = _sections(cfg)
+    sections = Config.of(cfg)
     points = sweep_grid(sections, name)
     if point not in points:
         raise InputError(f"sweep {name}: no point '{point}' in its grid (sweeps.{name}); points: {', '.join(points)}")
@@ -332,7 +327,7 @@ def sweep_variant(cfg: ConfigLike, name: str, point: str) -> Variant:
 
 def folders(cfg: ConfigLike, variant: Variant | None = None) -> dict[str, str]:
     """The config's data, models and results folders (`paths.*`), or a variant's below each."""
-    p = _sections(cfg).paths
+    p = Config.of(cfg).paths
     base = {"data": p.data, "models": p.models, "results": p.results}
     return {k: f"{v}/{variant.folder}" for k, v in base.items()} if variant else base
 
@@ -348,7 +343,7 @@ def outputs(stage: str, cfg: ConfigLike, estimator: str | None = None, variant: 
     """The output paths of `stage` under `cfg` (`estimator`: the config's rloo.estimator by default;
     `policy`: an evaluation's, by default the estimator's policy; `variant`: a seed's or sweep point's,
     where it runs the job itself; `sweep`: the sweep stage's name)."""
-    sections = _sections(cfg)
+    sections = Config.of(cfg)
     est = estimator or sections.rloo.estimator
     f = folders(sections, _owner(cfg, stage, estimator, policy or est, variant))
     return {k: v.format(**f, estimator=est, sweep=sweep or "{sweep}", policy=policy or est)
@@ -366,7 +361,7 @@ def rule_outputs(stage: str, cfg: ConfigLike, folder: str | None = None) -> dict
 def work_dir(stage: str, cfg: ConfigLike, estimator: str | None = None, variant: Variant | None = None) -> str:
     """Where a resumable stage keeps its checkpoints: outside its outputs, so a rerun resumes; a
     variant's below its own folder, so each seed or point resumes on its own."""
-    sections = _sections(cfg)
+    sections = Config.of(cfg)
     name = STAGES[stage].name
     if STAGES[stage].per_estimator:
         name = f"{name}_{estimator or sections.rloo.estimator}"
@@ -386,7 +381,7 @@ def job_settings(cfg: Mapping[str, Any], stage: str, estimator: str | None = Non
     """What `stage`'s job reads of its config (`stage_keys`): the part a rule hands its command, and
     reruns on. The RLOO stage's estimator is the job's (a target's wildcard), else its config's."""
     jcfg = job_config(cfg, stage, variant, estimator, policy)
-    estimator = estimator or _sections(jcfg).rloo.estimator
+    estimator = estimator or Config.of(jcfg).rloo.estimator
     return stage_config(dict(jcfg), stage, {"rloo.estimator": estimator} if stage == "rloo" else None)
 
 
@@ -395,7 +390,7 @@ def job_inputs(cfg: Mapping[str, Any], stage: str, estimator: str | None = None,
     """{input name: path} of `stage`'s job (`input_graph`): each upstream output for the job's estimator,
     in the variant's folders where the variant runs that job itself, else the main chain's."""
     jcfg = job_config(cfg, stage, variant, estimator, policy)
-    decide = estimator or _sections(jcfg).rloo.estimator
+    decide = estimator or Config.of(jcfg).rloo.estimator
     return {name: outputs(r.stage, cfg, r.estimator or estimator, variant, policy=r.policy)[r.output]
             for name, r in input_graph(stage, jcfg, decide, policy).items()}
 
@@ -415,7 +410,7 @@ def _lineage(cfg: Mapping[str, Any], job: tuple[str, str | None, str | None], co
         return seen[job]
     stage, estimator, policy = job
     jcfg = job_config(cfg, stage, variant, estimator, policy)
-    decide = estimator or _sections(jcfg).rloo.estimator
+    decide = estimator or Config.of(jcfg).rloo.estimator
     parts = {"stage": stage, "policy": policy, "config": job_settings(cfg, stage, estimator, variant, policy),
              "code": code(stage),
              "upstream": sorted(_lineage(cfg, up, code, variant, seen)
@@ -450,7 +445,7 @@ PLUGIN_REWARDS = {"function": "reward.functions", "http": "reward.http"}
 def stage_keys(cfg: ConfigLike, stage: str, estimator: str | None = None) -> tuple[list[str], list[str]]:
     """(dotted keys `stage` reads under this config, keys below those that it does not read);
     `estimator`: the RLOO stage's, when it is not the config's own (a Snakemake wildcard)."""
-    sections = _sections(cfg)
+    sections = Config.of(cfg)
     source = sections.reward.source
     decl = STAGES[stage]
     keys, excluded = list(decl.keys), list(decl.excluded)
@@ -504,14 +499,14 @@ def evaluated_policy(args: Any, cfg: ConfigLike) -> tuple[str, str]:
     if given:
         name, _, folder = given.partition("=")
         return name, folder
-    estimator = _sections(cfg).rloo.estimator
+    estimator = Config.of(cfg).rloo.estimator
     return estimator, outputs("rloo", cfg, estimator)["model"]
 
 
 def cli_outputs(args: Any, cfg: ConfigLike) -> dict[str, str]:
     """What `rloo <verb>` writes: its --out (and --plot/--plots) where given, else the declared outputs.
     The CLI writes there and MLflow tags exactly these paths with their md5."""
-    sections = _sections(cfg)
+    sections = Config.of(cfg)
     stage = BY_VERB[args.stage]
     out = getattr(args, "out", None)
     if stage.name == "prepare":
@@ -534,7 +529,7 @@ def cli_outputs(args: Any, cfg: ConfigLike) -> dict[str, str]:
 
 def cli_run_name(args: Any, cfg: ConfigLike) -> str:
     """The MLflow run of `rloo <verb>`: see `run_name`."""
-    sections = _sections(cfg)
+    sections = Config.of(cfg)
     stage = BY_VERB[args.stage]
     variant = getattr(args, "variant", None)
     if stage.name in ("evaluate", "report", "judge"):

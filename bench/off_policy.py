@@ -7,7 +7,11 @@ alternating order:
 - sync@T:   the synchronous RLOO stage (rloo.off_policy_steps 0) on T = --threads threads;
 - off@T:    rloo.off_policy_steps 1, its sampler process on S = --sampler-threads (default T/2) threads
             and the trainer on T - S (rloo/train/off_policy.py), without the lag pass;
-- sync@1:   the synchronous stage on 1 thread, for the parts' thread scaling.
+- sync@1:   the synchronous stage on 1 thread, for the parts' thread scaling (--no-scaling skips it).
+
+`--trainer-threads N` above T - S runs off@S+N instead of off@T: the trainer keeps N threads beside the
+sampler's S, more threads than T (cores), for a trainer whose parts scale with threads and a sampler that
+idles part of each step; still against sync@T.
 
 Each runs `--steps` RLOO steps from the SFT policy (no evaluation, no checkpoint in between), after one
 untimed 2-step run of each mode (a process's first run pays one-time costs); the figures
@@ -94,16 +98,24 @@ def spread(values: list[float]) -> dict[str, float]:
     return {"min": min(values), "median": statistics.median(values), "max": max(values)}
 
 
-def bench_run(label: str, spec: str, rounds: int, steps: int, threads: int, sampler_threads: int) -> dict:
+def bench_run(label: str, spec: str, rounds: int, steps: int, threads: int, sampler_threads: int,
+              trainer_threads: int, scaling: bool = True) -> dict:
     files, policy, data, *rest = spec.split(":")
     reward_model = rest[0] if rest else None
-    modes = {f"sync@{threads}": (threads, False), f"off@{threads}": (threads, True), "sync@1": (1, False)}
+    # off-policy with more threads than cores (sampler + trainer > threads) is a route of its own: the
+    # sampler idles part of each step, and the trainer's extra thread takes the core it leaves
+    off_threads = sampler_threads + trainer_threads
+    sync, off_name = f"sync@{threads}", (f"off@{threads}" if off_threads == threads
+                                         else f"off@{sampler_threads}+{trainer_threads}")
+    modes = {sync: (threads, False), off_name: (off_threads, True)}
+    if scaling:
+        modes["sync@1"] = (1, False)
     for t, off in modes.values():  # untimed: the first run of a process pays one-time costs (allocator, kernels)
         run_mode(files.split(","), policy, data, reward_model, seed=1000, steps=2, threads=t, off_policy=off,
                  sampler_threads=sampler_threads if off else None)
     rounds_out: list[dict] = []
     for r in range(rounds):
-        names = list(modes) if r % 2 == 0 else [*reversed(list(modes)[:2]), "sync@1"]
+        names = list(modes) if r % 2 == 0 else [*reversed(list(modes)[:2]), *list(modes)[2:]]
         got = {}
         for name in names:
             t, off = modes[name]
@@ -111,22 +123,24 @@ def bench_run(label: str, spec: str, rounds: int, steps: int, threads: int, samp
                                  off_policy=off, sampler_threads=sampler_threads if off else None)
             print(f"{label} round {r} {name}: {got[name]['samples_per_s']:.1f} samples/s, "
                   f"{got[name]['seconds_per_step']:.3f} s/step", flush=True)
-        got["ratio"] = got[f"off@{threads}"]["samples_per_s"] / got[f"sync@{threads}"]["samples_per_s"]
+        got["ratio"] = got[off_name]["samples_per_s"] / got[sync]["samples_per_s"]
         rounds_out.append(got)
-    sync, s1 = f"sync@{threads}", "sync@1"
     med = {name: {k: statistics.median(x[name][k] for x in rounds_out) for k in rounds_out[0][name]} for name in modes}
     parts_t = {p: med[sync][p] for p in PARTS}
-    parts_1 = {p: med[s1][p] for p in PARTS}
-    # the parts are measured at 1 and T threads: the ideal ratio of the split where both sides have one
-    ideal = None
-    if sampler_threads == 1 and threads - sampler_threads == 1:
-        ideal = sum(parts_t.values()) / max(parts_1["sample"], parts_1["reference"] + parts_1["update"])
+    scaled, ideal = None, None
+    if scaling:
+        parts_1 = {p: med["sync@1"][p] for p in PARTS}
+        scaled = {p: parts_1[p] / parts_t[p] for p in PARTS}
+        # the parts are measured at 1 and T threads: the ideal ratio of the split where both sides have one
+        if sampler_threads == 1 and trainer_threads == 1 and threads == 2:
+            ideal = sum(parts_t.values()) / max(parts_1["sample"], parts_1["reference"] + parts_1["update"])
     device = sum(parts_t.values()) / max(parts_t["sample"], parts_t["reference"] + parts_t["update"])
     return {
-        "spec": spec, "threads": threads, "sampler_threads": sampler_threads, "steps": steps,
+        "spec": spec, "threads": threads, "sampler_threads": sampler_threads, "trainer_threads": trainer_threads,
+        "steps": steps, "off_mode": off_name,
         "modes": {name: {k: spread([x[name][k] for x in rounds_out]) for k in rounds_out[0][name]} for name in modes},
         "ratio": spread([x["ratio"] for x in rounds_out]),
-        "parts_scaling": {p: parts_1[p] / parts_t[p] for p in PARTS},
+        "parts_scaling": scaled,
         "ideal_ratio": ideal, "predicted_ratio_own_device": device, "rounds": rounds_out,
     }
 
@@ -134,7 +148,7 @@ def bench_run(label: str, spec: str, rounds: int, steps: int, threads: int, samp
 def report(label: str, res: dict) -> None:
     t = res["threads"]
     print(f"\n{label}: {res['steps']} steps a run, {len(res['rounds'])} rounds, {t} threads in all "
-          f"(off-policy: sampler {res['sampler_threads']}, trainer {t - res['sampler_threads']})")
+          f"(off-policy: sampler {res['sampler_threads']}, trainer {res['trainer_threads']})")
     print("| mode | samples/s (min / median / max) | s/step (median) | sample | reference | update | waited | outside the loop |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, m in res["modes"].items():
@@ -146,8 +160,9 @@ def report(label: str, res: dict) -> None:
     r = res["ratio"]
     print(f"off-policy / synchronous samples/s: {r['median']:.2f}x (min {r['min']:.2f}, max {r['max']:.2f}; rounds: "
           + ", ".join(f"{x['ratio']:.2f}" for x in res["rounds"]) + ")")
-    print("thread scaling, 1 -> " + str(t) + " threads (seconds at 1 / at " + str(t) + "): "
-          + ", ".join(f"{p} {v:.2f}x" for p, v in res["parts_scaling"].items()))
+    if res["parts_scaling"] is not None:
+        print("thread scaling, 1 -> " + str(t) + " threads (seconds at 1 / at " + str(t) + "): "
+              + ", ".join(f"{p} {v:.2f}x" for p, v in res["parts_scaling"].items()))
     if res["ideal_ratio"] is not None:
         print(f"ideal ratio of this split, from the parts: {res['ideal_ratio']:.2f}x (achieved {r['median']:.2f}x)")
     print(f"predicted with the sampler on a device of its own (parts at {t} threads): "
@@ -185,6 +200,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--sampler-threads", type=int, default=None, help="default: half of --threads")
+    ap.add_argument("--trainer-threads", type=int, default=None,
+                    help="the off-policy trainer's threads; default: --threads less the sampler's. More than that "
+                         "oversubscribes the cores (off@S+T, against sync@THREADS)")
+    ap.add_argument("--no-scaling", action="store_true", help="skip sync@1 (the parts' thread scaling)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     if a.paired:
@@ -201,7 +220,8 @@ def main() -> None:
     results = {}
     for run in a.run:
         label, _, spec = run.partition("=")
-        results[label] = bench_run(label, spec, a.rounds, a.steps, a.threads, sampler)
+        trainer = a.trainer_threads if a.trainer_threads is not None else max(1, a.threads - sampler)
+        results[label] = bench_run(label, spec, a.rounds, a.steps, a.threads, sampler, trainer, not a.no_scaling)
     for label, res in results.items():
         report(label, res)
     if a.json:

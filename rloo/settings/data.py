@@ -59,7 +59,7 @@ class DataConfig(Section):
     val_examples: int = setting(500, minimum=1)
     """Size of the validation split (val.jsonl) that training stages evaluate on and select checkpoints by;
     disjoint from test. Generated after train and test by the embedded generator, else held out of the
-    train split at random."""
+    train split at random, question by question (every copy of a question on the one side: on_duplicates)."""
     max_test: int | None = setting(None, minimum=1)
     """Keep the first this many test problems; null = all."""
     on_bad_record: Literal["error", "skip"] = "error"

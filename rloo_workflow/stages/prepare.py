@@ -81,7 +81,8 @@ def hold_out(rows: list[dict], n: int, seed: int) -> tuple[list[dict], list[dict
     """(rest, validation): a validation split carved out of a train split, n questions drawn at random,
     each with every record that asks it once normalised (rloo.data.contamination), so that no copy of a
     validation problem stays in train (with data.on_duplicates: keep, one question's copies all go to the
-    one side, and validation holds them all). Without copies, the draw is one of n records."""
+    one side, and validation holds them all). Without copies it draws the n records a draw of records
+    would: a split prepared before questions were grouped is prepared the same."""
     questions: dict[str, list[int]] = {}
     for i, r in enumerate(rows):
         questions.setdefault(contamination.normalised(r["question"]), []).append(i)

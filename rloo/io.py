@@ -4,6 +4,7 @@ output), line-numbered JSONL reading, file digests."""
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import errno
 import glob
@@ -202,29 +203,38 @@ def write_jsonl_atomic(path: str | os.PathLike, rows: list[dict]) -> None:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
+def text_lines(path: str | os.PathLike) -> Iterator[tuple[int, bytes]]:
+    """(line number, bytes) of each line of a text file, a leading UTF-8 byte order mark left out: files
+    saved by Windows editors, or by pandas with encoding="utf-8-sig", start with one, and are valid UTF-8
+    all the same. A CRLF line end is one line break, as LF is (its CR is whitespace to JSON)."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            yield lineno, raw.removeprefix(codecs.BOM_UTF8) if lineno == 1 else raw
+
+
 def jsonl_records(path: str | os.PathLike) -> Iterator[tuple[int, dict | None, str | None]]:
     """(line number, record, None) for each non-blank line holding a JSON object, or (line number,
     None, why) for one that does not (not UTF-8, malformed JSON, not an object): the reason names file
-    and line, and a reader that skips bad records can skip it."""
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            where = f"{path}:{lineno}"
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                yield lineno, None, f"{where}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1})"
-                continue
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                yield lineno, None, f"{where}: malformed JSON ({e.msg} at column {e.colno})"
-                continue
-            if not isinstance(rec, dict):
-                yield lineno, None, f"{where}: expected a JSON object, got {type(rec).__name__}"
-                continue
-            yield lineno, rec, None
+    and line, and a reader that skips bad records can skip it. A leading BOM is not part of line 1
+    (`text_lines`)."""
+    for lineno, raw in text_lines(path):
+        where = f"{path}:{lineno}"
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            yield lineno, None, f"{where}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1})"
+            continue
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            yield lineno, None, f"{where}: malformed JSON ({e.msg} at column {e.colno})"
+            continue
+        if not isinstance(rec, dict):
+            yield lineno, None, f"{where}: expected a JSON object, got {type(rec).__name__}"
+            continue
+        yield lineno, rec, None
 
 
 def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict]]:

@@ -9,9 +9,10 @@ Unicode's compatibility forms: full-width digits), whitespace, punctuation, and 
 
 from __future__ import annotations
 
+import json
 import re
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -32,6 +33,11 @@ def words(text: str) -> list[str]:
     return _PUNCT.sub(" ", _NUMBER.sub(_number, text)).split()
 
 
+def normalised(text: str) -> str:
+    """The question as the checks compare it: its words once normalised, joined by single spaces."""
+    return " ".join(words(text))
+
+
 def _ngrams(ws: list[str], n: int) -> set[tuple[str, ...]]:
     return {tuple(ws[i : i + n]) for i in range(len(ws) - n + 1)}
 
@@ -49,7 +55,7 @@ class Overlap:
 def overlap(train: Iterable[str], test: Iterable[str], n: int = 0) -> Overlap:
     """Which of the `train` questions overlap the `test` ones (`Overlap`), each question normalised once."""
     test_words = [words(q) for q in test]
-    seen = {" ".join(ws) for ws in test_words}
+    seen = {" ".join(ws) for ws in test_words}  # normalised(q), from the words the n-grams use too
     grams: set[tuple[str, ...]] = set()
     for ws in test_words if n else ():
         grams |= _ngrams(ws, n)
@@ -61,3 +67,37 @@ def overlap(train: Iterable[str], test: Iterable[str], n: int = 0) -> Overlap:
         if n and not grams.isdisjoint(_ngrams(ws, n)):
             ngram.append(i)
     return Overlap(exact, ngram if n else None)
+
+
+@dataclass(frozen=True)
+class Duplicates:
+    """The records of a split that repeat an earlier one (their indices): `exact`, the same record field for
+    field; `normalised`, another record whose question is an earlier record's once both are normalised (as
+    `overlap` compares them: the same problem written differently, or asked with a different answer)."""
+
+    exact: list[int]
+    normalised: list[int]
+
+    def __len__(self) -> int:
+        return len(self.exact) + len(self.normalised)
+
+    def dropped(self, rows: list[dict]) -> list[dict]:
+        """`rows` less the duplicates: the first record of each normalised question, in order."""
+        gone = {*self.exact, *self.normalised}
+        return [r for i, r in enumerate(rows) if i not in gone]
+
+
+def duplicates(rows: Iterable[Mapping]) -> Duplicates:
+    """Which of `rows` ({"question", ...} records) repeat an earlier one (`Duplicates`)."""
+    records: set[str] = set()
+    questions: set[str] = set()
+    exact, norm = [], []
+    for i, row in enumerate(rows):
+        record, question = json.dumps(row, sort_keys=True, default=str), normalised(row["question"])
+        if record in records:
+            exact.append(i)
+        elif question in questions:
+            norm.append(i)
+        records.add(record)
+        questions.add(question)
+    return Duplicates(exact, norm)

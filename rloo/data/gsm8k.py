@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rloo.data.manifest import verify_split
 from rloo.errors import MissingInputError, UserError
-from rloo.io import jsonl_records, read_jsonl
+from rloo.io import jsonl_records, read_jsonl, text_lines
 from rloo.reward.verifier import MARKER, extract_answer, normalize_number
 
 
@@ -61,10 +61,9 @@ def record_chars(rec: dict) -> int:
 
 def line_chars(path: str) -> Iterator[tuple[str, int]]:
     """(file:line, characters) of each line of a JSONL file, its line break left out, read without parsing
-    it (a line of megabytes costs no JSON object)."""
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            yield f"{path}:{lineno}", len(raw.rstrip(b"\r\n").decode("utf-8", errors="replace"))
+    it (a line of megabytes costs no JSON object), a leading BOM left out as the JSONL reader leaves it."""
+    for lineno, raw in text_lines(path):
+        yield f"{path}:{lineno}", len(raw.rstrip(b"\r\n").decode("utf-8", errors="replace"))
 
 
 # How a record names its question and answer (data.fields) and writes its answer (data.answer_format).

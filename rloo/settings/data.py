@@ -59,7 +59,7 @@ class DataConfig(Section):
     val_examples: int = setting(500, minimum=1)
     """Size of the validation split (val.jsonl) that training stages evaluate on and select checkpoints by;
     disjoint from test. Generated after train and test by the embedded generator, else held out of the
-    train split at random."""
+    train split at random, question by question (every copy of a question on the one side: on_duplicates)."""
     max_test: int | None = setting(None, minimum=1)
     """Keep the first this many test problems; null = all."""
     on_bad_record: Literal["error", "skip"] = "error"
@@ -73,6 +73,13 @@ class DataConfig(Section):
     """error = prepare stops, naming the file and line of the first record over max_record_chars and how
     many are; drop = it drops them, with their count in the log, the manifest (`oversized`) and `rloo
     summary`."""
+    on_duplicates: Literal["drop", "keep", "error"] = "drop"
+    """A record that repeats an earlier one of its split: the same record (exact), or the same question once
+    normalised as the train/test check normalises it (case, whitespace, punctuation, number formatting).
+    drop = keep the first of each question; keep = keep them all (a repeated problem weighs more in
+    training or in the test accuracy); error = prepare stops, naming the file and the count. The manifest
+    (`duplicates`) and prepare's last line count them either way; the validation split is held out by
+    question, so no copy of a validation problem is in train whatever this says."""
     fields: DataFieldsConfig = field(default_factory=DataFieldsConfig)
     """Which field holds the question and which the answer."""
     answer_format: Literal["gsm8k", "number"] = "gsm8k"

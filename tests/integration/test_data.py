@@ -1,4 +1,6 @@
+import codecs
 import json
+import random
 import re
 import subprocess
 import sys
@@ -333,6 +335,101 @@ def test_a_shared_run_of_13_words_is_counted_warned_or_refused(tmp_path, micro_c
     assert not (tmp_path / "c").exists()
     micro_cfg["data"]["ngram_overlap_words"] = 0  # the check off
     assert prepare.run(micro_cfg, tmp_path / "d")["train_test_ngram_overlap"] is None
+
+
+# -- duplicates within a split (data.on_duplicates), BOM and CRLF (issue 71) ------------------------------
+def _normalised(rows: list[dict]) -> list[str]:
+    return [contamination.normalised(r["question"]) for r in rows]
+
+
+def _with_duplicates(tmp_path, micro_cfg) -> None:
+    """A train file of 200 distinct problems, 30 exact copies and 10 altered copies (ALTERATIONS: the same
+    question once normalised) shuffled among them; a test file of 20 problems and one exact copy."""
+    train, test, _ = synthetic.generate(200, 20, seed=3)
+    rows = [{"question": r["question"], "answer": r["answer"]} for r in train]
+    rng = random.Random(1)
+    altered = [{**r, "question": alter(r["question"])}
+               for r, alter in zip(rng.sample(rows, 10), list(ALTERATIONS.values())[1:], strict=False)]
+    assert len(altered) == 10 and not set(_normalised(altered)) - set(_normalised(rows))
+    assert not {r["question"] for r in altered} & {r["question"] for r in rows}
+    rows += [dict(r) for r in rng.sample(rows, 30)] + altered
+    rng.shuffle(rows)
+    test = [{"question": r["question"], "answer": r["answer"]} for r in test]
+    lines = lambda rs: "".join(json.dumps(r) + "\n" for r in rs)  # noqa: E731
+    (tmp_path / "tr.jsonl").write_text(lines(rows))
+    (tmp_path / "te.jsonl").write_text(lines([*test, test[4]]))
+    micro_cfg["data"].update(source="jsonl", train_file=str(tmp_path / "tr.jsonl"),
+                             test_file=str(tmp_path / "te.jsonl"), val_examples=40)
+
+
+def test_duplicates_are_counted_dropped_and_never_in_train_and_validation(tmp_path, micro_cfg, caplog):
+    """The third fault probe's file (issue 71): repeated lines were kept silently, and 9 of the 40
+    validation problems were also training ones."""
+    _with_duplicates(tmp_path, micro_cfg)
+    with caplog.at_level("INFO", logger="rloo.prepare"):
+        manifest = prepare.run(micro_cfg, tmp_path / "drop")
+    assert manifest["duplicates"] == {"mode": "drop", "exact": {"train": 30, "test": 1},
+                                      "normalised": {"train": 10, "test": 0}}
+    assert manifest["counts"] == {"train": 160, "test": 20, "val": 40}
+    last = caplog.records[-1].getMessage()
+    assert last.startswith("prepared 160 train / 20 test / 40 validation records from jsonl; dropped 41 duplicate"), last
+    assert "train 30 exact + 10 normalised, test 1 exact + 0 normalised" in last
+    splits = {s: [r for _, r in read_jsonl(tmp_path / "drop" / f"{s}.jsonl")] for s in prepare.SPLITS}
+    for split, rows in splits.items():
+        assert len(set(_normalised(rows))) == len(rows), split  # one record per question
+    assert not set(_normalised(splits["val"])) & set(_normalised(splits["train"]))
+    # keep: every record stays, and a question's copies all go to the one side of the validation carve
+    micro_cfg["data"]["on_duplicates"] = "keep"
+    manifest = prepare.run(micro_cfg, tmp_path / "keep")
+    assert manifest["duplicates"]["mode"] == "keep" and manifest["duplicates"]["exact"]["train"] == 30
+    kept = {s: [r for _, r in read_jsonl(tmp_path / "keep" / f"{s}.jsonl")] for s in prepare.SPLITS}
+    assert len(kept["train"]) + len(kept["val"]) == 240 and len(kept["test"]) == 21
+    assert len(set(_normalised(kept["val"]))) == 40 < len(kept["val"])  # copies of validation problems among them
+    assert not set(_normalised(kept["val"])) & set(_normalised(kept["train"]))
+    # error: one line naming the file and the count; nothing written
+    micro_cfg["data"]["on_duplicates"] = "error"
+    with pytest.raises(InputError) as e:
+        prepare.run(micro_cfg, tmp_path / "error")
+    msg = str(e.value)
+    assert msg.startswith(f"{tmp_path / 'tr.jsonl'}: 40 duplicate records (30 exact copies of an earlier record, 10 "
+                          "with an earlier record's question once normalised; first: "), msg
+    assert msg.endswith("data.on_duplicates: drop or keep") and "\n" not in msg
+    assert not (tmp_path / "error").exists()
+
+
+def test_a_byte_order_mark_and_crlf_line_ends_prepare_the_same_splits(tmp_path, micro_cfg):
+    """A file saved by a Windows editor, or by pandas with encoding="utf-8-sig", is the valid UTF-8 it
+    is: the prepared splits are byte for byte those of the plain file; a byte that is not UTF-8 is still
+    refused with its line."""
+    train, test, _ = synthetic.generate(30, 8, seed=2)
+    rows = lambda rs: "".join(json.dumps({"question": r["question"] + " Café?", "answer": r["answer"]},  # noqa: E731
+                                         ensure_ascii=False) + "\n" for r in rs)
+    variants = {"plain": lambda b: b, "bom": lambda b: codecs.BOM_UTF8 + b,
+                "crlf": lambda b: b.replace(b"\n", b"\r\n"),
+                "bom+crlf": lambda b: codecs.BOM_UTF8 + b.replace(b"\n", b"\r\n")}
+    micro_cfg["data"]["val_examples"] = 5
+    made = {}
+    for name, encode in variants.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        for split, rs in (("tr", train), ("te", test)):
+            (folder / f"{split}.jsonl").write_bytes(encode(rows(rs).encode()))
+        micro_cfg["data"].update(source="jsonl", train_file=str(folder / "tr.jsonl"), test_file=str(folder / "te.jsonl"))
+        made[name] = prepare.run(micro_cfg, folder / "out")
+        assert made[name]["counts"] == {"train": 25, "test": 8, "val": 5}, name
+        for split in prepare.SPLITS:
+            assert (folder / "out" / f"{split}.jsonl").read_bytes() == \
+                (tmp_path / "plain" / "out" / f"{split}.jsonl").read_bytes(), (name, split)
+    assert made["bom+crlf"]["sha256"] == made["plain"]["sha256"]
+    assert len({m["input_sha256"]["train"] for m in made.values()}) == 4  # the inputs' bytes differ
+    # a byte that is not UTF-8, on line 3 of a file with a BOM and CRLF line ends
+    bad = tmp_path / "bom+crlf" / "tr.jsonl"
+    lines = bad.read_bytes().split(b"\r\n")
+    lines[2] = lines[2].replace("Café".encode(), b"Caf\xe9")
+    bad.write_bytes(b"\r\n".join(lines))
+    with pytest.raises(DataError, match=rf"^{re.escape(str(bad))}:3: not UTF-8 text \(byte 0xe9 at column \d+\)$"):
+        prepare.run(micro_cfg, tmp_path / "bad")
+    assert gsm8k.load_jsonl_split(str(bad), on_bad="skip")[1].skipped == 1
 
 
 def test_a_split_that_differs_from_its_manifest_is_refused_by_every_reader(tmp_path, micro_cfg):

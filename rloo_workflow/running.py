@@ -43,8 +43,7 @@ class Run:
     record: Path  # its file
 
     def __str__(self) -> str:
-        jobs = f"; its jobs' processes still run: PID {', '.join(map(str, self.jobs))}" if self.jobs else ""
-        return f"PID {self.pid} on {self.host}, started {self.started}: {' '.join(self.argv)}{jobs}"
+        return f"PID {self.pid} on {self.host}, started {self.started}: {' '.join(self.argv)}"
 
 
 def _identity(pid: int) -> str | None:

@@ -104,7 +104,8 @@ def lock_lines(root: Path, refused: bool, unlock: list[str]) -> list[str]:
     lines = ["the working folder is locked (.snakemake/locks): snakemake refuses this run (LockException)" if refused
              else "another run's lock is held in the working folder (.snakemake/locks), on files this run does not "
                   "touch: it can run beside it"]
-    lines += [f"a run that holds it is alive: {r}" for r in alive]
+    lines += [f"the run that holds it is gone, {r}, but its jobs still run, and write: PID {', '.join(map(str, r.jobs))}"
+              if r.jobs else f"a run that holds it is alive: {r}" for r in alive]
     lines += [f"a snakemake process runs in this folder: PID {p}" for p in others]
     if alive or others:
         return [*lines, "wait for it to end, or stop it; never `snakemake --unlock` while it runs: both runs "

@@ -34,6 +34,18 @@ time.sleep(120)
 """
 
 
+# A workflow of one job, whose output a lock holds (as a killed run's would): `rloo why-rerun` runs in it.
+SNAKEFILE = """\
+rule all:
+    default_target: True
+    input: "out.txt"
+
+rule a:
+    output: "out.txt"
+    shell: "touch {output}"
+"""
+
+
 @pytest.fixture
 def run(tmp_path):
     """A recording run in `tmp_path`: its process and its job's PID; both killed at the end."""
@@ -63,17 +75,24 @@ def _gone(pid: int) -> None:
 def test_a_live_run_is_named_and_no_unlock_is_advised_until_it_and_its_jobs_are_gone(run, tmp_path):
     proc, job = run
     assert _record(tmp_path)["pid"] == proc.pid
-    lines = lock_lines(tmp_path, True, UNLOCK)
-    said = "\n".join(lines)
+    (tmp_path / "Snakefile").write_text(SNAKEFILE)
+    (tmp_path / ".snakemake" / "locks").mkdir(parents=True)
+    (tmp_path / ".snakemake" / "locks" / "0.output.lock").write_text("out.txt\n")
+    why = subprocess.run([sys.executable, "-m", "rloo_workflow.cli", "why-rerun"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert why.returncode == 0, why.stderr
+    lines = why.stdout.splitlines()
+    said = why.stdout
+    assert lines[0].startswith("locked: "), said
     assert any(f"alive: PID {proc.pid} on " in line for line in lines), said
-    assert "jobs' processes" not in said, said  # alive by its own process
+    assert "its jobs still run" not in said, said  # alive by its own process
     assert "--unlock" not in said.replace("never `snakemake --unlock`", ""), said
 
     # Snakemake killed alone: its job runs on, and still writes; the run is alive through it
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     said = "\n".join(lock_lines(tmp_path, True, UNLOCK))
-    assert f"its jobs' processes still run: PID {job}" in said, said
+    assert f"its jobs still run, and write: PID {job}" in said, said
     assert "--unlock" not in said.replace("never `snakemake --unlock`", ""), said
 
     os.kill(job, signal.SIGKILL)

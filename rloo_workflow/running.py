@@ -41,6 +41,7 @@ class Run:
     alive: bool | None
     jobs: list[int]  # this host's processes of its jobs still running after its Snakemake is gone
     record: Path  # its file
+    local: bool = True  # its jobs ran on this host (else an executor sent them to a cluster's nodes)
 
     def __str__(self) -> str:
         return f"PID {self.pid} on {self.host}, started {self.started}: {' '.join(self.argv)}"
@@ -92,9 +93,10 @@ def _with_env(key: str) -> list[int]:
     return sorted(pids)
 
 
-def start(root: Path, argv: list[str] | None = None) -> None:
-    """Record this process as a run of `root` (its main process, as it starts its jobs), and forget the
-    records of this host's runs that are gone."""
+def start(root: Path, argv: list[str] | None = None, local: bool = True) -> None:
+    """Record this process as a run of `root` (its main process, as it starts its jobs; `local`: they run
+    on this host, Snakemake's `workflow.local_exec`), and forget the records of this host's runs that
+    are gone."""
     host, pid = socket.gethostname(), os.getpid()
     for run in recorded(root):
         if run.alive is False:
@@ -102,7 +104,7 @@ def start(root: Path, argv: list[str] | None = None) -> None:
     os.environ[RUN_ENV] = _key(host, pid)  # the jobs' environment (this process starts them)
     write_json_atomic(_path(root, host, pid), {
         "pid": pid, "host": host, "identity": _identity(pid), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "argv": list(sys.argv if argv is None else argv),
+        "argv": list(sys.argv if argv is None else argv), "local": bool(local),
     })
 
 
@@ -124,7 +126,7 @@ def recorded(root: Path) -> list[Run]:
         jobs = _with_env(_key(where, pid)) if alive is False else []  # its Snakemake gone, its jobs not
         runs.append(Run(pid=pid, host=where, started=str(rec.get("started", "?")),
                         argv=[str(a) for a in rec.get("argv", [])], alive=None if alive is None else alive or bool(jobs),
-                        jobs=jobs, record=path))
+                        jobs=jobs, record=path, local=bool(rec.get("local", True))))
     return sorted(runs, key=lambda r: r.started)
 
 

@@ -115,6 +115,10 @@ def lock_lines(root: Path, refused: bool, unlock: list[str]) -> list[str]:
                   f"{socket.gethostname()}" for r in unknown]
         return [*lines, f"once it runs no more, clear the lock: {shlex.join(unlock)}"]
     dead = [r for r in runs if r.alive is False]
+    if dead and not dead[-1].local:  # Slurm's jobs outlive the Snakemake that submitted them
+        return [*lines, f"no run is alive on this host: the last run, {dead[-1]}, is gone (killed?), but it sent its "
+                        "jobs to a cluster, where they may still run and write: look at its queue (Slurm: squeue --me)",
+                f"once none of its jobs runs, clear the lock, then run again: {shlex.join(unlock)}"]
     lines.append(f"no run is alive: the last run, {dead[-1]}, is gone (killed?)" if dead else
                  "no run is alive: no run is recorded as running (.rloo/running), no snakemake runs in this folder")
     return [*lines, f"clear the lock, then run again: {shlex.join(unlock)}"]

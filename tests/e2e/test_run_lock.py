@@ -122,6 +122,21 @@ def test_a_process_given_a_dead_runs_pid_is_not_that_run(tmp_path):
     assert running.recorded(tmp_path) == []
 
 
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="a process's identity is read from /proc")
+def test_a_dead_run_whose_jobs_went_to_a_cluster_is_not_called_over(tmp_path):
+    """Killed, the Snakemake that submitted Slurm jobs leaves them running on the nodes: no --unlock
+    without a look at the queue first."""
+    rec = {"pid": os.getpid(), "host": running.socket.gethostname(), "identity": "another-boot:1",
+           "started": "2026-01-01 00:00:00", "argv": ["snakemake", "--profile", "slurm"], "local": False}
+    (tmp_path / running.RUNNING).mkdir(parents=True)
+    (tmp_path / running.RUNNING / "x.json").write_text(json.dumps(rec))
+    lines = lock_lines(tmp_path, True, UNLOCK)
+    assert "sent its jobs to a cluster" in lines[1] and lines[-1].startswith("once none of its jobs runs"), lines
+    rec["local"] = True
+    (tmp_path / running.RUNNING / "x.json").write_text(json.dumps(rec))
+    assert lock_lines(tmp_path, True, UNLOCK)[-1].startswith("clear the lock, then run again: "), lines
+
+
 def test_a_run_of_another_host_cannot_be_told(tmp_path):
     rec = {"pid": 1, "host": "login-2.example", "identity": None, "started": "2026-01-01 00:00:00",
            "argv": ["snakemake", "--profile", "slurm"]}

@@ -17,7 +17,7 @@ from rloo_workflow.run_record import record as _record_run
 
 
 onstart:
-    _running.start(Path.cwd())
+    _running.start(Path.cwd(), local=workflow.local_exec)
     # The user's resolved config for every job (RLOO_RESOLVED_CONFIG): each stage reruns on its own keys
     # (--job-config) but sees, logs and hashes what the user ran.
     _export_resolved(config, f"{RESULTS}/runs/config.json")

@@ -34,6 +34,8 @@ class RunArgs:
     configfiles: list[str] = field(default_factory=list)
     targets: list[str] = field(default_factory=list)
     source: str | None = None
+    # the same as Snakemake's options, as the user gave them (`--configfile ...`, `--config k=v ...`)
+    options: list[str] = field(default_factory=list)
 
 
 def _relative(path: str | os.PathLike, root: Path) -> str:
@@ -60,7 +62,7 @@ def run_args(root: Path, configfiles: list[str]) -> RunArgs:
     """The DAG's arguments: `configfiles` where given; else the last run's, where one was recorded; else
     Snakemake's defaults (config/config.yaml, the default target)."""
     if configfiles:
-        return RunArgs(configfiles=list(configfiles))
+        return RunArgs(configfiles=list(configfiles), options=["--configfile", *configfiles])
     path = Path(root) / LAST_RUN
     try:
         last = json.loads(path.read_text())
@@ -68,10 +70,11 @@ def run_args(root: Path, configfiles: list[str]) -> RunArgs:
         return RunArgs()
     files = [f for f in last.get("configfiles", []) if Path(root, f).is_file()]
     values = last.get("config") or {}
-    shown = " ".join([*last.get("targets", []), *(["--configfile", *files] if files else []),
-                      *(["--config", *(f"{k}={json.dumps(v)}" for k, v in values.items())] if values else [])])
+    options = [*(["--configfile", *files] if files else []),
+               *(["--config", *(f"{k}={json.dumps(v)}" for k, v in values.items())] if values else [])]
+    shown = " ".join([*last.get("targets", []), *options])
     if values and Path(root, LAST_RUN_CONFIG).is_file():
         files.append(LAST_RUN_CONFIG)
-    return RunArgs(configfiles=files, targets=list(last.get("targets", [])),
+    return RunArgs(configfiles=files, targets=list(last.get("targets", [])), options=options,
                    source=f"the last run's configuration ({last.get('started', '?')}: {shown or 'no arguments'}; "
                           f"--configfile to give another)")

@@ -4,18 +4,25 @@ Snakemake's dry run says "Params have changed since last execution" and prints t
 what changed: for a stage's code, each file and function, class or method whose syntax tree differs
 from the code its outputs were made with (rloo_workflow/code_fingerprint.py keeps each fingerprint's manifest);
 for its config, the keys; for its inputs, the file and the stage that makes it again.
+
+It says first when Snakemake would refuse to run at all: another run's lock (.snakemake/locks, left by a
+run killed with SIGKILL, or held by one still running), whether that run is alive, and the command that
+clears the lock, never while a run is known to be alive (rloo_workflow/running.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import socket
 import sys
 from pathlib import Path
 
+from rloo_workflow import running
 from rloo_workflow.code_fingerprint import changes, load_manifest, parse_param
 from rloo_workflow.config import changed_keys
-from rloo_workflow.dvc.dag import Rerun, rerun_reasons
+from rloo_workflow.dvc.dag import Rerun, plan
 from rloo_workflow.dvc.dvcyaml import DvcError, configfile_parser, project_root
 from rloo_workflow.run_record import run_args
 
@@ -85,6 +92,38 @@ def explain(root: Path, rerun: Rerun) -> list[str]:
     return lines or [rerun.words]
 
 
+def lock_lines(root: Path, refused: bool, unlock: list[str]) -> list[str]:
+    """What to say of a lock held in `root`: whether Snakemake refuses this plan for it (`refused`), the
+    runs that may hold it and whether they are alive, and `unlock`, the command that clears it, unless a
+    run is known to be alive."""
+    runs = running.recorded(root)
+    alive = [r for r in runs if r.alive]
+    unknown = [r for r in runs if r.alive is None]
+    # a snakemake in this folder not (yet) recorded: it records itself only once its DAG is built, under the lock
+    others = [p for p in running.snakemake_processes(root) if p not in {r.pid for r in alive}]
+    lines = ["the working folder is locked (.snakemake/locks): snakemake refuses this run (LockException)" if refused
+             else "another run's lock is held in the working folder (.snakemake/locks), on files this run does not "
+                  "touch: it can run beside it"]
+    lines += [f"the run that holds it is gone, {r}, but its jobs still run, and write: PID {', '.join(map(str, r.jobs))}"
+              if r.jobs else f"a run that holds it is alive: {r}" for r in alive]
+    lines += [f"a snakemake process runs in this folder: PID {p}" for p in others]
+    if alive or others:
+        return [*lines, "wait for it to end, or stop it; never `snakemake --unlock` while it runs: both runs "
+                        "would write the same files"]
+    if unknown:
+        lines += [f"held by a run of another host, {r}: whether it is alive cannot be told from "
+                  f"{socket.gethostname()}" for r in unknown]
+        return [*lines, f"once it runs no more, clear the lock: {shlex.join(unlock)}"]
+    dead = [r for r in runs if r.alive is False]
+    if dead and not dead[-1].local:  # Slurm's jobs outlive the Snakemake that submitted them
+        return [*lines, f"no run is alive on this host: the last run, {dead[-1]}, is gone (killed?), but it sent its "
+                        "jobs to a cluster, where they may still run and write: look at its queue (Slurm: squeue --me)",
+                f"once none of its jobs runs, clear the lock, then run again: {shlex.join(unlock)}"]
+    lines.append(f"no run is alive: the last run, {dead[-1]}, is gone (killed?)" if dead else
+                 "no run is alive: no run is recorded as running (.rloo/running), no snakemake runs in this folder")
+    return [*lines, f"clear the lock, then run again: {shlex.join(unlock)}"]
+
+
 def _matches(rerun: Rerun, names: list[str]) -> bool:
     job = rerun.job
     return not names or any(n in (job.stage, job.rule, job.rule.split("_")[0]) for n in names)
@@ -103,11 +142,16 @@ def main(argv: list[str] | None = None) -> int:
     if run.source:
         print(f"rloo why-rerun: {run.source}", file=sys.stderr)
     try:
-        reruns = [r for r in rerun_reasons(root, run.configfiles, [*run.targets, *args.target])
-                  if _matches(r, args.stage)]
+        planned = plan(root, run.configfiles, [*run.targets, *args.target])
     except DvcError as e:
         print(f"rloo why-rerun: {e}", file=sys.stderr)
         return 1
+    if planned.lock_held:
+        first, *rest = lock_lines(root, planned.locked, ["snakemake", "--unlock", *run.options])
+        print(f"locked: {first}")
+        for line in rest:
+            print(f"  {line}")
+    reruns = [r for r in planned.reruns if _matches(r, args.stage)]
     if not reruns:
         print(f"nothing to rerun{' for ' + ', '.join(args.stage) if args.stage else ''}: its outputs are up to date")
         return 0

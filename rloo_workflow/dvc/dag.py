@@ -47,7 +47,7 @@ SENTINEL = "rlooitem0sentinel"
 # it is read from (WorkflowApi is snakemake.api's; IOFile is what Rule.get_some_product returns).
 INTERNALS: dict[str, tuple[str, ...]] = {
     "WorkflowApi": ("_workflow",),
-    "Workflow": ("get_rule", "_prepare_dag", "_build_dag", "dag", "async_run", "config"),
+    "Workflow": ("get_rule", "_prepare_dag", "_build_dag", "dag", "async_run", "config", "persistence"),
     "Rule": ("name", "wildcard_names", "get_some_product", "get_wildcards"),
     "IOFile": ("apply_wildcards",),
     # forcefiles: the outputs whose jobs run whatever their records say (`force_rerun`)
@@ -57,6 +57,8 @@ INTERNALS: dict[str, tuple[str, ...]] = {
                "input_changed", "software_stack_changed", "forced"),
     "ParamsChange": ("only_old", "only_new"),
     "JobFactory": ("new",),
+    # another run's lock (.snakemake/locks): whether Snakemake would refuse this DAG, and any lock at all
+    "Persistence": ("locked", "_read_locks"),
     "Job": ("rule", "wildcards_dict", "input", "output", "shellcmd", "params", "benchmark"),
 }
 USED: set[tuple[str, str]] = set()  # what attr() has read in this process (the canary test's check)
@@ -324,10 +326,30 @@ def _unrepr(values: Iterable[Any]) -> list[str]:
     return sorted(out)
 
 
+@dataclass
+class Plan:
+    """What a run would do (`reruns`), and whether another run's lock stands in its way: `locked` when
+    Snakemake would refuse it (its LockException: the DAG's files are locked), `lock_held` when any lock
+    is held in the working folder, on this DAG's files or others."""
+
+    reruns: list[Rerun]
+    locked: bool
+    lock_held: bool
+
+
 def rerun_reasons(root: Path, configfiles: list[str], targets: list[str] = ()) -> list[Rerun]:
     """Each job of the default target and `targets` that Snakemake would run, with its reason."""
+    return plan(root, configfiles, targets).reruns
+
+
+def plan(root: Path, configfiles: list[str], targets: list[str] = ()) -> Plan:
+    """`rerun_reasons`, and the lock Snakemake would check before it runs them (the DAG is built with
+    `nolock`, so the check is asked here, of the same object Snakemake asks)."""
     out = []
     with built_dag(root, configfiles, targets=targets, forceall=False) as workflow:
+        persistence = attr("Workflow", workflow, "persistence")
+        locked = bool(attr("Persistence", persistence, "locked"))
+        lock_held = any(True for _ in call("Persistence", persistence, "_read_locks"))
         dag = attr("Workflow", workflow, "dag")
         for j in attr("DAG", dag, "jobs"):
             if _rule_name(j) == "all" or not attr("Job", j, "output") or not call("DAG", dag, "needrun", j):
@@ -349,7 +371,8 @@ def rerun_reasons(root: Path, configfiles: list[str], targets: list[str] = ()) -
                 forced=bool(attr("Reason", reason, "forced")),
             ))
     by_stage = {r.job.stage: r for r in out}
-    return [by_stage[j.stage] for j in toposort([r.job for r in out])]
+    return Plan(reruns=[by_stage[j.stage] for j in toposort([r.job for r in out])], locked=locked,
+                lock_held=lock_held)
 
 
 def run_stages(workflow) -> list[str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -571,6 +572,44 @@ def test_kill_9_of_prepare_after_a_data_change_then_the_same_command_remakes_the
     snakemake(clean, RLOO, "--cores", "1", *CONFIGFILES, "config/bigger.yaml")
     assert json.loads(got) == json.loads((clean / RLOO).read_bytes())
     assert got == (clean / RLOO).read_bytes()
+
+
+def test_kill_9_of_a_run_leaves_a_lock_that_why_rerun_names_and_clears(micro_workflow, tmp_path):
+    """Issue 71's probe: Snakemake killed with SIGKILL, its jobs with it, while rloo trains. Its lock stays
+    (.snakemake/locks), and the same command stops at once with LockException. `rloo why-rerun` names the
+    lock, says that no run is alive (the killed run's record, .rloo/running, names a process that is gone)
+    and gives the command that clears it; after that command, the same command ends in the results of
+    the uninterrupted run (micro_workflow's, byte for byte)."""
+    c = copy_tree(micro_workflow["copy"], tmp_path / "wf")
+    outputs = (RLOO, "results/models/rloo_rloo/metrics.json", "results/models/rloo_rloo/steps.jsonl")
+    uninterrupted = {f: (c / f).read_bytes() for f in outputs}
+    for f in ("results/models/rloo_rloo", "results/work/rloo_rloo", RLOO):  # rloo, its evaluation, the report
+        shutil.rmtree(c / f) if (c / f).is_dir() else (c / f).unlink()
+    cmd = [snakemake_bin(), RLOO, "--cores", "1", *CONFIGFILES]
+    killed: list[int] = []
+
+    def kill(proc) -> None:  # Snakemake and its jobs (its process group)
+        killed.append(proc.pid)
+        os.killpg(proc.pid, signal.SIGKILL)
+
+    output = _interrupted(c, cmd, lambda: bool(_job_pids(c.resolve(), "train")), kill)
+    assert list((c / ".snakemake/locks").iterdir()) and list((c / ".rloo/running").iterdir()), output[-3000:]
+    refused = snakemake(c, RLOO, "--cores", "1", *CONFIGFILES, check=False)
+    assert refused.returncode != 0 and "LockException" in refused.stdout + refused.stderr, refused.stderr[-3000:]
+
+    why = subprocess.run(["rloo", "why-rerun"], cwd=c, env=env_for(c), capture_output=True, text=True, timeout=300)
+    assert why.returncode == 0, why.stderr
+    lines = why.stdout.splitlines()
+    assert lines[0].startswith("locked: the working folder is locked (.snakemake/locks)"), why.stdout
+    assert lines[1].startswith(f"  no run is alive: the last run, PID {killed[0]} on "), why.stdout
+    unlock = re.search(r"(snakemake --unlock .*)$", lines[2]).group(1)
+    assert shlex.split(unlock) == ["snakemake", "--unlock", *CONFIGFILES], why.stdout  # the killed run's files
+    assert "rloo@rloo: its output is missing: results/models/rloo_rloo" in why.stdout, why.stdout
+    subprocess.run(shlex.split(unlock), cwd=c, env=env_for(c), check=True, capture_output=True, timeout=300)
+    _again(c, cmd)
+    for f in outputs:
+        assert (c / f).read_bytes() == uninterrupted[f], f
+    assert not list((c / ".rloo/running").iterdir())  # the next run forgot the dead one, and ended
 
 
 # What a missing output of each stage reruns (rloo_workflow.pipeline.input_graph): the stage and everything below it.

@@ -7,13 +7,17 @@
 # Snakemake keeps one handler of each kind: add other start/end work to these blocks.
 # onsuccess also commits the run's outputs to DVC (rloo_workflow/dvc/commit.py: dvc.yaml, dvc.lock, the DVC cache;
 # one `dvc` process, here in the main process, never in the jobs; skipped outside a DVC repository).
+# The run records itself first, and removes its record last (rloo_workflow/running.py): a run killed with
+# SIGKILL leaves it behind with Snakemake's lock, and `rloo why-rerun` tells whether that run is alive.
 from rloo_workflow import dvc as _dvc
+from rloo_workflow import running as _running
 from rloo_workflow import tracking as _tracking
 from rloo_workflow.config import export_resolved as _export_resolved
 from rloo_workflow.run_record import record as _record_run
 
 
 onstart:
+    _running.start(Path.cwd(), local=workflow.local_exec)
     # The user's resolved config for every job (RLOO_RESOLVED_CONFIG): each stage reruns on its own keys
     # (--job-config) but sees, logs and hashes what the user ran.
     _export_resolved(config, f"{RESULTS}/runs/config.json")
@@ -24,9 +28,15 @@ onstart:
 
 
 onsuccess:
-    _tracking.end_pipeline("FINISHED", log)
-    _dvc.commit_run(workflow, config)
+    try:
+        _tracking.end_pipeline("FINISHED", log)
+        _dvc.commit_run(workflow, config)
+    finally:
+        _running.end(Path.cwd())
 
 
 onerror:
-    _tracking.end_pipeline("FAILED", log)
+    try:
+        _tracking.end_pipeline("FAILED", log)
+    finally:
+        _running.end(Path.cwd())

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -247,6 +248,37 @@ def test_a_run_shows_its_retries_on_the_terminal_and_counts_them(micro_run, tmp_
     assert "retries" not in (out / "metrics.json").read_text()
 
 
+def _counted_tries(lines: list[str], error: str) -> tuple[list[tuple[int, int]], int]:
+    """(attempt, of) of each retry line, and the tries the stop says it made."""
+    attempts = [tuple(map(int, m.groups())) for line in lines if (m := re.search(r" on attempt (\d+) of (\d+);", line))]
+    made = re.search(r"(\d+) tries\)", error)
+    assert made, error
+    return attempts, int(made.group(1))
+
+
+def test_the_retry_lines_and_the_stop_count_the_requests_a_failing_server_saw(tmp_path, functions_file, servers,
+                                                                              capfd):
+    """A server that answers every request with HTTP 500, at the default 2 retries: 'attempt 1 of 3', '2
+    of 3', then the stop 'after 3 tries', and the server saw 3 requests."""
+    servers.append(server := Server(tmp_path, functions_file, "--fail-first", "100"))
+    with pytest.raises(RewardServerError) as info:
+        _score(_http(server.url))
+    attempts, made = _counted_tries(capfd.readouterr().out.splitlines(), str(info.value))
+    assert made == server.requests == 3 and attempts == [(1, made), (2, made)], (attempts, str(info.value))
+
+
+def test_the_retry_lines_and_the_stop_count_the_tries_a_silent_server_saw(capfd):
+    """A server that accepts and never replies (issue 71: 'attempt 1 of 3', then '2 tries'): the line
+    counts against the two tries a first request gets, and the stop names as many as connections came."""
+    with silent_server() as (port, held):
+        url = f"http://127.0.0.1:{port}/score"
+        with pytest.raises(RewardServerError) as info:
+            _score(_http(url, timeout_s=0.5))
+        seen = len(held)
+    attempts, made = _counted_tries(capfd.readouterr().out.splitlines(), str(info.value))
+    assert made == seen == 2 and attempts == [(1, made)], (attempts, str(info.value))
+
+
 def test_a_dead_server_is_one_line(tmp_path):
     closed = f"http://127.0.0.1:{_free_port()}/score"
     with pytest.raises(RewardServerError) as info:
@@ -264,7 +296,7 @@ def test_an_http_error_is_one_line_with_the_url_the_status_and_the_first_line_of
         _score(_http(server.url, max_retries=1))
     message = str(info.value)
     assert message.startswith(f"the reward server at {server.url} did not answer (HTTP 500 Internal Server Error: "
-                              "scorer crashed: KeyError 'answer', after 1 retries)") and "\n" not in message, message
+                              "scorer crashed: KeyError 'answer', after 2 tries)") and "\n" not in message, message
 
 
 @pytest.mark.parametrize(("reply", "expected"), [

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rloo.console import configure_logging
+from rloo.console import configure_logging, set_scrubber
 from rloo.errors import MissingInputError, UserError
 from rloo.io import failed_write_line
 from rloo.model import launcher
@@ -31,6 +31,7 @@ from rloo_workflow.config import (
     resolved_base,
 )
 from rloo_workflow.job_log import run_logged
+from rloo_workflow.tracking.redact import redact_text
 
 DEFAULT_CONFIG = "config/config.yaml"
 # The stages that train data-parallel under torchrun or srun (rloo/model/distributed.py).
@@ -221,6 +222,9 @@ def entry() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Every log record and console line of this process passes through the secret redaction, so that the
+    # value of a variable an `*_env` key names (validation registers them) reaches no log or terminal.
+    set_scrubber(redact_text)
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] in (["dvc"], ["why-rerun"]):  # tools with a parser of their own
@@ -237,7 +241,7 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
     try:
         cfg = _config(args)
     except ConfigError as e:
-        print(f"rloo: {e}", file=sys.stderr)
+        print(redact_text(f"rloo: {e}"), file=sys.stderr)
         return 2
     if "SLURM_STEP_ID" in os.environ:  # a task of an srun step: its ranks become torchrun's variables
         launcher.adopt_slurm_env()
@@ -257,8 +261,8 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
         # Bad input: one line a person can act on. The traceback helps only a developer: it goes where
         # stderr is a log file (a Snakemake job's log), or to the terminal with --debug.
         if args.debug or _stderr_is_a_file():
-            traceback.print_exc()
-        print(f"rloo {args.stage}: error: {e}", file=sys.stderr)
+            _print_traceback()
+        print(redact_text(f"rloo {args.stage}: error: {e}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"rloo {args.stage}: interrupted", file=sys.stderr)
@@ -275,9 +279,15 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
         if line is None:
             raise
         if args.debug or _stderr_is_a_file():
-            traceback.print_exc()
-        print(f"rloo {args.stage}: error: {line}", file=sys.stderr)
+            _print_traceback()
+        print(redact_text(f"rloo {args.stage}: error: {line}"), file=sys.stderr)
         return 2
+
+
+def _print_traceback() -> None:
+    """The exception being handled, its traceback with secrets redacted (a message may quote a server's
+    reply that holds the key it was sent)."""
+    print(redact_text(traceback.format_exc()), end="", file=sys.stderr)
 
 
 def _stderr_is_a_file() -> bool:

@@ -109,15 +109,20 @@ def workflow(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 def test_a_credential_given_to_snakemake_stops_it_and_reaches_no_file(workflow):
-    # the judge's URL and a reward server's, in one run: each refused, each named
+    # the judge's URL and a reward server's, in one run: each refused, each named; and a key pasted where
+    # the name of its variable belongs (issue 71), refused without being repeated
+    pasted = "sk-SECRET5abc"
     res = snakemake(workflow, "--cores", "1", *CONFIGFILES, "--config",
-                    f"evaluate={{llm_judge: {{base_url: 'http://judge:{SECRET}@judge.example/v1'}}}}",
+                    f"evaluate={{llm_judge: {{base_url: 'http://judge:{SECRET}@judge.example/v1', "
+                    f"api_key_env: '{pasted}'}}}}",
                     f"reward={{source: http, http: {{url: 'http://scorer:{SECRET}@scorer.example/score'}}}}", check=False)
     out = res.stdout + res.stderr
     for key in ("evaluate.llm_judge.base_url", "reward.http.url"):
         assert res.returncode != 0 and f"key '{key}'" in out and f"{key.rsplit('.', 1)[0]}.api_key_env" in out, out[-3000:]
-    assert SECRET not in out
-    assert not _files_holding(workflow, SECRET)  # .snakemake/ (logs, metadata), data/, results/, logs/
+    assert "key 'evaluate.llm_judge.api_key_env': must name an environment variable" in out, out[-3000:]
+    assert SECRET not in out and pasted not in out
+    for secret in (SECRET, pasted):
+        assert not _files_holding(workflow, secret)  # .snakemake/ (logs, metadata), data/, results/, logs/
 
 
 class _Judge(http.server.BaseHTTPRequestHandler):

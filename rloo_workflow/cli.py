@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from rloo import extras
 from rloo.console import configure_logging, set_scrubber
 from rloo.errors import MissingInputError, UserError
 from rloo.io import failed_write_line
@@ -260,7 +261,7 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
     except UserError as e:
         # Bad input: one line a person can act on. The traceback helps only a developer: it goes where
         # stderr is a log file (a Snakemake job's log), or to the terminal with --debug.
-        if args.debug or _stderr_is_a_file():
+        if args.debug or (_stderr_is_a_file() and not isinstance(e, extras.MissingExtraError)):
             _print_traceback()
         print(redact_text(f"rloo {args.stage}: error: {e}"), file=sys.stderr)
         return 2
@@ -307,6 +308,7 @@ def _run(args: argparse.Namespace, cfg: dict) -> int:
         raise UserError(f"{launcher.launched_world()} processes were launched; rloo {args.stage} runs in one "
                         f"(only {' and '.join(DATA_PARALLEL)} train data-parallel)")
     stage = pipeline.BY_VERB[args.stage]
+    extras.require(Config.of(cfg), stage.name)  # a missing optional package: one line, before anything runs
     configure_logging()  # every stage's progress in its log, those that load no model (judge, report) too
     # Data-parallel, rank 0 logs: the other ranks have no run (tracking.log_metrics logs nothing there).
     tracked = launcher.launched_rank() == 0
@@ -499,6 +501,10 @@ def _sweep(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
 
 def _validate_config(args: argparse.Namespace, cfg: dict) -> int:
     print(json.dumps(cfg, indent=2))
+    # A warning, not a refusal: a cluster's jobs may run in another environment than this machine's.
+    for gap in extras.missing(Config.of(cfg)):
+        print(f"rloo validate-config: warning: {gap.line()}; the {' and '.join(gap.stages)} jobs will stop "
+              "at their start where it is missing", file=sys.stderr)
     return 0
 
 

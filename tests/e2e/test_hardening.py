@@ -385,6 +385,49 @@ def test_sft_stops_when_the_context_would_drop_the_data(micro_run, tmp_path):
     assert "longer than model.max_length=40" in _last_line(res) and "sft.max_dropped_share" in _last_line(res)
 
 
+# -- an optional package missing ---------------------------------------------------------------------
+
+
+def _without_vllm() -> None:
+    from rloo import extras
+
+    if extras.installed("vllm"):
+        pytest.skip("vLLM is installed here (.venv-vllm): the missing package is the case under test")
+
+
+def test_a_backend_whose_package_is_missing_stops_the_rloo_job_at_its_start_in_one_line(micro_run, tmp_path):
+    """Issue 71: `rollout.backend: vllm` without vLLM was a ModuleNotFoundError after the model loaded. The
+    rloo job as Snakemake runs it (its log a file): one line naming the extra, no traceback, even in the
+    log, and nothing written."""
+    _without_vllm()
+    log, out, work = tmp_path / "logs" / "rloo_rloo.log", tmp_path / "rloo", tmp_path / "work"
+    res = _rloo("train", "-c", MICRO, "--set", "rollout.backend=vllm", "--set", "tracking.enabled=false",
+                "--data", str(micro_run["data"]), "--policy", str(micro_run["sft"]), "--out", str(out),
+                "--work", str(work), "--log", str(log), cwd=tmp_path)
+    assert res.returncode == 2, res.stderr[-3000:]
+    text = log.read_text()
+    lines = [line for line in text.splitlines() if not line.startswith("rloo: warning: ")]  # -c micro.yaml alone
+    assert len(lines) == 1 and lines[0].startswith("rloo train: error: rollout.backend: vllm needs the 'vllm' "
+                                                   "package"), text
+    assert "pip install 'rloo[vllm]'" in lines[0] and "Traceback" not in text + res.stderr
+    assert res.stderr.strip().endswith(lines[0]), res.stderr  # the terminal gets it from the log's end
+    assert not out.exists() and not work.exists()
+
+
+def test_validate_config_warns_of_a_package_this_machine_lacks(capsys):
+    """A warning, not a refusal: a cluster's jobs may have the package the submitting machine lacks."""
+    from rloo_workflow import cli
+
+    _without_vllm()
+    assert cli.main(["validate-config", "-c", MICRO, "--set", "rollout.backend=vllm"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["rollout"]["backend"] == "vllm"
+    warnings = [line for line in err.splitlines() if line.startswith("rloo validate-config: warning: ")]
+    assert len(warnings) == 1 and "'vllm'" in warnings[0] and "pip install 'rloo[vllm]'" in warnings[0], err
+    assert cli.main(["validate-config", "-c", MICRO]) == 0
+    assert "validate-config: warning" not in capsys.readouterr().err  # the hf backend needs nothing more
+
+
 # -- Ctrl-C ------------------------------------------------------------------------------------------------
 
 

@@ -103,6 +103,9 @@ def test_a_key_pasted_into_an_env_key_is_refused_and_not_repeated(value):
             load_config(None, tree)
         assert f"key '{key}': must name an environment variable" in str(e.value)
         assert value.strip() not in str(e.value)
+        with pytest.raises(ConfigError) as e:  # a sweep's value is checked as the config's own, not repeated either
+            load_config(None, {"sweeps": {"keys": {key: ["OPENAI_API_KEY", value]}}})
+        assert f"key 'sweeps.keys.{key}'" in str(e.value) and value.strip() not in str(e.value)
 
 
 def test_the_variable_an_env_key_names_is_redacted_whatever_its_name(monkeypatch):

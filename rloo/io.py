@@ -192,15 +192,50 @@ def config_hash(cfg: dict[str, Any], sections: list[str] | None = None) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def write_together(writes: list[tuple[str | os.PathLike, Callable[[Path], None]]]) -> None:
+    """Files that belong together (an evaluation's records and its figures), all or none: each
+    `write(tmp)` fills a temporary sibling of its path, and they replace their files only once every one
+    is written. A failed write (a WriteError naming its file) leaves the files as they were; a failed
+    replacement (the path a folder) removes those of them already replaced and the rest, so that no one
+    stays without the others."""
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for path, write in writes:
+            final = Path(path)
+            staged.append((_tmp_sibling(final), final))
+            with _as_write_error(final, ""):
+                write(staged[-1][0])
+        try:
+            for tmp, final in staged:
+                os.replace(tmp, final)
+        except BaseException:
+            for _, final in staged:
+                if not final.is_dir():
+                    final.unlink(missing_ok=True)
+            raise
+    finally:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+
+
+def dump_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def dump_jsonl(path: Path, rows: list[dict]) -> None:
+    with path.open("w") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
     with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+        dump_json(tmp, obj)
 
 
 def write_jsonl_atomic(path: str | os.PathLike, rows: list[dict]) -> None:
-    with atomic_path(path) as tmp, tmp.open("w") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    with atomic_path(path) as tmp:
+        dump_jsonl(tmp, rows)
 
 
 def text_lines(path: str | os.PathLike) -> Iterator[tuple[int, bytes]]:

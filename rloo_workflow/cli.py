@@ -14,7 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rloo.console import configure_logging
+from rloo import extras
+from rloo.console import configure_logging, set_scrubber
 from rloo.errors import MissingInputError, UserError
 from rloo.io import failed_write_line
 from rloo.model import launcher
@@ -31,6 +32,7 @@ from rloo_workflow.config import (
     resolved_base,
 )
 from rloo_workflow.job_log import run_logged
+from rloo_workflow.tracking.redact import redact_text
 
 DEFAULT_CONFIG = "config/config.yaml"
 # The stages that train data-parallel under torchrun or srun (rloo/model/distributed.py).
@@ -221,6 +223,9 @@ def entry() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Every log record and console line of this process passes through the secret redaction, so that the
+    # value of a variable an `*_env` key names (validation registers them) reaches no log or terminal.
+    set_scrubber(redact_text)
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] in (["dvc"], ["why-rerun"]):  # tools with a parser of their own
@@ -237,7 +242,7 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
     try:
         cfg = _config(args)
     except ConfigError as e:
-        print(f"rloo: {e}", file=sys.stderr)
+        print(redact_text(f"rloo: {e}"), file=sys.stderr)
         return 2
     if "SLURM_STEP_ID" in os.environ:  # a task of an srun step: its ranks become torchrun's variables
         launcher.adopt_slurm_env()
@@ -256,9 +261,9 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
     except UserError as e:
         # Bad input: one line a person can act on. The traceback helps only a developer: it goes where
         # stderr is a log file (a Snakemake job's log), or to the terminal with --debug.
-        if args.debug or _stderr_is_a_file():
-            traceback.print_exc()
-        print(f"rloo {args.stage}: error: {e}", file=sys.stderr)
+        if args.debug or (_stderr_is_a_file() and not isinstance(e, extras.MissingExtraError)):
+            _print_traceback()
+        print(redact_text(f"rloo {args.stage}: error: {e}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"rloo {args.stage}: interrupted", file=sys.stderr)
@@ -275,9 +280,15 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
         if line is None:
             raise
         if args.debug or _stderr_is_a_file():
-            traceback.print_exc()
-        print(f"rloo {args.stage}: error: {line}", file=sys.stderr)
+            _print_traceback()
+        print(redact_text(f"rloo {args.stage}: error: {line}"), file=sys.stderr)
         return 2
+
+
+def _print_traceback() -> None:
+    """The exception being handled, its traceback with secrets redacted (a message may quote a server's
+    reply that holds the key it was sent)."""
+    print(redact_text(traceback.format_exc()), end="", file=sys.stderr)
 
 
 def _stderr_is_a_file() -> bool:
@@ -297,6 +308,7 @@ def _run(args: argparse.Namespace, cfg: dict) -> int:
         raise UserError(f"{launcher.launched_world()} processes were launched; rloo {args.stage} runs in one "
                         f"(only {' and '.join(DATA_PARALLEL)} train data-parallel)")
     stage = pipeline.BY_VERB[args.stage]
+    extras.require(Config.of(cfg), stage.name)  # a missing optional package: one line, before anything runs
     configure_logging()  # every stage's progress in its log, those that load no model (judge, report) too
     # Data-parallel, rank 0 logs: the other ranks have no run (tracking.log_metrics logs nothing there).
     tracked = launcher.launched_rank() == 0
@@ -489,6 +501,10 @@ def _sweep(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
 
 def _validate_config(args: argparse.Namespace, cfg: dict) -> int:
     print(json.dumps(cfg, indent=2))
+    # A warning, not a refusal: a cluster's jobs may run in another environment than this machine's.
+    for gap in extras.missing(Config.of(cfg)):
+        print(f"rloo validate-config: warning: {gap.line()}; the {' and '.join(gap.stages)} jobs will stop "
+              "at their start where it is missing", file=sys.stderr)
     return 0
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rloo.io import read_jsonl, write_json_atomic, write_jsonl_atomic
+from rloo.io import dump_json, dump_jsonl, read_jsonl, write_together
 from rloo.reward.solution_check import check
 from rloo.reward.verifier import is_correct
 
@@ -53,10 +53,10 @@ def problem_records(rows: list[dict], texts: dict[str, Any],
 
 
 def write(records_path: str | Path, records: list[dict], summary: dict) -> None:
-    """The records and, beside them (`summary_path`), the policy's figures; the records last (they are the
-    rule's first output)."""
-    write_json_atomic(summary_path(records_path), summary)
-    write_jsonl_atomic(records_path, records)
+    """The records and, beside them (`summary_path`), the policy's figures, both or neither: a write that
+    fails (a full disk) leaves no figures without their records, nor records without their figures."""
+    write_together([(summary_path(records_path), lambda tmp: dump_json(tmp, summary)),
+                    (records_path, lambda tmp: dump_jsonl(tmp, records))])
 
 
 def summary_path(records_path: str | Path) -> Path:

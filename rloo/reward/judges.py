@@ -180,7 +180,7 @@ class LLMJudge:
         if self.failed == self.calls == self.FAIL_FAST:
             raise JudgeUnavailable(
                 f"the LLM judge at {self.base_url} did not answer: the first {self.calls} calls "
-                f"failed ({self.last_error}, {self.max_retries} retries each); start it, or set "
+                f"failed ({self.last_error}, the last after {self.retries.tries} tries); start it, or set "
                 "evaluate.judge: verifier") from None
 
     def check(self) -> dict:

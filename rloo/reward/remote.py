@@ -96,17 +96,17 @@ class RewardClient:
                        else f"no reply within reward.http.timeout_s={self.timeout_s:g} s")
                 raise RewardServerError(
                     f"the reward server at {self.url} did not answer its first request ({why}, "
-                    f"{self.retries.tries} tries): is it up? For a server that is only slow raise "
+                    f"{_tries(self.retries.tries)}): is it up? For a server that is only slow raise "
                     "reward.http.timeout_s; the run stops (its last checkpoint is kept; rerun once the server "
                     "answers)") from None
             if self.failed / self.requests > self.max_failed_share:
                 raise RewardServerError(
-                    f"the reward server at {self.url} did not answer ({_reason(e)}, after {self.max_retries} "
-                    f"retries); {self.failed} of {self.requests} requests failed, more than "
+                    f"the reward server at {self.url} did not answer ({_reason(e)}, after {_tries(self.retries.tries)}); "
+                    f"{self.failed} of {self.requests} requests failed, more than "
                     f"reward.http.max_failed_share={self.max_failed_share:g}: the run stops (its last "
                     "checkpoint is kept; rerun once the server is back)") from None
-            log.warning("reward server %s: %s after %d retries: %d completions without a reward", self.url,
-                        _reason(e), self.max_retries, n)
+            log.warning("reward server %s: %s after %s: %d completions without a reward", self.url,
+                        _reason(e), _tries(self.retries.tries), n)
             return [None] * n
         return self._parse(raw, n)
 
@@ -157,6 +157,11 @@ class _HTTPSHandler(urllib.request.HTTPSHandler):
 
 
 _OPENER = urllib.request.build_opener(_HTTPHandler, _HTTPSHandler)
+
+
+def _tries(n: int) -> str:
+    """The tries a request took, as its error says them (the console lines counted them: attempt n of m)."""
+    return f"{n} {'try' if n == 1 else 'tries'}"
 
 
 def _silent(e: BaseException) -> bool:

@@ -2,7 +2,8 @@
 
 A call that fails in a way another try may cure is tried again after 0.5, 1, 2 ... s (5 s at most), up
 to `max_retries` times. Each retry is one console line naming the scorer, what went wrong and the
-attempt (`rloo.console`: the stage's log, and the terminal under Snakemake), and is counted
+attempt, of the most tries that call may take (`most_tries`), so the caller's error can count the tries
+made (`Retries.tries`) without contradicting it (`rloo.console`: the stage's log, and the terminal under Snakemake), and is counted
 (`Retries.count`), so a flaky scorer shows while the stage runs and in its figures.
 
 Until the scorer has answered once, a try that got no reply in time (it accepted the connection and
@@ -44,6 +45,13 @@ class Retries:
         self.count = 0  # retries made, over all calls
         self.tries = 0  # tries of the latest call
 
+    def most_tries(self, e: BaseException, silent: Callable[[BaseException], bool]) -> int:
+        """The most tries the call that just failed with `e` may take: FIRST_CALL_TRIES while the scorer has
+        never answered and `e` is no reply in time (the policy above), else all of them. The console line
+        counts against it, so that "attempt 1 of 2" is followed by an error after 2 tries, not 3."""
+        tries = self.max_retries + 1
+        return min(tries, FIRST_CALL_TRIES) if not self.answered and silent(e) else tries
+
     def call(self, send: Callable[[], T], *, retryable: Callable[[BaseException], bool],
              silent: Callable[[BaseException], bool], reason: Callable[[BaseException], str]) -> T:
         """`send()`'s result, after as many tries as the policy above allows; raises the last try's error.
@@ -59,8 +67,8 @@ class Retries:
                         or (not self.answered and silent(e) and attempt >= FIRST_CALL_TRIES)):
                     raise
                 self.count += 1
-                console(f"{self.what}: {reason(e)} on attempt {attempt} of {tries}; retrying in {wait_s(attempt):g} s",
-                        log)
+                console(f"{self.what}: {reason(e)} on attempt {attempt} of {self.most_tries(e, silent)}; retrying in "
+                        f"{wait_s(attempt):g} s", log)
                 time.sleep(wait_s(attempt))
             else:
                 self.answered = True

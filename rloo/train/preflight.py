@@ -1,9 +1,11 @@
 """What the RLOO (and PPO) trainer refuses before it loads a model: settings that cannot run together
-(too few samples per prompt, more prompts per step than there are, LoRA with the vLLM sampler), and
+(too few samples per prompt, more prompts per step than there are, LoRA with the vLLM sampler), an
+optional package it needs that is missing (rloo.extras), and
 the features that do not run data-parallel yet (`distributed.refuse`)."""
 
 from __future__ import annotations
 
+from rloo import extras
 from rloo.algo.names import k_problems
 from rloo.errors import InputError
 from rloo.model import distributed, lora
@@ -14,6 +16,7 @@ from rloo.settings.training import refuse_batch_over_data
 def check_settings(sections: Config, n_train: int, source: str = "the rows handed in") -> None:
     """Raise InputError for the first setting of `sections` a trainer on `n_train` prompts (`source`) cannot
     run."""
+    extras.require(sections, "rloo")  # rloo.api's trainers too: vLLM missing is one line, before any model loads
     rc = sections.rloo
     if problems := k_problems(rc.estimator, rc.k, rc.dynamic_sampling):
         raise InputError(f"rloo.k={rc.k}: {problems[0]}")

@@ -5,12 +5,14 @@ CPU run's predicted host memory), each naming the offending key."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import re
+from functools import cache
 from typing import Any
 from urllib.parse import SplitResult, parse_qsl, urlsplit
 
-from rloo.settings import Config
+from rloo.settings import Config, section_types
 from rloo_workflow.config.schema import ConfigError, Validator, coerce, key_path, load_schema
 from rloo_workflow.config.selection import leaves, put, select
 from rloo_workflow.host_memory import config_problems as host_memory_problems
@@ -29,7 +31,7 @@ def validate(cfg: dict, source: str = "config", overrides: dict | None = None) -
         cfg.pop(key, None)
     coerce(cfg, schema)
     given = {**dict.fromkeys(_paths(cfg), 1), **dict.fromkeys(_paths(overrides or {}), 2)}  # before the defaults
-    if problems := _non_finite(cfg) + _credentials(cfg):
+    if problems := _non_finite(cfg) + _credentials(cfg) + _env_names(cfg):
         raise ConfigError(f"{source}: invalid configuration:\n  " + "\n  ".join(problems))
     errors = sorted(Validator(schema).iter_errors(cfg), key=lambda e: list(e.absolute_path))
     if errors:
@@ -49,7 +51,42 @@ def validate(cfg: dict, source: str = "config", overrides: dict | None = None) -
         raise ConfigError(f"{source}: invalid configuration:\n  " + "\n  ".join(lines))
     if problems := [_lead_with_given(line, given, cfg) for line in _cross_checks(cfg)]:
         raise ConfigError(f"{source}: invalid configuration:\n  " + "\n  ".join(problems))
+    # imported here, not at the top: rloo_workflow.tracking imports this package
+    from rloo_workflow.tracking.redact import protect_env
+
+    protect_env([v for key in env_keys() if isinstance(v := _lookup(cfg, key)[1], str)])
     return cfg
+
+
+@cache
+def env_keys(cls: type = Config, prefix: str = "") -> tuple[str, ...]:
+    """The dotted key of every setting that names an environment variable: a field of the typed settings
+    whose name ends in `_env` (reward.http.api_key_env, evaluate.llm_judge.api_key_env, ...)."""
+    nested = section_types(cls)
+    out: list[str] = []
+    for f in dataclasses.fields(cls):
+        if f.name in nested:
+            out += env_keys(nested[f.name], f"{prefix}{f.name}.")
+        elif f.name.endswith("_env"):
+            out.append(f"{prefix}{f.name}")
+    return tuple(out)
+
+
+def _env_names(cfg: dict) -> list[str]:
+    """A key pasted where its variable's name belongs would be written to the config copies the jobs read,
+    params.yaml and the logs: refuse any value of an `*_env` key that is not a variable's name, or that
+    is shaped like a key, and never repeat it. (A value that is no string is the schema's to name.)"""
+    from rloo_workflow.tracking.redact import is_env_name, key_like  # as in `validate`
+
+    problems = []
+    for key in env_keys():
+        value = _lookup(cfg, key)[1]
+        if isinstance(value, str) and key_like(value):
+            what = "looks like a key itself" if is_env_name(value) else "is not an environment variable's name"
+            problems.append(f"key '{key}': must name an environment variable ([A-Za-z_][A-Za-z0-9_]*), but its "
+                            f"value {what} (not shown); put the key in an environment variable and give that "
+                            f"variable's name here")
+    return problems
 
 
 def _non_finite(cfg: dict) -> list[str]:
@@ -88,9 +125,12 @@ def _secret_parts(url: SplitResult) -> list[str]:
 def _secret_home(path: str, cfg: dict) -> str:
     """Where the secret of the URL at `path` belongs instead (docs/rewards-and-data.md, docs/tracking.md)."""
     if path.startswith("evaluate.llm_judge"):
+        from rloo_workflow.tracking.redact import key_like  # as in `validate`
+
         env = (cfg.get("evaluate", {}).get("llm_judge") or {}).get("api_key_env") or "OPENAI_API_KEY"
-        return (f"put the API key in an environment variable and name it in evaluate.llm_judge.api_key_env "
-                f"(now {env}): it is sent as an Authorization: Bearer header")
+        now = f" (now {env})" if isinstance(env, str) and not key_like(env) else ""  # a pasted key is not repeated
+        return (f"put the API key in an environment variable and name it in evaluate.llm_judge.api_key_env{now}: "
+                "it is sent as an Authorization: Bearer header")
     if path.startswith("reward.http"):
         return ("put the key in an environment variable and name it in reward.http.api_key_env: it is sent as an "
                 "Authorization: Bearer header")
@@ -203,7 +243,8 @@ def _sweep_checks(cfg: dict) -> list[str]:
                     resolved = validate(point, where, swept)
                 except ConfigError as e:
                     detail = str(e).split("invalid configuration:", 1)[-1].strip()
-                    problems.append(f"key '{where}': value {value!r}: {detail}")
+                    shown = "a value" if key in env_keys() else f"value {value!r}"  # perhaps a key: not repeated
+                    problems.append(f"key '{where}': {shown}: {detail}")
                     continue
                 values[i] = select(resolved, [key])  # coerced as the config's own values are
                 for part in key.split("."):

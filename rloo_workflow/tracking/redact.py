@@ -1,8 +1,14 @@
 """Secrets out of everything MLflow receives: parameters, tags and text artifacts are shared and kept.
 
 A key that names a secret (API key, token, password, ...) has its value replaced, and so has any value
-that looks like a credential or equals the value of a secret-named environment variable. A key ending
-in `_env` that holds an environment variable's *name* (evaluate.llm_judge.api_key_env) is kept.
+that looks like a credential or equals the value of a secret-named environment variable, or of a
+variable a `*_env` config key names (`protect_env`: whatever its name, reward.http.api_key_env's variable
+holds a key). A key ending in `_env` that holds an environment variable's *name*
+(evaluate.llm_judge.api_key_env) is kept: validation refuses any other value there (`key_like`), so the
+config copies the jobs read hold names only.
+
+The same replacement keeps secrets out of the stages' logs and error lines (`redact_text`, installed
+by the CLI as rloo.console's scrubber), not only out of MLflow.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ _SECRET_KEY = re.compile(
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SECRET_VALUE = [
     re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(?:-----END [A-Z ]*PRIVATE KEY-----|\Z)", re.S),
-    re.compile(r"\bsk-[A-Za-z0-9_\-]{16,}"),
+    re.compile(r"\bsk-[A-Za-z0-9_\-]{8,}"),  # OpenAI-style keys, short ones too
     re.compile(r"\bhf_[A-Za-z0-9]{20,}"),
     re.compile(r"\bgh[pousr]_[A-Za-z0-9]{20,}"),
     re.compile(r"\bgithub_pat_[A-Za-z0-9_]{20,}"),
@@ -43,6 +49,35 @@ _ASSIGNMENT = re.compile(
 )
 
 
+# A key's own prefix (sk_live_..., hf_..., ghp_...): a valid variable name that is a pasted key.
+_KEY_PREFIX = re.compile(r"^(?:sk|rk|pk|hf|gh[pousr]|github_pat|glpat|xox[abprs])[-_]")
+# Values shorter than this are not replaced in free text: a short value would blank out common words,
+# and no service issues keys that short.
+_MIN_SECRET = 6
+_PROTECTED: set[str] = set()  # environment variables named by `*_env` keys (`protect_env`)
+
+
+def is_env_name(value: str) -> bool:
+    """Whether `value` is spelled as an environment variable's name ([A-Za-z_][A-Za-z0-9_]*)."""
+    return bool(_ENV_NAME.fullmatch(value))
+
+
+def key_like(value: str) -> bool:
+    """Whether a value meant to name an environment variable is a key instead: not a name's spelling, a
+    known key's shape or prefix, or a long run of mixed-case letters and digits with no `_` (names are
+    words joined by `_`)."""
+    if not is_env_name(value) or _KEY_PREFIX.match(value) or any(p.search(value) for p in _SECRET_VALUE):
+        return True
+    return (len(value) >= 24 and "_" not in value and bool(re.search(r"[a-z]", value))
+            and bool(re.search(r"[A-Z]", value)) and bool(re.search(r"\d", value)))
+
+
+def protect_env(names: list[str] | set[str]) -> None:
+    """Redact, from now on in this process, the values of these environment variables (those a `*_env`
+    config key names), whatever they are called."""
+    _PROTECTED.update(n for n in names if n)
+
+
 def is_secret_key(key: str) -> bool:
     """True for a key that names a secret (api_key, hf_token, password, ...), not max_new_tokens."""
     return bool(_SECRET_KEY.search(str(key)))
@@ -58,6 +93,9 @@ def _secret_env_values() -> list[str]:
         v = os.environ.get(k)
         if v is not None and is_secret_key(k) and len(v) >= 8 \
                 and not re.fullmatch(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+", v):
+            vals.add(v)
+    for k in _PROTECTED:
+        if (v := os.environ.get(k)) is not None and len(v) >= _MIN_SECRET:
             vals.add(v)
     return sorted(vals, key=len, reverse=True)
 

@@ -109,15 +109,20 @@ def workflow(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 def test_a_credential_given_to_snakemake_stops_it_and_reaches_no_file(workflow):
-    # the judge's URL and a reward server's, in one run: each refused, each named
+    # the judge's URL and a reward server's, in one run: each refused, each named; and a key pasted where
+    # the name of its variable belongs (issue 71), refused without being repeated
+    pasted = "sk-SECRET5abc"
     res = snakemake(workflow, "--cores", "1", *CONFIGFILES, "--config",
-                    f"evaluate={{llm_judge: {{base_url: 'http://judge:{SECRET}@judge.example/v1'}}}}",
+                    f"evaluate={{llm_judge: {{base_url: 'http://judge:{SECRET}@judge.example/v1', "
+                    f"api_key_env: '{pasted}'}}}}",
                     f"reward={{source: http, http: {{url: 'http://scorer:{SECRET}@scorer.example/score'}}}}", check=False)
     out = res.stdout + res.stderr
     for key in ("evaluate.llm_judge.base_url", "reward.http.url"):
         assert res.returncode != 0 and f"key '{key}'" in out and f"{key.rsplit('.', 1)[0]}.api_key_env" in out, out[-3000:]
-    assert SECRET not in out
-    assert not _files_holding(workflow, SECRET)  # .snakemake/ (logs, metadata), data/, results/, logs/
+    assert "key 'evaluate.llm_judge.api_key_env': must name an environment variable" in out, out[-3000:]
+    assert SECRET not in out and pasted not in out
+    for secret in (SECRET, pasted):
+        assert not _files_holding(workflow, secret)  # .snakemake/ (logs, metadata), data/, results/, logs/
 
 
 class _Judge(http.server.BaseHTTPRequestHandler):
@@ -378,6 +383,49 @@ def test_sft_stops_when_the_context_would_drop_the_data(micro_run, tmp_path):
                 "--work", str(tmp_path / "work"), cwd=tmp_path)
     assert res.returncode == 2, res.stderr[-2000:]
     assert "longer than model.max_length=40" in _last_line(res) and "sft.max_dropped_share" in _last_line(res)
+
+
+# -- an optional package missing ---------------------------------------------------------------------
+
+
+def _without_vllm() -> None:
+    from rloo import extras
+
+    if extras.installed("vllm"):
+        pytest.skip("vLLM is installed here (.venv-vllm): the missing package is the case under test")
+
+
+def test_a_backend_whose_package_is_missing_stops_the_rloo_job_at_its_start_in_one_line(micro_run, tmp_path):
+    """Issue 71: `rollout.backend: vllm` without vLLM was a ModuleNotFoundError after the model loaded. The
+    rloo job as Snakemake runs it (its log a file): one line naming the extra, no traceback, even in the
+    log, and nothing written."""
+    _without_vllm()
+    log, out, work = tmp_path / "logs" / "rloo_rloo.log", tmp_path / "rloo", tmp_path / "work"
+    res = _rloo("train", "-c", MICRO, "--set", "rollout.backend=vllm", "--set", "tracking.enabled=false",
+                "--data", str(micro_run["data"]), "--policy", str(micro_run["sft"]), "--out", str(out),
+                "--work", str(work), "--log", str(log), cwd=tmp_path)
+    assert res.returncode == 2, res.stderr[-3000:]
+    text = log.read_text()
+    lines = [line for line in text.splitlines() if not line.startswith("rloo: warning: ")]  # -c micro.yaml alone
+    assert len(lines) == 1 and lines[0].startswith("rloo train: error: rollout.backend: vllm needs the 'vllm' "
+                                                   "package"), text
+    assert "pip install 'rloo[vllm]'" in lines[0] and "Traceback" not in text + res.stderr
+    assert res.stderr.strip().endswith(lines[0]), res.stderr  # the terminal gets it from the log's end
+    assert not out.exists() and not work.exists()
+
+
+def test_validate_config_warns_of_a_package_this_machine_lacks(capsys):
+    """A warning, not a refusal: a cluster's jobs may have the package the submitting machine lacks."""
+    from rloo_workflow import cli
+
+    _without_vllm()
+    assert cli.main(["validate-config", "-c", MICRO, "--set", "rollout.backend=vllm"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["rollout"]["backend"] == "vllm"
+    warnings = [line for line in err.splitlines() if line.startswith("rloo validate-config: warning: ")]
+    assert len(warnings) == 1 and "'vllm'" in warnings[0] and "pip install 'rloo[vllm]'" in warnings[0], err
+    assert cli.main(["validate-config", "-c", MICRO]) == 0
+    assert "validate-config: warning" not in capsys.readouterr().err  # the hf backend needs nothing more
 
 
 # -- Ctrl-C ------------------------------------------------------------------------------------------------

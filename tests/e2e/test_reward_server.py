@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -29,7 +30,7 @@ from rloo_workflow.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVER = ROOT / "tests" / "helpers" / "reward_server.py"
-SECRET = "rEw4rd-k3y-91c2e7"
+SECRET = "SECRET-xyz"  # issue 71: no key's shape, in a variable whose name (no api_key, no token) is no secret's
 
 FUNCTIONS = textwrap.dedent('''
     from rloo.reward.verifier import gold_answer
@@ -247,6 +248,37 @@ def test_a_run_shows_its_retries_on_the_terminal_and_counts_them(micro_run, tmp_
     assert "retries" not in (out / "metrics.json").read_text()
 
 
+def _counted_tries(lines: list[str], error: str) -> tuple[list[tuple[int, int]], int]:
+    """(attempt, of) of each retry line, and the tries the stop says it made."""
+    attempts = [tuple(map(int, m.groups())) for line in lines if (m := re.search(r" on attempt (\d+) of (\d+);", line))]
+    made = re.search(r"(\d+) tries\)", error)
+    assert made, error
+    return attempts, int(made.group(1))
+
+
+def test_the_retry_lines_and_the_stop_count_the_requests_a_failing_server_saw(tmp_path, functions_file, servers,
+                                                                              capfd):
+    """A server that answers every request with HTTP 500, at the default 2 retries: 'attempt 1 of 3', '2
+    of 3', then the stop 'after 3 tries', and the server saw 3 requests."""
+    servers.append(server := Server(tmp_path, functions_file, "--fail-first", "100"))
+    with pytest.raises(RewardServerError) as info:
+        _score(_http(server.url))
+    attempts, made = _counted_tries(capfd.readouterr().out.splitlines(), str(info.value))
+    assert made == server.requests == 3 and attempts == [(1, made), (2, made)], (attempts, str(info.value))
+
+
+def test_the_retry_lines_and_the_stop_count_the_tries_a_silent_server_saw(capfd):
+    """A server that accepts and never replies (issue 71: 'attempt 1 of 3', then '2 tries'): the line
+    counts against the two tries a first request gets, and the stop names as many as connections came."""
+    with silent_server() as (port, held):
+        url = f"http://127.0.0.1:{port}/score"
+        with pytest.raises(RewardServerError) as info:
+            _score(_http(url, timeout_s=0.5))
+        seen = len(held)
+    attempts, made = _counted_tries(capfd.readouterr().out.splitlines(), str(info.value))
+    assert made == seen == 2 and attempts == [(1, made)], (attempts, str(info.value))
+
+
 def test_a_dead_server_is_one_line(tmp_path):
     closed = f"http://127.0.0.1:{_free_port()}/score"
     with pytest.raises(RewardServerError) as info:
@@ -264,7 +296,7 @@ def test_an_http_error_is_one_line_with_the_url_the_status_and_the_first_line_of
         _score(_http(server.url, max_retries=1))
     message = str(info.value)
     assert message.startswith(f"the reward server at {server.url} did not answer (HTTP 500 Internal Server Error: "
-                              "scorer crashed: KeyError 'answer', after 1 retries)") and "\n" not in message, message
+                              "scorer crashed: KeyError 'answer', after 2 tries)") and "\n" not in message, message
 
 
 @pytest.mark.parametrize(("reply", "expected"), [
@@ -302,7 +334,9 @@ def test_a_server_killed_mid_run_stops_it_in_one_line_and_the_rerun_resumes(micr
                                                                              servers):
     """`rloo train` (4 steps, a checkpoint after 2) against the server; the server hangs on the third
     step's request and is killed there. Tracking on, a bearer key from the environment: no file the
-    run writes holds the key."""
+    run writes holds the key, though the rerun's server quotes it in a failed reply (issue 71: the retry
+    line, the log and MLflow get it redacted). A key pasted where its variable's name belongs is refused
+    before anything runs, and not repeated."""
     servers.append(server := Server(tmp_path, functions_file, "--hang-after", "2", "--hung", str(tmp_path / "hung"),
                                     "--key-env", "RLOO_TEST_REWARD_KEY", env={"RLOO_TEST_REWARD_KEY": SECRET}))
     work, out = tmp_path / "work", tmp_path / "rloo"
@@ -312,6 +346,13 @@ def test_a_server_killed_mid_run_stops_it_in_one_line_and_the_rerun_resumes(micr
            "--set", "reward.http.api_key_env=RLOO_TEST_REWARD_KEY", "--set", "rloo.eval_every=0",
            "--set", "rloo.steps=4", "--set", "rloo.checkpoint_every=2", "--set", "tracking.enabled=true",
            "--data", str(micro_run["data"]), "--policy", str(micro_run["sft"]), "--out", str(out), "--work", str(work)]
+    pasted = "sk-SECRET5abc"
+    res = subprocess.run([*cmd, "--set", f"reward.http.api_key_env={pasted}"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and "key 'reward.http.api_key_env'" in res.stderr, res.stderr[-3000:]
+    assert pasted not in res.stdout + res.stderr and "Traceback" not in res.stderr and len(res.stderr.splitlines()) == 2
+    assert not work.exists() and not out.exists() and not _files_holding(tmp_path, pasted)
+
     run = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while not (tmp_path / "hung").exists():
@@ -326,12 +367,16 @@ def test_a_server_killed_mid_run_stops_it_in_one_line_and_the_rerun_resumes(micr
     assert not out.exists()  # no output from a run that did not finish
     assert [p.name for p in checkpoint.complete(work / "checkpoints")] == ["step_00000002"]
 
-    # the server back on its port: the rerun resumes at step 2 and asks only for steps 2 and 3
-    servers.append(again := Server(tmp_path, functions_file, "--key-env", "RLOO_TEST_REWARD_KEY",
-                                   port=server.port, env={"RLOO_TEST_REWARD_KEY": SECRET}))
-    res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert "(step 2)" in res.stderr and again.requests == 2, res.stderr[-3000:]
+    # the server back on its port: the rerun resumes at step 2 and asks only for steps 2 and 3; its first
+    # reply fails quoting the key it got, and is retried; the log a file of the run, as under Snakemake
+    servers.append(again := Server(tmp_path, functions_file, "--key-env", "RLOO_TEST_REWARD_KEY", "--fail-first", "1",
+                                   "--echo-key", port=server.port, env={"RLOO_TEST_REWARD_KEY": SECRET}))
+    log = tmp_path / "logs" / "rloo.log"
+    res = subprocess.run([*cmd, "--log", str(log)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, log.read_text()[-3000:]
+    assert "(step 2)" in log.read_text() and again.requests == 3, log.read_text()[-3000:]
+    quoted = "(got Authorization: Bearer [REDACTED]) on attempt 1 of 3"
+    assert quoted in res.stdout and quoted in log.read_text() and SECRET not in res.stdout + res.stderr, res.stdout
     steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [0, 1, 2, 3] and all(math.isfinite(s["train/reward_mean"]) for s in steps)
     assert json.loads((out / "metrics.json").read_text())["reward_source"] == "http"

@@ -2,14 +2,14 @@
 reward functions in TRL's form, the same ones a `reward.source: function` config names.
 
     python tests/helpers/reward_server.py PORT FILE.py:FUNCTION=WEIGHT ... [--key-env VAR] [--seen FILE]
-        [--fail-first N [--fail-body TEXT]] [--hang-after N --hung FILE] [--reply JSON] [--delay S]
+        [--fail-first N [--fail-body TEXT] [--echo-key]] [--hang-after N --hung FILE] [--reply JSON] [--delay S]
 
 POST (any path) takes {"prompts", "completions", "rows"} and answers {"rewards": [...]}: per completion
 the weighted sum of the functions' rewards over those that gave a number (math.fsum, in the order
 given), null where none did. Each function gets `prompts`, `completions` and every column of `rows`.
 GET /health answers 200. `--key-env`: only requests with `Bearer $VAR` are answered (else 401);
 `--seen`: a line per scoring request; `--fail-first N`: the first N requests get a 500 (`--fail-body`: its
-body); `--hang-after
+body; `--echo-key`: the Authorization header it got after it, as a server that says which key it saw does); `--hang-after
 N`: requests after the N-th write FILE and never answer (the test then kills the server); `--reply`:
 that JSON body instead of the rewards; `--delay S`: every scoring request is answered after S seconds.
 """
@@ -43,6 +43,7 @@ def main() -> None:
     ap.add_argument("--seen", default=None)
     ap.add_argument("--fail-first", type=int, default=0)
     ap.add_argument("--fail-body", default='{"error": "failing on purpose"}')
+    ap.add_argument("--echo-key", action="store_true")
     ap.add_argument("--hang-after", type=int, default=None)
     ap.add_argument("--hung", default=None)
     ap.add_argument("--reply", default=None)
@@ -77,7 +78,8 @@ def main() -> None:
                 self._send(401, b'{"error": "bad key"}')
                 return
             if count["requests"] <= args.fail_first:
-                self._send(500, args.fail_body.encode())
+                seen = f" (got Authorization: {self.headers.get('Authorization')})" if args.echo_key else ""
+                self._send(500, (args.fail_body + seen).encode())
                 return
             if args.hang_after is not None and count["requests"] > args.hang_after:
                 Path(args.hung).write_text(str(os.getpid()))

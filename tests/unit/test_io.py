@@ -11,6 +11,7 @@ import pytest
 import torch
 from fault_helpers import file_size_limit
 
+from rloo.eval import records as eval_records
 from rloo.io import WriteError, atomic_dir, write_json_atomic
 
 
@@ -41,3 +42,36 @@ def test_an_error_that_is_not_a_failed_write_passes_through(tmp_path):
     with pytest.raises(RuntimeError, match="shape mismatch"), atomic_dir(tmp_path / "out"):
         raise RuntimeError("shape mismatch")
     assert list(tmp_path.iterdir()) == []
+
+
+def _pair(folder):
+    """What of an evaluation's two files is there: {name: content}."""
+    return {p.name: p.read_text() for p in sorted(folder.iterdir())}
+
+
+def test_a_failed_evaluation_write_keeps_or_removes_its_records_and_figures_together(tmp_path):
+    """Issue 71: the second of the two files failing (a full disk: a file-size limit its records pass and
+    its figures do not; a records path that is a folder) leaves both files or neither, never one."""
+    records = [{"question": f"q{i}", "answer": "#### 4", "greedy": {"text": "x" * 200}} for i in range(20)]
+    summary = {"accuracy": 0.5}
+    fresh, kept, blocked = (tmp_path / name / "eval" for name in ("fresh", "kept", "blocked"))
+    for folder in (fresh, kept, blocked):
+        folder.mkdir(parents=True)
+
+    # no earlier pair: a full disk on the records leaves neither file
+    with file_size_limit(1024), pytest.raises(WriteError, match=re.escape(str(fresh / "rloo.jsonl"))):
+        eval_records.write(fresh / "rloo.jsonl", records, summary)
+    assert _pair(fresh) == {}
+
+    # an earlier run's pair: kept as it was, both
+    eval_records.write(kept / "rloo.jsonl", records[:1], {"accuracy": 0.0})
+    before = _pair(kept)
+    with file_size_limit(1024), pytest.raises(WriteError):
+        eval_records.write(kept / "rloo.jsonl", records, summary)
+    assert _pair(kept) == before and set(before) == {"rloo.json", "rloo.jsonl"}
+
+    # the records' path a folder: the figures, replaced first, are removed again
+    (blocked / "rloo.jsonl").mkdir()
+    with pytest.raises(IsADirectoryError):
+        eval_records.write(blocked / "rloo.jsonl", records, summary)
+    assert [p.name for p in blocked.iterdir()] == ["rloo.jsonl"] and not any((blocked / "rloo.jsonl").iterdir())

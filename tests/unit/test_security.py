@@ -82,3 +82,40 @@ def test_redaction_survives_another_thread_changing_the_environment(monkeypatch)
         sys.setswitchinterval(interval)
         for name in names:
             os.environ.pop(name, None)
+
+
+@pytest.mark.parametrize("value", ["sk-SECRET5abc", "sk_live_4eC39HqLyjWDarjtT1", "hf_" + "a" * 30, "ghp_" + "b" * 36,
+                                   "AKIA" + "C" * 16, "aB3dEfGhIjKlMnOpQrStUvWx9z", "Bearer abc", "1KEY", "KEY\n"])
+def test_a_key_pasted_into_an_env_key_is_refused_and_not_repeated(value):
+    """Issue 71: every `*_env` key of the typed settings holds a variable's name, never the key itself;
+    the refusal names the key, not the value."""
+    from rloo_workflow.config import ConfigError
+    from rloo_workflow.config.checks import env_keys
+
+    keys = env_keys()
+    assert {"reward.http.api_key_env", "evaluate.llm_judge.api_key_env"} <= set(keys)
+    for key in keys:
+        section, leaf = key.rsplit(".", 1)
+        tree: dict = {leaf: value}
+        for part in reversed(section.split(".")):
+            tree = {part: tree}
+        with pytest.raises(ConfigError) as e:
+            load_config(None, tree)
+        assert f"key '{key}': must name an environment variable" in str(e.value)
+        assert value.strip() not in str(e.value)
+        with pytest.raises(ConfigError) as e:  # a sweep's value is checked as the config's own, not repeated either
+            load_config(None, {"sweeps": {"keys": {key: ["OPENAI_API_KEY", value]}}})
+        assert f"key 'sweeps.keys.{key}'" in str(e.value) and value.strip() not in str(e.value)
+
+
+def test_the_variable_an_env_key_names_is_redacted_whatever_its_name(monkeypatch):
+    """A valid name (no api_key, no token in it): once a config naming it is validated, its value is
+    replaced in any text the logs, messages and MLflow get (rloo_workflow.tracking.redact)."""
+    from rloo_workflow.tracking.redact import REDACTED, redact_text
+
+    monkeypatch.setenv("RLOO_TEST_SCORER_CRED", "SECRET-xyz")
+    line = "reward server: HTTP 401: bad key Bearer SECRET-xyz"
+    assert redact_text(line) == line  # not known as a secret until a config names it
+    load_config(None, {"reward": {"source": "http", "http": {"url": "http://127.0.0.1:9/score",
+                                                              "api_key_env": "RLOO_TEST_SCORER_CRED"}}})
+    assert redact_text(line) == f"reward server: HTTP 401: bad key Bearer {REDACTED}"

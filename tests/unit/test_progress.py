@@ -3,6 +3,7 @@ stdout where stdout is another file (the terminal of a Snakemake job)."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 import time
@@ -25,7 +26,7 @@ def test_a_line_at_most_every_interval_and_a_last_one_at_the_end(capfd, caplog):
     assert len(out) >= 2, out
     # the interval apart (the last line, at the end, whenever the pass ends)
     times = [r.created for r in caplog.records][:-1]
-    assert all(b - a >= 0.049 for a, b in zip(times, times[1:])), times
+    assert all(b - a >= 0.049 for a, b in itertools.pairwise(times)), times
     steps = [int(LINE.match(line).group(1)) for line in out]
     assert steps == sorted(set(steps)) and steps[0] > 2 and steps[-1] == 8, out
     assert out[-1].endswith(" s") and "took" in out[-1] and all("ETA" in line for line in out[:-1]), out

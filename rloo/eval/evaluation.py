@@ -91,7 +91,7 @@ def decode(policy, tokenizer, ids: list[list[int]], spec: EvalSpec, greedy: bool
     draws = 1 if greedy else spec.draws
     out = [Decoded() for _ in range(draws)]
     per_call = max(1, spec.batch_size // draws)
-    what = "greedy" if greedy else f"{draws} draws"
+    what = "greedy" if greedy else f"{draws} draw{'s' if draws > 1 else ''}"
     progress = Progress(f"evaluate: {label}, {what}", len(ids), spec.progress_every_s, unit="problem")
     for s in range(0, len(ids), per_call):
         rows = [p for p in ids[s : s + per_call] for _ in range(draws)]

@@ -46,6 +46,8 @@ CONFIGS = [*CONFIGFILES, "config/ddp.yaml"]
 TEST_OPTIONS = [
     # first sacct query 2 s after a submission instead of the profile's 30 s
     "--slurm-init-seconds-before-status-checks", "2",
+    # the plugin deletes a successful job's Slurm log at the end of the run: kept, to read its progress lines
+    "--slurm-keep-successful-logs",
     # the GPU stages ask for 16-32 GB, the test node may have less; the 2-task jobs share its one (fake) GPU
     "--set-resources", "base:mem_mb=2000", "evaluate:mem_mb=2000",
     *(f"{rule}:{res}" for rule in TRAINING for res in ("mem_mb=2000", "gres=gpu:1")),

@@ -30,7 +30,7 @@ class Config(Section):
     progress_every_s: float = setting(30.0, exclusive_minimum=0)
     """Seconds between two progress lines of a long stage (sft, reward, rloo, evaluate, the judge), on the
     terminal and in its log: `rloo: step 120/480 (25%) · reward 0.62 · kl 0.11 · 1.4 s/step · ETA 8 min`.
-    How a job reports, not what it computes: no stage reads it, so changing it reruns nothing."""
+    How a job reports, not what it computes: it is in no stage's parameters, so changing it reruns nothing."""
     paths: workflow.PathsConfig = field(default_factory=workflow.PathsConfig)
     """Where the pipeline writes."""
     data: DataConfig = field(default_factory=DataConfig)

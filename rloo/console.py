@@ -37,14 +37,14 @@ class _Scrubbed(logging.Filter):
         return True
 
 
-def console(message: str, logger: logging.Logger | None = None) -> None:
+def console(message: str, logger: logging.Logger | None = None, level: int = logging.WARNING) -> None:
     """A line a person should see while the stage runs (a retry, a count at the end), not only in its log.
 
-    It goes to the log (stderr) as a warning; when stdout is another file, as under Snakemake, whose rules
-    send a stage's stderr to its log file (`--log`, `run_logged`) while its stdout reaches the terminal, to
-    stdout too, so it is shown once either way."""
+    It goes to the log (stderr) at `level` (a warning unless told); when stdout is another file, as under
+    Snakemake, whose rules send a stage's stderr to its log file (`--log`, `run_logged`) while its stdout
+    reaches the terminal, to stdout too, so it is shown once either way."""
     message = _scrub(message)
-    (logger or _logger).warning("%s", message)
+    (logger or _logger).log(level, "%s", message)
     try:
         out, err = os.fstat(sys.stdout.fileno()), os.fstat(sys.stderr.fileno())
     except (OSError, ValueError, AttributeError):  # a closed or replaced stream: the log has it

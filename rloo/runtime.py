@@ -6,12 +6,9 @@ import contextlib
 import logging
 import os
 import random
-import sys
-import time
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from rloo.console import configure_logging
 from rloo.errors import UnavailableError
@@ -167,45 +164,3 @@ class StopFlag:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
 
-
-ECHO_EVERY_S = 30.0
-
-
-def _echo_progress() -> bool:
-    """A Snakemake job in a terminal: stderr (the progress bar) goes to the job's log, stdout to the
-    terminal. Then a plain line every ECHO_EVERY_S seconds keeps the terminal from going silent."""
-    try:
-        return sys.stdout.isatty() and not sys.stderr.isatty()
-    except (AttributeError, ValueError):
-        return False
-
-
-class Progress(tqdm):
-    """tqdm on stderr, plus, where stderr is a log file and stdout a terminal, a line on stdout every
-    ECHO_EVERY_S seconds and at the end: `sft: 400/1600 steps (25%), 1.9 min, loss=0.412`."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._echo = _echo_progress()
-        self._t0 = self._last = time.monotonic()
-
-    def update(self, n: float = 1):
-        shown = super().update(n)
-        self._maybe_echo(self.n)
-        return shown
-
-    def __iter__(self):
-        done = self.n
-        for item in super().__iter__():
-            yield item
-            done += 1
-            self._maybe_echo(done)
-
-    def _maybe_echo(self, done: float) -> None:
-        now = time.monotonic()
-        if self._echo and (now - self._last >= ECHO_EVERY_S or (self.total and done >= self.total)):
-            self._last = now
-            share = f" ({done / self.total:.0%})" if self.total else ""
-            post = f", {self.postfix}" if self.postfix else ""
-            print(f"{self.desc}: {done:.0f}/{self.total or '?'} {self.unit}s{share}, {(now - self._t0) / 60:.1f} min{post}",
-                  file=sys.stdout, flush=True)

@@ -14,9 +14,10 @@ import torch
 from rloo.algo.losses import sequence_kl
 from rloo.data.prompting import PromptFormat
 from rloo.model.logprobs import completion_logprobs, join, model_device
+from rloo.progress import Progress
 from rloo.reward.verifier import Mode, is_correct
 from rloo.rollout import generate
-from rloo.runtime import Progress, autocast, inference_dtype, step_generator
+from rloo.runtime import autocast, inference_dtype, step_generator
 from rloo.settings import Config, PromptConfig
 
 
@@ -62,6 +63,7 @@ class EvalSpec:
     autocast: str = "none"
     logits_chunk_tokens: int = 0  # the KL pass's log-probabilities: the head applied this many tokens at a time
     inference_dtype: str | None = None  # model.inference_dtype: the decoding's dtype (None: the weights')
+    progress_every_s: float = Config.progress_every_s  # how often a long pass reports (rloo/progress.py)
 
 
 @dataclass
@@ -89,8 +91,9 @@ def decode(policy, tokenizer, ids: list[list[int]], spec: EvalSpec, greedy: bool
     draws = 1 if greedy else spec.draws
     out = [Decoded() for _ in range(draws)]
     per_call = max(1, spec.batch_size // draws)
-    what = "greedy" if greedy else f"{draws} draws"
-    for s in Progress(range(0, len(ids), per_call), desc=f"evaluate: {label}, {what}", unit="batch"):
+    what = "greedy" if greedy else f"{draws} draw{'s' if draws > 1 else ''}"
+    progress = Progress(f"evaluate: {label}, {what}", len(ids), spec.progress_every_s, unit="problem")
+    for s in range(0, len(ids), per_call):
         rows = [p for p in ids[s : s + per_call] for _ in range(draws)]
         with autocast(spec.autocast, device):
             ro = generate(policy, rows, max_new_tokens=spec.max_new_tokens, eos_id=tokenizer.eos_token_id,
@@ -111,6 +114,8 @@ def decode(policy, tokenizer, ids: list[list[int]], spec: EvalSpec, greedy: bool
             d.lengths += lengths[j::draws]
             d.finished += finished[j::draws]
             d.kl += kl[j::draws] if kl is not None else []
+        progress.update(len(rows) // draws)
+    progress.close()
     return out
 
 
@@ -179,7 +184,7 @@ def _by_problem(per_draw) -> list[list]:
 
 
 def spec_for(config: Config | Mapping, section: str, max_new_tokens: int, draws: int, stream: int) -> EvalSpec:
-    """A stage's EvalSpec: the config's prompt, seed and autocast, and its own section's decoding
+    """A stage's EvalSpec: the config's prompt, seed, autocast and progress interval, and its own section's decoding
     batch (`<section>.eval_batch_size`, or `evaluate.batch_size`): the batch decides which noise each
     row draws, so it must be a key the stage reruns on."""
     config = config if isinstance(config, Config) else Config.from_config(config)
@@ -187,4 +192,5 @@ def spec_for(config: Config | Mapping, section: str, max_new_tokens: int, draws:
     batch = part.batch_size if section == "evaluate" else part.eval_batch_size
     return EvalSpec(prompt=config.prompt, max_new_tokens=max_new_tokens, draws=draws, batch_size=batch,
                     seed=config.seed, stream=stream, autocast=config.model.autocast,
-                    logits_chunk_tokens=config.model.logits_chunk_tokens, inference_dtype=config.model.inference_dtype)
+                    logits_chunk_tokens=config.model.logits_chunk_tokens, inference_dtype=config.model.inference_dtype,
+                    progress_every_s=config.progress_every_s)

@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from rloo.eval.stats import mcnemar_exact, paired_bootstrap, sign_flip_test, wilson_interval
+from rloo.progress import Progress
 from rloo.reward.judges import PairwiseJudge, VerifierJudge, agreement, win_rate
 from rloo.reward.verifier import is_correct
 
@@ -54,12 +55,12 @@ def gain(policy: dict[str, np.ndarray], sft: dict[str, np.ndarray], seed: int, r
 
 
 def judged_win_rate(judge: PairwiseJudge, questions: list[str], golds: list[str], candidate: list[str],
-                    baseline: list[str]) -> dict:
+                    baseline: list[str], progress: Progress | None = None) -> dict:
     """`candidate`'s win rate against `baseline` by `judge`, both presentation orders (rloo.reward.judges):
     wins, losses, ties, invalid verdicts, the value (null without a valid verdict: NaN is not JSON) and its
     95 % interval; for a judge other than the verifier, how often its verdicts agree with the verifier's on
-    the pairs the verifier decides (how far to trust it)."""
-    judged = win_rate(judge, questions, golds, candidate, baseline)
+    the pairs the verifier decides (how far to trust it). `progress` counts the judge's problems."""
+    judged = win_rate(judge, questions, golds, candidate, baseline, progress)
     detail = judged.as_dict()
     detail["ci95"] = win_rate_ci95(detail)
     if judge.name != VerifierJudge.name:

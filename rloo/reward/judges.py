@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from rloo.errors import UserError
+from rloo.progress import Progress
 from rloo.reward import retries
 from rloo.reward.verifier import is_correct
 from rloo.settings import Config, LlmJudgeConfig
@@ -242,11 +243,14 @@ def combine(first: Verdict, swapped: Verdict) -> float | None:
 
 
 def win_rate(judge: PairwiseJudge, questions: list[str], golds: list[str], candidate: list[str],
-             baseline: list[str]) -> WinRate:
-    """Candidate vs baseline over all questions, judged in both presentation orders."""
+             baseline: list[str], progress: Progress | None = None) -> WinRate:
+    """Candidate vs baseline over all questions, judged in both presentation orders; each problem counted
+    on `progress` where given (a served judge's thousands of calls take minutes)."""
     out = WinRate()
     for q, g, c, b in zip(questions, golds, candidate, baseline, strict=True):
         s = combine(judge.judge(q, g, c, b), judge.judge(q, g, b, c))
+        if progress is not None:
+            progress.update(1)
         out.scores.append(s)
         if s is None:
             out.invalid += 1

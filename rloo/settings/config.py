@@ -27,6 +27,10 @@ class Config(Section):
     """The seed every stage derives its randomness from (data, initialisation, each step's batch and noise)."""
     threads: int | None = setting(None, minimum=1)
     """torch intra-op threads; null = all cores of the job (Slurm's cpus_per_task when set)."""
+    progress_every_s: float = setting(30.0, exclusive_minimum=0)
+    """Seconds between two progress lines of a long stage (sft, reward, rloo, evaluate, the judge), on the
+    terminal and in its log: `rloo: step 120/480 (25%) · reward 0.62 · kl 0.11 · 1.4 s/step · ETA 8 min`.
+    How a job reports, not what it computes: it is in no stage's parameters, so changing it reruns nothing."""
     paths: workflow.PathsConfig = field(default_factory=workflow.PathsConfig)
     """Where the pipeline writes."""
     data: DataConfig = field(default_factory=DataConfig)

@@ -7,7 +7,7 @@
         loss, grad_norm = backward(step)
         if loop.finite(step, loss=loss, grad_norm=grad_norm):   # else: skipped, or NonFiniteError
             optimizer.step()
-        loop.log(metrics, step)           # kept in loop.history, sent to its RunLog, shown on the bar
+        loop.log(metrics, step, loss=...) # kept in loop.history, sent to its RunLog; `loss` on the progress line
     # loop.finish(): called by a trainer that stops early (an alarm), so no checkpoint follows
     loop.record_timings(train_seconds=...)   # run facts (times, resume): the run's log and <work>/timings.json
 
@@ -38,7 +38,9 @@ import torch
 from rloo.errors import UserError
 from rloo.io import atomic_dir, write_json_atomic
 from rloo.model import checkpoint, distributed, lora, models
-from rloo.runtime import Preempted, Progress, StopFlag, peak_memory_mb
+from rloo.progress import Progress
+from rloo.runtime import Preempted, StopFlag, peak_memory_mb
+from rloo.settings import Config
 from rloo.train.run_log import RunLog
 
 log = logging.getLogger("rloo")
@@ -73,6 +75,7 @@ class TrainingLoop:
         max_nonfinite_steps: int = 0,
         log: RunLog | Callable[[dict, int], None] | None = None,
         tensors: Callable[[], dict[str, dict[str, torch.Tensor]]] = dict,
+        progress_every_s: float = Config.progress_every_s,
     ) -> None:
         self.name, self.steps, self.ckpt_dir = name, steps, Path(ckpt_dir)
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
@@ -81,20 +84,23 @@ class TrainingLoop:
         self.tensors = tensors  # named tensors of the trainer's, checkpointed too (an off-policy run's lagged weights)
         self.start = 0
         self.history: list[dict] = []
-        self.bar: Progress | None = None
+        self.progress_every_s = progress_every_s  # a line on the terminal and in the log (rloo/progress.py)
+        self.progress: Progress | None = None
         self._finished = False
         self.max_nonfinite_steps, self.skipped_steps = max_nonfinite_steps, 0
         self.run_log = RunLog.of(log)  # where the figures go (the stages: MLflow's, rloo_workflow.tracking.STAGE_LOG)
 
     @classmethod
-    def for_stage(cls, name: str, settings: Any, work_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+    def for_stage(cls, name: str, config: Config, work_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                   scheduler: Any, fingerprint: str, *, log: RunLog | Callable[[dict, int], None] | None = None,
                   **options: Any) -> TrainingLoop:
-        """The loop of the training stage `name` whose settings section (SftConfig, RewardConfig, RlooConfig)
-        gives its `steps`, `checkpoint_every` and `max_nonfinite_steps`; its checkpoints in
-        `work_dir`/checkpoints. `options`: the rest of the constructor's keywords."""
+        """The loop of the training stage `name` whose settings section of `config` (sft, reward, rloo) gives
+        its `steps`, `checkpoint_every` and `max_nonfinite_steps`; its checkpoints in `work_dir`/checkpoints,
+        its progress every `config.progress_every_s`. `options`: the rest of the constructor's keywords."""
+        settings = getattr(config, name)
         return cls(name, settings.steps, work_dir / "checkpoints", model, optimizer, scheduler, fingerprint,
-                   settings.checkpoint_every, max_nonfinite_steps=settings.max_nonfinite_steps, log=log, **options)
+                   settings.checkpoint_every, max_nonfinite_steps=settings.max_nonfinite_steps, log=log,
+                   progress_every_s=config.progress_every_s, **options)
 
     def resume(self, replay: Callable[[dict], list[dict]] = lambda extra: []) -> dict:
         """Load the newest complete checkpoint, if any: weights, optimizer, scheduler and history in
@@ -162,12 +168,13 @@ class TrainingLoop:
             f"{kept} (lower the learning rate or the gradient clip, or allow skips with "
             f"{self.name}.max_nonfinite_steps)")
 
-    def log(self, metrics: dict, step: int, **postfix: str) -> None:
-        """Keep `metrics` in the history (saved with each checkpoint) and send them to the run's log."""
+    def log(self, metrics: dict, step: int, **shown: str) -> None:
+        """Keep `metrics` in the history (saved with each checkpoint) and send them to the run's log; `shown`
+        (`loss="0.412"`) on the next progress line."""
         self.history.append(metrics)
         self.run_log.metrics(metrics, step)
-        if postfix and self.bar is not None:
-            self.bar.set_postfix(**postfix)
+        if self.progress is not None:
+            self.progress.show(**shown)
 
     def record_timings(self, facts: dict[str, int] | None = None, **figures: float) -> dict[str, float | int]:
         """This run's facts: its wall-clock figures (seconds, throughput) and peak memory (the log's metrics
@@ -190,12 +197,12 @@ class TrainingLoop:
         self._finished = True
 
     def __iter__(self) -> Iterator[int]:
-        with StopFlag() as stop, Progress(total=self.steps, initial=self.start, desc=self.name, unit="step",
-                                          disable=not distributed.is_main()) as bar:
-            self.bar = bar
+        with StopFlag() as stop, Progress(self.name, self.steps, self.progress_every_s, initial=self.start,
+                                          enabled=distributed.is_main()) as progress:
+            self.progress = progress
             for step in range(self.start, self.steps):
                 yield step
-                bar.update(1)
+                progress.update(1)
                 done = step + 1
                 if self._finished:
                     return

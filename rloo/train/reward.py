@@ -22,10 +22,11 @@ from rloo.data.prompting import PromptFormat
 from rloo.errors import InputError
 from rloo.model import distributed, grad_checkpointing, lora, microbatch, models
 from rloo.model.logprobs import model_device, sequence_scores
+from rloo.progress import Progress
 from rloo.reward.preferences import Pair, build_pairs, split_by_prompt
 from rloo.reward.verifier import is_correct
 from rloo.rollout import generate
-from rloo.runtime import Progress, autocast, inference_dtype, step_generator
+from rloo.runtime import autocast, inference_dtype, step_generator
 from rloo.settings import Config, ModelConfig
 from rloo.settings.training import refuse_batch_over_data
 from rloo.train.loop import TrainingLoop, wrapped_with_optimizer, write_model_output
@@ -51,8 +52,9 @@ def sample_pairs(config: Config | Mapping, policy_dir: Path, train: list[dict]) 
     pairs: list[Pair] = []
     n_correct = n_samples = 0
     per_batch = max(1, 128 // k)
-    for start in Progress(range(0, len(rows), per_batch), desc="reward: sampling", unit="batch",
-                          disable=not distributed.is_main()):
+    progress = Progress("reward: sampling", len(rows), config.progress_every_s, unit="prompt",
+                        enabled=distributed.is_main())
+    for start in range(0, len(rows), per_batch):
         chunk = rows[start : start + per_batch]
         prompts = [fmt.prompt(r["question"]) for r in chunk]
         lo, hi = distributed.shard(len(chunk), empty_ok=True)
@@ -72,6 +74,8 @@ def sample_pairs(config: Config | Mapping, policy_dir: Path, train: list[dict]) 
             n_correct += sum(ok)
             n_samples += len(ok)
             pairs += build_pairs(start + i, prompts[i], fmt.solution(r["answer"]), texts, ok, 2 * k, rng)
+        progress.update(len(chunk))
+    progress.close()
     return pairs, {"samples": n_samples, "sample_accuracy": n_correct / max(1, n_samples)}
 
 
@@ -166,7 +170,7 @@ def run(config: Config, policy_dir: str | Path, train: list[dict], out_dir: str 
     fmt = PromptFormat(tok, config.prompt)
     train_model, opt = wrapped_with_optimizer(model, rc.lr)
     val_before = accuracy(model, fmt, val_pairs, mc)  # before a resume loads the checkpoint's weights
-    loop = TrainingLoop.for_stage("reward", rc, work_dir, model, opt, None, fingerprint, log=log_to)
+    loop = TrainingLoop.for_stage("reward", config, work_dir, model, opt, None, fingerprint, log=log_to)
     loop.resume()
     t_train = time.perf_counter()
     train_steps(loop, config, model, train_model, opt, fmt, tr_pairs)
@@ -226,4 +230,5 @@ def train_steps(loop: TrainingLoop, config: Config, model: torch.nn.Module, trai
             # The whole step's figures: the ranks' mean of the weighted losses is the step's mean loss.
             value = distributed.mean_over_ranks({"loss": loss_value})["loss"]
             wins, n = distributed.all_sum(wins, len(idx))
-            loop.log({"step": step, "reward/loss": value, "reward/train_accuracy": wins / n}, step, loss=f"{value:.3f}")
+            loop.log({"step": step, "reward/loss": value, "reward/train_accuracy": wins / n}, step, loss=f"{value:.3f}",
+                     accuracy=f"{wins / n:.2f}")

@@ -167,7 +167,7 @@ def resumed_loop(trainer: RlooTrainer, rc: RlooConfig, work_dir: Path, fingerpri
     trainer's evaluations, moving baseline and lagged weights restored with it) or started afresh (an
     earlier run's best snapshot removed); the off-policy sampler started on the next step's batch."""
     best_dir = work_dir / "best"
-    loop = TrainingLoop.for_stage("rloo", rc, work_dir, trainer.policy, trainer.optimizer, trainer.scheduler,
+    loop = TrainingLoop.for_stage("rloo", trainer.config, work_dir, trainer.policy, trainer.optimizer, trainer.scheduler,
                                   fingerprint, log=log_to, keep=rc.keep_checkpoints,
                                   state=lambda: {"evals": trainer.evals, "baseline": asdict(trainer.baseline)},
                                   companions=trainer.companions(), tensors=lambda: {"lagged": trainer.lagged_state()})

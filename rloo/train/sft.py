@@ -165,7 +165,7 @@ def run(config: Config, policy_dir: str | Path, rows: list[dict], out_dir: str |
     train_model, optimizer = wrapped_with_optimizer(model, sc.lr, weight_decay=sc.weight_decay,
                                                     betas=(0.9, sc.adam_beta2))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(sc.warmup_steps, sc.steps, "cosine", floor=0.1))
-    loop = TrainingLoop.for_stage("sft", sc, work_dir, model, optimizer, scheduler, fingerprint, log=log_to)
+    loop = TrainingLoop.for_stage("sft", config, work_dir, model, optimizer, scheduler, fingerprint, log=log_to)
     loop.resume()
 
     t0 = time.perf_counter()

@@ -144,7 +144,7 @@ def judge_against_baseline(table: dict[str, Any], record_files: dict[str, Path],
                   if name != BASELINE and name in table["estimators"]}
     # The job holds no policy: all its GPUs are the judge's.
     with open_judge(cfg, judge_log or Path(config.paths.logs) / "comparison.judge.log", reserved_gpus=0) as judge:
-        for name, detail in judge_pairs(judge, candidates, baseline, mode).items():
+        for name, detail in judge_pairs(judge, candidates, baseline, mode, config.progress_every_s).items():
             table["estimators"][name][f"win_rate_vs_{BASELINE}"] = detail
         table["judge_vs_baseline"] = {"baseline": BASELINE, "decoding": mode, **judge.check()}
 

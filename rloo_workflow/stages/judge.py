@@ -16,21 +16,27 @@ from rloo.errors import InputError
 from rloo.eval.gains import judged_win_rate
 from rloo.eval.records import PolicyRecords
 from rloo.io import write_json_atomic
+from rloo.progress import Progress
 from rloo.settings import Config
 from rloo_workflow.judge_server import open_judge
 
 log = logging.getLogger("rloo.judge")
 
 
-def judge_pairs(judge, candidates: dict[str, PolicyRecords], baseline: PolicyRecords, mode: str) -> dict[str, dict]:
+def judge_pairs(judge, candidates: dict[str, PolicyRecords], baseline: PolicyRecords, mode: str,
+                progress_every_s: float) -> dict[str, dict]:
     """{name: its win rate against `baseline` by `judge`} on each candidate's `mode` completions (greedy or
-    the first sampled draw), problem by problem: the same problems in the same order, or an error."""
+    the first sampled draw), problem by problem: the same problems in the same order, or an error. Each
+    pair's problems judged so far on a progress line every `progress_every_s` seconds."""
     out = {}
     for name, ev in candidates.items():
         if ev.questions != baseline.questions:
             raise InputError(f"the {name} evaluation holds other problems than {baseline.name}'s: evaluate both "
                              "on the same data")
-        out[name] = judged_win_rate(judge, ev.questions, ev.golds, ev.texts()[mode], baseline.texts()[mode])
+        with Progress(f"judge: {name} vs {baseline.name}", len(ev.questions), progress_every_s,
+                      unit="problem") as progress:
+            out[name] = judged_win_rate(judge, ev.questions, ev.golds, ev.texts()[mode], baseline.texts()[mode],
+                                        progress)
         log.info("%s vs %s: %s", name, baseline.name, out[name])
     return out
 
@@ -40,9 +46,10 @@ def run(cfg: dict, candidates: dict[str, PolicyRecords], baseline: PolicyRecords
     """Judge each of `candidates` against `baseline` with the configured judge; write the verdicts' record
     (`{"judge": its description, decoding and calls, "win_rates": {name: ...}}`) to `out_json`. The job
     holds no policy: the served judge takes all its GPUs but `reserved_gpus`."""
-    mode = Config.of(cfg).evaluate.win_rate_decoding
+    settings = Config.of(cfg)
+    mode = settings.evaluate.win_rate_decoding
     with open_judge(cfg, judge_log, reserved_gpus=reserved_gpus) as judge:
-        wins = judge_pairs(judge, candidates, baseline, mode)
+        wins = judge_pairs(judge, candidates, baseline, mode, settings.progress_every_s)
         calls = judge.check()  # too many failed calls stop the job here, before any output
         record = {"judge": {**getattr(judge, "description", {"type": judge.name}), "decoding": mode, **calls},
                   "win_rates": wins}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -472,15 +473,15 @@ def test_ctrl_c_checkpoints_exits_130_and_ends_the_mlflow_run(micro_run, micro_r
 
 @pytest.mark.slow
 def test_a_stage_logging_to_a_file_reports_progress_in_the_terminal(micro_run, tmp_path):
-    """A Snakemake job's stderr is its log file and its stdout the terminal: the terminal gets plain
-    progress lines (not the bar's redraws), the log keeps the bar."""
+    """A Snakemake job's stderr is its log file and its stdout the terminal: both get the plain progress
+    lines (rloo/progress.py), at most one every progress_every_s, and neither a progress bar's redraws."""
     import pty
 
     master, slave = pty.openpty()
     with open(tmp_path / "sft.log", "w") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "rloo_workflow.cli", "sft", "-c", MICRO, "--set", "tracking.enabled=false",
-             "--set", "sft.steps=12", "--data", str(micro_run["data"]), "--base", str(micro_run["base_model"]),
+             "--set", "sft.steps=12", "--set", "progress_every_s=0.05", "--data", str(micro_run["data"]), "--base", str(micro_run["base_model"]),
              "--out", str(tmp_path / "sft"),
              "--work", str(tmp_path / "work")], cwd=tmp_path, stdout=slave, stderr=log)
         os.close(slave)
@@ -497,8 +498,10 @@ def test_a_stage_logging_to_a_file_reports_progress_in_the_terminal(micro_run, t
     os.close(master)
     assert proc.returncode == 0, (tmp_path / "sft.log").read_text()[-2000:]
     terminal = out.decode().replace("\r\n", "\n")
-    assert "sft: 12/12 steps (100%)" in terminal and "\r" not in terminal, terminal
-    assert "step/s" in (tmp_path / "sft.log").read_text()
+    assert re.search(r"^sft: step 12/12 \(100%\) · loss [\d.]+ · .* · took \d+ s$", terminal, re.M), terminal
+    log = (tmp_path / "sft.log").read_text()
+    assert "\r" not in terminal and "\r" not in log
+    assert "INFO rloo.progress: sft: step 12/12 (100%)" in log, log[-3000:]
 
 
 def test_the_mlflow_experiment_opens_on_its_training_runs(tmp_path):

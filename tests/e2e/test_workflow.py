@@ -16,6 +16,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -364,21 +365,36 @@ def test_report_includes_the_plots(run):
     assert html.count("iVBORw0KGgo") >= 5, res.stderr[-2000:]
 
 
+def _job_resources(out: str) -> dict[str, str]:
+    """{rule: the `resources:` line of its (last) job block} of a dry run's output."""
+    blocks = {m.group(1): m.group(2) for m in re.finditer(r"^rule (\w+):\n(.*?)(?=^\S|\Z)", out, re.M | re.S)}
+    return {rule: re.search(r"resources: (.*)", block).group(1) for rule, block in blocks.items()}
+
+
 def test_slurm_profile_resolves_from_the_repository_root(run):
-    """`--profile slurm` finds ./slurm; GPU stages ask for a GPU; every job gets the SIGTERM warning."""
+    """`--profile slurm` finds ./slurm; each rule gets its size from the profile's set-resources, GPU stages
+    a GPU, every job the SIGTERM warning. A local run's job blocks show none of the cluster's sizes."""
     profile = yaml.safe_load((ROOT / "slurm" / "config.yaml").read_text())
     assert profile["executor"] == "slurm"
     assert profile["rerun-incomplete"] is True
     res = snakemake(run["copy"], RLOO, "-n", "-F", "--profile", "slurm", *CONFIGFILES)
     out = res.stdout + res.stderr
-    blocks = {m.group(1): m.group(2) for m in re.finditer(r"^rule (\w+):\n(.*?)(?=^\S|\Z)", out, re.M | re.S)}
-    assert set(blocks) >= PIPELINE, out[-3000:]
+    jobs = _job_resources(out)
+    assert set(jobs) >= PIPELINE, out[-3000:]
     for rule in PIPELINE:
-        resources = re.search(r"resources: (.*)", blocks[rule]).group(1)
+        resources = jobs[rule]
         assert "slurm_extra=--signal=TERM@300" in resources, resources
         assert ("gpu=1" in resources) == (rule not in CPU_RULES), resources
+        size = profile["set-resources"][rule]
+        assert f"mem_mb={size['mem_mb']}," in resources and f"runtime={size['runtime']}" in resources, resources
         if rule not in CPU_RULES:
-            assert "cpus_per_task=1" in resources and "runtime=" in resources and "mem_mb=" in resources
+            assert "cpus_per_task=1" in resources
+    # the same jobs run here: the machine's resources only, no cluster's sizes, GPUs or CPUs per task
+    res = snakemake(run["copy"], RLOO, "-n", "-F", *CONFIGFILES)
+    local = _job_resources(res.stdout + res.stderr)
+    assert set(local) >= PIPELINE
+    for rule in PIPELINE:
+        assert not re.search(r"\b(mem_mb|mem|runtime|gpu|cpus_per_task)=", local[rule]), (rule, local[rule])
 
 
 def test_workdir_guard_keeps_checkpoints_of_the_same_job_only(tmp_path):
@@ -433,15 +449,25 @@ def _job_pids(copy: Path, *words: str) -> list[int]:
 def test_sigterm_checkpoint_retry_resumes(run):
     """The preemption path without Slurm: SIGTERM to the running rloo stage -> checkpoint + exit 143
     -> Snakemake retries the job (--retries, as the slurm profile does) -> the work folder guard sees
-    the same job -> the stage resumes from its checkpoint instead of starting over."""
+    the same job -> the stage resumes from its checkpoint instead of starting over. Meanwhile the job's
+    progress lines (rloo/progress.py, one every progress_every_s) reach Snakemake's own output as it
+    trains, not only its log, and the log holds them without a progress bar's carriage returns."""
     c = run["copy"]
-    work = "results/work/rloo_reinforce"
+    work, model = "results/work/rloo_reinforce", c / "results/models/rloo_reinforce"
     # a longer run (another estimator, so the other tests' outputs stay as they are)
-    (c / "config" / "resume.yaml").write_text("rloo: {steps: 100, checkpoint_every: 5}\n")
+    (c / "config" / "resume.yaml").write_text("rloo: {steps: 100, checkpoint_every: 5}\nprogress_every_s: 0.3\n")
     cmd = [snakemake_bin(), "results/models/rloo_reinforce", "--cores", "1", "--retries", "1",
            *CONFIGFILES, "config/resume.yaml"]
     proc = subprocess.Popen(cmd, cwd=c, env=env_for(c), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
+    seen: list[tuple[str, bool]] = []  # Snakemake's output as it came, and whether the job had ended by then
+
+    def read() -> None:
+        for line in proc.stdout:
+            seen.append((line, model.exists()))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     try:
         deadline = time.monotonic() + 300
         signalled = None
@@ -453,10 +479,12 @@ def test_sigterm_checkpoint_retry_resumes(run):
                         os.kill(pid, signal.SIGTERM)
                     signalled = pids
             time.sleep(0.1)
-        output, _ = proc.communicate(timeout=600)
+        proc.wait(timeout=600)
+        reader.join(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
+    output = "".join(line for line, _ in seen)
     assert signalled, f"never saw a checkpoint and a running stage:\n{output[-3000:]}"
     assert proc.returncode == 0, output[-5000:]
     assert "Trying to restart job" in output, output[-3000:]
@@ -464,7 +492,14 @@ def test_sigterm_checkpoint_retry_resumes(run):
     assert metrics["steps"] == 100
     facts = json.loads((c / work / "timings.json").read_text())  # the run's facts, beside its checkpoints
     assert facts["resumed_from_step"] > 0 and "resumed_from_step" not in metrics, facts
-    assert "same job, resuming" in (c / "logs/rloo_reinforce.log").read_text()
+    log = (c / "logs/rloo_reinforce.log").read_text()
+    assert "same job, resuming" in log
+    line = re.compile(r"^rloo: step (\d+)/100 \(\d+%\) · reward -?[\d.]+ · kl -?[\d.]+ · [\d.]+ (s/step|steps/s) · "
+                      r"(ETA|took) \d+ (s|min)$")
+    live = [int(m.group(1)) for text, ended in seen if not ended and (m := line.match(text.rstrip("\n")))]
+    assert len(live) >= 2 and live == sorted(live) and live[-1] == 100, output[-3000:]
+    assert "\r" not in log, log[-3000:]
+    assert "INFO rloo.progress: rloo: step 100/100 (100%)" in log, log[-3000:]  # the retry's log
 
 
 def _interrupted(c: Path, cmd: list[str], when, stop) -> str:

@@ -40,11 +40,14 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 LITERAL = ["--profile", "slurm", "results/gsm8k_rloo.json"]
 TRAINING = ("sft", "reward", "rloo")
-DDP2 = "distributed: {strategy: ddp, nproc_per_node: 2}\nreward: {source: model}\n"
+# a progress line (rloo/progress.py) after every step: the micro stages take seconds, not minutes
+DDP2 = "distributed: {strategy: ddp, nproc_per_node: 2}\nreward: {source: model}\nprogress_every_s: 0.01\n"
 CONFIGS = [*CONFIGFILES, "config/ddp.yaml"]
 TEST_OPTIONS = [
     # first sacct query 2 s after a submission instead of the profile's 30 s
     "--slurm-init-seconds-before-status-checks", "2",
+    # the plugin deletes a successful job's Slurm log at the end of the run: kept, to read its progress lines
+    "--slurm-keep-successful-logs",
     # the GPU stages ask for 16-32 GB, the test node may have less; the 2-task jobs share its one (fake) GPU
     "--set-resources", "base:mem_mb=2000", "evaluate:mem_mb=2000",
     *(f"{rule}:{res}" for rule in TRAINING for res in ("mem_mb=2000", "gres=gpu:1")),
@@ -95,6 +98,13 @@ def test_literal_slurm_command_runs_every_stage_as_a_job_and_training_as_two_tas
         assert rows[f"{job_id}.0"][:2] == ("COMPLETED", "2"), (rule, rows)
     log = (copy / "logs" / "rloo_rloo.log").read_text()
     assert "srun --nodes=1 --ntasks=2 --ntasks-per-node=2 --cpus-per-task=1" in log, log[-3000:]
+    # the job's progress lines in its Slurm log, where the plugin sends the job's output (the stage's stderr
+    # is its own log, logs/rloo_rloo.log, which keeps them too), written once: by the first of its 2 processes
+    slurm_logs = list((copy / ".snakemake" / "slurm_logs" / "rule_rloo").rglob("*.log"))
+    job_log = "".join(f.read_text(errors="replace") for f in slurm_logs)
+    steps = re.findall(r"^rloo: step (\d+)/4 \(\d+%\) · reward -?[\d.]+ · kl -?[\d.]+ · ", job_log, re.M)
+    assert steps and steps == sorted(set(steps)) and steps[-1] == "4", (slurm_logs, job_log[-3000:])
+    assert "rloo.progress: rloo: step 4/4" in log and "\r" not in log, log[-3000:]
 
     # the cluster run leaves nothing to do, under the same profile
     dry = snakemake(copy, *LITERAL, "-n", *CONFIGS)

@@ -21,8 +21,5 @@ rule base:
     benchmark:
         f"{LOGS}/benchmarks/base.tsv"
     threads: 1
-    resources:
-        mem_mb=8000,
-        runtime=60,
     shell:
         "rloo base --job-config {params.cfg} {params.variant} {params.data} --out {output.model} --log {log}"

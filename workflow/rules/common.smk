@@ -234,6 +234,26 @@ def cpus(wildcards, threads):
     return threads
 
 
+# A run sized for a cluster: a profile (slurm/config.yaml, profiles/gpu) or the command line sets resources
+# per rule (`set-resources`: each rule's mem_mb and runtime live there, none in the rules). Only such a run
+# asks for GPUs and CPUs per task (`cluster_resources`); a local run's job blocks show the machine's own
+# resources, not a cluster's sizes. Snakemake hands set-resources on to each Slurm job's own process, so
+# the job's rule asks for the same.
+SIZED = bool(workflow.resource_settings.overwrite_resources)
+
+
+def cluster_resources(stage):
+    """What a torch stage's job asks a cluster for beyond its size (`gpu_resources`, its CPUs per task: its
+    threads); nothing for a local run (`SIZED`)."""
+    return {**gpu_resources(stage), "cpus_per_task": cpus} if SIZED else {}
+
+
+def judge_resources():
+    """The GPUs of a judge its job serves itself (evaluate.llm_judge.serve), asked of a cluster (`SIZED`); none
+    for the verifier or an external judge."""
+    return {"gpu": JUDGE_GPUS} if SIZED and JUDGE_GPUS else {}
+
+
 def gpu_resources(stage):
     """A training stage's GPUs and tasks (rloo_workflow.pipeline: `data_parallel`). One process: `gpu: 1`. Under a
     `distributed` strategy with several processes, one Slurm task per process: `nodes`, `gres: gpu:P` (P =

@@ -29,10 +29,7 @@ rule comparison:
         f"{LOGS}/benchmarks/comparison.tsv"
     threads: 1
     resources:
-        mem_mb=2000,
-        runtime=10,
-        # a served judge's GPUs (evaluate.llm_judge.serve); none for the verifier or an external judge
-        **({"gpu": JUDGE_GPUS} if JUDGE_GPUS else {}),
+        **judge_resources(),  # its size: the cluster profile's set-resources (slurm/config.yaml)
     shell:
         "rloo comparison --job-config {params.cfg} {params.results} {params.timings} --out {output.result} --plot {output.plot} "
         "--judge-log {log.judge} --log {log.stage}"

@@ -26,10 +26,7 @@ rule evaluate:
         f"{LOGS}/benchmarks/evaluate_{{policy}}.tsv"
     threads: TORCH_THREADS
     resources:
-        gpu=1,
-        mem_mb=16000,
-        runtime=60,
-        cpus_per_task=cpus,
+        **cluster_resources("evaluate"),  # its size: the cluster profile's set-resources (slurm/config.yaml)
     shell:
         "rloo evaluate --job-config {params.cfg} {params.variant} --set threads={threads} --data {params.data} "
         "--policy {params.policy} --sft {input.sft} --reward-model {input.reward_model} --out {output.records} "
@@ -58,10 +55,7 @@ rule judge:
         f"{LOGS}/benchmarks/judge_{{estimator}}.tsv"
     threads: 1
     resources:
-        mem_mb=16000,
-        runtime=60,
-        # the served judge's GPUs (evaluate.llm_judge.serve); none for an external judge
-        **({"gpu": JUDGE_GPUS} if JUDGE_GPUS else {}),
+        **judge_resources(),  # its size: the cluster profile's set-resources (slurm/config.yaml)
     shell:
         "rloo judge --job-config {params.cfg} {params.variant} --policy {params.policy} --sft {input.sft} "
         "--out {output.result} --judge-log {log.judge} --log {log.stage}"
@@ -105,9 +99,6 @@ rule report:
     benchmark:
         f"{LOGS}/benchmarks/report_{{estimator}}.tsv"
     threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=10,
     shell:
         "rloo report --job-config {params.cfg} {params.variant} --policy {params.policy} --sft {input.sft} "
         "--base {input.base} --training {input.training} --data {params.data} {params.judged} "

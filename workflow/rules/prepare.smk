@@ -19,9 +19,6 @@ rule prepare:
     benchmark:
         f"{LOGS}/benchmarks/prepare.tsv"
     threads: 1
-    resources:
-        mem_mb=4000,
-        runtime=30,
     shell:
         "rloo prepare --job-config {params.cfg} {params.variant} --out {params.out} --log {log} && "
         "rloo summary {output.manifest}"

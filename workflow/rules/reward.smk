@@ -21,10 +21,7 @@ rule reward:
         f"{LOGS}/benchmarks/reward.tsv"
     threads: TORCH_THREADS
     resources:
-        **gpu_resources("reward"),
-        mem_mb=32000,
-        runtime=120,
-        cpus_per_task=cpus,
+        **cluster_resources("reward"),  # its size: the cluster profile's set-resources (slurm/config.yaml)
     shell:
         "python {params.guard} {params.work} {params.cfg} {params.code} {input} > {log} 2>&1 && "
         "rloo reward --job-config {params.cfg} {params.variant} --set threads={threads} "

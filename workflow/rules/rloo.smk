@@ -23,10 +23,7 @@ rule rloo:
     # ready at the same time, fill the cores beside it; and a rerun's first error is the training's
     priority: 1
     resources:
-        **gpu_resources("rloo"),
-        mem_mb=32000,
-        runtime=480,
-        cpus_per_task=cpus,
+        **cluster_resources("rloo"),  # its size: the cluster profile's set-resources (slurm/config.yaml)
     shell:
         "python {params.guard} {params.work} {params.cfg} {params.code} {input} > {log} 2>&1 && "
         "rloo train --job-config {params.cfg} {params.variant} --set threads={threads} "

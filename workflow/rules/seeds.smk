@@ -17,9 +17,6 @@ rule seeds:
     benchmark:
         f"{LOGS}/benchmarks/seeds.tsv"
     threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=10,
     shell:
         "rloo seeds --job-config {params.cfg} {params.results} --out {output.result} --plot {output.plot} "
         "--log {log}"

@@ -19,10 +19,7 @@ rule sft:
         f"{LOGS}/benchmarks/sft.tsv"
     threads: TORCH_THREADS
     resources:
-        **gpu_resources("sft"),
-        mem_mb=32000,
-        runtime=240,
-        cpus_per_task=cpus,
+        **cluster_resources("sft"),  # its size: the cluster profile's set-resources (slurm/config.yaml)
     shell:
         "python {params.guard} {params.work} {params.cfg} {params.code} {input} > {log} 2>&1 && "
         "rloo sft --job-config {params.cfg} {params.variant} --set threads={threads} "

@@ -18,9 +18,6 @@ rule sweep:
     benchmark:
         f"{LOGS}/benchmarks/sweep_{{sweep}}.tsv"
     threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=10,
     shell:
         "rloo sweep --job-config {params.cfg} --name {wildcards.sweep} {params.results} "
         "--out {output.result} --plot {output.plot} --log {log}"

@@ -16,8 +16,5 @@ rule toy:
     benchmark:
         f"{LOGS}/benchmarks/toy.tsv"
     threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=30,
     shell:
         "rloo toy --job-config {params.cfg} --out {output.result} --plot {output.plot} --log {log}"

@@ -1,1 +1,156 @@
-"""Tools the policy calls inside its completion (issue 73): the calculator, and plug-ins in the reward functions' form."""
+"""Tools the policy calls inside its completion (issue 73), plug-ins in the reward functions' form.
+
+A tool names a trigger, its opening marker, the call's end and its closing marker (`<<`, `=`, `>>`: the
+calculator annotations of GSM8K's solutions, `<<48/2=24>>`), and a function
+
+    def f(call: str, **row) -> str: ...
+
+as `module:function` or `path/to/file.py:function` (rloo.plugins: the loading, the signature check and
+the user's file and line in an error are the reward functions' machinery). `call` is the text between the
+opening marker and the call's end; `row` the data record's columns (`question`, `answer`, any other field
+the data set carries; a function without `**row` gets only the ones it names). It returns the result text;
+the rollout (rloo/rollout/tools.py) appends it, cut to `tools.max_result_chars`, and the closing marker as
+forced tokens, which no loss trains on. A function that raises stops the run with one line naming the
+user's file and line: a tool should turn bad input into a result (the calculator's `ERROR`).
+
+Nothing here imports torch: the checks run when Snakemake reads the workflow.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rloo import plugins
+from rloo.plugins import Parameters, PluginError, code_file, raised
+
+# The columns every prepared record has (rloo.data.gsm8k); a jsonl or hub data set may add more.
+RECORD_COLUMNS = ("question", "answer")
+
+
+class ToolError(PluginError):
+    """A tool that cannot be used: it does not import, its signature does not fit, or a call of it raised
+    or returned no string."""
+
+
+def signature_problem(func: Callable, offered: set[str] | None) -> str | None:
+    """Why `func` cannot be called as `func(call, **row)` with the row's columns `offered` (None: not
+    known yet), or None."""
+    try:
+        sig = inspect.signature(func)
+    except (TypeError, ValueError):
+        return None
+    P = inspect.Parameter
+    params = list(sig.parameters.values())
+    if not params or params[0].kind not in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD, P.VAR_POSITIONAL):
+        return "it takes no positional argument for the call (the form: def f(call: str, **row) -> str)"
+    rest = Parameters.of(func)
+    if rest is None:
+        return None
+    if later := [n for n in rest.positional_only if n != params[0].name]:
+        return f"its parameter '{later[0]}' is positional-only, but a row's columns are passed by keyword"
+    return rest.unknown(offered, given=(params[0].name,))
+
+
+def offered_names(config: Any) -> set[str] | None:
+    """The columns every row offers under `config` (None where a jsonl or hub data set may carry more)."""
+    return None if config.data.source in ("jsonl", "hub") else set(RECORD_COLUMNS)
+
+
+def config_problems(config: Any) -> list[str]:
+    """Each enabled tool whose function does not import or whose signature does not fit, one line each
+    naming its key and file."""
+    problems = []
+    offered = offered_names(config)
+    for i, t in enumerate(config.tools.enabled):
+        key = f"tools.enabled[{i}].fn"
+        try:
+            func, where = plugins.load(t.fn, key, ToolError)
+        except ToolError as e:
+            problems.append(str(e))
+            continue
+        if problem := signature_problem(func, offered):
+            problems.append(f"key '{key}': {where}: '{t.fn.rpartition(':')[2]}' cannot be called as a tool: {problem}")
+    return problems
+
+
+def user_files(config: Any) -> list[Path]:
+    """The files of the user's own code the enabled tools run: the code fingerprints of the stages that
+    run the tools (sft, rloo, evaluate) count them."""
+    return plugins.user_files(t.fn for t in config.tools.enabled)
+
+
+def package_functions(config: Any) -> list[tuple[str, str]]:
+    """(module, function) of each enabled tool this package holds (the calculator)."""
+    return plugins.package_functions(t.fn for t in config.tools.enabled)
+
+
+@dataclass
+class Tool:
+    """One tool, loaded: its trigger and function; `__call__` runs it on a call and a row."""
+
+    name: str
+    fn: str
+    open: str
+    end: str
+    close: str
+    max_result_chars: int
+    func: Callable = field(repr=False)
+    params: Parameters | None = field(repr=False, default=None)
+
+    @classmethod
+    def of(cls, func: Callable, *, name: str | None = None, open: str = "<<", end: str = "=", close: str = ">>",
+           max_result_chars: int = 32) -> Tool:
+        """A Python callable as a tool (the calculator by default's trigger)."""
+        name = name or getattr(func, "__name__", type(func).__name__)
+        fn = f"{getattr(func, '__module__', '?')}:{getattr(func, '__qualname__', name)}"
+        if problem := signature_problem(func, None):
+            raise ToolError(f"tool '{name}' ({fn}): {problem}")
+        return cls(name, fn, open, end, close, max_result_chars, func, Parameters.of(func))
+
+    def __call__(self, call: str, row: dict | None = None) -> str:
+        """The tool's result on `call`, cut to max_result_chars; a ToolError (one line naming the user's
+        file and line) when the function raises or returns no string."""
+        kwargs = dict(row or {})
+        kwargs = kwargs if self.params is None else self.params.accepted(kwargs)
+        try:
+            out = self.func(call, **kwargs)
+        except Exception as e:
+            raise ToolError(f"tool '{self.name}' ({self.fn}) raised {raised(e, code_file(self.func))} on the "
+                            f"call {call[:60]!r}") from e
+        if not isinstance(out, str):
+            raise ToolError(f"tool '{self.name}' ({self.fn}) returned a {type(out).__name__} on the call "
+                            f"{call[:60]!r}, not a string")
+        return out[: self.max_result_chars]
+
+    def __reduce__(self):
+        # A file's function lives in a module no other process imports by name: load it again there.
+        return _loaded_tool, (self.name, self.fn, self.open, self.end, self.close, self.max_result_chars)
+
+
+def _loaded_tool(name: str, fn: str, open: str, end: str, close: str, max_result_chars: int) -> Tool:
+    target, _, func_name = fn.rpartition(":")
+    if plugins.is_path(target):
+        fn = f"{plugins.resolve(target)}:{func_name}"
+    func, _ = plugins.load(fn, f"tool '{name}'", ToolError)
+    return Tool(name, fn, open, end, close, max_result_chars, func, Parameters.of(func))
+
+
+@dataclass
+class Toolbox:
+    """The enabled tools and the limits on their calls (`tools:`, rloo.settings.ToolsConfig)."""
+
+    tools: list[Tool]
+    max_calls: int = 8
+
+    @classmethod
+    def from_config(cls, config: Any) -> Toolbox | None:
+        """The configured tools; None when none is enabled (the rollout then runs as without tools)."""
+        tc = config.tools
+        if not tc.enabled:
+            return None
+        return cls([_loaded_tool(t.name, t.fn, t.open, t.end, t.close, tc.max_result_chars) for t in tc.enabled],
+                   tc.max_calls)

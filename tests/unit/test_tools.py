@@ -99,3 +99,8 @@ def test_a_python_callable_is_checked_as_a_tool():
     assert Tool.of(lambda call, **row: call)("x") == "x"
     with pytest.raises(ToolError, match="positional"):
         Tool.of(lambda *, call: call)
+
+
+def test_the_vllm_sampler_does_not_run_tools_yet():
+    with pytest.raises(ConfigError, match=r"tools.enabled.*rollout.backend"):
+        load_config(None, {"tools": {"enabled": [{}]}, "rollout": {"backend": "vllm"}})

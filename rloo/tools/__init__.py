@@ -154,3 +154,41 @@ class Toolbox:
             return None
         return cls([_loaded_tool(t.name, t.fn, t.open, t.end, t.close, tc.max_result_chars) for t in tc.enabled],
                    tc.max_calls)
+
+
+def result_spans(text: str, triggers: list[tuple[str, str, str]]) -> list[tuple[int, int]]:
+    """The character spans of `text` a tool writes: each call's result and closing marker (`24>>` of
+    `<<48/2=24>>`), found as the rollout finds them: after an opening marker, the first call end with no
+    closing marker before it, up to the closing marker that follows. `triggers`: (open, end, close) each."""
+    spans = []
+    for open_, end, close in triggers:
+        i = text.find(open_)
+        while i != -1:
+            start = i + len(open_)
+            closed = text.find(close, start)
+            stop = text.find(end, start)
+            if stop != -1 and (closed == -1 or stop < closed):
+                result = stop + len(end)
+                closed = text.find(close, result)
+                spans.append((result, len(text) if closed == -1 else closed + len(close)))
+                i = text.find(open_, spans[-1][1])
+            else:
+                i = text.find(open_, start)
+    return sorted(spans)
+
+
+def result_tokens(tokenizer: Any, ids: list[int], triggers: list[tuple[str, str, str]]) -> list[int]:
+    """The positions in `ids` of the tokens a tool writes (`result_spans`); a token that a span only
+    partly covers counts as the tool's, as the rollout forces a token that runs past a call's end."""
+    text = tokenizer.decode(ids)
+    spans = result_spans(text, triggers)
+    if not spans:
+        return []
+    ends = [len(tokenizer.decode(ids[: j + 1])) for j in range(len(ids))]
+    starts = [0, *ends[:-1]]
+    return [j for j, (a, b) in enumerate(zip(starts, ends, strict=True)) if any(a < e and s < b for s, e in spans)]
+
+
+def triggers(config: Any) -> list[tuple[str, str, str]]:
+    """(open, end, close) of each enabled tool (`tools.enabled`)."""
+    return [(t.open, t.end, t.close) for t in config.tools.enabled]

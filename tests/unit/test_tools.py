@@ -104,3 +104,8 @@ def test_a_python_callable_is_checked_as_a_tool():
 def test_the_vllm_sampler_does_not_run_tools_yet():
     with pytest.raises(ConfigError, match=r"tools.enabled.*rollout.backend"):
         load_config(None, {"tools": {"enabled": [{}]}, "rollout": {"backend": "vllm"}})
+
+
+def test_ppo_does_not_mask_tool_tokens_yet():
+    with pytest.raises(ConfigError, match=r"tools.enabled.*PPO"):
+        load_config(None, {"tools": {"enabled": [{}]}, "rloo": {"estimator": "ppo"}})

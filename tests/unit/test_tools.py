@@ -109,3 +109,36 @@ def test_the_vllm_sampler_does_not_run_tools_yet():
 def test_ppo_does_not_mask_tool_tokens_yet():
     with pytest.raises(ConfigError, match=r"tools.enabled.*PPO"):
         load_config(None, {"tools": {"enabled": [{}]}, "rloo": {"estimator": "ppo"}})
+
+
+def test_tools_are_read_by_sft_and_below_only_when_enabled():
+    """A config without tools reads, reruns on and resumes as before; with one, a change of `tools:` reruns
+    sft, rloo and the evaluations, and no checkpoint of sft or rloo resumes across it."""
+    from rloo.train.identity import run_identity
+    from rloo_workflow.pipeline import reads_key
+
+    off, on = config(), config({})
+    for stage in ("prepare", "base", "sft", "reward", "rloo", "evaluate"):
+        assert not reads_key(off, stage, "tools.max_calls")
+        assert reads_key(on, stage, "tools.max_calls") == (stage in ("sft", "rloo", "evaluate"))
+    more = config({}, max_calls=3)
+    for stage in ("sft", "rloo"):
+        assert run_identity(Config.of(on), stage) != run_identity(Config.of(more), stage)
+        assert run_identity(Config.of(off), stage) == run_identity(Config.of(config(max_calls=3)), stage)
+    assert run_identity(Config.of(on), "reward") == run_identity(Config.of(off), "reward")
+
+
+@pytest.mark.slow  # the code walk: ~8 s on a loaded machine
+def test_a_tools_file_counts_for_the_stages_that_run_it(tools_file):
+    from rloo.train.identity import run_identity
+    from rloo_workflow.code_fingerprint import _stage_fingerprint, stage_fingerprint
+
+    cfg = config({"name": "lookup", "fn": "my_tools.py:lookup", "open": "[["})
+    stages = ("sft", "rloo", "evaluate", "reward")
+    before = {s: stage_fingerprint(s, cfg).digest for s in stages}
+    identity = run_identity(Config.of(cfg), "sft")
+    tools_file.write_text(TOOLS.replace('"none"', '"nothing"'))
+    _stage_fingerprint.cache_clear()
+    after = {s: stage_fingerprint(s, cfg).digest for s in stages}
+    assert {s for s in stages if before[s] != after[s]} == {"sft", "rloo", "evaluate"}
+    assert run_identity(Config.of(cfg), "sft") != identity

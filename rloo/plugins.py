@@ -143,6 +143,7 @@ class Parameters:
     named: frozenset[str]
     required: tuple[str, ...]
     positional_only: tuple[str, ...]  # required ones that no keyword can fill
+    first_positional: str | None = None  # the first parameter, where a positional argument can fill it
 
     @classmethod
     def of(cls, func: Callable) -> Parameters | None:
@@ -159,6 +160,8 @@ class Parameters:
             named=frozenset(p.name for p in params if p.kind in (P.POSITIONAL_OR_KEYWORD, P.KEYWORD_ONLY)),
             required=tuple(p.name for p in required),
             positional_only=tuple(p.name for p in required if p.kind is P.POSITIONAL_ONLY),
+            first_positional=params[0].name if params and params[0].kind in (
+                P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD, P.VAR_POSITIONAL) else None,
         )
 
     def unknown(self, offered: set[str] | None, given: tuple[str, ...] = ()) -> str | None:

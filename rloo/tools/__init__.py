@@ -18,7 +18,6 @@ Nothing here imports torch: the checks run when Snakemake reads the workflow.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,20 +38,14 @@ class ToolError(PluginError):
 def signature_problem(func: Callable, offered: set[str] | None) -> str | None:
     """Why `func` cannot be called as `func(call, **row)` with the row's columns `offered` (None: not
     known yet), or None."""
-    try:
-        sig = inspect.signature(func)
-    except (TypeError, ValueError):
+    params = Parameters.of(func)
+    if params is None:
         return None
-    P = inspect.Parameter
-    params = list(sig.parameters.values())
-    if not params or params[0].kind not in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD, P.VAR_POSITIONAL):
+    if params.first_positional is None:
         return "it takes no positional argument for the call (the form: def f(call: str, **row) -> str)"
-    rest = Parameters.of(func)
-    if rest is None:
-        return None
-    if later := [n for n in rest.positional_only if n != params[0].name]:
+    if later := [n for n in params.positional_only if n != params.first_positional]:
         return f"its parameter '{later[0]}' is positional-only, but a row's columns are passed by keyword"
-    return rest.unknown(offered, given=(params[0].name,))
+    return params.unknown(offered, given=(params.first_positional,))
 
 
 def offered_names(config: Any) -> set[str] | None:

@@ -18,6 +18,7 @@ token): forced, like the result. `Rollout.policy_mask` marks the tokens the poli
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -27,6 +28,21 @@ from rloo.tools import Tool, Toolbox
 
 def _encode(tokenizer, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+# Each tokenizer's tokens decoded one by one (a vocabulary's worth of decodes: done once per tokenizer,
+# however many runners the evaluations and the trainer build over it).
+_PIECES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _pieces(tokenizer) -> list[str]:
+    try:
+        if tokenizer in _PIECES:
+            return _PIECES[tokenizer]
+    except TypeError:  # an object no weak reference can name: decoded again by each runner
+        return tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
+    _PIECES[tokenizer] = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
+    return _PIECES[tokenizer]
 
 
 @dataclass
@@ -41,10 +57,9 @@ class ToolRunner:
         """[vocab] bool: the tokens whose text holds the last character of some tool's call end."""
         if self._candidates is None or len(self._candidates) != vocab:
             lasts = {t.end[-1] for t in self.box.tools}
-            n = min(vocab, len(self.tokenizer))
-            texts = self.tokenizer.batch_decode([[i] for i in range(n)])
+            pieces = _pieces(self.tokenizer)[:vocab]
             hit = torch.zeros(vocab, dtype=torch.bool)
-            hit[:n] = torch.tensor([any(c in s for c in lasts) for s in texts])
+            hit[: len(pieces)] = torch.tensor([any(c in s for c in lasts) for s in pieces])
             self._candidates = hit
         return self._candidates.to(device)
 

@@ -76,6 +76,7 @@ class Decoded:
     finished: list[bool] = field(default_factory=list)  # ended with EOS within the budget
     ids: list[list[int]] = field(default_factory=list)  # token ids, EOS included
     kl: list[float] = field(default_factory=list)  # sequence KL to the reference (sampled draws only)
+    calls: list[int] = field(default_factory=list)  # tool calls of each completion (with tools only)
 
 
 @torch.no_grad()
@@ -117,6 +118,7 @@ def decode(policy, tokenizer, ids: list[list[int]], spec: EvalSpec, greedy: bool
             d.lengths += lengths[j::draws]
             d.finished += finished[j::draws]
             d.kl += kl[j::draws] if kl is not None else []
+            d.calls += ro.tool_calls.tolist()[j::draws] if ro.tool_calls is not None else []
     return out
 
 
@@ -160,6 +162,9 @@ def evaluate_policy(policy, tokenizer, rows: list[dict], spec: EvalSpec, referen
         "proxy_reward": None,
         "examples": len(rows),
     }
+    if spec.tools is not None:  # tool calls per completion (rloo/rollout/tools.py)
+        report["tool_calls"] = float(np.mean(greedy.calls))
+        report["tool_calls_sampled"] = float(np.mean([x for d in draws for x in d.calls]))
     per_problem = {"lengths": _by_problem(d.lengths for d in draws), "finished": _by_problem(d.finished for d in draws),
                    "kl": _by_problem(d.kl for d in draws) if reference is not None else None}
     if proxy is not None:  # what the reward the policy is judged by as a proxy thinks of these samples

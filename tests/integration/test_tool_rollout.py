@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -191,6 +192,23 @@ def test_sft_trains_the_call_not_the_result(micro, micro_run):
     chunked = sft.step_loss(model, [ex], tok.pad_token_id, 0, "none", torch.device("cpu"), logits_chunk_tokens=16)
     assert chunked == pytest.approx(float(expected), abs=1e-5)
     assert int(kept.sum()) == len(ex.ids) - ex.n_prompt - len(ex.tool)
+
+
+def test_the_evaluation_runs_the_tools_and_counts_their_calls(micro, micro_run):
+    """With tools on (spec_for reads `tools:`), every evaluation samples with them: the completions carry
+    the forced results, and the report counts the calls per completion; without, no count."""
+    from rloo.eval.evaluation import evaluate_policy, spec_for
+    from rloo.io import read_jsonl
+    from rloo_workflow.config import load_config
+
+    tok, model = micro
+    rows = [r for _, r in read_jsonl(micro_run["data"] / "test.jsonl")][:4]
+    plain_cfg = load_config(ROOT / "config" / "micro.yaml")
+    tools_cfg = load_config(ROOT / "config" / "micro.yaml", {"tools": {"enabled": [{}]}})
+    plain, _ = evaluate_policy(model, tok, rows, spec_for(plain_cfg, "evaluate", 60, 4, stream=3))
+    report, texts = evaluate_policy(model, tok, rows, spec_for(tools_cfg, "evaluate", 60, 4, stream=3))
+    assert "tool_calls" not in plain and report["tool_calls_sampled"] > 0
+    assert any("=ERROR>>" in t or re.search(r"=-?[0-9.]+>>", t) for d in texts["draws"] for t in d)
 
 
 def _without_times(folder) -> list[dict]:

@@ -241,6 +241,8 @@ def test_an_rloo_run_with_the_calculator_repeats_and_resumes_to_the_same_steps(m
     first = _without_times(tmp_path / "first")
     assert len(first) == 3 and any(s["train/tool_calls"] > 0 for s in first)  # the policy called the tool
     assert _without_times(tmp_path / "again") == first
+    if off_policy:  # the tools ran in the sampler's own process, not in the fallback to inline sampling
+        assert json.loads((tmp_path / "w_first" / "timings.json").read_text())["sampler"] == "process"
     ck = checkpoint.latest(tmp_path / "w_first" / "checkpoints")
     shutil.copytree(ck.parent / "step_00000001", tmp_path / "w_resumed" / "checkpoints" / "step_00000001")
     assert run("resumed")["resumed_from_step"] == 1

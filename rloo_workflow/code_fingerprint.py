@@ -447,7 +447,8 @@ def _stage_fingerprint(stage: str, extra_files: tuple[Path, ...], extra_roots: t
 
 def stage_fingerprint(stage: str, cfg: dict | None = None) -> Fingerprint:
     """`stage`'s fingerprint; with a config whose reward functions the stage runs (rloo and
-    evaluate), their code too, by name: the user's files, and the package's functions a spec names."""
+    evaluate) or whose tools it runs (sft, rloo and evaluate), their code too, by name: the user's files,
+    and the package's functions a spec names."""
     files: tuple[Path, ...] = ()
     roots: tuple[Key, ...] = ()
     if cfg is not None and stage in ("rloo", "evaluate"):
@@ -456,6 +457,13 @@ def stage_fingerprint(stage: str, cfg: dict | None = None) -> Fingerprint:
 
         config = Config.of(cfg)
         files, roots = tuple(user_files(config)), tuple(package_functions(config))
+    if cfg is not None and stage in ("sft", "rloo", "evaluate"):  # the stages that run the enabled tools
+        from rloo import tools
+        from rloo.settings import Config
+
+        config = Config.of(cfg)
+        files += tuple(f for f in tools.user_files(config) if f not in files)
+        roots += tuple(r for r in tools.package_functions(config) if r not in roots)
     return _stage_fingerprint(stage, files, roots)
 
 

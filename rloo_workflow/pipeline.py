@@ -438,6 +438,9 @@ def base_stage(run: str) -> str:
     return run.split("[", 1)[0].split("_", 1)[0]
 
 
+# The stages that read `tools:` where a tool is enabled.
+TOOL_STAGES = ("sft", "rloo", "evaluate", "report")
+
 # reward.source values that are a user's plug-in, and the key that configures each.
 PLUGIN_REWARDS = {"function": "reward.functions", "http": "reward.http"}
 
@@ -460,6 +463,10 @@ def stage_keys(cfg: ConfigLike, stage: str, estimator: str | None = None) -> tup
     if stage in ("rloo", "evaluate", "report") and (plugin := PLUGIN_REWARDS.get(source)):
         # reward functions or a reward server: RLOO trains on them, the evaluation reports them
         keys += [plugin] if stage == "rloo" else ["reward.source", plugin]
+    if stage in TOOL_STAGES and sections.tools.enabled:
+        # tools (the calculator): SFT masks their results, RLOO and the evaluations run them. Only when
+        # enabled, so that a config without tools reads (and reruns on) what it did before.
+        keys.append("tools")
     return keys, excluded
 
 

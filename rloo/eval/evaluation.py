@@ -17,8 +17,10 @@ from rloo.model.logprobs import completion_logprobs, join, model_device
 from rloo.progress import Progress
 from rloo.reward.verifier import Mode, is_correct
 from rloo.rollout import generate
+from rloo.rollout.tools import ToolRunner
 from rloo.runtime import autocast, inference_dtype, step_generator
 from rloo.settings import Config, PromptConfig
+from rloo.tools import Toolbox
 
 
 class Scorer(Protocol):
@@ -64,6 +66,7 @@ class EvalSpec:
     logits_chunk_tokens: int = 0  # the KL pass's log-probabilities: the head applied this many tokens at a time
     inference_dtype: str | None = None  # model.inference_dtype: the decoding's dtype (None: the weights')
     progress_every_s: float = Config.progress_every_s  # how often a long pass reports (rloo/progress.py)
+    tools: Toolbox | None = None  # `tools:` (rloo/tools): the tools the completions call; None = none
 
 
 @dataclass
@@ -75,11 +78,12 @@ class Decoded:
     finished: list[bool] = field(default_factory=list)  # ended with EOS within the budget
     ids: list[list[int]] = field(default_factory=list)  # token ids, EOS included
     kl: list[float] = field(default_factory=list)  # sequence KL to the reference (sampled draws only)
+    calls: list[int] = field(default_factory=list)  # tool calls of each completion (with tools only)
 
 
 @torch.no_grad()
 def decode(policy, tokenizer, ids: list[list[int]], spec: EvalSpec, greedy: bool, reference=None,
-           label: str = "policy") -> list[Decoded]:
+           label: str = "policy", records: list[dict] | None = None) -> list[Decoded]:
     """Completions of the prompt `ids`: greedy (one pass), or `spec.draws` samples per prompt at T = 1.
 
     The draws of a prompt are decoded side by side (its prompt prefilled once, its keys shared),
@@ -93,19 +97,22 @@ def decode(policy, tokenizer, ids: list[list[int]], spec: EvalSpec, greedy: bool
     per_call = max(1, spec.batch_size // draws)
     what = "greedy" if greedy else f"{draws} draw{'s' if draws > 1 else ''}"
     progress = Progress(f"evaluate: {label}, {what}", len(ids), spec.progress_every_s, unit="problem")
+    runner = None if spec.tools is None else ToolRunner(spec.tools, tokenizer)
     for s in range(0, len(ids), per_call):
         rows = [p for p in ids[s : s + per_call] for _ in range(draws)]
+        tools = {} if runner is None else {"tools": runner, "records": None if records is None else
+                                           [r for r in records[s : s + per_call] for _ in range(draws)]}
         with autocast(spec.autocast, device):
             ro = generate(policy, rows, max_new_tokens=spec.max_new_tokens, eos_id=tokenizer.eos_token_id,
                           pad_id=tokenizer.pad_token_id, greedy=greedy, dtype=inference_dtype(spec.inference_dtype, device),
-                          generator=step_generator(spec.seed, s, stream=spec.stream))
+                          generator=step_generator(spec.seed, s, stream=spec.stream), **tools)
             kl = None
             if not greedy and reference is not None:
                 batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
                 chunk = spec.logits_chunk_tokens
                 kl = sequence_kl(completion_logprobs(policy, batch, logits_chunk_tokens=chunk),
                                  completion_logprobs(reference, batch, logits_chunk_tokens=chunk),
-                                 batch.completion_mask).tolist()
+                                 ro.loss_mask.to(batch.completion_mask.dtype)).tolist()  # the policy's tokens
         texts, lengths, finished = ro.texts(tokenizer), ro.lengths.tolist(), ro.finished.tolist()
         completion_ids = ro.token_ids()
         for j, d in enumerate(out):
@@ -114,6 +121,7 @@ def decode(policy, tokenizer, ids: list[list[int]], spec: EvalSpec, greedy: bool
             d.lengths += lengths[j::draws]
             d.finished += finished[j::draws]
             d.kl += kl[j::draws] if kl is not None else []
+            d.calls += ro.tool_calls.tolist()[j::draws] if ro.tool_calls is not None else []
         progress.update(len(rows) // draws)
     progress.close()
     return out
@@ -144,8 +152,8 @@ def evaluate_policy(policy, tokenizer, rows: list[dict], spec: EvalSpec, referen
     prompts = [fmt.prompt(r["question"]) for r in rows]
     golds = [r["answer"] for r in rows]
     ids = [fmt.encode(p) for p in prompts]
-    greedy = decode(policy, tokenizer, ids, spec, greedy=True, label=label)[0]
-    draws = decode(policy, tokenizer, ids, spec, greedy=False, reference=reference, label=label)
+    greedy = decode(policy, tokenizer, ids, spec, greedy=True, label=label, records=rows)[0]
+    draws = decode(policy, tokenizer, ids, spec, greedy=False, reference=reference, label=label, records=rows)
     per_draw = [accuracy(d.texts, golds, "strict") for d in draws]
     report = {
         "accuracy": accuracy(greedy.texts, golds, "strict"),
@@ -159,6 +167,9 @@ def evaluate_policy(policy, tokenizer, rows: list[dict], spec: EvalSpec, referen
         "proxy_reward": None,
         "examples": len(rows),
     }
+    if spec.tools is not None:  # tool calls per completion (rloo/rollout/tools.py)
+        report["tool_calls"] = float(np.mean(greedy.calls))
+        report["tool_calls_sampled"] = float(np.mean([x for d in draws for x in d.calls]))
     per_problem = {"lengths": _by_problem(d.lengths for d in draws), "finished": _by_problem(d.finished for d in draws),
                    "kl": _by_problem(d.kl for d in draws) if reference is not None else None}
     if proxy is not None:  # what the reward the policy is judged by as a proxy thinks of these samples
@@ -193,4 +204,4 @@ def spec_for(config: Config | Mapping, section: str, max_new_tokens: int, draws:
     return EvalSpec(prompt=config.prompt, max_new_tokens=max_new_tokens, draws=draws, batch_size=batch,
                     seed=config.seed, stream=stream, autocast=config.model.autocast,
                     logits_chunk_tokens=config.model.logits_chunk_tokens, inference_dtype=config.model.inference_dtype,
-                    progress_every_s=config.progress_every_s)
+                    progress_every_s=config.progress_every_s, tools=Toolbox.from_config(config))

@@ -16,28 +16,22 @@ Checked before any stage runs (`config_problems`, from rloo_workflow.config.chec
 its signature fits. Checked at every call (`RewardFunction.__call__`): one reward per completion, each a
 finite number or None; an exception on more than `max_failed_share` of a batch stops the run. Each
 problem is one line naming the key or the function; an exception's names the file and line of the
-user's code it was raised at (`user_frame`), its traceback chained for the stage's log. Nothing here imports torch: the checks run when
+user's code it was raised at (`rloo.plugins.user_frame`: the loading and these checks are the plug-ins' machinery, shared with the tools), its traceback chained for the stage's log. Nothing here imports torch: the checks run when
 Snakemake reads the workflow.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import importlib.util
-import inspect
 import logging
 import math
 import numbers
-import os
-import sys
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rloo.errors import UserError
+from rloo import plugins
+from rloo.plugins import Parameters, PluginError, code_file, is_path, raised, resolve
 
 log = logging.getLogger("rloo.reward.functions")
 
@@ -49,159 +43,29 @@ RECORD_COLUMNS = ("question", "answer")
 VERIFIER_FN = "rloo.reward.verifier:reward"
 
 
-class RewardFunctionError(UserError, RuntimeError):
+class RewardFunctionError(PluginError):
     """A reward function that cannot be used: it does not import, its signature does not fit, or it
     did not return one finite number (or None) per completion."""
 
 
-def _one_line(e: BaseException) -> str:
-    return f"{type(e).__name__}: {' '.join(str(e).split())}"[:300]
-
-
-def _not_user_roots() -> set[Path]:
-    """Where code that is not the user's lies: this package, the Python installation and its environment."""
-    return {Path(__file__).resolve().parents[1], Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()}
-
-
-def _is_user_file(path: Path, not_user: set[Path]) -> bool:
-    return not (not_user & set(path.resolve().parents))
-
-
-def user_frame(e: BaseException, own_file: str | None = None) -> str | None:
-    """`file:line` of the innermost frame of `e`'s traceback in the user's code (outside this package and
-    Python's installation; a SyntaxError's own file and line), else the innermost one in `own_file` (a
-    function of this package the config names), else None. The path is relative where it lies under the
-    working directory, as a config names it."""
-    if isinstance(e, SyntaxError) and e.filename and e.lineno:
-        return f"{_shown(e.filename)}:{e.lineno}"
-    frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename and not f.filename.startswith("<")]
-    not_user = _not_user_roots()
-    for wanted in (lambda f: _is_user_file(Path(f.filename), not_user),
-                   lambda f: own_file is not None and Path(f.filename).resolve() == Path(own_file).resolve()):
-        if found := [f for f in frames if wanted(f)]:
-            return f"{_shown(found[-1].filename)}:{found[-1].lineno}"
-    return None
-
-
-def _shown(filename: str) -> str:
-    path = Path(filename).resolve()
-    return os.path.relpath(path) if Path.cwd().resolve() in path.parents else str(path)
-
-
-def _raised(e: BaseException, own_file: str | None = None) -> str:
-    """'ZeroDivisionError: division by zero at my_reward.py:12': the exception and where in the user's
-    code it was raised."""
-    where = user_frame(e, own_file)
-    return _one_line(e) + (f" at {where}" if where else "")
-
-
-def is_path(target: str) -> bool:
-    """Whether the part of `fn` before the colon names a file rather than a module."""
-    return target.endswith(".py") or "/" in target or os.sep in target
-
-
-def resolve(target: str) -> Path:
-    """A reward file's path: as given when absolute, else relative to the working directory."""
-    path = Path(target).expanduser()
-    return path if path.is_absolute() else Path.cwd() / path
-
-
-_loaded: dict[tuple[str, int, int], Any] = {}  # (file, mtime_ns, size) -> module: a file is run once
-
-
-def _load_file(path: Path) -> Any:
-    stat = path.stat()
-    key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size)
-    if key not in _loaded:
-        name = "rloo_user_reward_" + hashlib.sha256(key[0].encode()).hexdigest()[:12]
-        spec = importlib.util.spec_from_file_location(name, path)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"{path} is not a Python file")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # as an import would: dataclasses and pickling look the module up
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            sys.modules.pop(name, None)
-            raise
-        _loaded[key] = module
-    return _loaded[key]
-
-
 def load(fn: str, key: str) -> tuple[Callable, str]:
     """(the function `fn` names, the file it is in); a RewardFunctionError naming `key` and the file
-    when it does not import."""
-    target, sep, name = fn.rpartition(":")
-    if not sep or not target or not name.isidentifier():
-        raise RewardFunctionError(f"key '{key}': '{fn}' is not 'module:function' or 'path/to/file.py:function'")
-    if is_path(target):
-        path = resolve(target)
-        where = str(path)
-        if not path.is_file():
-            raise RewardFunctionError(f"key '{key}': {path}: no such file (a relative path is read from the "
-                                      f"working directory, {Path.cwd()})")
-        try:
-            module = _load_file(path)
-        except Exception as e:
-            raise RewardFunctionError(f"key '{key}': {path}: importing it raised {_raised(e)}") from e
-    else:
-        try:
-            module = importlib.import_module(target)
-        except Exception as e:
-            raise RewardFunctionError(f"key '{key}': module '{target}' does not import ({_raised(e)})") from e
-        where = getattr(module, "__file__", None) or f"module {target}"
-    func = getattr(module, name, None)
-    if func is None:
-        raise RewardFunctionError(f"key '{key}': {where}: no function '{name}'")
-    if not callable(func):
-        raise RewardFunctionError(f"key '{key}': {where}: '{name}' is a {type(func).__name__}, not a function")
-    return func, where
-
-
-@dataclass(frozen=True)
-class Parameters:
-    """What a function's signature accepts: every keyword (`**kwargs`), or only the names it declares."""
-
-    any_keyword: bool
-    named: frozenset[str]
-    required: tuple[str, ...]
-    positional_only: tuple[str, ...]  # required ones that no keyword can fill
-
-    @classmethod
-    def of(cls, func: Callable) -> Parameters | None:
-        """None where Python cannot tell (some builtins): the function is called with every argument."""
-        try:
-            sig = inspect.signature(func)
-        except (TypeError, ValueError):
-            return None
-        P = inspect.Parameter
-        params = list(sig.parameters.values())
-        required = [p for p in params if p.default is P.empty and p.kind not in (P.VAR_KEYWORD, P.VAR_POSITIONAL)]
-        return cls(
-            any_keyword=any(p.kind is P.VAR_KEYWORD for p in params),
-            named=frozenset(p.name for p in params if p.kind in (P.POSITIONAL_OR_KEYWORD, P.KEYWORD_ONLY)),
-            required=tuple(p.name for p in required),
-            positional_only=tuple(p.name for p in required if p.kind is P.POSITIONAL_ONLY),
-        )
-
-    def problem(self, offered: set[str] | None) -> str | None:
-        """Why this signature cannot take a call offering `offered` (None: the record's further columns
-        are not known yet, and the names it needs are checked at its first call), or None when it can."""
-        if self.positional_only:
-            return f"its parameter '{self.positional_only[0]}' is positional-only, but every argument is passed by keyword"
-        if "completions" not in self.named and not self.any_keyword:
-            return "it takes no 'completions' argument (TRL's form: def f(completions, **kwargs))"
-        unknown = [n for n in self.required if offered is not None and n not in offered]
-        if unknown:
-            return (f"it needs {', '.join(repr(n) for n in unknown)}, which no call offers (offered: "
-                    f"{', '.join(sorted(offered or ()))}); give it a default or take **kwargs")
-        return None
+    when it does not import (rloo.plugins.load)."""
+    return plugins.load(fn, key, RewardFunctionError)
 
 
 def signature_problem(func: Callable, offered: set[str] | None) -> str | None:
-    """Why `func` cannot be called as a reward function with the arguments `offered`, or None."""
+    """Why `func` cannot be called as a reward function with the arguments `offered` (None: the
+    record's further columns are not known yet, and the names it needs are checked at its first call),
+    or None when it can."""
     params = Parameters.of(func)
-    return None if params is None else params.problem(offered)
+    if params is None:
+        return None
+    if params.positional_only:
+        return f"its parameter '{params.positional_only[0]}' is positional-only, but every argument is passed by keyword"
+    if "completions" not in params.named and not params.any_keyword:
+        return "it takes no 'completions' argument (TRL's form: def f(completions, **kwargs))"
+    return params.unknown(offered)
 
 
 def offered_names(config: Any) -> set[str] | None:
@@ -248,39 +112,13 @@ def package_functions(config: Any) -> list[tuple[str, str]]:
     """(module, function) of each configured reward function that this package holds
     (`rloo.reward.verifier:reward`): code the rloo and evaluate stages run by name, which their code
     fingerprints count (rloo_workflow/code_fingerprint.py)."""
-    out = []
-    for f in _functions(config) or ():
-        target, _, name = f.fn.rpartition(":")
-        if not is_path(target) and (target == "rloo" or target.startswith("rloo.")):
-            out.append((target, name))
-    return out
+    return plugins.package_functions(f.fn for f in _functions(config) or ())
 
 
 def user_files(config: Any) -> list[Path]:
-    """The files of the user's own code that the configured reward functions run: each
-    `path/to/file.py:function`, and each `module:function` whose module lies outside this package and
-    outside the Python installation and its environment (the standard library, installed packages):
-    a module of the working directory, say. The rloo and evaluate stages' code fingerprints count them
-    (rloo_workflow/code_fingerprint.py), so that editing one reruns those stages."""
-    out: list[Path] = []
-    not_user = _not_user_roots()
-    for f in _functions(config) or ():
-        target = f.fn.rpartition(":")[0]
-        if is_path(target):
-            path = resolve(target)
-        else:
-            try:
-                spec = importlib.util.find_spec(target)
-            except (ImportError, ValueError):
-                continue  # does not import: the config checks say so
-            if spec is None or not spec.origin or not spec.has_location:
-                continue
-            path = Path(spec.origin)
-            if not _is_user_file(path, not_user):
-                continue
-        if path not in out:
-            out.append(path)
-    return out
+    """The files of the user's own code that the configured reward functions run (rloo.plugins.user_files):
+    the rloo and evaluate stages' code fingerprints count them."""
+    return plugins.user_files(f.fn for f in _functions(config) or ())
 
 
 def _from_file(key: str, name: str, fn: str, weight: float, max_failed_share: float) -> RewardFunction:
@@ -332,9 +170,7 @@ class RewardFunction:
 
     @property
     def _file(self) -> str | None:
-        """The file the function's code lies in (its own lines, where it is this package's)."""
-        code = getattr(self.func, "__code__", None)
-        return code.co_filename if code is not None else None
+        return code_file(self.func)
 
     @property
     def label(self) -> str:
@@ -375,12 +211,12 @@ class RewardFunction:
                 if failed > allowed:
                     # `from last`: the user's own frames follow where tracebacks go (the stage's log)
                     raise RewardFunctionError(
-                        f"{self.label} raised {_raised(last, self._file)} on {failed} of the {i + 1} completions "
+                        f"{self.label} raised {raised(last, self._file)} on {failed} of the {i + 1} completions "
                         f"tried one by one, more than {self.key}.max_failed_share={self.max_failed_share:g} of the "
                         f"batch of {n} allows: the run stops") from last
         if failed:
             log.warning("%s raised on %d of %d completions (last: %s): missing rewards", self.label, failed, n,
-                        _raised(last, self._file))
+                        raised(last, self._file))
         return out
 
     def _checked(self, values: Any, n: int) -> list[float | None]:

@@ -82,6 +82,12 @@ def cat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         finished=torch.cat([ro.finished for ro in parts]),
         logprobs=None if any(ro.logprobs is None for ro in parts)
         else torch.cat([fit(ro.logprobs, t, 0.0, False) for ro in parts]),
+        # a part in which no tool forced a token: its policy tokens are its completion's
+        policy_mask=None if all(ro.policy_mask is None for ro in parts)
+        else torch.cat([fit(ro.loss_mask, t, False, False) for ro in parts]),
+        tool_calls=None if all(ro.tool_calls is None for ro in parts)
+        else torch.cat([ro.finished.new_zeros(len(ro.finished), dtype=torch.long) if ro.tool_calls is None
+                        else ro.tool_calls for ro in parts]),
     )
 
 

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from rloo.model.logprobs import kv_cache, left_pad, model_device, positions, unique_rows
 from rloo.model.lora import adapter_weight
 from rloo.rollout.sampling import Rollout, gumbel_noise, noise_generator, sample_token
+from rloo.rollout.tools import ToolRunner
 
 SUPPORTED = ("llama", "qwen2", "mistral")
 
@@ -104,7 +105,8 @@ def generate(model: torch.nn.Module, prompts: list[list[int]], dtype: torch.dtyp
 def _generate(model, prompts, dtype, *, max_new_tokens: int, eos_id: int, pad_id: int, greedy: bool = False,
               temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
               generator: torch.Generator | None = None, compact: bool = True,
-              noise_rows: tuple[int, int] | None = None):
+              noise_rows: tuple[int, int] | None = None, tools: ToolRunner | None = None,
+              records: list[dict] | None = None):
 
     device = model_device(model)
     w = _Weights(model, dtype)
@@ -148,6 +150,7 @@ def _generate(model, prompts, dtype, *, max_new_tokens: int, eos_id: int, pad_id
     logprobs = None if greedy else torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     done = row_of < 0  # per slot: finished (or an empty slot)
+    calls = None if tools is None else tools.start(records, batch, max_new_tokens, logits.shape[-1], device)
     steps = 0
     for t in range(max_new_tokens):
         real = row_of >= 0
@@ -156,6 +159,10 @@ def _generate(model, prompts, dtype, *, max_new_tokens: int, eos_id: int, pad_id
         nxt, lp = sample_token(logits, greedy, temperature, top_p, top_k, gumbel)
         live = ~done
         nxt = torch.where(live, nxt, pad_id)
+        if calls is not None:  # a tool's result in place of the sampled tokens, where a call is open
+            nxt, forced = calls.override(t, rows, live, nxt, tokens)
+            if forced is not None and lp is not None:
+                lp = torch.where(forced, 0.0, lp)
         tokens[rows[live], t], mask[rows[live], t] = nxt[live], True
         if lp is not None:
             logprobs[rows[live], t] = lp[live]
@@ -188,4 +195,4 @@ def _generate(model, prompts, dtype, *, max_new_tokens: int, eos_id: int, pad_id
             gate, up = F.linear(F.rms_norm(x, (w.hidden,), w_post, w.eps), w_gu, b_gu).chunk(2, -1)
             x = x + F.linear(F.silu(gate) * up, w_down, b_down)
         logits = F.linear(F.rms_norm(x, (w.hidden,), w.norm, w.eps), w.lm_head, w.lm_bias).float()
-    return Rollout.from_buffers(prompt_ids, prompt_mask, tokens, mask, finished, steps, logprobs)
+    return Rollout.from_buffers(prompt_ids, prompt_mask, tokens, mask, finished, steps, logprobs, calls)

@@ -8,6 +8,7 @@ from rloo.model.logprobs import cache_kwarg, kv_cache, left_pad, model_device, p
 from rloo.rollout.decode import generate as lean_generate
 from rloo.rollout.decode import supports as lean_supports
 from rloo.rollout.sampling import Rollout, gumbel_noise, noise_generator, sample_token
+from rloo.rollout.tools import ToolRunner
 
 
 @torch.no_grad()
@@ -17,7 +18,7 @@ def generate(
     *, max_new_tokens: int, eos_id: int, pad_id: int, greedy: bool = False, temperature: float = 1.0,
     top_p: float = 1.0, top_k: int = 0, generator: torch.Generator | None = None,
     compact: bool = True, lean: bool = True, noise_rows: tuple[int, int] | None = None,
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | None = None, tools: ToolRunner | None = None, records: list[dict] | None = None,
 ) -> Rollout:
     """Complete every prompt once; stops early when all rows have produced EOS.
 
@@ -35,10 +36,13 @@ def generate(
 
     `dtype` (`model.inference_dtype`): the dtype the decoding runs in; None = the weights' own. The lean
     loop casts the weights to it; HF's loop runs its forward passes under autocast to it.
+
+    `tools` (rloo/rollout/tools.py): the tools called inside the completions, with `records` (each prompt's
+    data record, what a tool reads besides its call); None samples the policy's tokens alone.
     """
     sampling = dict(max_new_tokens=max_new_tokens, eos_id=eos_id, pad_id=pad_id, greedy=greedy,
                     temperature=temperature, top_p=top_p, top_k=top_k, generator=generator, compact=compact,
-                    noise_rows=noise_rows)
+                    noise_rows=noise_rows, tools=tools, records=records)
     if lean and lean_supports(model):
         return lean_generate(model, prompts, dtype=dtype, **sampling)
     if dtype is None or dtype == next(model.parameters()).dtype:
@@ -48,7 +52,7 @@ def generate(
 
 
 def _generate(model, prompts, *, max_new_tokens, eos_id, pad_id, greedy, temperature, top_p, top_k, generator,
-              compact, noise_rows) -> Rollout:
+              compact, noise_rows, tools, records) -> Rollout:
     device = model_device(model)
     noise = None if greedy else noise_generator(generator, device)
     prompt_ids, prompt_mask = (t.to(device) for t in left_pad(prompts, pad_id))
@@ -76,12 +80,17 @@ def _generate(model, prompts, *, max_new_tokens, eos_id, pad_id, greedy, tempera
     mask = torch.zeros((batch, max_new_tokens), dtype=torch.bool, device=device)
     logprobs = None if greedy else torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    calls = None if tools is None else tools.start(records, batch, max_new_tokens, logits.shape[-1], device)
     steps = 0
     for t in range(max_new_tokens):
         gumbel = None if greedy else gumbel_noise(drawn, logits.shape[-1], noise, device)[offset + rows]
         live = ~finished[rows]  # all True when compacting; else finished rows ride along as padding
         drawn_token, lp = sample_token(logits, greedy, temperature, top_p, top_k, gumbel)
         nxt = torch.where(live, drawn_token, pad_id)
+        if calls is not None:  # a tool's result in place of the sampled tokens, where a call is open
+            nxt, forced = calls.override(t, rows, live, nxt, tokens)
+            if forced is not None and lp is not None:
+                lp = torch.where(forced, 0.0, lp)
         tokens[rows, t], mask[rows, t] = nxt, live
         if lp is not None:  # the sampler's log-prob of its token (0 where a finished row rides along)
             logprobs[rows, t] = torch.where(live, lp, 0.0)
@@ -99,4 +108,4 @@ def _generate(model, prompts, *, max_new_tokens, eos_id, pad_id, greedy, tempera
             input_ids=nxt[:, None], attention_mask=attn, position_ids=last_pos, use_cache=True, **{cache_kw: cache}
         )
         cache, logits = kv_cache(out), out.logits[:, -1]
-    return Rollout.from_buffers(prompt_ids, prompt_mask, tokens, mask, finished, steps, logprobs)
+    return Rollout.from_buffers(prompt_ids, prompt_mask, tokens, mask, finished, steps, logprobs, calls)

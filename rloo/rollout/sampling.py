@@ -4,8 +4,12 @@ next-token rule (greedy, or Gumbel-max with temperature, top-k and top-p) and th
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from rloo.rollout.tools import ToolCalls
 
 
 @dataclass
@@ -15,11 +19,21 @@ class Rollout:
     completions: torch.Tensor  # [B, T] right-padded with pad_id after the first EOS
     completion_mask: torch.Tensor  # [B, T] bool: tokens up to and including the first EOS
     finished: torch.Tensor  # [B] bool: the completion ended with EOS (not truncated)
-    logprobs: torch.Tensor | None = None  # [B, T] the sampler's own log-prob of each token (0 on padding; None when greedy)
+    logprobs: torch.Tensor | None = None  # [B, T] the sampler's own log-prob of each token (0 on padding and forced tokens; None when greedy)
+    # With tools (rloo/rollout/tools.py): [B, T] bool, the completion tokens the policy sampled (a tool's
+    # forced tokens are not); None when no token was forced: then every completion token is the policy's.
+    policy_mask: torch.Tensor | None = None
+    tool_calls: torch.Tensor | None = None  # [B] the tool calls of each completion; None without tools
 
     @property
     def lengths(self) -> torch.Tensor:
+        """Every completion token counts, forced or not (the response length, truncation)."""
         return self.completion_mask.sum(-1)
+
+    @property
+    def loss_mask(self) -> torch.Tensor:
+        """[B, T] the tokens a loss trains on: the policy's own (`policy_mask`), else the completion's."""
+        return self.completion_mask if self.policy_mask is None else self.policy_mask
 
     def texts(self, tokenizer) -> list[str]:
         """Each completion decoded up to and including its EOS, special tokens dropped."""
@@ -33,10 +47,13 @@ class Rollout:
     @classmethod
     def from_buffers(cls, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, tokens: torch.Tensor,
                      mask: torch.Tensor, finished: torch.Tensor, steps: int,
-                     logprobs: torch.Tensor | None = None) -> Rollout:
+                     logprobs: torch.Tensor | None = None, tools: ToolCalls | None = None) -> Rollout:
         """The rollout of a decode loop's preallocated buffers, cut to the `steps` it ran."""
-        return cls(prompt_ids, prompt_mask, tokens[:, :steps], mask[:, :steps], finished,
-                   None if logprobs is None else logprobs[:, :steps])
+        mask = mask[:, :steps]
+        return cls(prompt_ids, prompt_mask, tokens[:, :steps], mask, finished,
+                   None if logprobs is None else logprobs[:, :steps],
+                   None if tools is None else tools.policy_mask(mask, steps),
+                   None if tools is None else tools.call_counts(mask.device))
 
     def clone(self) -> Rollout:
         """A copy whose tensors are ordinary ones (usable by autograd even if made under inference mode)."""

@@ -8,6 +8,7 @@ from rloo.settings.data import DataConfig, DataFieldsConfig, PromptConfig, Synth
 from rloo.settings.evaluation import EvaluateConfig, LlmJudgeConfig, ServeConfig
 from rloo.settings.fields import Section, json_schema, section_types
 from rloo.settings.model import LoraConfig, ModelConfig, ModelShape, TinyConfig
+from rloo.settings.tools import ToolConfig, ToolsConfig
 from rloo.settings.training import (
     AlarmConfig,
     PpoConfig,
@@ -33,5 +34,5 @@ __all__ = [
     "EvaluateConfig", "LlmJudgeConfig", "LoraConfig", "ModelConfig", "ModelShape", "PathsConfig", "PlanConfig",
     "PpoConfig", "PromptConfig", "RewardConfig", "RewardFunctionConfig", "RewardHttpConfig", "RlooConfig",
     "RolloutConfig", "RolloutCorrectionConfig", "Section", "SeedsConfig", "ServeConfig", "SftConfig",
-    "SyntheticConfig", "TinyConfig", "TrackingConfig", "json_schema", "section_types",
+    "SyntheticConfig", "TinyConfig", "ToolConfig", "ToolsConfig", "TrackingConfig", "json_schema", "section_types",
 ]

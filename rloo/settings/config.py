@@ -13,6 +13,7 @@ from rloo.settings.data import DataConfig, PromptConfig
 from rloo.settings.evaluation import EvaluateConfig
 from rloo.settings.fields import Section, setting
 from rloo.settings.model import ModelConfig
+from rloo.settings.tools import ToolsConfig
 from rloo.settings.training import RewardConfig, RlooConfig, RolloutConfig, SftConfig
 
 
@@ -47,6 +48,8 @@ class Config(Section):
     """The RLOO stage."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """The RLOO stage's sampler."""
+    tools: ToolsConfig = field(default_factory=ToolsConfig)
+    """Tools the policy calls inside its completion (the calculator): none by default."""
     distributed: workflow.DistributedConfig = field(default_factory=workflow.DistributedConfig)
     """Data-parallel training."""
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
@@ -89,7 +92,8 @@ class Config(Section):
         section's (`problems`), handed what it reads of the others."""
         context, examples = self.model.max_length, self.data.train_examples()
         return (self.sft.problems(context, examples) + self.reward.problems(context, self)
-                + self.rloo.problems(context, examples, self.distributed.strategy) + self.evaluate.problems(context, self.reward.source))
+                + self.rloo.problems(context, examples, self.distributed.strategy) + self.evaluate.problems(context, self.reward.source)
+                + self.tools.problems(self))
 
 
 _TYPED: dict[str, Config] = {}  # the last few dicts converted (`Config.of`), by their content

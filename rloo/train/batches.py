@@ -19,8 +19,10 @@ from rloo.model import distributed
 from rloo.reward.rewards import RewardSource
 from rloo.rollout import Rollout
 from rloo.rollout.collect import REFILL_STREAM, Collected, gather, prompt_indices
+from rloo.rollout.tools import ToolRunner
 from rloo.runtime import step_generator
 from rloo.settings import Config
+from rloo.tools import Toolbox
 
 
 class StepBatches:
@@ -34,11 +36,18 @@ class StepBatches:
         self.train, self.prompts, self.prompt_ids = train, prompts, prompt_ids
         self.device = device
         self.gathered = gathered  # the module to gather while sampling (FSDP: the sharded policy)
+        box = Toolbox.from_config(config)
+        self.tools = None if box is None else ToolRunner(box, tokenizer)  # `tools:`, none by default
 
     def generate(self, prompts: list[list[int]], **kwargs) -> Rollout:
         ro = self.rollout.generate(prompts, max_new_tokens=self.rc.max_new_tokens,
                                    eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id, **kwargs)
         return ro.to(self.device)  # vLLM hands its samples back on the CPU
+
+    def tool_arguments(self, idx: np.ndarray, repeat: int) -> dict:
+        """The tools and the records of the prompts `idx` (each `repeat` times) a sampling call runs them
+        with; nothing without tools, so the samplers' calls stay as they were."""
+        return {} if self.tools is None else {"tools": self.tools, "records": [self.train[i] for i in idx for _ in range(repeat)]}
 
     def sample(self, idx: np.ndarray, step: int, round_: int = 0, noise_rows: tuple[int, int] | None = None) -> Rollout:
         k = self.rc.k
@@ -46,7 +55,7 @@ class StepBatches:
             [self.prompt_ids[i] for i in idx for _ in range(k)],
             temperature=self.rc.temperature, top_p=self.rc.top_p, top_k=self.rc.top_k,
             generator=step_generator(self.seed, step, stream=(REFILL_STREAM + round_) if round_ else 0),
-            **({"noise_rows": noise_rows} if noise_rows else {}),
+            **({"noise_rows": noise_rows} if noise_rows else {}), **self.tool_arguments(idx, k),
         )
 
     def score(self, idx: np.ndarray, ro: Rollout, repeat: int) -> tuple[torch.Tensor, list[str]]:

@@ -14,6 +14,7 @@ import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from rloo import tools
 from rloo.io import config_hash, sha256_file
 from rloo.settings import Config
 
@@ -53,7 +54,9 @@ def run_identity(config: Config, stage: str, *, data_dir: str | Path | None = No
     reward files the config names (`reward_files`: a checkpoint of an earlier version of the user's reward
     code is not resumed)."""
     part = copy.deepcopy(config.to_config())
-    part = {k: part.get(k) for k in SECTIONS[stage]}
+    tools_on = stage in ("sft", "rloo") and config.tools.on
+    # the tools, where enabled (without, the identity is what it was): SFT masks their results, RLOO runs them
+    part = {k: part.get(k) for k in (*SECTIONS[stage], *(("tools",) if tools_on else ()))}
     for dotted in bookkeeping(stage, config):
         section, key = dotted.split(".", 1)
         (part.get(section) or {}).pop(key, None)
@@ -70,6 +73,7 @@ def run_identity(config: Config, stage: str, *, data_dir: str | Path | None = No
     if reward_names:
         h.update(json.dumps(list(reward_names)).encode())
     identity = h.hexdigest()[:16]
-    if reward_files:  # over the settings' identity, as the stage has hashed them since they were added
-        identity = hashlib.sha256((identity + "".join(sha256_file(f) for f in reward_files)).encode()).hexdigest()[:16]
+    code = [*reward_files, *(tools.user_files(config) if tools_on else ())]  # the user's tool code too
+    if code:  # over the settings' identity, as the stage has hashed them since they were added
+        identity = hashlib.sha256((identity + "".join(sha256_file(f) for f in code)).encode()).hexdigest()[:16]
     return identity

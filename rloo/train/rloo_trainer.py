@@ -30,6 +30,12 @@ from rloo.train.step_metrics import update_metrics
 from rloo.train.step_records import GradientStep, StepAdvantages, StepRows
 
 
+def policy_tokens(ro: Rollout, batch: SeqBatch) -> torch.Tensor:
+    """The tokens the update trains on, as `batch`'s completion mask is typed: the policy's own (a tool's
+    forced tokens are not: no policy-gradient term, no KL, no entropy), all of the completion without tools."""
+    return batch.completion_mask if ro.policy_mask is None else ro.policy_mask.to(batch.completion_mask.dtype)
+
+
 class RlooTrainer(PolicyTrainer):
     """RLOO and the critic-free estimators: `update` shapes each sample's reward with its sequence KL,
     turns the rewards into advantages by `rloo.estimator` and takes the policy-gradient step(s)."""
@@ -43,14 +49,14 @@ class RlooTrainer(PolicyTrainer):
     def _greedy_baseline(self, idx: np.ndarray) -> torch.Tensor:
         """ReMax: the shaped reward of each prompt's greedy completion."""
         with distributed.gathered(self.policy):
-            ro = self._generate([self.prompt_ids[i] for i in idx], greedy=True)
+            ro = self._generate([self.prompt_ids[i] for i in idx], greedy=True, **self.batches.tool_arguments(idx, 1))
             scores, _ = self._score(idx, ro, 1)
             batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
             with torch.no_grad(), autocast(self.mc.autocast, self.device):
                 lp = self._logprobs(self.policy, batch, self.chunk_rows)[0]
                 with self.reference_model() as reference:
                     lp_ref = self._logprobs(reference, batch, self.chunk_rows)[0]
-        kl = sequence_kl(lp, lp_ref, batch.completion_mask, self.rc.kl_estimator)
+        kl = sequence_kl(lp, lp_ref, policy_tokens(ro, batch), self.rc.kl_estimator)
         return shaped_reward(scores, kl, self.rc.beta) if self.rc.kl_in == "reward" else scores
 
     def _reference_logprobs(self, batch: SeqBatch, parts: list[microbatch.Part]) -> torch.Tensor:
@@ -109,7 +115,7 @@ class RlooTrainer(PolicyTrainer):
         distinct = batch.select(first) if len(first) < len(inverse) else batch
         parts = self.parts(distinct)
         ref_lp = self._reference_logprobs(distinct, parts)[inverse]
-        return StepRows(ro, batch.completion_mask, distinct, first, inverse, parts, ref_lp)
+        return StepRows(ro, policy_tokens(ro, batch), distinct, first, inverse, parts, ref_lp)
 
     def distinct_rows(self, batch: SeqBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """(each distinct row's index, each row's distinct row): the rows the forward passes run on."""

@@ -27,6 +27,7 @@ from rloo.model.logprobs import model_device
 from rloo.runtime import autocast
 from rloo.settings import Config, PromptConfig, SftConfig
 from rloo.settings.training import refuse_batch_over_data
+from rloo.tools import result_tokens, triggers
 from rloo.train.loop import TrainingLoop, wrapped_with_optimizer, write_model_output
 from rloo.train.run_log import RunLog
 
@@ -59,11 +60,15 @@ def learned_nothing(history: list[dict], vocab_size: int, min_drop_nats: float) 
 class Example:
     ids: list[int]
     n_prompt: int
+    tool: tuple[int, ...] = ()  # positions of the tokens a tool writes (with tools: the loss skips them)
 
 
-def tokenize(records: list[dict], tokenizer, prompt_cfg: PromptConfig | dict, max_length: int) -> tuple[list[Example], int]:
+def tokenize(records: list[dict], tokenizer, prompt_cfg: PromptConfig | dict, max_length: int,
+             triggers: list[tuple[str, str, str]] | None = None) -> tuple[list[Example], int]:
     """Prompt + solution + EOS token ids (rloo.data.prompting: the bare template or the chat template, the
-    loss on the solution and its EOS only); examples longer than max_length are dropped and counted."""
+    loss on the solution and its EOS only); examples longer than max_length are dropped and counted.
+    `triggers` (the enabled tools', rloo.tools.triggers): the annotations' results and closing markers
+    (`24>>` of `<<48/2=24>>`) are the tool's tokens, which the loss skips: SFT trains the policy to call."""
     fmt = PromptFormat(tokenizer, prompt_cfg)
     out, too_long = [], 0
     for r in records:
@@ -72,7 +77,8 @@ def tokenize(records: list[dict], tokenizer, prompt_cfg: PromptConfig | dict, ma
         if len(p) + len(c) > max_length:
             too_long += 1
             continue
-        out.append(Example(p + c, len(p)))
+        tool = tuple(len(p) + j for j in result_tokens(tokenizer, c, triggers)) if triggers else ()
+        out.append(Example(p + c, len(p), tool))
     return out, too_long
 
 
@@ -104,6 +110,8 @@ def collate(examples: list[Example], pad_id: int) -> tuple[torch.Tensor, torch.T
         ids[i, :n] = torch.tensor(e.ids)
         mask[i, :n] = 1
         labels[i, e.n_prompt : n] = ids[i, e.n_prompt : n]
+        if e.tool:
+            labels[i, list(e.tool)] = -100
     return ids, mask, labels
 
 
@@ -115,8 +123,8 @@ def step_loss(train_model: torch.nn.Module, batch: list[Example], pad_id: int, b
     gradients add up to the batch's. Data-parallel: weighed by this rank's share of the step's tokens.
     `logits_chunk_tokens` > 0: the log-probabilities through the head in chunks (rloo.model.head), never
     the [rows, T, vocabulary] logits HF's loss upcasts to float32."""
-    # The answer tokens the loss averages over: every label position after the first token.
-    n_tokens = sum(len(e.ids) - max(e.n_prompt, 1) for e in batch)
+    # The answer tokens the loss averages over: every label position after the first token, a tool's not.
+    n_tokens = sum(len(e.ids) - max(e.n_prompt, 1) - len(e.tool) for e in batch)
     scale = distributed.loss_scale(float(n_tokens)) if distributed.enabled() else 1.0
     parts = microbatch.even(microbatch.pack([len(e.ids) for e in batch], budget))
     one_pass = len(parts) == 1
@@ -210,7 +218,7 @@ def training_examples(train: list[dict], tokenizer, config: Config, source: str)
     InputError naming `source` where there is none, none fits, or more than sft.max_dropped_share is
     dropped."""
     sc, mc = config.sft, config.model
-    examples, too_long = tokenize(train, tokenizer, config.prompt, mc.max_length)
+    examples, too_long = tokenize(train, tokenizer, config.prompt, mc.max_length, triggers(config))
     if not train:
         raise InputError(f"{source}: no training examples")
     if too_long / len(train) > sc.max_dropped_share:

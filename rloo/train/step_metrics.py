@@ -43,6 +43,10 @@ def update_metrics(step: int, got: Collected, rows: StepRows, adv: StepAdvantage
         distinct_frac = totals["distinct"] / totals["rows"]
         loss_value = distributed.mean_over_ranks({"loss": loss_value})["loss"]
     valid = torch.isfinite(scores)
+    tools = {}
+    if ro.tool_calls is not None:  # with tools: the calls per completion (rloo/rollout/tools.py)
+        (calls,) = distributed.gather_rows(ro.tool_calls)
+        tools = {"train/tool_calls": float(calls.float().mean())}
     return {
         "step": step,
         "train/reward_mean": float(scores[valid].mean()) if valid.any() else math.nan,
@@ -64,6 +68,7 @@ def update_metrics(step: int, got: Collected, rows: StepRows, adv: StepAdvantage
         "train/loss": loss_value,
         "train/lr": lr,
         **rollout_metrics,
+        **tools,
     }
 
 

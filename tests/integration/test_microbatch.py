@@ -94,6 +94,26 @@ def _budget_for_parts(trainer, step: int, parts: int) -> int:
 
 
 @pytest.mark.parametrize("norm", ["sequence", "token"])
+def test_micro_batched_rloo_step_with_the_calculator_has_the_one_pass_gradient(micro_run, norm):
+    """Forced tokens (rloo/rollout/tools.py) are left out of every micro-batch's loss as of the one pass."""
+    cfg = _cfg(micro_run, loss_norm=norm, kl_in="loss", temperature=1.0, max_new_tokens=40, prompts_per_step=2)
+    cfg["tools"] = {"enabled": [{"name": "calculator", "fn": "rloo.tools.calculator:calculate", "open": "<<",
+                                 "end": "=", "close": ">>"}], "max_calls": 8, "max_result_chars": 32}
+    whole = RlooTrainer({**cfg, "rloo": {**cfg["rloo"], "micro_batch_tokens": 0}}, micro_run["sft"],
+                        LengthReward(), _rows(micro_run))
+    step = next(s for s in range(8) if whole.collect(s).rollout.policy_mask is not None)  # a step with a call
+    budget = _budget_for_parts(whole, step, 3)
+    split = RlooTrainer({**cfg, "rloo": {**cfg["rloo"], "micro_batch_tokens": budget}}, micro_run["sft"],
+                        LengthReward(), _rows(micro_run))
+    want, m_whole = _grads_of_step(whole, step)
+    got, m_split = _grads_of_step(split, step)
+    _assert_same(want, got)
+    assert m_whole["train/tool_calls"] > 0
+    for key in ("train/kl", "train/loss", "train/entropy"):
+        assert m_split[key] == pytest.approx(m_whole[key], rel=1e-4, abs=1e-6), key
+
+
+@pytest.mark.parametrize("norm", ["sequence", "token"])
 @pytest.mark.parametrize("updates", [1, 2])
 @pytest.mark.parametrize("kl_in", ["reward", "loss"])
 def test_micro_batched_rloo_step_has_the_one_pass_gradient(micro_run, norm, updates, kl_in):
@@ -161,15 +181,19 @@ def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("logits_chunk", [0, 64])
-def test_micro_batched_sft_step_has_the_one_pass_gradient(micro_run, logits_chunk):
+@pytest.mark.parametrize("tools", [False, True])
+def test_micro_batched_sft_step_has_the_one_pass_gradient(micro_run, logits_chunk, tools):
     """SFT's loss, the mean over the batch's answer tokens, from micro-batches (HF's num_items_in_batch;
-    or the chunked head's log-probabilities), equals HF's one-pass loss and its gradient."""
+    or the chunked head's log-probabilities), equals HF's one-pass loss and its gradient; with tools, the
+    annotations' results left out of both."""
     from rloo.train import sft
 
     cfg = micro_run["cfg"]
     tok = models.load_tokenizer(micro_run["sft"])
     model = models.load_causal_lm(micro_run["sft"], trainable=True)
-    examples, _ = sft.tokenize(_rows(micro_run)[:12], tok, cfg["prompt"], cfg["model"]["max_length"])
+    examples, _ = sft.tokenize(_rows(micro_run)[:12], tok, cfg["prompt"], cfg["model"]["max_length"],
+                               [("<<", "=", ">>")] if tools else None)
+    assert all(e.tool for e in examples) == tools
     lengths = [len(e.ids) for e in examples]
     assert len(set(lengths)) > 3  # examples of several lengths: micro-batches of unequal token counts
     budget = 3 * max(lengths)

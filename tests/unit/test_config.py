@@ -8,7 +8,8 @@ from rloo_workflow.config import ConfigError, load_config, parse_set
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("name", ["config.yaml", "gpu.yaml", "micro.yaml", "qwen2-tiny.yaml", "reward_model.yaml"])
+@pytest.mark.parametrize("name", ["config.yaml", "gpu.yaml", "micro.yaml", "qwen2-tiny.yaml", "reward_model.yaml",
+                                  "tools.yaml"])
 def test_shipped_configs_validate(name):
     cfg = load_config(ROOT / "config" / name)
     assert cfg["rloo"]["k"] >= 2

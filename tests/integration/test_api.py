@@ -202,6 +202,9 @@ def test_the_readme_snippet_runs_as_written(micro_run, tmp_path, monkeypatch, ca
     assert set(summary["reward_functions"]) == {"correct", "concise"}  # the tuple's name, the function's own
     printed = capsys.readouterr().out
     assert printed.count("\n") >= summary["steps_trained"]  # the log printed every step
+    graded = namespace["graded"]  # both policies graded on the held-out rows, the trained one against SFT
+    assert set(graded["policies"]) == {"sft", "rloo"} and graded["examples"] == len(namespace["held_out"])
+    assert set(graded["gains"]) == {"rloo"} and len(graded["gains"]["rloo"]["sampled"]["ci95"]) == 2
 
 
 def test_load_rows_reads_a_users_records_as_prepare_does(tmp_path, monkeypatch):

@@ -202,8 +202,8 @@ def test_the_readme_snippet_runs_as_written(micro_run, tmp_path, monkeypatch, ca
     assert set(summary["reward_functions"]) == {"correct", "concise"}  # the tuple's name, the function's own
     printed = capsys.readouterr().out
     assert printed.count("\n") >= summary["steps_trained"]  # the log printed every step
-    graded = namespace["graded"]  # both policies graded on the held-out rows, the trained one against SFT
-    assert set(graded["policies"]) == {"sft", "rloo"} and graded["examples"] == len(namespace["held_out"])
+    graded = namespace["graded"]  # both policies graded on the test split, the trained one against SFT
+    assert set(graded["policies"]) == {"sft", "rloo"} and graded["examples"] == len(read_split(micro_run["data"], "test"))
     assert set(graded["gains"]) == {"rloo"} and len(graded["gains"]["rloo"]["sampled"]["ci95"]) == 2
 
 

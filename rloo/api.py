@@ -31,9 +31,10 @@ another framework's loop can use it as it is.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import typing
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -223,9 +224,9 @@ def train_reward_model(policy: str | Path | PreTrainedModel, rows: Sequence[Mapp
                             facts={"threads": threads})
 
 
-
-def evaluate(policies: Mapping[str, str | Path | PreTrainedModel] | Sequence[str | Path], rows: Sequence[Mapping] | str | os.PathLike, *,
-             against: str | None = None, reference: str | Path | PreTrainedModel | None = None,
+def evaluate(policies: Mapping[str, str | Path | PreTrainedModel] | Sequence[str | Path],
+             rows: Sequence[Mapping] | str | os.PathLike, *, against: str | None = None,
+             reference: str | Path | PreTrainedModel | None = None,
              tokenizer: PreTrainedTokenizerBase | None = None, reward: Reward | None = None,
              reward_model: str | Path | None = None, config: Config | EvaluateConfig | None = None) -> dict:
     """Evaluate `policies` ({name: a folder or a model object}, or folders, each named by its last part) on
@@ -243,7 +244,8 @@ def evaluate(policies: Mapping[str, str | Path | PreTrainedModel] | Sequence[str
     policy), sampled and greedy, with its 95 % paired-bootstrap interval and p-value (rloo.eval.gains);
     `against`; `examples`; and `records`, each policy's line per problem as `rloo evaluate` writes them
     (the completions and their grades). `config`: the settings (an EvaluateConfig alone is the `evaluate`
-    section). A model object needs its `tokenizer`, which then serves every policy; a folder brings its own."""
+    section). A model object needs its `tokenizer`, which then serves every policy (a folder brings its own);
+    it is evaluated in eval mode and left in the mode it was in."""
     config = _checked(Config(evaluate=config) if isinstance(config, EvaluateConfig) else config or Config())
     named = _named(policies)
     against = against if against is not None else next(iter(named))
@@ -255,11 +257,14 @@ def evaluate(policies: Mapping[str, str | Path | PreTrainedModel] | Sequence[str
     rows = [dict(r) for r in rows]
     if not rows:
         raise InputError("no rows to evaluate on")
-    if (missing := next((i for i, r in enumerate(rows) if "question" not in r or "answer" not in r), None)) is not None:
+    missing = next((i for i, r in enumerate(rows) if "question" not in r or "answer" not in r), None)
+    if missing is not None:
         raise InputError(f"rows[{missing}]: a row needs its question and answer (load_rows reads them)")
     setup(config.threads, config.seed)
     mc = config.model
-    load = lambda p: p if not isinstance(p, str | Path) else models.load_causal_lm(p, **models.load_options(mc))  # noqa: E731
+    def load(policy: str | Path | PreTrainedModel) -> PreTrainedModel:
+        return models.load_causal_lm(policy, **models.load_options(mc)) if isinstance(policy, str | Path) else policy
+
     ref = load(reference) if reference is not None else None
     proxy = None
     if reward_model is not None:  # the evaluate stage's proxy: the learned reward model's view of the samples
@@ -276,10 +281,13 @@ def evaluate(policies: Mapping[str, str | Path | PreTrainedModel] | Sequence[str
         tok = tokenizer
         if tok is None:
             if not isinstance(policy, str | Path):
-                raise InputError(f"policies[{name!r}]: a model object needs its tokenizer: evaluate(..., tokenizer=tokenizer)")
+                raise InputError(f"policies[{name!r}]: a model object needs its tokenizer: "
+                                 "evaluate(..., tokenizer=tokenizer)")
             tok = models.load_tokenizer(policy, mc.trust_remote_code)
-        figures[name], records[name], texts = evaluate_with_records(load(policy), tok, rows, spec, reference=ref,
-                                                                    proxy=proxy, label=name, training_reward=parts)
+        model = load(policy)
+        with _eval_mode(model, ref):
+            figures[name], records[name], texts = evaluate_with_records(model, tok, rows, spec, reference=ref,
+                                                                        proxy=proxy, label=name, training_reward=parts)
         correct[name] = correctness(texts, golds)
         figures[name].update(completion_figures(texts, correct[name], golds))
     return {"policies": figures,
@@ -287,7 +295,22 @@ def evaluate(policies: Mapping[str, str | Path | PreTrainedModel] | Sequence[str
             "against": against, "examples": len(rows), "records": records}
 
 
-def _named(policies: Mapping[str, str | Path | PreTrainedModel] | Sequence[str | Path]) -> dict[str, str | Path | PreTrainedModel]:
+@contextlib.contextmanager
+def _eval_mode(*nets: PreTrainedModel | None) -> Iterator[None]:
+    """The networks in eval mode (no dropout) while it lasts, then each in the mode it was in: a caller's
+    model object may be training."""
+    modes = [(net, net.training) for net in nets if net is not None and hasattr(net, "train")]
+    for net, _ in modes:
+        net.eval()
+    try:
+        yield
+    finally:
+        for net, mode in modes:
+            net.train(mode)
+
+
+def _named(policies: Mapping[str, str | Path | PreTrainedModel] | Sequence[str | Path],
+           ) -> dict[str, str | Path | PreTrainedModel]:
     """{name: policy}: a mapping as it is, folders by their last part."""
     if isinstance(policies, Mapping):
         named = dict(policies)

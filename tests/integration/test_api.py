@@ -135,6 +135,7 @@ def test_evaluate_from_python_scores_as_the_evaluate_stage_does(micro_run, micro
     from rloo.eval.at_k import completion_figures
     from rloo.eval.gains import correctness, gain
     from rloo.eval.records import read
+    from rloo.model import models
 
     overlay = tmp_path / "reward.yaml"
     overlay.write_text(json.dumps({"reward": {"source": "function", "functions": [
@@ -165,9 +166,15 @@ def test_evaluate_from_python_scores_as_the_evaluate_stage_does(micro_run, micro
     assert got["policies"]["mine"]["proxy_reward"] is not None and got["policies"]["mine"]["kl"] is not None
     assert got["gains"] == {"mine": gain(correct["mine"], correct["sft"], cfg["seed"])} and got["against"] == "sft"
     assert got["examples"] == len(rows) == cfg["evaluate"]["examples"]
-    # a prepared folder reads the test split as the stage does: the same figures
+    # a prepared folder reads the test split as the stage does, and a model object (training, as a caller's
+    # may be) with its tokenizer scores as its folder: the same figures; the object is left training
     assert evaluate({"sft": micro_run["sft"]}, micro_run["data"], reference=micro_run["sft"], reward_model=micro_reward,
                     config=Config.from_config(cfg))["policies"]["sft"] == got["policies"]["sft"]
+    model = models.load_causal_lm(micro_run["sft"])
+    model.train()
+    assert evaluate({"sft": model}, rows, tokenizer=models.load_tokenizer(micro_run["sft"]), reference=micro_run["sft"],
+                    reward_model=micro_reward, config=Config.from_config(cfg))["policies"]["sft"] == got["policies"]["sft"]
+    assert model.training
 
 
 def test_evaluate_names_what_it_cannot_evaluate(micro_run, tmp_path):

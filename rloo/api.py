@@ -4,7 +4,8 @@ estimator, divergence guard, checkpoints, validation and metrics as `rloo train`
 `train_sft` fine-tunes one on question/answer rows as `rloo sft` does (rloo/train/sft.py);
 `train_reward_model` trains a Bradley-Terry reward model on pairs of a policy's samples as `rloo reward`
 does (rloo/train/reward.py). The three take the same leading arguments (the policy, the rows, the output
-folder), then keywords. `load_rows` reads
+folder), then keywords. `evaluate` grades policies on held-out rows as `rloo evaluate` and `rloo report`
+do, with the paired gain of each over one of them. `load_rows` reads
 the rows from a JSONL file or a list of records as `rloo prepare` does, other field names and bare-number
 answers included (data.fields, data.answer_format).
 
@@ -30,18 +31,31 @@ another framework's loop can use it as it is.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import typing
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rloo.data import gsm8k
 from rloo.errors import InputError
+from rloo.eval.at_k import completion_figures
+from rloo.eval.evaluation import evaluate_spec, evaluate_with_records
+from rloo.eval.gains import correctness, gain
+from rloo.model import models
 from rloo.reward.functions import RewardFunction
-from rloo.reward.rewards import FunctionReward, RewardSource, VerifierReward
+from rloo.reward.rewards import FunctionReward, RewardModelReward, RewardSource, VerifierReward, build_plugin
 from rloo.runtime import setup
-from rloo.settings import Config, ModelConfig, PromptConfig, RewardConfig, RlooConfig, SftConfig
+from rloo.settings import (
+    Config,
+    EvaluateConfig,
+    ModelConfig,
+    PromptConfig,
+    RewardConfig,
+    RlooConfig,
+    SftConfig,
+)
 from rloo.settings.data import DataConfig, DataFieldsConfig
 from rloo.train import reward as reward_model
 from rloo.train import rloo as rloo_run
@@ -52,8 +66,9 @@ from rloo.train.run_log import RunLog
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-__all__ = ["Config", "ModelConfig", "PromptConfig", "RewardConfig", "RewardSource", "RlooConfig", "RunLog",
-           "SftConfig", "VerifierReward", "load_rows", "train_reward_model", "train_rloo", "train_sft"]
+__all__ = ["Config", "EvaluateConfig", "ModelConfig", "PromptConfig", "RewardConfig", "RewardSource", "RlooConfig",
+           "RunLog", "SftConfig", "VerifierReward", "evaluate", "load_rows", "train_reward_model", "train_rloo",
+           "train_sft"]
 
 Reward = RewardSource | Callable | Sequence[Callable | tuple[Callable, float] | tuple[Callable, float, str]]
 
@@ -207,3 +222,112 @@ def train_reward_model(policy: str | Path | PreTrainedModel, rows: Sequence[Mapp
     fingerprint = run_identity(config, "reward", rows=rows, model_dir=policy)
     return reward_model.run(config, policy, [dict(r) for r in rows], out_dir, work_dir, fingerprint, log_to=log,
                             facts={"threads": threads})
+
+
+def evaluate(policies: Mapping[str, str | Path | PreTrainedModel] | Sequence[str | Path],
+             rows: Sequence[Mapping] | str | os.PathLike, *, against: str | None = None,
+             reference: str | Path | PreTrainedModel | None = None,
+             tokenizer: PreTrainedTokenizerBase | None = None, reward: Reward | None = None,
+             reward_model: str | Path | None = None, config: Config | EvaluateConfig | None = None) -> dict:
+    """Evaluate `policies` ({name: a folder or a model object}, or folders, each named by its last part) on
+    `rows` (held-out rows with their `answer`, all of them; or a prepared data folder: its test split's first
+    `evaluate.examples`, as the evaluate stage reads it; or a JSONL file, read by `load_rows`) as `rloo
+    evaluate` does: the same decoding (`evaluate.*`: draws, token budget, batch; the config's seed and the
+    stage's noise stream), so a policy scores here what the stage would score it on the same rows.
+
+    Returns what the report writes for them (rloo_workflow/stages/report.py): `policies`, each one's figures
+    (accuracy greedy and sampled, strict and flexible, with 95 % intervals over problems; pass@k and maj@k;
+    the solution checker's figures; mean length; `kl` to `reference` (the pipeline's: SFT), else None;
+    `proxy_reward`, the `reward_model` folder's mean score, else None; `training_reward`, each part of
+    `reward` (reward functions as for train_rloo; default: the config's `reward.source` function or http)
+    with its interval); `gains`, each other policy's paired gain over `against` (default: the first
+    policy), sampled and greedy, with its 95 % paired-bootstrap interval and p-value (rloo.eval.gains);
+    `against`; `examples`; and `records`, each policy's line per problem as `rloo evaluate` writes them
+    (the completions and their grades). `config`: the settings (an EvaluateConfig alone is the `evaluate`
+    section). A model object needs its `tokenizer`, which then serves every policy (a folder brings its own);
+    it is evaluated in eval mode and left in the mode it was in."""
+    config = _checked(Config(evaluate=config) if isinstance(config, EvaluateConfig) else config or Config())
+    named = _named(policies)
+    against = against if against is not None else next(iter(named))
+    if against not in named:
+        raise InputError(f"against: {against!r} is not one of the policies ({', '.join(named)})")
+    if isinstance(rows, str | os.PathLike):
+        rows = (gsm8k.read_split(rows, "test")[: config.evaluate.examples] if Path(rows).is_dir()
+                else load_rows(rows))
+    rows = [dict(r) for r in rows]
+    if not rows:
+        raise InputError("no rows to evaluate on")
+    missing = next((i for i, r in enumerate(rows) if "question" not in r or "answer" not in r), None)
+    if missing is not None:
+        raise InputError(f"rows[{missing}]: a row needs its question and answer (load_rows reads them)")
+    setup(config.threads, config.seed)
+    mc = config.model
+    def load(policy: str | Path | PreTrainedModel) -> PreTrainedModel:
+        return models.load_causal_lm(policy, **models.load_options(mc)) if isinstance(policy, str | Path) else policy
+
+    ref = load(reference) if reference is not None else None
+    proxy = None
+    if reward_model is not None:  # the evaluate stage's proxy: the learned reward model's view of the samples
+        proxy = RewardModelReward(models.load_reward_model(reward_model, **models.load_options(mc)),
+                                  models.load_tokenizer(reward_model, mc.trust_remote_code),
+                                  batch_size=config.evaluate.batch_size, max_length=mc.max_length,
+                                  prompt_cfg=config.prompt, inference_dtype=mc.inference_dtype)
+    parts = build_plugin(config) if reward is None else reward_source(reward)
+    parts = parts if hasattr(parts, "components") else None  # a source without parts (the verifier) adds none
+    spec = evaluate_spec(config)
+    golds = [r["answer"] for r in rows]
+    figures, records, correct = {}, {}, {}
+    for name, policy in named.items():
+        tok = tokenizer
+        if tok is None:
+            if not isinstance(policy, str | Path):
+                raise InputError(f"policies[{name!r}]: a model object needs its tokenizer: "
+                                 "evaluate(..., tokenizer=tokenizer)")
+            tok = models.load_tokenizer(policy, mc.trust_remote_code)
+        model = load(policy)
+        with _eval_mode(model, ref):
+            figures[name], records[name], texts = evaluate_with_records(model, tok, rows, spec, reference=ref,
+                                                                        proxy=proxy, label=name, training_reward=parts)
+        correct[name] = correctness(texts, golds)
+        figures[name].update(completion_figures(texts, correct[name], golds))
+    return {"policies": figures,
+            "gains": {name: gain(correct[name], correct[against], config.seed) for name in named if name != against},
+            "against": against, "examples": len(rows), "records": records}
+
+
+@contextlib.contextmanager
+def _eval_mode(*nets: PreTrainedModel | None) -> Iterator[None]:
+    """The networks in eval mode (no dropout) while it lasts, then each in the mode it was in: a caller's
+    model object may be training."""
+    modes = [(net, net.training) for net in nets if net is not None and hasattr(net, "train")]
+    for net, _ in modes:
+        net.eval()
+    try:
+        yield
+    finally:
+        for net, mode in modes:
+            net.train(mode)
+
+
+def _named(policies: Mapping[str, str | Path | PreTrainedModel] | Sequence[str | Path],
+           ) -> dict[str, str | Path | PreTrainedModel]:
+    """{name: policy}: a mapping as it is, folders by their last part."""
+    if isinstance(policies, Mapping):
+        named = dict(policies)
+    else:
+        if isinstance(policies, str | Path):
+            policies = [policies]
+        if unnamed := [p for p in policies if not isinstance(p, str | Path)]:
+            raise InputError(f"policies: name a model object: evaluate({{'mine': model}}, ...), not "
+                             f"{type(unnamed[0]).__name__} in a list")
+        named = {Path(p).name: p for p in policies}
+        if len(named) < len(policies):
+            raise InputError(f"policies: two folders share a name ({', '.join(map(str, policies))}): "
+                             "name them, evaluate({'a': folder_a, 'b': folder_b}, ...)")
+    if not named:
+        raise InputError("policies: none given")
+    for name, policy in named.items():
+        if not isinstance(policy, str | Path) and not hasattr(policy, "generate"):
+            raise InputError(f"policies[{name!r}]: a model folder or a transformers model object, not "
+                             f"{type(policy).__name__}")
+    return named

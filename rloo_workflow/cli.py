@@ -459,13 +459,15 @@ def _judge(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
 
 def _report(args: argparse.Namespace, cfg: dict, job: _Job) -> None:
     from rloo.eval.records import read
+    from rloo_workflow import sweep_table
     from rloo_workflow.stages import report
 
     name, _ = pipeline.evaluated_policy(args, cfg)
     evaluations = {policy: read(policy, path) for policy, path in _evaluations(args, cfg).items()}
     training = args.training or pipeline.outputs("rloo", cfg, name)["model"]
-    report.run(cfg, evaluations, name, training, Path(job.data) / "manifest.json", job.out["result"],
-               job.out["plots"], args.judged)
+    result = report.run(cfg, evaluations, name, training, Path(job.data) / "manifest.json", job.out["result"],
+                        job.out["plots"], args.judged)
+    sweep_table.point_finished(cfg, job.out["result"], result)  # a sweep point's line in the sweep's log
 
 
 def _toy(args: argparse.Namespace, cfg: dict, job: _Job) -> None:

@@ -13,6 +13,8 @@ import torch
 
 from rloo.algo.losses import sequence_kl
 from rloo.data.prompting import PromptFormat
+from rloo.eval.records import problem_records
+from rloo.eval.reward_figures import reward_figures
 from rloo.model.logprobs import completion_logprobs, join, model_device
 from rloo.progress import Progress
 from rloo.reward.verifier import Mode, is_correct
@@ -189,6 +191,21 @@ def evaluate_policy(policy, tokenizer, rows: list[dict], spec: EvalSpec, referen
     return report, texts
 
 
+def evaluate_with_records(policy, tokenizer, rows: list[dict], spec: EvalSpec, reference=None,
+                          proxy: Scorer | None = None, label: str = "policy",
+                          training_reward: Components | None = None) -> tuple[dict, list[dict], dict[str, list]]:
+    """`evaluate_policy`, and what the evaluate stage writes of it (rloo.eval.records): (the figures, the
+    training reward's parts made figures with their intervals (rloo.eval.reward_figures); a record per
+    problem; the completions). The evaluate stage and rloo.api.evaluate share it."""
+    report, texts = evaluate_policy(policy, tokenizer, rows, spec, reference=reference, proxy=proxy, label=label,
+                                    training_reward=training_reward)
+    report.pop("examples")  # one figure for the whole result
+    parts = report.pop("training_reward_parts", None)
+    if training_reward is not None:
+        report["training_reward"] = reward_figures(parts, training_reward.weights)
+    return report, problem_records(rows, texts, parts), texts
+
+
 def _by_problem(per_draw) -> list[list]:
     """Per-draw lists (draws x problems) as per-problem lists (problems x draws)."""
     return [list(values) for values in zip(*per_draw, strict=True)]
@@ -205,3 +222,16 @@ def spec_for(config: Config | Mapping, section: str, max_new_tokens: int, draws:
                     seed=config.seed, stream=stream, autocast=config.model.autocast,
                     logits_chunk_tokens=config.model.logits_chunk_tokens, inference_dtype=config.model.inference_dtype,
                     progress_every_s=config.progress_every_s, tools=Toolbox.from_config(config))
+
+
+# The evaluate stage's decoding noise: a stream of its own, so that no training evaluation (SFT's 7, RLOO's
+# validation 11) shares it.
+EVALUATE_STREAM = 21
+
+
+def evaluate_spec(config: Config | Mapping) -> EvalSpec:
+    """The evaluate stage's EvalSpec (`evaluate.*`: the token budget, the draws, the batch; the config's seed,
+    its own stream): rloo.api.evaluate uses it too, so both decode every problem with the same noise."""
+    config = config if isinstance(config, Config) else Config.from_config(config)
+    ec = config.evaluate
+    return spec_for(config, "evaluate", ec.max_new_tokens, ec.samples_per_prompt, stream=EVALUATE_STREAM)

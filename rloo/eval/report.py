@@ -1,11 +1,16 @@
 """What the terminal shows when a stage ends: `rloo summary FILE` (the Snakemake rules call it), and
-the stages' own last log lines. Lines starting with `!!` need a person's attention."""
+the stages' own last log lines. Lines starting with `!!` need a person's attention. It reads every file
+the pipeline writes for a person to read (`KINDS`): the data's manifest, the RLOO stage's metrics.json,
+a policy's evaluation, the results of one chain, of a sweep, of the seeds and of the comparison."""
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+
+from rloo.errors import InputError
 
 
 def rloo_lines(metrics: dict) -> list[str]:
@@ -95,8 +100,7 @@ def report_lines(result: dict) -> list[str]:
         gain = "" if name == "sft" else (f" ({100 * (p['accuracy_sampled'] - sft['accuracy_sampled']):+.1f} sampled, "
                                           f"{100 * (p['accuracy'] - sft['accuracy']):+.1f} greedy vs SFT)")
         proxy = "" if p.get("proxy_reward") is None else f", reward-model proxy {p['proxy_reward']:.3f}"
-        lines.append(f"report: {name}: accuracy sampled {p['accuracy_sampled']:.3f} / greedy {p['accuracy']:.3f}"
-                     f"{gain}{proxy}, KL {p['kl']:.2f}")
+        lines.append(f"report: {name}: {accuracy_text(p)}{gain}{proxy}, KL {p['kl']:.2f}")
         if tr := p.get("training_reward"):
             lines.append(f"report: {name}: {training_reward_line(tr)}")
         for alarm, step in (p.get("alarms") or {}).items():
@@ -179,10 +183,130 @@ def solution_check_line(check: dict) -> str:
             + (f"; right answers with wrong work {100 * wrong_work:.1f} %" if wrong_work is not None else ""))
 
 
+def accuracy_text(figures: dict) -> str:
+    """`accuracy sampled 0.776 [0.738, 0.810] / greedy 0.830 [...]`: with the intervals where the figures
+    have them (the report's and rloo.api.evaluate's; a policy's evaluation file has none)."""
+    return (f"accuracy sampled {figures['accuracy_sampled']:.3f}{_interval(figures.get('accuracy_sampled_ci95'))}"
+            f" / greedy {figures['accuracy']:.3f}{_interval(figures.get('accuracy_ci95'))}")
+
+
+def _interval(ci: list[float] | None) -> str:
+    return f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
+
+
+def _points(gain: float, ci: list[float] | None) -> str:
+    """A gain in points with its interval: `+6.6 [+4.7, +8.5]`."""
+    return f"{100 * gain:+.1f}" + (f" [{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}]" if ci else "")
+
+
+def evaluate_lines(summary: dict) -> list[str]:
+    """One policy's evaluation (`rloo evaluate`: `<results>/eval/<policy>.json`)."""
+    f = summary["figures"]
+    proxy = "" if f.get("proxy_reward") is None else f", reward-model proxy {f['proxy_reward']:.3f}"
+    kl = "" if f.get("kl") is None else f", KL {f['kl']:.2f}"
+    lines = [f"evaluate: {summary['policy']}: {accuracy_text(f)} on {summary['examples']} problems "
+             f"({f['sampled_draws']} draws each){proxy}{kl}, mean length {f['mean_length']:.1f} tokens"]
+    if tr := f.get("training_reward"):
+        lines.append(f"evaluate: {summary['policy']}: {training_reward_line(tr)}")
+    return lines
+
+
+def sweep_lines(tab: dict) -> list[str]:
+    """A sweep's table (`rloo sweep`): each point's validation accuracy (what chooses) and its test gain over
+    SFT with its paired interval, then what won by validation and by how much, or the tie."""
+    name, policy = tab["sweep"], tab["policy"]
+    lines = [f"sweep {name}: {sweep_row_line(policy, r)}" for r in tab["rows"]]
+    if best := tab.get("best"):
+        lines.append(f"sweep {name}: best by validation accuracy (sampled): {best['label']}, {best['val_accuracy_sampled']:.3f}"
+                     + (f", {100 * best['margin']:+.1f} points over the runner-up {best['runner_up']['label']} "
+                        f"({best['runner_up']['val_accuracy_sampled']:.3f}; one validation figure per point: "
+                        "no interval)" if best.get("runner_up") else " (the only point)")
+                     + "; the test figures did not choose")
+    elif tie := tab.get("tie"):
+        lines.append(f"!! sweep {name}: tie: {', '.join(tie['labels'])} share the highest validation accuracy "
+                     f"(sampled), {tie['val_accuracy_sampled']:.3f}: no point won (the grid order does not choose; "
+                     "more validation problems, rloo.eval_examples, may tell them apart)")
+    else:
+        lines.append(f"!! sweep {name}: no point has a validation accuracy (rloo.eval_every: 0): nothing chooses a best")
+    return lines
+
+
+def sweep_row_line(policy: str, row: dict) -> str:
+    """One point of a sweep (rloo_workflow.sweep_table.point_row): its validation accuracy, what chooses, and
+    its test figures, the gain over SFT with its paired interval."""
+    t = row["test"]
+    val = "n/a" if row["val_accuracy_sampled"] is None else f"{row['val_accuracy_sampled']:.3f}"
+    return (f"{row['label']}: validation {val}; test {policy} {t['rloo_sampled']:.3f} sampled, "
+            f"{policy.upper()} − SFT {_points(t['gain_sampled'], t['gain_sampled_ci95'])} points sampled, "
+            f"{_points(t['gain_greedy'], t['gain_greedy_ci95'])} greedy (95 % paired bootstrap)")
+
+
+def seeds_lines(table: dict) -> list[str]:
+    """The seeds target's table (`rloo seeds`): each seed's gain over SFT with its paired interval, and the
+    mean across seeds with its t-interval (the run-to-run spread, which a seed's own interval leaves out)."""
+    policy = table["policy"].upper()
+    lines = []
+    for seed, r in table["seeds"].items():
+        lines.append(f"seeds: seed {seed}: {policy} − SFT {_points(r['gain_sampled'], r['gain_sampled_ci95'])} points "
+                     f"sampled, {_points(r['gain_greedy'], r['gain_greedy_ci95'])} greedy (95 % paired bootstrap)")
+    agg = table["aggregate"]
+    s, g = agg["gain_sampled"], agg["gain_greedy"]
+    lines.append(f"seeds: mean over {s['n']} seeds: {policy} − SFT {_points(s['mean'], s['ci95'])} points sampled, "
+                 f"{_points(g['mean'], g['ci95'])} greedy"
+                 + (" (95 % t-interval across seeds)" if s["ci95"] else " (one seed: no spread, no interval)"))
+    return lines
+
+
+def comparison_lines(table: dict) -> list[str]:
+    """The comparison (`rloo comparison`): each estimator's accuracy and its gain over SFT with its paired
+    interval (the same problems, the same SFT start), then the most accurate by greedy accuracy, or the tie."""
+    lines = []
+    for name, row in table["estimators"].items():
+        g = row.get("gain_vs_sft")
+        gain = f", {gain_line(name, g)}" if g else ""
+        lines.append(f"comparison: {name}: accuracy sampled {_figure(row.get('accuracy_sampled'))} / greedy "
+                     f"{_figure(row.get('accuracy'))}{gain}")
+    scored = {n: r["accuracy"] for n, r in table["estimators"].items() if r.get("accuracy") is not None}
+    if scored:
+        top = max(scored.values())
+        tied = [n for n, a in scored.items() if a == top]
+        lines.append(f"comparison: most accurate (greedy): {tied[0]}, {top:.3f}" if len(tied) == 1 else
+                     f"comparison: tie: {', '.join(tied)} share the highest accuracy (greedy), {top:.3f}")
+    return lines
+
+
+# What `rloo summary` reads, by the key only that kind of file has (the first match wins; results files
+# of a chain have "policies", as have none of the others).
+KINDS: dict[str, tuple[str, Callable[[dict], list[str]]]] = {
+    "a sweep (results/sweeps/<name>.json)": ("sweep", sweep_lines),
+    "the seeds (results/seeds/gsm8k_<estimator>.json)": ("aggregate", seeds_lines),
+    "the comparison (results/comparison.json)": ("estimators", comparison_lines),
+    "a chain's results (results/gsm8k_<estimator>.json)": ("policies", report_lines),
+    "a policy's evaluation (results/eval/<policy>.json)": ("figures", evaluate_lines),
+    "the data's manifest (data/gsm8k/manifest.json)": ("counts", prepare_lines),
+    "the RLOO stage's metrics.json": ("selected_step", rloo_lines),
+}
+
+
+def lines_of(data: dict) -> list[str]:
+    """The lines of one file the pipeline writes, by its kind (`KINDS`); any other is an InputError."""
+    for key, lines in KINDS.values():
+        if isinstance(data, dict) and key in data:
+            return lines(data)
+    raise InputError("not a file rloo summary reads; it reads " + "; ".join(KINDS))
+
+
 def main(paths: list[str]) -> int:
+    """Print each file's lines (those starting with `!!` to standard error); a file it cannot read is one
+    line naming it, exit status 2."""
     for path in paths:
-        data = json.loads(Path(path).read_text())
-        lines = (report_lines(data) if "policies" in data else prepare_lines(data) if "counts" in data
-                 else rloo_lines(data))
+        try:
+            lines = lines_of(json.loads(Path(path).read_text()))
+        except (OSError, ValueError, InputError) as e:
+            print(f"rloo summary: error: {path}: {e}", file=sys.stderr)
+            return 2
+        except KeyError as e:  # a file of a known kind that lacks a figure: written by an older rloo?
+            print(f"rloo summary: error: {path}: no {e} in it", file=sys.stderr)
+            return 2
         print("\n".join(lines), file=sys.stderr if any(x.startswith("!!") for x in lines) else sys.stdout)
     return 0

@@ -19,8 +19,7 @@ from rloo.console import console
 from rloo.data.gsm8k import read_split
 from rloo.errors import InputError
 from rloo.eval import records
-from rloo.eval.evaluation import evaluate_policy, spec_for
-from rloo.eval.reward_figures import reward_figures
+from rloo.eval.evaluation import evaluate_spec, evaluate_with_records
 from rloo.model import checkpoint, models
 from rloo.reward.rewards import HttpReward, RewardModelReward, build_plugin
 from rloo.runtime import setup
@@ -61,18 +60,15 @@ def run(cfg: dict, data_dir: str | Path, sft_dir: str | Path, name: str, policy_
     # The user's reward functions or reward server that RLOO trains on, reported for every policy too.
     plugin = build_plugin(cfg)
     policy = models.load_causal_lm(policy_dir, **models.load_options(mc))
-    spec = spec_for(cfg, "evaluate", ec.max_new_tokens, ec.samples_per_prompt, stream=21)
-    report, texts = evaluate_policy(policy, tok, rows, spec, reference=reference, proxy=proxy,
-                                    label=Path(policy_dir).name, training_reward=plugin)
+    spec = evaluate_spec(sections)
+    # the progress bars name the policy as the pipeline does (`mine`), not its folder's last part
+    report, problems, _ = evaluate_with_records(policy, tok, rows, spec, reference=reference, proxy=proxy, label=name,
+                                                training_reward=plugin)
     if isinstance(plugin, HttpReward):  # its retries were console lines as they came; their count here
         console(f"evaluate: {plugin.client.summary()}", log)
-    report.pop("examples")  # one figure for the whole result
-    parts = report.pop("training_reward_parts", None)
-    if plugin is not None:
-        report["training_reward"] = reward_figures(parts, plugin.weights)
     log.info("%s: %s", name, report)
     # what the report needs to say which figures are independent of the training reward
     summary = {"policy": name, "examples": len(rows), "proxy": proxy is not None,
                "reward_parts": list(plugin.weights) if plugin is not None else None, "figures": report}
-    records.write(out_records, records.problem_records(rows, texts, parts), summary)
+    records.write(out_records, problems, summary)
     return report

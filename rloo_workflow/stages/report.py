@@ -2,8 +2,8 @@
 
 Reads the records and figures of the untrained base model, of SFT and of the trained policy
 (`rloo evaluate`: rloo.eval.records), the trained policy's training metrics, and, where an LLM judges,
-its verdicts (`rloo judge`). Writes the results JSON: each policy's figures, with pass@k, maj@k and the
-solution checker's figures read from its records; each step's gain over the one before (the trained
+its verdicts (`rloo judge`). Writes the results JSON: each policy's figures, with its accuracies' intervals,
+pass@k, maj@k and the solution checker's figures read from its records; each step's gain over the one before (the trained
 policy and SFT over the base, the trained policy over SFT), with a 95 % paired interval and a p-value
 (rloo.eval.gains); the win rate against SFT by the pairwise judge (the verifier's, computed here); and,
 for each figure, whether its judge is independent of the training reward. Then its plots.
@@ -21,13 +21,12 @@ import yaml
 from rloo.data.manifest import read_manifest
 from rloo.errors import InputError
 from rloo.eval import records
-from rloo.eval.at_k import maj_at_k, pass_at_k
+from rloo.eval.at_k import completion_figures
 from rloo.eval.gains import correctness, gain, judged_win_rate
 from rloo.io import sha256_file, write_json_atomic
 from rloo.reward.functions import VERIFIER_FN
 from rloo.reward.judges import VerifierJudge
 from rloo.reward.solution_check import ANSWER_FIGURES, WORK_FIGURES
-from rloo.reward.solution_check import summarize as check_solutions
 from rloo.settings import Config
 from rloo_workflow.config import config_hash
 from rloo_workflow.pipeline import stage_config
@@ -98,14 +97,10 @@ def run(cfg: dict, evaluations: dict[str, records.PolicyRecords], policy: str, t
 
 def _figures(evaluations: dict[str, records.PolicyRecords], texts: dict[str, dict], correct: dict[str, dict],
              golds: list[str]) -> dict[str, dict]:
-    """Each policy's figures: its evaluation's, and the solution checker's, pass@k and maj@k of its records."""
-    figures = {name: dict(ev.summary["figures"]) for name, ev in evaluations.items()}
-    for name, t in texts.items():
-        figures[name]["solution_check"] = check_solutions(t["draws"], t["greedy"], golds)
-        # the same draws read two more ways: any of them right, and their majority answer right
-        figures[name]["pass_at_k"] = pass_at_k(correct[name]["sampled"])
-        figures[name]["maj_at_k"] = maj_at_k(t["draws"], golds)
-    return figures
+    """Each policy's figures: its evaluation's, and what its records add (rloo.eval.at_k.completion_figures:
+    the accuracies' intervals, the solution checker's figures, pass@k and maj@k)."""
+    return {name: {**ev.summary["figures"], **completion_figures(texts[name], correct[name], golds)}
+            for name, ev in evaluations.items()}
 
 
 def _plots(plot_dir: Path, reports: dict[str, dict], policy: str, metrics: dict | None) -> dict:

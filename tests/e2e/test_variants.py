@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import re
 import subprocess
 import sys
 import time
@@ -149,6 +150,7 @@ def test_sweep_best_is_chosen_by_validation_not_test():
     tab = table("s", points, results, "rloo")
     # validation: pb (0.6) is best; test (sampled): pc (0.49) would be
     assert tab["best"]["point"] == "pb" and tab["best"]["val_accuracy_sampled"] == 0.6
+    assert tab["best"]["runner_up"]["point"] == "pc" and tab["best"]["margin"] == 0.6 - 0.5 and tab["tie"] is None
     assert tab["sweep"] == "s" and tab["keys"] == ["rloo.beta"]
     assert [r["test"]["rloo_sampled"] for r in tab["rows"]] == [0.47, 0.48, 0.49]
 
@@ -298,6 +300,13 @@ def test_seeds_target_runs_each_seed_and_aggregates_its_files(ran):
         assert row["gain_greedy_ci95"] == r["gains"]["rloo"]["greedy"]["ci95"]
     gains = [r["gains"]["rloo"]["sampled"]["gain"] for r in results.values()]
     assert out["aggregate"]["gain_sampled"]["ci95"] == pytest.approx(list(t_interval(gains)))
+    summary = _summary(wf / SEEDS)
+    assert summary.returncode == 0 and "seeds: mean over 2 seeds: RLOO − SFT " in summary.stdout, summary.stderr
+
+
+def _summary(path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(Path(sys.executable).with_name("rloo")), "summary", str(path)], capture_output=True,
+                          text=True, timeout=120)
 
 
 @pytest.mark.slow
@@ -307,18 +316,34 @@ def test_sweep_target_runs_each_point_and_picks_the_best_by_validation(ran):
     (wf / "config" / "sweep.yaml").write_text("sweeps: {beta: {rloo.beta: [0.0, 0.1]}}\n")
     files = [*CONFIGFILES, "config/sweep.yaml"]
     assert (wf / "results/models/sft").is_dir()  # the main chain's, run before
+    cfg = load_config([*MICRO, wf / "config" / "sweep.yaml"])
+    points = sweep_grid(cfg, "beta")
+    point_files = [f"results/sweeps/beta/{pid}/gsm8k_rloo.json" for pid in points]
     t0 = time.monotonic()
-    res = snakemake(wf, sweep, "--cores", "1", *files, timeout=900)
+    # the points first, then the table: the sweep's log shows each point as its report ends
+    res = snakemake(wf, *point_files, "--cores", "1", *files, timeout=900)
+    log = wf / "logs" / "sweep_beta.log"
+    assert [re.sub(r"^\S+ ", "", line)[:19] for line in log.read_text().splitlines()] == [
+        "point 1 of 2 done: ", "point 2 of 2 done: "]
+    res2 = snakemake(wf, sweep, "--cores", "1", *files, timeout=900)
     print(f"sweep target, 2 points: {time.monotonic() - t0:.1f} s")
     # a grid over rloo.* reuses prepare, sft and reward, and the evaluations of the base model and of SFT
     # (and a seeds run before it changes nothing of them)
-    assert job_counts(res.stdout + res.stderr) == {"rloo_variant": 2, "evaluate_variant": 2, "report_variant": 2,
-                                                   "sweep": 1}
-    cfg = load_config([*MICRO, wf / "config" / "sweep.yaml"])
-    points = sweep_grid(cfg, "beta")
+    assert job_counts(res.stdout + res.stderr) == {"rloo_variant": 2, "evaluate_variant": 2, "report_variant": 2}
+    assert job_counts(res2.stdout + res2.stderr) == {"sweep": 1}
     for pid in points:
         assert (wf / f"results/sweeps/beta/{pid}/gsm8k_rloo.json").is_file()
         assert (wf / f"results/models/sweeps/beta/{pid}/rloo_rloo/metrics.json").is_file()
+    # The micro policy solves nothing: every point's validation accuracy is 0, a tie that no point won
+    # (grid order once named the first point best); the terminal, the log and `rloo summary` say so.
+    tied = json.loads((wf / sweep).read_text())
+    assert {r["val_accuracy_sampled"] for r in tied["rows"]} == {0.0}
+    assert tied["best"] is None and tied["tie"] == {"points": list(points), "val_accuracy_sampled": 0.0,
+                                                    "labels": [f"rloo.beta={v['rloo.beta']}" for v in points.values()]}
+    assert "sweep beta: tie: rloo.beta=0.0, rloo.beta=0.1" in res2.stdout + res2.stderr
+    assert "sweep beta: tie: " in log.read_text() and log.read_text().count("validation 0.000;") == 2
+    summary = _summary(wf / sweep)
+    assert summary.returncode == 0 and "sweep beta: tie: " in summary.stderr
     # distinct figures where validation and test disagree: the first point best by test, the second by validation
     results = {}
     for i, pid in enumerate(points):
@@ -330,6 +355,14 @@ def test_sweep_target_runs_each_point_and_picks_the_best_by_validation(ran):
     assert out["sweep"] == "beta" and out["keys"] == ["rloo.beta"]
     val = {p: r["training"]["rloo"]["selected_val_accuracy_sampled"] for p, r in results.items()}
     assert out["best"]["point"] == max(val, key=val.get) == list(points)[1]
+    # its margin over the runner-up, on the validation figure that chose it
+    first, second = points
+    assert out["best"]["runner_up"]["point"] == first and out["tie"] is None
+    assert out["best"]["margin"] == val[second] - val[first]
+    summary = _summary(wf / sweep)
+    assert summary.returncode == 0 and f"best by validation accuracy (sampled): {out['best']['label']}" in summary.stdout
+    for pid in points:  # and each point's results
+        assert _summary(wf / f"results/sweeps/beta/{pid}/gsm8k_rloo.json").returncode == 0
     assert [r["test"]["rloo_sampled"] for r in out["rows"]] == [0.9, 0.8]
     assert out["points"] == {p: {"label": f"rloo.beta={v['rloo.beta']}", "values": v} for p, v in points.items()}
     assert (wf / "results/sweeps/beta.png").stat().st_size > 1000

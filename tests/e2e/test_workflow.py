@@ -16,6 +16,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -310,6 +311,22 @@ def test_compare_stage_on_real_results(run, tmp_path):
                 for e in ("rloo", "grpo")}
     best = max(accuracy, key=lambda e: (accuracy[e], e == "rloo"))  # ties: the first one listed
     assert json.loads((tmp_path / "comparison.json").read_text())["best_by_accuracy"] == best
+    # `rloo summary` reads every kind of file the run wrote, the comparison's too, exit status 0
+    files = [tmp_path / "comparison.json", c / RLOO, c / GRPO, *sorted((c / "results/eval").glob("*.json")),
+             c / "results/models/rloo_rloo/metrics.json", c / "data/gsm8k/manifest.json"]
+    said = {}
+    for f in files:
+        res = subprocess.run([str(Path(sys.executable).with_name("rloo")), "summary", str(f)], capture_output=True,
+                             text=True, timeout=120)
+        assert res.returncode == 0 and res.stdout + res.stderr, (f, res.stderr[-2000:])
+        said[f.name] = res.stdout + res.stderr
+    assert {"base.json", "sft.json", "rloo.json", "grpo.json"} <= set(said)
+    assert said["sft.json"].startswith("evaluate: sft: accuracy sampled ")
+    assert "RLOO − SFT = " in said["comparison.json"] and "GRPO − SFT = " in said["comparison.json"]
+    # the micro policies solve nothing: both accuracies are 0, a tie, and the summary says so
+    tied = len({accuracy["rloo"], accuracy["grpo"]}) == 1
+    assert ("comparison: tie: rloo, grpo" in said["comparison.json"]) == tied
+    assert ("comparison: most accurate (greedy): " in said["comparison.json"]) == (not tied)
 
 
 def test_comparison_target_has_a_ppo_row_judged_against_rloo(run):

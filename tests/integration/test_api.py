@@ -1,5 +1,6 @@
 """RLOO from Python (rloo/api.py): one call on a policy folder, prompt rows and a reward function in TRL's
-form trains as `rloo train` does (the same steps and the same weights, to the bit), load_rows reads a
+form trains as `rloo train` does (the same steps and the same weights, to the bit), `evaluate` scores
+policies on rows in memory as `rloo evaluate` and `rloo report` do (to the digit), load_rows reads a
 user's records as `rloo prepare` does, and the README's snippet runs as it is written."""
 
 from __future__ import annotations
@@ -7,12 +8,23 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import reward_functions
 
-from rloo.api import Config, RewardConfig, RlooConfig, load_rows, train_reward_model, train_rloo, train_sft
+from rloo.api import (
+    Config,
+    RewardConfig,
+    RlooConfig,
+    evaluate,
+    load_rows,
+    train_reward_model,
+    train_rloo,
+    train_sft,
+)
 from rloo.data.gsm8k import DataError, read_split
 from rloo.errors import InputError
 from rloo.io import read_jsonl
@@ -22,6 +34,7 @@ from rloo_workflow.stages import prepare
 from rloo_workflow.stages import rloo as rloo_stage
 
 ROOT = Path(__file__).resolve().parents[2]
+MICRO = ROOT / "config" / "micro.yaml"
 SHORTER = f"{ROOT / 'tests' / 'helpers' / 'reward_functions.py'}:shorter"
 
 
@@ -112,6 +125,68 @@ def test_settings_that_cannot_train_are_refused_before_anything_loads(micro_run,
                    config=RlooConfig(k=1, eval_every=0, select="last"))
 
 
+@pytest.mark.slow
+def test_evaluate_from_python_scores_as_the_evaluate_stage_does(micro_run, micro_reward, tmp_path):
+    """Two policies (the micro base model, named `mine`, and SFT) on the test split's rows in memory, with the
+    reward model as the proxy, SFT as the KL reference and a reward function as the training reward: every
+    figure `rloo evaluate` writes for them (run on the same rows as a prepared folder), and every figure the
+    report adds from those records (intervals, pass@k, maj@k, the solution checker, the paired gain), equal
+    to the digit."""
+    from rloo.eval.at_k import completion_figures
+    from rloo.eval.gains import correctness, gain
+    from rloo.eval.records import read
+    from rloo.model import models
+
+    overlay = tmp_path / "reward.yaml"
+    overlay.write_text(json.dumps({"reward": {"source": "function", "functions": [
+        {"name": "shorter", "fn": SHORTER, "weight": 0.5}]}, "tracking": {"enabled": False}}))
+    cfg = load_config([MICRO, overlay])
+    policies = {"mine": micro_run["base_model"], "sft": micro_run["sft"]}
+    rows = [dict(r) for r in read_split(micro_run["data"], "test")][: cfg["evaluate"]["examples"]]
+    got = evaluate(policies, rows, against="sft", reference=micro_run["sft"], reward_model=micro_reward,
+                   config=Config.from_config(cfg))
+    rloo = Path(sys.executable).with_name("rloo")
+    stage = {}
+    for name, folder in policies.items():
+        res = subprocess.run([str(rloo), "evaluate", "-c", str(MICRO), "-c", str(overlay), "--data", str(micro_run["data"]),
+                              "--policy", f"{name}={folder}", "--sft", str(micro_run["sft"]), "--reward-model",
+                              str(micro_reward), "--out", str(tmp_path / f"{name}.jsonl"), "--log", str(tmp_path / f"{name}.log")],
+                             capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        assert res.returncode == 0, res.stderr[-3000:]
+        stage[name] = read(name, tmp_path / f"{name}.jsonl")
+    # the progress bars name the policy, not its folder's last part (base_model)
+    assert "evaluate: mine, greedy" in (tmp_path / "mine.log").read_text()
+    golds = stage["sft"].golds
+    correct = {name: correctness(ev.texts(), golds) for name, ev in stage.items()}
+    for name, ev in stage.items():
+        expected = {**ev.summary["figures"], **completion_figures(ev.texts(), correct[name], golds)}
+        assert got["policies"][name] == expected, name
+        assert got["records"][name] == ev.records
+    assert set(got["policies"]["mine"]["training_reward"]["parts"]) == {"shorter"}
+    assert got["policies"]["mine"]["proxy_reward"] is not None and got["policies"]["mine"]["kl"] is not None
+    assert got["gains"] == {"mine": gain(correct["mine"], correct["sft"], cfg["seed"])} and got["against"] == "sft"
+    assert got["examples"] == len(rows) == cfg["evaluate"]["examples"]
+    # a prepared folder reads the test split as the stage does, and a model object (training, as a caller's
+    # may be) with its tokenizer scores as its folder: the same figures; the object is left training
+    assert evaluate({"sft": micro_run["sft"]}, micro_run["data"], reference=micro_run["sft"], reward_model=micro_reward,
+                    config=Config.from_config(cfg))["policies"]["sft"] == got["policies"]["sft"]
+    model = models.load_causal_lm(micro_run["sft"])
+    model.train()
+    assert evaluate({"sft": model}, rows, tokenizer=models.load_tokenizer(micro_run["sft"]), reference=micro_run["sft"],
+                    reward_model=micro_reward, config=Config.from_config(cfg))["policies"]["sft"] == got["policies"]["sft"]
+    assert model.training
+
+
+def test_evaluate_names_what_it_cannot_evaluate(micro_run, tmp_path):
+    rows = [dict(r) for r in read_split(micro_run["data"], "test")][:2]
+    with pytest.raises(InputError, match=r"against: 'rloo' is not one of the policies \(sft\)"):
+        evaluate([micro_run["sft"]], rows, against="rloo")
+    with pytest.raises(InputError, match=r"policies: name a model object"):
+        evaluate([object()], rows)
+    with pytest.raises(InputError, match=r"rows\[1\]: a row needs its question and answer"):
+        evaluate({"sft": micro_run["sft"]}, [rows[0], {"question": "q"}])
+
+
 def readme_snippet() -> str:
     text = (ROOT / "README.md").read_text()
     block = re.search(r"<!-- python-api -->\n```python\n(.*?)```\n<!-- /python-api -->", text, re.S)
@@ -134,6 +209,9 @@ def test_the_readme_snippet_runs_as_written(micro_run, tmp_path, monkeypatch, ca
     assert set(summary["reward_functions"]) == {"correct", "concise"}  # the tuple's name, the function's own
     printed = capsys.readouterr().out
     assert printed.count("\n") >= summary["steps_trained"]  # the log printed every step
+    graded = namespace["graded"]  # both policies graded on the test split, the trained one against SFT
+    assert set(graded["policies"]) == {"sft", "rloo"} and graded["examples"] == len(read_split(micro_run["data"], "test"))
+    assert set(graded["gains"]) == {"rloo"} and len(graded["gains"]["rloo"]["sampled"]["ci95"]) == 2
 
 
 def test_load_rows_reads_a_users_records_as_prepare_does(tmp_path, monkeypatch):

@@ -280,6 +280,18 @@ def test_summary_names_the_checkpoint_and_every_alarm(tmp_path, capsys):
     assert "alarm/reward_hacking fired at step 350" in capsys.readouterr().err
 
 
+
+def test_summary_of_a_file_it_does_not_read_is_one_line(micro_run, capsys):
+    """The SFT stage's metrics (its log's last lines say what it did): one line naming the file and the kinds
+    `rloo summary` reads, exit status 2, not a traceback."""
+    from rloo_workflow.cli import main
+
+    path = micro_run["sft"] / "metrics.json"
+    assert main(["summary", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"rloo summary: error: {path}: not a file rloo summary reads; it reads a sweep")
+
+
 def test_summary_reports_the_sampling_mismatch():
     from rloo.eval import report
 

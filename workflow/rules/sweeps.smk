@@ -1,5 +1,6 @@
 # A sweep's target, results/sweeps/<name>.json: every point of the grid `sweeps.<name>` through the
-# stages it changes (workflow/rules/variants.smk), then one table, the best point by validation accuracy.
+# stages it changes (workflow/rules/variants.smk), then one table: the best point by validation accuracy
+# and its margin over the runner-up, or a tie.
 rule sweep:
     input:
         unpack(guarded(OUT["sweep"].values(), lambda wildcards: {"results": list(sweep_results(wildcards.sweep).values())})),
@@ -14,6 +15,8 @@ rule sweep:
     conda:
         RLOO_ENV
     log:
+        # each point's report appends its line as it ends (rloo_workflow.sweep_table.log_path, the same file);
+        # Snakemake empties it as this job starts, which then writes every point's line and the winner
         f"{LOGS}/sweep_{{sweep}}.log",
     benchmark:
         f"{LOGS}/benchmarks/sweep_{{sweep}}.tsv"

@@ -16,7 +16,6 @@ from rloo.settings.training import refuse_batch_over_data
 def check_settings(sections: Config, n_train: int, source: str = "the rows handed in") -> None:
     """Raise InputError for the first setting of `sections` a trainer on `n_train` prompts (`source`) cannot
     run."""
-    extras.require(sections, "rloo")  # rloo.api's trainers too: vLLM missing is one line, before any model loads
     rc = sections.rloo
     if problems := k_problems(rc.estimator, rc.k, rc.dynamic_sampling):
         raise InputError(f"rloo.k={rc.k}: {problems[0]}")
@@ -34,3 +33,6 @@ def check_settings(sections: Config, n_train: int, source: str = "the rows hande
     if lora.enabled(sections.model) and vllm:
         raise InputError("model.lora with rollout.backend=vllm: the engine would sample from the base weights "
                          "(no adapter sync); use rollout.backend hf with LoRA, or turn model.lora off")
+    # last: a setting that cannot run anywhere is the user's to fix first; then what this machine lacks
+    # (rloo.api's trainers too: vLLM missing is one line, before any model loads)
+    extras.require(sections, "rloo")

@@ -107,18 +107,6 @@ def test_every_internal_works_with_the_installed_snakemake(workflow_dir, capsys)
     subprocess.run([str(Path(sys.executable).parent / "snakemake"), "--cores", "1", "--forceall"], cwd=workflow_dir,
                    check=True, capture_output=True)
     assert smk.rerun_reasons(workflow_dir, []) == []
-    # another run's lock (rloo why-rerun): on a file of this DAG Snakemake refuses it, on another not
-    assert not smk.plan(workflow_dir, []).lock_held
-    lock = workflow_dir / ".snakemake" / "locks" / "0.output.lock"
-    for path, refused in (("a.txt", True), ("elsewhere.txt", False)):
-        lock.parent.mkdir(exist_ok=True)
-        lock.write_text(f"{path}\n")
-        planned = smk.plan(workflow_dir, [])
-        assert (planned.locked, planned.lock_held) == (refused, True)
-        res = subprocess.run([str(Path(sys.executable).parent / "snakemake"), "--cores", "1", "--forceall"],
-                             cwd=workflow_dir, capture_output=True, text=True)
-        assert (res.returncode != 0 and "LockException" in res.stdout + res.stderr) == refused, res.stderr
-        lock.unlink(missing_ok=True)  # a run that ends removes the folder of locks, others' too
     (workflow_dir / "config.yaml").write_text("k: 2\n")
     reasons = {r.job.stage: r for r in smk.rerun_reasons(workflow_dir, [])}
     assert list(reasons) == ["a", "b@x"]
@@ -162,3 +150,19 @@ def test_pyproject_pins_snakemake_to_the_tested_minor_version():
     assert installed.split(".")[:2] == [str(major), str(minor)], (
         f"Snakemake {installed} is installed; rloo_workflow/dvc/dag.py is tested with {smk.TESTED}.x ({pin}). "
         "Run tests/integration/test_snakemake_api.py and tests/e2e/test_dvc.py with it, then move TESTED and the pin")
+
+
+def test_another_runs_lock_on_a_file_of_the_dag_is_the_one_snakemake_refuses(workflow_dir):
+    """rloo why-rerun's lock check (`plan().locked`) against real Snakemake: a lock on a file of this DAG
+    makes it refuse the run (LockException), a lock on another file does not."""
+    assert not smk.plan(workflow_dir, []).lock_held
+    lock = workflow_dir / ".snakemake" / "locks" / "0.output.lock"
+    for path, refused in (("a.txt", True), ("elsewhere.txt", False)):
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        lock.write_text(f"{path}\n")
+        planned = smk.plan(workflow_dir, [])
+        assert (planned.locked, planned.lock_held) == (refused, True)
+        res = subprocess.run([str(Path(sys.executable).parent / "snakemake"), "--cores", "1", "--forceall"],
+                             cwd=workflow_dir, capture_output=True, text=True)
+        assert (res.returncode != 0 and "LockException" in res.stdout + res.stderr) == refused, res.stderr
+        lock.unlink(missing_ok=True)  # a run that ends removes the folder of locks, others' too

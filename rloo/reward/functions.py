@@ -32,7 +32,7 @@ import numbers
 import os
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -281,6 +281,14 @@ def user_files(config: Any) -> list[Path]:
         if path not in out:
             out.append(path)
     return out
+
+
+def callable_files(functions: Iterable[RewardFunction]) -> list[Path]:
+    """The user's files among those the code of `functions` lies in (callables handed to rloo.api): what
+    the run's checkpoint identity counts, as `user_files` for the configured ones."""
+    not_user = _not_user_roots()
+    files = (Path(f._file) for f in functions if f._file)
+    return list(dict.fromkeys(f for f in files if f.is_file() and _is_user_file(f, not_user)))
 
 
 def _from_file(key: str, name: str, fn: str, weight: float, max_failed_share: float) -> RewardFunction:

@@ -412,12 +412,13 @@ def installed() -> Codebase:
 
 
 def training_fingerprint(stage: str, user_files: Iterable[str | Path] = (),
-                         package_functions: Iterable[Key] = ()) -> Fingerprint:
+                         package_functions: Iterable[Key] = (), callers: Iterable[Key] = ()) -> Fingerprint:
     """The code of `stage`'s training run (`TRAINING_CODE`; sft, reward or rloo) and the user's files it runs
-    (`user_files`: reward functions' files) with the package's functions the config names."""
+    (`user_files`: reward functions' files) with the package's functions the config names; `callers`: the
+    code that starts the run and reads its inputs (a workflow stage's `run`, read as source like the rest)."""
     code = installed()
-    return code.fingerprint_of(stage, code.reachable(TRAINING_CODE[stage]), [Path(f) for f in user_files],
-                               tuple(package_functions))
+    keys = code.reachable([*TRAINING_CODE[stage], *callers])
+    return code.fingerprint_of(stage, keys, [Path(f) for f in user_files], tuple(package_functions))
 
 
 def file_digests(fp: Fingerprint) -> dict[str, str]:

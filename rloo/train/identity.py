@@ -43,12 +43,13 @@ def bookkeeping(stage: str, config: Config) -> tuple[str, ...]:
 def run_identity(config: Config, stage: str, *, data_dir: str | Path | None = None,
                  rows: Sequence[Mapping] | None = None, model_dir: str | Path | None = None,
                  reward_model_dir: str | Path | None = None, reward_names: Sequence[str] = (),
-                 reward_files: Sequence[str | Path] = ()) -> str:
+                 reward_files: Sequence[str | Path] = (), caller: tuple[str, str] | None = None) -> str:
     """The identity (16 hex digits) of `stage`'s run (sft, reward or rloo) on `config`: the keys its stage
     reads (`stage_config`, less `bookkeeping`), then what it trains on, the data folder `data_dir` (its
     manifest) or the `rows`, the model folders it starts from (`model_dir`, and RLOO's `reward_model_dir`:
     each one's config and the name and size of each weights file), the names of the reward functions given
-    as code (`reward_names`), and its code (`code_identity`) with the reward files the config names
+    as code (`reward_names`), and its code (`code_identity`: `caller`, the (module, function) that starts
+    the run and reads its inputs, a workflow stage's, counts too) with the reward files the config names
     (`reward_files`: a checkpoint of an earlier version of the user's reward code is not resumed)."""
     part = stage_config(config.to_config(), stage)
     for dotted in bookkeeping(stage, config):
@@ -71,14 +72,15 @@ def run_identity(config: Config, stage: str, *, data_dir: str | Path | None = No
             h.update(f"{weights.name}:{weights.stat().st_size}".encode())
     if reward_names:
         h.update(json.dumps(list(reward_names)).encode())
-    h.update(code_identity(config, stage, reward_files).encode())
+    h.update(code_identity(config, stage, reward_files, caller).encode())
     return h.hexdigest()[:16]
 
 
-def code_identity(config: Config, stage: str, reward_files: Sequence[str | Path] = ()) -> str:
+def code_identity(config: Config, stage: str, reward_files: Sequence[str | Path] = (),
+                  caller: tuple[str, str] | None = None) -> str:
     """The digest of the code `stage`'s run runs: the library's (rloo.code_fingerprint.TRAINING_CODE), the
     package's reward functions the config names and the user's `reward_files`, each by what it computes."""
     from rloo.reward.functions import package_functions
 
     functions = package_functions(config) if stage == "rloo" else []
-    return training_fingerprint(stage, reward_files, functions).digest
+    return training_fingerprint(stage, reward_files, functions, [caller] if caller else []).digest

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rloo.settings import Config
-from rloo.settings.selection import put, select
+from rloo.settings.selection import drop, put, select
 
 # What the functions below take: the typed config, or the validated dict the Snakefile (workflow/rules/*.smk)
 # and the CLI hold, which each converts once (`Config.of`) and hands on typed.
@@ -133,11 +133,7 @@ def stage_config(cfg: dict, stage: str, overrides: dict[str, Any] | None = None)
     keys, excluded = stage_keys(cfg, stage, (overrides or {}).get("rloo.estimator"))
     part = select(cfg, keys)
     for key in excluded:
-        *parents, leaf = key.split(".")
-        node = part
-        for name in parents:
-            node = node.get(name, {})
-        node.pop(leaf, None)
+        drop(part, key)
     for key, value in (overrides or {}).items():
         put(part, key, value)
     return part

@@ -17,6 +17,7 @@ from pathlib import Path
 from rloo.code_fingerprint import training_fingerprint
 from rloo.io import config_hash
 from rloo.settings import Config
+from rloo.settings.selection import drop
 from rloo.stages import stage_config
 
 # The keys a run may change and still resume its checkpoints (beside those its stage does not read,
@@ -53,11 +54,7 @@ def run_identity(config: Config, stage: str, *, data_dir: str | Path | None = No
     (`reward_files`: a checkpoint of an earlier version of the user's reward code is not resumed)."""
     part = stage_config(config.to_config(), stage)
     for dotted in bookkeeping(stage, config):
-        *parents, key = dotted.split(".")
-        node = part
-        for name in parents:
-            node = node.get(name) or {}
-        node.pop(key, None)
+        drop(part, dotted)
     h = hashlib.sha256(config_hash(part).encode())
     if data_dir is not None and (manifest := Path(data_dir) / "manifest.json").is_file():
         h.update(manifest.read_bytes())

@@ -44,7 +44,7 @@ from rloo.eval.at_k import completion_figures
 from rloo.eval.evaluation import evaluate_spec, evaluate_with_records
 from rloo.eval.gains import correctness, gain
 from rloo.model import models
-from rloo.reward.functions import RewardFunction
+from rloo.reward.functions import RewardFunction, callable_files
 from rloo.reward.rewards import FunctionReward, RewardModelReward, RewardSource, VerifierReward, build_plugin
 from rloo.runtime import setup
 from rloo.settings import (
@@ -173,8 +173,10 @@ def train_rloo(policy: str | Path | PreTrainedModel, rows: Sequence[Mapping], ou
         raise InputError("no prompts to train on")
     out_dir, work_dir, policy, threads = _started(policy, tokenizer, out_dir, work_dir, config)
     source = reward_source(reward)
-    names = [f.fn for f in getattr(source, "functions", [])] or [source.name]
-    fingerprint = run_identity(config, "rloo", rows=rows, model_dir=policy, reward_names=names)
+    functions = getattr(source, "functions", [])
+    names = [f.fn for f in functions] or [source.name]
+    fingerprint = run_identity(config, "rloo", rows=rows, model_dir=policy, reward_names=names,
+                               reward_files=callable_files(functions))
     return rloo_run.run(config, policy, [dict(r) for r in rows], out_dir, work_dir, fingerprint,
                         val=[dict(r) for r in validation], reward=source, log_to=log, facts={"threads": threads})
 

@@ -205,6 +205,13 @@ def user_files(fns: Iterable[str]) -> list[Path]:
     return out
 
 
+def users_own(paths: Iterable[Path]) -> list[Path]:
+    """Those of `paths` that are files of the user's own code (not this package's, not the installation's),
+    each once, in order."""
+    not_user = _not_user_roots()
+    return list(dict.fromkeys(p for p in paths if p.is_file() and _is_user_file(p, not_user)))
+
+
 def package_functions(fns: Iterable[str]) -> list[tuple[str, str]]:
     """(module, function) of each of the plug-ins `fns` that this package holds
     (`rloo.reward.verifier:reward`): code a stage runs by name, which its code fingerprint counts."""

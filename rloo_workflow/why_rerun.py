@@ -19,8 +19,9 @@ import socket
 import sys
 from pathlib import Path
 
+from rloo.code_fingerprint import changes, parse_param
 from rloo_workflow import running
-from rloo_workflow.code_fingerprint import changes, load_manifest, parse_param
+from rloo_workflow.code_fingerprint import load_manifest
 from rloo_workflow.config import changed_keys
 from rloo_workflow.dvc.dag import Rerun, plan
 from rloo_workflow.dvc.dvcyaml import DvcError, configfile_parser, project_root

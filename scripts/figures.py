@@ -775,7 +775,7 @@ def config_chain(named: list[str]) -> set[str]:
 def changes_code(git, commit: str, paths: list[str]) -> bool:
     """Whether `commit` changes any of `paths` in more than its comments and docstrings (the stages'
     code fingerprints compare code the same way: rloo_workflow.code_fingerprint.same_meaning)."""
-    from rloo_workflow.code_fingerprint import same_meaning
+    from rloo.code_fingerprint import same_meaning
 
     for path in git("diff-tree", "--no-commit-id", "--name-only", "-r", commit, "--", *paths).splitlines():
         if not same_meaning(path, git("show", f"{commit}^:{path}"), git("show", f"{commit}:{path}")):

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,6 +119,12 @@ def user_files(config: Any) -> list[Path]:
     """The files of the user's own code that the configured reward functions run (rloo.plugins.user_files):
     the rloo and evaluate stages' code fingerprints count them."""
     return plugins.user_files(f.fn for f in _functions(config) or ())
+
+
+def callable_files(functions: Iterable[RewardFunction]) -> list[Path]:
+    """The user's files among those the code of `functions` lies in (callables handed to rloo.api): what
+    the run's checkpoint identity counts, as `user_files` for the configured ones."""
+    return plugins.users_own(Path(f._file) for f in functions if f._file)
 
 
 def _from_file(key: str, name: str, fn: str, weight: float, max_failed_share: float) -> RewardFunction:

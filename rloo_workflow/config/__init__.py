@@ -1,6 +1,7 @@
 """The run's configuration: read (overlays), checked against the schema (checks), cut per stage (selection).
 The names below are what stages, the CLI and the Snakefile use."""
 
+from rloo.settings.selection import changed_keys, config_hash, select, with_overrides
 from rloo_workflow.config.checks import validate
 from rloo_workflow.config.overlays import (
     JOB_CONFIG_DIR,
@@ -16,7 +17,6 @@ from rloo_workflow.config.overlays import (
     resolved_base,
 )
 from rloo_workflow.config.schema import SCHEMA_PATH, ConfigError, load_schema
-from rloo_workflow.config.selection import changed_keys, config_hash, select, with_overrides
 
 __all__ = [
     "JOB_CONFIG_DIR", "RESOLVED_ENV", "SCHEMA_PATH", "ConfigError", "changed_keys", "config_extends", "config_hash", "declares_extends",

@@ -13,8 +13,8 @@ from typing import Any
 from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 from rloo.settings import Config, section_types
+from rloo.settings.selection import leaves, put, select
 from rloo_workflow.config.schema import ConfigError, Validator, coerce, key_path, load_schema
-from rloo_workflow.config.selection import leaves, put, select
 from rloo_workflow.host_memory import config_problems as host_memory_problems
 
 # The key by which an overlay names the config it lays itself over, then its old spelling (still read):

@@ -10,8 +10,9 @@ from typing import Any
 
 import yaml
 
+from rloo.code_fingerprint import parse_param
 from rloo.io import atomic_path
-from rloo_workflow.code_fingerprint import FINGERPRINTS_FILE, parse_param
+from rloo_workflow.code_fingerprint import FINGERPRINTS_FILE
 from rloo_workflow.dvc.dag import SENTINEL, Dag, Job, snakemake_dag
 from rloo_workflow.dvc.dvcyaml import (
     DVC_YAML,

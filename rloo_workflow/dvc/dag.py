@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rloo_workflow.dvc.dvcyaml import (
+    VARIANT_WILDCARD,
     DvcError,
     covers,
     dvc_rule,
@@ -184,6 +185,40 @@ def _other_wildcards(workflow, rule_name: str) -> tuple[str, ...]:
     return tuple(n for n in attr("Rule", rule, "wildcard_names") if n != "variant")
 
 
+def _of_this_config(workflow, stages: Iterable[str]) -> list[str]:
+    """`stages` less those of a sweep this config does not define (its points' and its table's): a sweep
+    given to one run with --config left them in dvc.yaml and dvc.lock, and their outputs on disk (in
+    folders of their own, which no other job reads). They are left as they are, and one line says so; a
+    run with that sweep again finds them up to date."""
+    from rloo.errors import InputError
+    from rloo_workflow.pipeline import parse_variant, sweep_grid, variant_fields
+
+    config = attr("Workflow", workflow, "config")
+    kept, foreign = [], {}
+    for name in stages:
+        rule, _, value = name.partition("@") if "@" in name else name.partition("-")
+        variant = variant_job(rule, value, _other_wildcards(workflow, rule)) if variant_rule(rule) else None
+        try:
+            if variant:
+                parse_variant(config, variant[1][VARIANT_WILDCARD])
+            elif rule == "sweep":  # the table of sweep `value`
+                sweep_grid(config, value)
+        except InputError:
+            sweep = variant_fields(variant[1][VARIANT_WILDCARD])[1]["sweep"] if variant else value
+            foreign.setdefault(sweep, []).append(name)
+            continue
+        kept.append(name)
+    line = (f"left as they are: the stages of {', '.join(f'sweeps.{s}' for s in sorted(foreign))}, a sweep this "
+            f"config does not define (given with --config?): {', '.join(n for ns in foreign.values() for n in ns)}")
+    if foreign and line not in _SAID:  # once a process: a commit builds the DAG twice
+        _SAID.add(line)
+        log(line)
+    return kept
+
+
+_SAID: set[str] = set()
+
+
 def _stage_target(workflow, name: str) -> str | None:
     """An output file of DVC stage `name` (`rule` or `rule@value`), or None (with a message) when the
     workflow no longer has the rule or the rule does not accept the value."""
@@ -263,6 +298,7 @@ def built_dag(root: Path, configfiles: list[str], targets: Iterable[str] = (), s
             workdir=root,
         )
         workflow = attr("WorkflowApi", wf_api, "_workflow")
+        stages = _of_this_config(workflow, stages)
         wanted = {*(["all"] if default else []), *targets} | {t for s in stages if (t := _stage_target(workflow, s))}
         wf_api.dag(DAGSettings(targets=frozenset(wanted), forceall=forceall))
         call("Workflow", workflow, "_prepare_dag", forceall=forceall, ignore_incomplete=True,

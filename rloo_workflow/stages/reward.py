@@ -28,7 +28,8 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
     threads = setup(distributed.threads(config.threads), config.seed)
     out_dir = Path(out_dir)
     work_dir = Path(work_dir) if work_dir is not None else out_dir.parent / "work" / out_dir.name
-    fingerprint = distributed.fingerprint(run_identity(config, "reward", data_dir=data_dir, model_dir=policy_dir))
+    fingerprint = distributed.fingerprint(run_identity(config, "reward", data_dir=data_dir, model_dir=policy_dir,
+                                                          caller=(__name__, "run")))
     return reward.run(config, policy_dir, read_split(data_dir, "train"), out_dir, work_dir,
                       fingerprint, log_to=tracking.STAGE_LOG, facts={"threads": threads},
                       source=str(Path(data_dir) / "train.jsonl"))

@@ -47,7 +47,9 @@ def run(
     train = training_prompts(read_split(data_dir, "train"), rc.min_solution_steps)
     val = read_split(data_dir, "val")
     reward = build_reward(cfg, str(reward_model_dir) if reward_model_dir else None)
-    fingerprint = run_identity(config, "rloo", data_dir=data_dir, model_dir=policy_dir, reward_files=user_files(config))
+    fingerprint = run_identity(config, "rloo", data_dir=data_dir, model_dir=policy_dir,
+                               reward_model_dir=reward_model_dir, reward_files=user_files(config),
+                               caller=(__name__, "run"))
     summary = rloo.run(config, policy_dir, train, out_dir, work_dir, distributed.fingerprint(fingerprint), val=val,
                        reward=reward, reward_model_dir=reward_model_dir, log_to=tracking.STAGE_LOG,
                        facts={"threads": threads},

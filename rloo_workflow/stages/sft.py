@@ -28,6 +28,7 @@ def run(cfg: dict, data_dir: str | Path, base_dir: str | Path, out_dir: str | Pa
     data_dir = Path(data_dir)
     train, test = read_split(data_dir, "train"), read_split(data_dir, "test")
     base.check_matches(Path(base_dir), config.model)
-    fingerprint = distributed.fingerprint(run_identity(config, "sft", data_dir=data_dir))
+    fingerprint = distributed.fingerprint(run_identity(config, "sft", data_dir=data_dir, model_dir=base_dir,
+                                                          caller=(__name__, "run")))
     return sft.run(config, base_dir, train, out_dir, work_dir, fingerprint, test=test, log_to=tracking.STAGE_LOG,
                    facts={"threads": threads}, source=str(data_dir / "train.jsonl"))

@@ -1,8 +1,9 @@
-"""What a run's tags say about where it came from: git commit, host, Slurm job, md5 of each output.
+"""What a run's tags say about where it came from: git commit, host, Slurm job, md5 of each output, and a
+stage's identity: the digest of what it reads of the config and of the code it runs, with each code
+file's digest (rloo_workflow/code_fingerprint.py computes them; the user's reward files among them).
 
 Output md5s are computed the way DVC 3 does (a folder's ends in `.dir`), so a run's `dvc.md5.<path>`
-tag can be compared with dvc.lock without DVC installed. (What code a stage runs is
-rloo_workflow/code_fingerprint.py's job, not this one's.)
+tag can be compared with dvc.lock without DVC installed.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import os
 import socket
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 
 from rloo.io import file_digest
@@ -32,14 +34,40 @@ def git_output(args: list[str], cwd: Path) -> str | None:
     return res.stdout.strip() if res.returncode == 0 else None
 
 
-def git_info(cwd: Path | None = None) -> dict[str, str]:
-    """Commit (and whether tracked files differ from it) of the project run from, else of the package."""
+def git_info(cwd: Path | None = None, named: Iterable[Path] = ()) -> dict[str, str]:
+    """Commit of the project run from, else of the package, and whether the code run differs from it:
+    tracked files changed, or a file the config names (`named`: a reward function's) that git does not
+    track, so that the commit does not hold it."""
     for where in (cwd or Path.cwd(), Path(__file__).resolve().parent):
         commit = git_output(["rev-parse", "HEAD"], where)
         if commit:
             dirty = git_output(["status", "--porcelain", "--untracked-files=no"], where)
-            return {"git_commit": commit, "git_dirty": str(bool(dirty)).lower()}
+            untracked = [f for f in named if git_output(["ls-files", "--error-unmatch", "--", str(f)], where) is None]
+            return {"git_commit": commit, "git_dirty": str(bool(dirty or untracked)).lower()}
     return {}
+
+
+IDENTITY_TAG = "rloo.identity"  # a stage run's identity: its settings' and its code's digests, hashed
+CODE_TAG = "rloo.code."  # + a file: the digest of what the stage runs of it (rloo.code_fingerprint.file_digests)
+
+
+def identity_tags(cfg: dict, stage: str, settings_hash: str) -> dict[str, str]:
+    """`stage`'s identity under `cfg` and its parts: `rloo.identity` over `settings_hash` (what the stage
+    reads of the config) and the stage's code fingerprint (`rloo.identity.code`), each file's digest
+    (`rloo.code.<file>`), and the user's files among them (`rloo.user_files`); `git_dirty` counts those
+    git does not track. Two runs with the same settings and commit but another reward file differ here."""
+    from rloo.code_fingerprint import file_digests
+    from rloo.reward.functions import user_files
+    from rloo.settings import Config
+    from rloo_workflow.code_fingerprint import stage_fingerprint
+
+    fp = stage_fingerprint(stage, cfg, cached=False)
+    users = user_files(Config.of(cfg)) if stage in ("rloo", "evaluate") else []
+    tags = {IDENTITY_TAG: hashlib.sha256(f"{settings_hash}:{fp.digest}".encode()).hexdigest()[:16],
+            f"{IDENTITY_TAG}.code": fp.digest, "rloo.user_files": json.dumps([rel_path(f) for f in users])}
+    tags |= {CODE_TAG + tag_path(rel_path(Path(f)) if Path(f).is_absolute() else f): digest
+             for f, digest in file_digests(fp).items()}
+    return tags | git_info(named=users)
 
 
 def dvc_md5(path: Path) -> tuple[str, dict[str, dict]]:

@@ -23,7 +23,7 @@ import rloo_workflow.tracking.store as store  # not `from rloo_workflow.tracking
 from rloo.train.run_log import RunLog
 from rloo_workflow.tracking.artifacts import WEIGHT_SUFFIXES, artifact_files
 from rloo_workflow.tracking.params import config_params, config_part, flatten, leaf_keys
-from rloo_workflow.tracking.provenance import dvc_lock_md5s, dvc_md5, rel_path, tag_path
+from rloo_workflow.tracking.provenance import dvc_lock_md5s, dvc_md5, identity_tags, rel_path, tag_path
 from rloo_workflow.tracking.records import new_record, recorded_runs, runs_dir
 from rloo_workflow.tracking.redact import redact
 from rloo_workflow.tracking.run import Run, open_run
@@ -129,6 +129,11 @@ def _start_stage_run(cfg: dict, stage: str, keys: list[str] | None, outputs: lis
     earlier = order[: order.index(base)] if base in order else []
     tags.update({f"rloo.upstream.{name}": rec["run_id"] for name, rec in recorded_runs(runs_dir(cfg)).items()
                  if rec.get("run_id") and _stage_base(name) in earlier})
+    if base in STAGES:
+        try:
+            tags |= identity_tags(cfg, base, tags["config_hash_stage"])
+        except (OSError, ValueError, SyntaxError) as e:  # a reward file that does not parse: the stage says so
+            log.warning("MLflow: no identity tags for stage %s: %s", stage, e)
     run_id = open_run(client, experiment_id, stage, "stage", parent, tags)
     experiment = store.experiment_name(cfg)
     with contextlib.suppress(Exception):

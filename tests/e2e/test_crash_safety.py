@@ -3,6 +3,7 @@
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
+from code_edits import append_comment, semantic_edit
 from model_helpers import evaluate_and_report
 
 from rloo.model import checkpoint, models
@@ -87,6 +90,49 @@ def test_sigterm_checkpoints_exits_nonzero_and_the_rerun_resumes(micro_run, tmp_
     assert json.loads((tmp_path / "work" / "timings.json").read_text())["resumed_from_step"] == step
     b = _weights(tmp_path / "out")
     assert all(torch.equal(uninterrupted[k], b[k]) for k in b)
+
+
+BONUS = "def bonus(completions, **kwargs):\n    return [float(len(c) % 3) for c in completions]\n"
+
+
+@pytest.mark.slow
+def test_a_checkpoint_resumes_across_a_comment_not_an_edit_of_the_code_or_the_reward_file(micro_run, tmp_path):
+    """Issue 70: `rloo train` resumed a checkpoint after `rloo_advantages` was edited. The identity a
+    checkpoint must match counts the code the run runs (rloo.code_fingerprint.training_fingerprint) and the
+    user's reward file: on a copy of the package (its code is what runs), a finished run's work folder is
+    resumed after a comment, and refused, in one line, after an edit of the estimator or of the reward
+    file's body."""
+    for name in ("rloo", "rloo_workflow"):
+        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "bonus.py").write_text(BONUS)
+    (tmp_path / "reward.yaml").write_text(yaml.safe_dump({"reward": {"source": "function", "functions": [
+        {"name": "bonus", "fn": f"{tmp_path / 'bonus.py'}:bonus"}]}}))
+    cmd = [sys.executable, "-m", "rloo_workflow.cli", "train", "-c", str(ROOT / "config" / "micro.yaml"),
+           "-c", str(tmp_path / "reward.yaml"), "--set", "rloo.steps=2", "--set", "rloo.checkpoint_every=1",
+           "--set", "tracking.enabled=false", "--data", str(micro_run["data"]), "--policy", str(micro_run["sft"]),
+           "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")]
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "PYTHONDONTWRITEBYTECODE": "1"}
+
+    def train() -> subprocess.CompletedProcess:
+        return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+
+    first = train()
+    assert first.returncode == 0 and "resumed from" not in first.stderr, first.stderr[-3000:]
+    estimators = tmp_path / "rloo" / "algo" / "estimators.py"
+    original = estimators.read_text()
+    append_comment(estimators)  # what the code computes is the same: the checkpoint resumes
+    again = train()
+    assert again.returncode == 0 and "resumed from" in again.stderr, again.stderr[-3000:]
+    for edit in (lambda: semantic_edit(estimators, "rloo_advantages"),
+                 lambda: (tmp_path / "bonus.py").write_text(BONUS.replace("% 3", "% 5"))):
+        edit()
+        refused = train()
+        lines = refused.stderr.strip().splitlines()
+        assert refused.returncode != 0 and "resumed from" not in refused.stderr, refused.stderr[-3000:]
+        assert "written by a run with other settings" in lines[-1] and "Traceback" not in refused.stderr, lines[-5:]
+        estimators.write_text(original)
+    (tmp_path / "bonus.py").write_text(BONUS)
+    assert "resumed from" in train().stderr  # both back as they were: the same identity
 
 
 @pytest.mark.slow

@@ -423,6 +423,36 @@ def test_two_targets_at_once_both_commit(tracked_workflow, tmp_path):
     assert dvc_status(repo) == {}
 
 
+@pytest.mark.slow
+def test_a_sweep_given_on_the_command_line_breaks_no_later_run_commit_or_status(tracked_workflow, tmp_path):
+    """Issue 70: after docs/workflow.md's command-line sweep (`--config 'sweeps={...}'`), every later run
+    ended in ~95 lines of tracebacks (`no sweep named ...`, `rloo dvc: commit failed`) and `rloo dvc
+    commit` failed the same way: the sweep's stages in dvc.yaml and dvc.lock named a sweep the plain
+    config does not define. They are left as they are, said in one line; the run, the commit and `dvc
+    status` succeed."""
+    repo = tmp_path / "repo"
+    subprocess.run(["cp", "-a", str(tracked_workflow["wf"]), str(repo)], check=True)
+    sweep = snakemake(repo, "results/sweeps/beta.json", "--cores", "1", *CONFIGFILES,
+                      "--config", "sweeps={beta: {rloo.beta: [0.05]}}", timeout=900)  # a grid of one point
+    out = sweep.stdout + sweep.stderr
+    assert "commit failed" not in out and re.search(r"committed \d+ stage\(s\)", out), out[-4000:]
+    assert any(s.startswith("rloo_sweep") for s in stages(repo)), sorted(stages(repo))
+    (repo / "results/toy_variance.json").unlink()  # a plain run with a job to do, so that it commits
+    plain = snakemake(repo, "--cores", "1", *CONFIGFILES)
+    assert re.search(r"committed \d+ stage\(s\)", plain.stdout + plain.stderr), (plain.stdout + plain.stderr)[-4000:]
+    commit = run(repo, "rloo", "dvc", "commit", "--configfile", *CONFIG)
+    status = run(repo, "dvc", "status")
+    for res in (plain, commit, status):
+        text = res.stdout + res.stderr
+        assert "Traceback" not in text and "commit failed" not in text and "no sweep named" not in text, text[-4000:]
+    said = [line for line in (plain.stdout + plain.stderr).splitlines() if "sweeps.beta" in line]
+    assert len(said) == 1 and "a sweep this config does not define" in said[0], said
+    # what the sweep made stays, on disk and in dvc.lock: a run with the sweep again has nothing to do
+    assert list(repo.glob("results/sweeps/beta/p*/gsm8k_rloo.json"))
+    assert any(s.startswith("rloo_sweep") for s in yaml.safe_load((repo / "dvc.lock").read_text())["stages"])
+    assert planned(repo, "results/sweeps/beta.json", extra_config="sweeps: {beta: {rloo.beta: [0.05]}}\n") == {}
+
+
 def test_one_rloo_dvc_at_a_time_in_a_project(tmp_path):
     """`rloo dvc` (every command; the commit after a run is one) waits, saying so, while another holds the
     project's lock, and goes on once it is released."""

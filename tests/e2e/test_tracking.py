@@ -350,6 +350,56 @@ def test_output_outside_the_working_directory_is_tagged(tmp_path, monkeypatch):
     assert tags[f"md5.{key}/model.safetensors"] == _md5(out / "model.safetensors")
 
 
+@pytest.mark.slow
+def test_a_stage_run_names_its_identity_and_the_reward_file_that_made_it(tmp_path, monkeypatch):
+    """Issue 70: two RLOO runs that differ only in the body of the user's reward file had the same
+    config_hash and git_commit, and git_dirty=false with that file untracked. Their runs' identities
+    differ now, as do the file's digests (`rloo.code.<file>`), while the library's files' are the same;
+    git_dirty is true while git does not track the file, and a comment in it changes nothing."""
+    from mlflow import MlflowClient
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@example.org", "GIT_CONFIG_GLOBAL": os.devnull}
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True, env={**os.environ, **env})
+
+    (tmp_path / ".gitignore").write_text("mlflow.db\nmlruns/\nresults/\n")
+    git("init", "-q")
+    git("add", ".gitignore")
+    git("commit", "-qm", "project")
+    bonus = tmp_path / "bonus.py"
+    good = "def bonus(completions, **kwargs):\n    return [1.0 for _ in completions]\n"
+    bonus.write_text(good)
+    cfg = load_config(MICRO, {"reward": {"source": "function", "functions": [{"name": "bonus", "fn": "bonus.py:bonus"}]}})
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+
+    def tags(body: str) -> dict[str, str]:
+        bonus.write_text(body)
+        with tracking.stage_run(cfg, "rloo") as run:
+            pass
+        return client.get_run(run.run_id).data.tags
+
+    a = tags(good)
+    b = tags(good.replace("1.0", "1 / 0"))  # a body that raises
+    assert a["config_hash"] == b["config_hash"] and a["git_commit"] == b["git_commit"]
+    assert a["rloo.identity"] != b["rloo.identity"] and a["rloo.identity.code"] != b["rloo.identity.code"]
+    assert a["rloo.code.bonus.py"] != b["rloo.code.bonus.py"]
+    assert json.loads(a["rloo.user_files"]) == ["bonus.py"]
+    library = {k: v for k, v in a.items() if k.startswith("rloo.code.rloo/")}
+    assert "rloo.code.rloo/algo/estimators.py" in library and library == {k: v for k, v in b.items() if k in library}
+    assert a["git_dirty"] == b["git_dirty"] == "true"  # no tracked file changed: the reward file is untracked
+    git("add", "bonus.py")
+    git("commit", "-qm", "the reward")
+    c = tags(good + "# a comment\n")  # the commit holds the file; a comment is no change of what it computes
+    assert c["git_dirty"] == "true"  # ... but the file on disk differs from the commit
+    git("commit", "-qam", "the comment")
+    d = tags(good + "# a comment\n")
+    assert d["git_dirty"] == "false" and d["rloo.identity"] == c["rloo.identity"] == a["rloo.identity"]
+
+
 def test_failed_stage_run_is_marked_failed(tmp_path, monkeypatch):
     from mlflow import MlflowClient
 

@@ -245,3 +245,39 @@ def test_load_rows_reads_a_users_records_as_prepare_does(tmp_path, monkeypatch):
         load_rows(records, fields=shape["fields"], answer_format="bare")
     with pytest.raises(InputError, match=r"^fields: \{'prompt': 'problem'\} names other keys than question and answer$"):
         load_rows(records, fields={"prompt": "problem"})
+
+
+@pytest.mark.slow
+def test_a_rerun_resumes_unless_the_reward_callables_file_changed(micro_run, tmp_path, caplog):
+    """Issue 70: the API's checkpoint identity counts the user's file a reward callable lies in, by what
+    it computes: the same call resumes its checkpoints, an edited body is refused in one line."""
+    import dataclasses
+    import importlib.util
+    import logging
+
+    from rloo.model import checkpoint
+
+    def bonus_of(body: str):
+        (tmp_path / "bonus.py").write_text(body)
+        spec = importlib.util.spec_from_file_location("bonus", tmp_path / "bonus.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.bonus
+
+    body = "def bonus(completions, **kwargs):\n    return [float(len(c) % 3) for c in completions]\n"
+    rows = training_prompts(read_split(micro_run["data"], "train"), 0)
+    config = Config.from_config(micro_run["cfg"])
+    config = dataclasses.replace(config, rloo=dataclasses.replace(config.rloo, steps=2, checkpoint_every=1,
+                                                                  eval_every=0, select="last"))
+
+    def train(reward) -> dict:
+        return train_rloo(micro_run["sft"], rows, tmp_path / "out", reward=reward, config=config,
+                          work_dir=tmp_path / "work")
+
+    train(bonus_of(body))
+    assert "resumed from" not in caplog.text
+    with caplog.at_level(logging.INFO):
+        train(bonus_of(body + "# a comment\n"))  # the same code
+    assert "resumed from" in caplog.text
+    with pytest.raises(checkpoint.CheckpointError, match="written by a run with other settings"):
+        train(bonus_of(body.replace("% 3", "% 5")))

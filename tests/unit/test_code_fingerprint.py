@@ -14,15 +14,8 @@ from pathlib import Path
 import pytest
 from code_edits import append_comment, edit_module_docstring, edit_setting_docs, semantic_edit
 
-from rloo_workflow.code_fingerprint import (
-    PACKAGES,
-    Codebase,
-    changes,
-    installed,
-    parse_param,
-    semantic_dump,
-    semantic_tree,
-)
+from rloo.code_fingerprint import PACKAGES, changes, parse_param, semantic_dump, semantic_tree
+from rloo_workflow.code_fingerprint import Codebase, installed
 from rloo_workflow.pipeline import STAGES
 
 ROOT = Path(__file__).resolve().parents[2]

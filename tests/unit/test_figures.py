@@ -209,7 +209,7 @@ def test_a_pipeline_figure_runs_the_default_config_and_the_overlays_its_command_
 def test_stale_counts_a_change_of_meaning_not_of_comments():
     """`figures.py stale` skips a commit that only edits comments or docstrings (a config's note, a code
     comment): the same comparison as the stages' code fingerprints (rloo_workflow.code_fingerprint.same_meaning)."""
-    from rloo_workflow.code_fingerprint import same_meaning
+    from rloo.code_fingerprint import same_meaning
 
     yml = "sft:\n  steps: 60   # enough\n"
     assert same_meaning("config/x.yaml", yml, "# a note\nsft:\n  steps: 60   # more than enough\n")

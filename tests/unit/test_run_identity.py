@@ -1,7 +1,7 @@
 """A training run's identity (rloo/train/identity.py), the one formula the stages and rloo.api resume by: a
-bookkeeping key leaves it, any other key of the run's sections, the data, the starting model's weights
-and the user's reward code change it. The bookkeeping keys are declared there once; the workflow's rerun
-rules read the reward model's from there."""
+bookkeeping key leaves it, any other key its stage reads (the one declaration, rloo.stages), the data, the
+starting models' weights and the user's reward code change it. That an edit of the library's code changes
+it and a comment does not, through a real `rloo train`: tests/e2e/test_crash_safety.py."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from rloo.settings import Config, RewardConfig, RlooConfig, SftConfig
-from rloo.train.identity import NOT_READ_BY_REWARD_MODEL, bookkeeping, run_identity
-from rloo_workflow.pipeline import STAGES
+from rloo.settings import Config, RewardConfig, RlooConfig, RolloutConfig, SftConfig
+from rloo.stages import NOT_READ_BY_REWARD_MODEL, STAGES, stage_keys
+from rloo.train.identity import BOOKKEEPING, bookkeeping, run_identity
 
 
 def _folders(tmp_path: Path) -> tuple[Path, Path]:
@@ -61,9 +61,24 @@ def test_the_inputs_change_it(tmp_path):
                                                                                       reward_names=["b"])
 
 
+def test_the_keys_are_the_declarations():
+    """The run reads what its stage declares: RLOO's rollout settings count (rollout.backend), the sampler's
+    threads (excluded there) do not; the reward model's run does not read what scores RLOO's samples."""
+    base = run_identity(Config(), "rloo")
+    assert run_identity(Config(rollout=RolloutConfig(backend="vllm")), "rloo") != base
+    assert run_identity(Config(rollout=RolloutConfig(sampler_threads=3)), "rloo") == base
+    assert "rollout" in stage_keys(Config(), "rloo")[0]
+    reward = run_identity(Config(), "reward")
+    assert run_identity(Config(reward=RewardConfig(source="judge")), "reward") == reward
+    assert set(NOT_READ_BY_REWARD_MODEL) <= set(STAGES["reward"].excluded)
+
+
 def test_the_bookkeeping_keys_are_declared_once():
-    """PPO's settings count for PPO's run alone; the reward model's run does not read what scores RLOO's
-    samples, and the pipeline reruns no reward job for those keys (pipeline.STAGES reads the library's)."""
+    """PPO's settings count for PPO's run alone (the declaration leaves them out of the others', as the
+    rerun rules do); the step count is bookkeeping under the constant LR schedule only."""
     assert "rloo.ppo" in bookkeeping("rloo", Config()) and "rloo.ppo" not in bookkeeping("rloo", _rloo(estimator="ppo"))
     assert "rloo.steps" not in bookkeeping("rloo", _rloo(lr_schedule="cosine"))  # its schedule reads the step count
-    assert set(NOT_READ_BY_REWARD_MODEL) <= set(STAGES["reward"].excluded) <= set(bookkeeping("reward", Config()))
+    # a bookkeeping key is one the stage reads (else it would be no part of the identity already)
+    for stage, keys in BOOKKEEPING.items():
+        read = stage_keys(Config(), stage)[0]
+        assert all(any(k == r or k.startswith(r + ".") for r in read) for k in keys), stage

@@ -56,3 +56,11 @@ def put(tree: dict, dotted: str, value: Any) -> None:
     for name in parents:
         tree = tree.setdefault(name, {})
     tree[leaf] = copy.deepcopy(value)
+
+
+def drop(tree: dict, dotted: str) -> None:
+    """Remove dotted key `dotted` from `tree` where it is there."""
+    *parents, leaf = dotted.split(".")
+    for name in parents:
+        tree = tree.get(name) or {}
+    tree.pop(leaf, None)

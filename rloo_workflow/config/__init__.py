@@ -9,6 +9,7 @@ from rloo_workflow.config.overlays import (
     declares_extends,
     deep_merge,
     export_resolved,
+    job_args_file,
     job_config_file,
     load_config,
     parse_set,
@@ -21,6 +22,6 @@ from rloo_workflow.config.selection import changed_keys, config_hash, select, wi
 __all__ = [
     "JOB_CONFIG_DIR", "RESOLVED_ENV", "SCHEMA_PATH", "ConfigError", "changed_keys", "config_extends", "config_hash", "declares_extends",
     "deep_merge",
-    "export_resolved", "job_config_file", "load_config", "load_schema", "parse_set", "read_job_config", "resolved_base", "select",
+    "export_resolved", "job_args_file", "job_config_file", "load_config", "load_schema", "parse_set", "read_job_config", "resolved_base", "select",
     "validate", "with_overrides",
 ]

@@ -9,10 +9,9 @@ rule reward:
         code=code("reward"),
         cfg=chain_cfg("reward"),
         lineage=chain_lineage("reward"),
-        data=data_dir,
-        guard=WORKDIR_GUARD,
-        work=chain_work("reward"),
-        variant=variant_arg,
+        args=job_args("reward", "--job-config {cfg} {variant} --data {data} --policy {input.policy} "
+                      "--out {output.model} --work {work}", cfg=chain_cfg("reward"), variant=variant_arg,
+                      data=data_dir, work=chain_work("reward")),
     conda:
         RLOO_ENV
     log:
@@ -26,6 +25,4 @@ rule reward:
         runtime=120,
         cpus_per_task=cpus,
     shell:
-        "python {params.guard} {params.work} {params.cfg} {params.code} {input} > {log} 2>&1 && "
-        "rloo reward --job-config {params.cfg} {params.variant} --set threads={threads} "
-        "--data {params.data} --policy {input.policy} --out {output.model} --work {params.work} --log {log}"
+        "rloo reward @{params.args} --set threads={threads} --log {log}"

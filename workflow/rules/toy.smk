@@ -9,6 +9,8 @@ rule toy:
     params:
         code=code("toy"),
         cfg=lambda wildcards: stage_config("toy"),
+        args=job_args("toy", "--job-config {cfg} --out {output.result} --plot {output.plot}",
+                      cfg=lambda wildcards: stage_config("toy")),
     conda:
         RLOO_ENV
     log:
@@ -20,4 +22,4 @@ rule toy:
         mem_mb=2000,
         runtime=30,
     shell:
-        "rloo toy --job-config {params.cfg} --out {output.result} --plot {output.plot} --log {log}"
+        "rloo toy @{params.args} --log {log}"

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from code_edits import append_comment, semantic_edit
 from conftest import copy_tree
-from workflow_helpers import CONFIGFILES, VENV_BIN, env_for, job_counts, snakemake, tool
+from workflow_helpers import CONFIGFILES, VENV_BIN, env_for, job_counts, planned, snakemake, tool
 
 from rloo_workflow.code_fingerprint import FINGERPRINTS_FILE
 
@@ -135,7 +135,8 @@ def test_a_rerun_whose_function_raises_ends_on_the_users_line_and_names_how_to_g
     the one line naming the user's file:line (within the last 25 lines), no frame or path of the package,
     not the stage's config nor the log, and the rule's command one short line; its traceback stays in the
     log. Snakemake deleted the finished model before the job ran: the terminal names the one command that
-    brings it back, and that command brings it back byte for byte."""
+    brings it back, and that command brings it back byte for byte; `rloo dvc restore` with the settings that
+    made it then leaves Snakemake nothing to do."""
     repo = tmp_path / "repo"  # `cp -a`: the model folders' hard links into the DVC cache kept
     subprocess.run(["cp", "-a", str(tracked_workflow["wf"]), str(repo)], check=True)
     (repo / "my_bonus.py").write_text(RAISES)
@@ -176,6 +177,9 @@ def test_a_rerun_whose_function_raises_ends_on_the_users_line_and_names_how_to_g
     assert files and sorted(p.relative_to(repo / model) for p in (repo / model).rglob("*") if p.is_file()
                             and p.name != ".snakemake_timestamp") == files
     assert all((repo / model / f).read_bytes() == (finished / f).read_bytes() for f in files)
+    # back to the settings that made it: Snakemake takes it as current once DVC has vouched for it (docs/workflow.md)
+    tool(repo, "rloo", "dvc", "restore", "--configfile", *CONFIGFILES[1:])
+    assert planned(repo, RLOO) == {}
 
 
 def test_the_reward_file_counts_in_the_code_fingerprints_dvc_reads_of_rloo_and_evaluate(chain):

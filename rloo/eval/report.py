@@ -1,5 +1,6 @@
-"""What the terminal shows when a stage ends: `rloo summary FILE` (the Snakemake rules call it), and
-the stages' own last log lines. Lines starting with `!!` need a person's attention."""
+"""What the terminal shows when a stage ends: `rloo summary FILE` (`rloo prepare`, `train` and `report`
+print theirs as they end), and the stages' own last log lines. Lines starting with `!!` need a person's
+attention."""
 
 from __future__ import annotations
 

@@ -110,12 +110,18 @@ def build_parser() -> argparse.ArgumentParser:
                             "Slurm allocation; needs distributed.strategy ddp or fsdp; default: "
                             "distributed.nproc_per_node)")
 
+    guard = argparse.ArgumentParser(add_help=False)
+    guard.add_argument("--work-guard", action="store_true",
+                       help="empty --work first unless its checkpoints are this very job's: the same config keys "
+                            "of the stage, code and inputs (set by the Snakemake rules: a rerun for a change starts "
+                            "fresh; without it a run resumes from any checkpoint its identity check accepts)")
+
     p = sub.add_parser("base", parents=[common],
                        help="the starting model as one local folder (hub id, folder, GGUF file or the embedded model)")
     p.add_argument("--data", default=None, help="data folder (the embedded tokenizer learns its texts)")
     p.add_argument("--out", default=None, help="default: paths.models/base")
 
-    p = sub.add_parser("sft", parents=[common, nproc], help="supervised fine-tuning of the reference policy")
+    p = sub.add_parser("sft", parents=[common, nproc, guard], help="supervised fine-tuning of the reference policy")
     p.add_argument("--data", default=None)
     p.add_argument("--base", default=None, help="the starting model's folder (default: paths.models/base)")
     p.add_argument("--out", default=None)
@@ -123,14 +129,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--work", default=None, help="checkpoints (default: results/work/sft)"
     )
 
-    p = sub.add_parser("train", parents=[common, nproc], help="RLOO on the SFT policy (the `rloo` stage)")
+    p = sub.add_parser("train", parents=[common, nproc, guard], help="RLOO on the SFT policy (the `rloo` stage)")
     p.add_argument("--data", default=None)
     p.add_argument("--policy", default=None, help="SFT policy folder (default: paths.models/sft)")
     p.add_argument("--reward-model", default=None, help="reward model folder (reward.source: model)")
     p.add_argument("--out", default=None, help="default: paths.models/rloo_<estimator>")
     p.add_argument("--work", default=None, help="checkpoints (default: results/work/rloo_<estimator>)")
 
-    p = sub.add_parser("reward", parents=[common, nproc], help="train the Bradley-Terry reward model")
+    p = sub.add_parser("reward", parents=[common, nproc, guard], help="train the Bradley-Terry reward model")
     p.add_argument("--data", default=None)
     p.add_argument("--policy", default=None, help="SFT policy folder (default: paths.models/sft)")
     p.add_argument("--out", default=None, help="default: paths.models/reward")
@@ -338,11 +344,12 @@ def _work(args: argparse.Namespace, cfg: dict) -> str | None:
 
 
 def _guard_work(args: argparse.Namespace, cfg: dict) -> None:
-    """A resumable stage's work folder emptied unless its checkpoints belong to this very job: what the
-    stage reads of the config, its code fingerprint and its inputs (rloo_workflow/work_guard.py). Run by
-    the command itself, so that the Snakemake rules, DVC's stages and a command typed by hand resume alike."""
+    """With --work-guard (the rules' jobs, and so DVC's stages): the work folder emptied unless its checkpoints
+    belong to this very job: what the stage reads of the config, its code fingerprint and its inputs
+    (rloo_workflow/work_guard.py). Run by the command itself, before it starts its processes, so that the
+    rules' commands stay one short line."""
     stage = pipeline.BY_VERB.get(args.stage)
-    if stage is None or not stage.work:
+    if stage is None or not stage.work or not getattr(args, "work_guard", False):
         return
     from rloo_workflow.code_fingerprint import stage_code_param
     from rloo_workflow.work_guard import guard

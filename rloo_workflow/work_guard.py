@@ -1,6 +1,6 @@
 """Keep a stage's work folder (checkpoints) only if it belongs to the same job: same parameters, same
-code, same inputs. `rloo sft`, `rloo reward` and `rloo train` run it before they start (rloo_workflow/cli.py:
-under Snakemake, under DVC and by hand alike).
+code, same inputs. `rloo sft`, `rloo reward` and `rloo train` run it before they start, given
+`--work-guard` (rloo_workflow/cli.py), as the Snakemake rules, and so DVC's stages, give it.
 
 Training stages resume from the newest checkpoint under their work folder. That is right after an
 interruption (preemption, a time limit, a killed run), and wrong when the stage runs again because a

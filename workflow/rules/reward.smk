@@ -10,7 +10,7 @@ rule reward:
         cfg=chain_cfg("reward"),
         lineage=chain_lineage("reward"),
         args=job_args("reward", "--job-config {cfg} {variant} --data {data} --policy {input.policy} "
-                      "--out {output.model} --work {work}", cfg=chain_cfg("reward"), variant=variant_arg,
+                      "--out {output.model} --work {work} --work-guard", cfg=chain_cfg("reward"), variant=variant_arg,
                       data=data_dir, work=chain_work("reward")),
     conda:
         RLOO_ENV

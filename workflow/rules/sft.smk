@@ -8,7 +8,8 @@ rule sft:
         cfg=chain_cfg("sft"),
         lineage=chain_lineage("sft"),
         args=job_args("sft", "--job-config {cfg} {variant} --data {data} --base {input.base} --out {output.model} "
-                      "--work {work}", cfg=chain_cfg("sft"), variant=variant_arg, data=data_dir, work=chain_work("sft")),
+                      "--work {work} --work-guard", cfg=chain_cfg("sft"), variant=variant_arg, data=data_dir,
+                      work=chain_work("sft")),
     conda:
         RLOO_ENV
     log:

@@ -98,7 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the job is a seed or a sweep point of the chain: its MLflow run is named "
                              "<stage>[LABEL] (e.g. rloo[seed=1]); set by the Snakemake rules")
 
-    parser = argparse.ArgumentParser(prog="rloo", description=__doc__)
+    # `rloo <verb> @FILE`: options read from FILE, one a line (the Snakemake rules' args files:
+    # rloo_workflow.config.job_args_file)
+    parser = argparse.ArgumentParser(prog="rloo", description=__doc__, fromfile_prefix_chars="@")
     sub = parser.add_subparsers(dest="stage", required=True)
 
     p = sub.add_parser("prepare", parents=[common], help="write GSM8K-format train/test splits + manifest")
@@ -110,12 +112,18 @@ def build_parser() -> argparse.ArgumentParser:
                             "Slurm allocation; needs distributed.strategy ddp or fsdp; default: "
                             "distributed.nproc_per_node)")
 
+    guard = argparse.ArgumentParser(add_help=False)
+    guard.add_argument("--work-guard", action="store_true",
+                       help="empty --work first unless its checkpoints are this very job's: the same config keys "
+                            "of the stage, code and inputs (set by the Snakemake rules: a rerun for a change starts "
+                            "fresh; without it a run resumes from any checkpoint its identity check accepts)")
+
     p = sub.add_parser("base", parents=[common],
                        help="the starting model as one local folder (hub id, folder, GGUF file or the embedded model)")
     p.add_argument("--data", default=None, help="data folder (the embedded tokenizer learns its texts)")
     p.add_argument("--out", default=None, help="default: paths.models/base")
 
-    p = sub.add_parser("sft", parents=[common, nproc], help="supervised fine-tuning of the reference policy")
+    p = sub.add_parser("sft", parents=[common, nproc, guard], help="supervised fine-tuning of the reference policy")
     p.add_argument("--data", default=None)
     p.add_argument("--base", default=None, help="the starting model's folder (default: paths.models/base)")
     p.add_argument("--out", default=None)
@@ -123,14 +131,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--work", default=None, help="checkpoints (default: results/work/sft)"
     )
 
-    p = sub.add_parser("train", parents=[common, nproc], help="RLOO on the SFT policy (the `rloo` stage)")
+    p = sub.add_parser("train", parents=[common, nproc, guard], help="RLOO on the SFT policy (the `rloo` stage)")
     p.add_argument("--data", default=None)
     p.add_argument("--policy", default=None, help="SFT policy folder (default: paths.models/sft)")
     p.add_argument("--reward-model", default=None, help="reward model folder (reward.source: model)")
     p.add_argument("--out", default=None, help="default: paths.models/rloo_<estimator>")
     p.add_argument("--work", default=None, help="checkpoints (default: results/work/rloo_<estimator>)")
 
-    p = sub.add_parser("reward", parents=[common, nproc], help="train the Bradley-Terry reward model")
+    p = sub.add_parser("reward", parents=[common, nproc, guard], help="train the Bradley-Terry reward model")
     p.add_argument("--data", default=None)
     p.add_argument("--policy", default=None, help="SFT policy folder (default: paths.models/sft)")
     p.add_argument("--out", default=None, help="default: paths.models/reward")
@@ -246,17 +254,19 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
         return 2
     if "SLURM_STEP_ID" in os.environ:  # a task of an srun step: its ranks become torchrun's variables
         launcher.adopt_slurm_env()
-    if args.stage in DATA_PARALLEL and launcher.launched_world() == 1:
-        d = Config.of(cfg).distributed
-        n = args.nproc if args.nproc is not None else d.nproc_per_node
-        if n * d.nodes > 1:
-            # Not yet under a launcher: become srun (inside a Slurm allocation) or torchrun, starting
-            # the run's processes, each running this command.
-            if problem := launch.launch_problem(cfg, n):
-                print(f"rloo {args.stage}: error: {problem}", file=sys.stderr)
-                return 2
-            launch.relaunch(cfg, n, argv)
     try:
+        if launcher.launched_world() == 1:  # once per job, before it starts its processes
+            _guard_work(args, cfg)
+        if args.stage in DATA_PARALLEL and launcher.launched_world() == 1:
+            d = Config.of(cfg).distributed
+            n = args.nproc if args.nproc is not None else d.nproc_per_node
+            if n * d.nodes > 1:
+                # Not yet under a launcher: become srun (inside a Slurm allocation) or torchrun, starting
+                # the run's processes, each running this command.
+                if problem := launch.launch_problem(cfg, n):
+                    print(f"rloo {args.stage}: error: {problem}", file=sys.stderr)
+                    return 2
+                launch.relaunch(cfg, n, argv)
         return _run(args, cfg)
     except UserError as e:
         # Bad input: one line a person can act on. The traceback helps only a developer: it goes where
@@ -313,12 +323,53 @@ def _run(args: argparse.Namespace, cfg: dict) -> int:
     # Data-parallel, rank 0 logs: the other ranks have no run (tracking.log_metrics logs nothing there).
     tracked = launcher.launched_rank() == 0
     with tracking.stage_run(cfg, **tracking.cli_context(args, cfg)) if tracked else contextlib.nullcontext():
-        data = args.data if getattr(args, "data", None) else pipeline.folders(cfg)["data"]
-        sft = pipeline.outputs("sft", cfg)["model"]
+        data, sft = _data_and_sft(args, cfg)
         _inputs_exist(args, cfg, data, sft)
-        work = getattr(args, "work", None) or (pipeline.work_dir(stage.name, cfg) if stage.work else None)
-        command(args, cfg, _Job(data=data, sft=sft, out=pipeline.cli_outputs(args, cfg), work=work))
+        out = pipeline.cli_outputs(args, cfg)
+        command(args, cfg, _Job(data=data, sft=sft, out=out, work=_work(args, cfg)))
+    if tracked and (summary := SUMMARY.get(stage.name)):
+        # what the stage reports (`rloo summary`), on the terminal: its standard output
+        from rloo.eval import report
+
+        report.main([str(summary(out))])
     return 0
+
+
+# The file `rloo summary` reads of a stage that reports one when it ends, from its outputs (cli_outputs).
+SUMMARY: dict[str, Callable[[dict[str, str]], Path | str]] = {
+    "prepare": lambda out: Path(out["data"]) / "manifest.json",
+    "rloo": lambda out: Path(out["model"]) / "metrics.json",
+    "report": lambda out: out["result"],
+}
+
+
+def _data_and_sft(args: argparse.Namespace, cfg: dict) -> tuple[str, str]:
+    """The data folder (--data, else paths.data) and SFT's model folder a stage reads."""
+    data = args.data if getattr(args, "data", None) else pipeline.folders(cfg)["data"]
+    return data, pipeline.outputs("sft", cfg)["model"]
+
+
+def _work(args: argparse.Namespace, cfg: dict) -> str | None:
+    """A resumable stage's work folder (checkpoints): --work, else the pipeline's; None for the others."""
+    stage = pipeline.BY_VERB[args.stage]
+    return getattr(args, "work", None) or (pipeline.work_dir(stage.name, cfg) if stage.work else None)
+
+
+def _guard_work(args: argparse.Namespace, cfg: dict) -> None:
+    """With --work-guard (the rules' jobs, and so DVC's stages): the work folder emptied unless its checkpoints
+    belong to this very job: what the stage reads of the config, its code fingerprint and its inputs
+    (rloo_workflow/work_guard.py). Run by the command itself, before it starts its processes, so that the
+    rules' commands stay one short line."""
+    stage = pipeline.BY_VERB.get(args.stage)
+    if stage is None or not stage.work or not getattr(args, "work_guard", False):
+        return
+    from rloo_workflow.code_fingerprint import stage_code_param
+    from rloo_workflow.work_guard import guard
+
+    work = _work(args, cfg)
+    params = json.dumps(pipeline.stage_config(cfg, stage.name), sort_keys=True)
+    kept = guard(work, params, stage_code_param(stage.name, cfg), sorted(_needs(args, cfg, *_data_and_sft(args, cfg))))
+    print(f"workdir {work}: " + ("same job, resuming from its checkpoints" if kept else "fresh start"), file=sys.stderr)
 
 
 @dataclass(frozen=True)
@@ -339,17 +390,34 @@ def _inputs_exist(args: argparse.Namespace, cfg: dict, data: str, sft: str) -> N
     """Every local folder the stage reads (pipeline.input_graph, the rules' inputs) exists, or one line
     names it, where it came from (the option of the input's name, else the config) and the stage that
     writes it (rather than transformers reading a missing folder as a hub id)."""
+    needs = _needs(args, cfg, data, sft, data_files=False)
+    # the earliest stage first: the one to run first
+    for path, (source, writer) in sorted(needs.items(), key=lambda need: pipeline.CHAIN.index(need[1][1])):
+        # A hub id given on the command line (namespace/name) is transformers' to resolve.
+        hub_id = source.startswith("--") and writer != "prepare" and re.fullmatch(r"[\w.-]+/[\w.-]+", str(path))
+        if not Path(path).exists() and not hub_id:
+            raise MissingInputError(f"{path} ({source}) does not exist: the {writer} stage writes it "
+                                    f"(rloo {pipeline.STAGES[writer].verb}, or snakemake runs it)")
+
+
+def _needs(args: argparse.Namespace, cfg: dict, data: str, sft: str, data_files: bool = True) -> dict[str, tuple[str, str]]:
+    """{path: (where it came from, the stage that writes it)} of every local input the stage reads
+    (pipeline.input_graph, the rules' inputs): the data folder, or (`data_files`) its files the stage reads."""
     stage = pipeline.BY_VERB[args.stage].name
     if stage not in pipeline.CHAIN:
-        return
+        return {}
     policy = pipeline.evaluated_policy(args, cfg) if stage == "evaluate" else None
-    needs: dict[str, tuple[str, str]] = {}  # path: (where it came from, the stage that writes it)
+    needs: dict[str, tuple[str, str]] = {}
     for key, ref in pipeline.input_graph(stage, cfg, policy=policy and policy[0]).items():
         given = getattr(args, key, None)
         if key in _GIVEN_ONLY.get(stage, ()) and not given:
             continue
         if ref.stage == "prepare":  # the data folder's files: --data, else paths.data
-            needs.setdefault(data, ("--data" if getattr(args, "data", None) else "paths.data", "prepare"))
+            source = ("--data" if getattr(args, "data", None) else "paths.data", "prepare")
+            if data_files:  # a file, not the folder: a variant's data lies below it (pipeline.folders)
+                needs[str(Path(data) / Path(pipeline.outputs("prepare", cfg)[ref.output]).name)] = source
+            else:
+                needs.setdefault(data, source)
         elif ref.stage == "evaluate":  # the records of --policy, --sft and --base, else the declared ones
             needs.update({path: (f"the {name} evaluation", "evaluate") for name, path in _evaluations(args, cfg).items()})
         elif policy and key == "policy":  # evaluate: its --policy NAME=FOLDER, else the estimator's output
@@ -359,13 +427,7 @@ def _inputs_exist(args: argparse.Namespace, cfg: dict, data: str, sft: str) -> N
         else:
             path = sft if ref.stage == "sft" else pipeline.outputs(ref.stage, cfg, ref.estimator, policy=ref.policy)[ref.output]
             needs[path] = (_why_read(stage, key, ref.stage, cfg), ref.stage)
-    # the earliest stage first: the one to run first
-    for path, (source, writer) in sorted(needs.items(), key=lambda need: pipeline.CHAIN.index(need[1][1])):
-        # A hub id given on the command line (namespace/name) is transformers' to resolve.
-        hub_id = source.startswith("--") and writer != "prepare" and re.fullmatch(r"[\w.-]+/[\w.-]+", str(path))
-        if not Path(path).exists() and not hub_id:
-            raise MissingInputError(f"{path} ({source}) does not exist: the {writer} stage writes it "
-                                    f"(rloo {pipeline.STAGES[writer].verb}, or snakemake runs it)")
+    return needs
 
 
 def _why_read(stage: str, key: str, writer: str, cfg: dict) -> str:

@@ -1,10 +1,15 @@
 """A stage's log under Snakemake (`rloo <verb> --log FILE`): its standard error (logging, progress bars,
 tracebacks) goes to the file, its standard output to the terminal (the few lines a person should see
-while it runs: rloo.console), and a failure shows the terminal the log's last lines and its path,
-not the whole log.
+while it runs: rloo.console), and a failure shows the terminal its one error line, or its last lines and
+its path: not the whole log.
 
 Snakemake would otherwise print a failed job's whole log (`show-failed-logs`), or nothing of it; a
-user's failing reward function then buried its one line under the progress bars and the config.
+user's failing reward function then buried its one line under the progress bars and the config. An
+error the user can fix (bad input, their own code raising: exit 2, rloo.errors.UserError and its kin)
+ends the job's output on the CLI's one error line, which names their file and line (Snakemake's own
+error block, which follows, names the log); the package's frames stay in the log (and on the terminal
+with --debug). Anything else (a bug in rloo, a crash) shows
+the log's last lines, its traceback's end, and where the log is.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-TAIL_LINES = 9  # what a failure shows of the log: with Snakemake's own lines, one screen (60)
+TAIL_LINES = 9  # what an internal error shows of the log: with Snakemake's own lines, one screen (60)
+USER_ERROR = 2  # the CLI's exit status for an error the user can fix, said in one line (rloo_workflow/cli.py)
 MAX_LINE = 400  # characters of one log line shown
 
 
@@ -74,6 +80,18 @@ def run_logged(path: str | Path | None, label: str, run: Callable[[], int]) -> i
         os.dup2(terminal, 2)
         os.close(terminal)
     if code:
-        shown = "\n".join(f"  {line}" for line in tail(log))
-        print(f"{label} failed (exit {code}); the end of its log, {log}:\n{shown}", file=sys.stderr, flush=True)
+        print(failure(log, label, code), file=sys.stderr, flush=True)
     return code
+
+
+def failure(log: Path, label: str, code: int) -> str:
+    """What the terminal shows of a failed stage. An error the user can fix: the CLI's one error line alone
+    (from the last line that starts with `rloo`: a message may span lines), so that the job's output ends
+    on it; the log it was written to is named by the command line (--log) and by Snakemake's error block.
+    Anything else: the log's last lines under its path."""
+    lines = tail(log, lines=40)
+    start = next((i for i in range(len(lines) - 1, -1, -1) if lines[i].startswith(("rloo ", "rloo:"))), None)
+    if code == USER_ERROR and start is not None:
+        return "\n".join(lines[start:])
+    shown = "\n".join(f"  {line}" for line in lines[-TAIL_LINES:])
+    return f"{label} failed (exit {code}); the end of its log, {log}:\n{shown}"

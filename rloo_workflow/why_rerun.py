@@ -22,7 +22,7 @@ from pathlib import Path
 from rloo.code_fingerprint import changes, parse_param
 from rloo_workflow import running
 from rloo_workflow.code_fingerprint import load_manifest
-from rloo_workflow.config import changed_keys
+from rloo_workflow.config import JOB_ARGS_DIR, changed_keys
 from rloo_workflow.dvc.dag import Rerun, plan
 from rloo_workflow.dvc.dvcyaml import DvcError, configfile_parser, project_root
 from rloo_workflow.run_record import run_args
@@ -52,6 +52,16 @@ def _config(root: Path, value: str) -> dict | None:
     return parsed if isinstance(parsed, dict) else None
 
 
+def _options_changed(root: Path, before: str, now: str) -> str | None:
+    """What differs between two args files (rloo_workflow.config.job_args_file): the options of each, or None
+    where one is no longer kept."""
+    try:
+        old, new = ((root / p).read_text().splitlines() for p in (before, now))
+    except OSError:
+        return None
+    return f"before {' '.join(o for o in old if o not in new) or '-'}, now {' '.join(o for o in new if o not in old) or '-'}"
+
+
 def explain(root: Path, rerun: Rerun) -> list[str]:
     """The reasons of one job, most specific first."""
     lines: list[str] = []
@@ -62,8 +72,11 @@ def explain(root: Path, rerun: Rerun) -> list[str]:
         lines.append(f"an input it was made from is missing: {', '.join(gone)} (made again, then this job)")
     before, now = list(rerun.params_before), list(rerun.params_now)
     lineage = [p for p in before + now if p.startswith(LINEAGE_PREFIX)]
-    before = [p for p in before if p not in lineage]
-    now = [p for p in now if p not in lineage]
+    # the command's options (the rules' `args` param): the `cfg` file's path among them, so a changed key
+    # changes them too; said below only where the options say more than the rest
+    options = [p for p in before + now if p.startswith(f"{JOB_ARGS_DIR}/")]
+    before = [p for p in before if p not in lineage + options]
+    now = [p for p in now if p not in lineage + options]
     old_code = next((p for p in before if parse_param(p)), None)
     new_code = next((p for p in now if parse_param(p)), None)
     if old_code and new_code:
@@ -78,6 +91,8 @@ def explain(root: Path, rerun: Rerun) -> list[str]:
         now = [p for p in now if _config(root, p) is None]
     if before or now:
         lines.append(f"its params changed: before {before or '-'}, now {now or '-'}")
+    if len(options) == 2 and not lines and (changed := _options_changed(root, *options)):
+        lines.append(f"its command's options changed: {changed}")
     if rerun.rebuilt_inputs:
         lines.append(f"its inputs are made again: {', '.join(rerun.rebuilt_inputs)}")
     if len(lineage) == 2 and not lines:  # the keys or code of a stage above it (rloo_workflow.pipeline.lineage)

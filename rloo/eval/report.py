@@ -1,7 +1,8 @@
-"""What the terminal shows when a stage ends: `rloo summary FILE` (the Snakemake rules call it), and
-the stages' own last log lines. Lines starting with `!!` need a person's attention. It reads every file
-the pipeline writes for a person to read (`KINDS`): the data's manifest, the RLOO stage's metrics.json,
-a policy's evaluation, the results of one chain, of a sweep, of the seeds and of the comparison."""
+"""What the terminal shows when a stage ends: `rloo summary FILE` (`rloo prepare`, `train` and `report`
+print theirs as they end), and the stages' own last log lines. Lines starting with `!!` need a person's
+attention. It reads every file the pipeline writes for a person to read (`KINDS`): the data's manifest,
+the RLOO stage's metrics.json, a policy's evaluation, the results of one chain, of a sweep, of the seeds
+and of the comparison."""
 
 from __future__ import annotations
 

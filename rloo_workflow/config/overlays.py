@@ -70,6 +70,8 @@ def export_resolved(cfg: dict, path: str | Path) -> Path:
 
 # Where a Snakemake job's part of the config goes (`job_config_file`), below the project's state folder.
 JOB_CONFIG_DIR = ".rloo/config"
+# ... and its command's options (`job_args_file`)
+JOB_ARGS_DIR = ".rloo/args"
 
 
 def job_config_file(stage: str, part: dict, root: str | Path = ".") -> str:
@@ -77,14 +79,31 @@ def job_config_file(stage: str, part: dict, root: str | Path = ".") -> str:
     (<JOB_CONFIG_DIR>/<stage>-<digest>.json; written once): a rule's `cfg` param and its command's
     --job-config. A changed value is another file, so Snakemake reruns the job; and the command a
     terminal shows, at the job's start and when it fails, is one short path, not the config."""
+    text = json.dumps(part, sort_keys=True, separators=(",", ":"))  # sorted: the same keys, the same file
+    return _content_file(f"{JOB_CONFIG_DIR}/{stage}", text, ".json", root, ending="\n")
+
+
+def job_args_file(stage: str, args: list[str], root: str | Path = ".") -> str:
+    """The file holding a job's command-line options (one a line, as argparse reads `@FILE`), named by
+    its content (<JOB_ARGS_DIR>/<stage>-<digest>; written once): a rule's `args` param, its
+    command `rloo <verb> @FILE ...`. Snakemake prints a failed job's command twice; with its options in
+    a file it stays one short line (issue 72). The file holds what the command line held, nothing else:
+    the DVC stage's command is the same command with the file's options in place (rloo_workflow/dvc/shell.py)."""
+    if any("\n" in a for a in args):
+        raise ValueError(f"a job's option holds a line break: {args}")
+    return _content_file(f"{JOB_ARGS_DIR}/{stage}", "".join(f"{a}\n" for a in args), "", root, ending="")
+
+
+def _content_file(prefix: str, text: str, suffix: str, root: str | Path, ending: str) -> str:
+    """<prefix>-<digest of text><suffix> below `root`, holding text + ending; written once (atomically:
+    parallel jobs share it)."""
     from rloo.io import atomic_path
 
-    text = json.dumps(part, sort_keys=True, separators=(",", ":"))  # sorted: the same keys, the same file
-    name = f"{JOB_CONFIG_DIR}/{stage}-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
+    name = f"{prefix}-{hashlib.sha256(text.encode()).hexdigest()[:16]}{suffix}"
     path = Path(root) / name
     if not path.is_file():
         with atomic_path(path) as tmp:
-            tmp.write_text(text + "\n")
+            tmp.write_text(text + ending)
     return name
 
 

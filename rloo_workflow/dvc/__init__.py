@@ -28,7 +28,7 @@ from rloo_workflow.dvc.dvcyaml import (
     stage_name,
     stage_outs,
 )
-from rloo_workflow.dvc.restore import restore
+from rloo_workflow.dvc.restore import missing_but_cached, restore, say_where_outputs_are
 from rloo_workflow.dvc.shell import dvc_command
 
 __all__ = [
@@ -52,7 +52,9 @@ __all__ = [
     "is_dvc_repo",
     "load_pipeline",
     "main",
+    "missing_but_cached",
     "restore",
+    "say_where_outputs_are",
     "snakemake_dag",
     "split_params",
     "stage_deps",

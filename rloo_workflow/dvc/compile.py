@@ -89,8 +89,7 @@ def _stage_body(job: Job, config: dict, overridden: set[str], pins: dict[str, st
     keys: list[str] = []
     if job.cfg is not None:
         keys, sets = split_params(json.loads(job.cfg), config, overridden)
-    body: dict[str, Any] = {"cmd": dvc_command(job.shellcmd, job.cfg_file or job.cfg, sets, rule=job.rule,
-                                                code=job.code)}
+    body: dict[str, Any] = {"cmd": dvc_command(job.shellcmd, sets, rule=job.rule, root=root)}
     if job.inputs:
         # a model source off the project is its pin file (rloo_workflow/dvc/py)
         body["deps"] = [pin_path(pins[absolute(d, root)]) if absolute(d, root) in pins

@@ -9,14 +9,20 @@ so that Snakemake reruns them (keeping its own rerun triggers, mtime included).
 
 from __future__ import annotations
 
+import configparser
+import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
+
+import yaml
 
 from rloo_workflow.dvc.compile import generate
 from rloo_workflow.dvc.driver import changed_stages, relink_folders, unprotect
 from rloo_workflow.dvc.dvcyaml import (
+    LOCK,
     MARKER,
     DvcError,
     covers,
@@ -139,3 +145,63 @@ def _forget_snakemake_records(root: Path, configfiles: list[str], outs: list[str
     # failed rerun deleted, on a clone): nothing to forget there.
     if res.returncode != 0 and "because the metadata was not present" not in res.stderr:
         raise DvcError(f"snakemake --cleanup-metadata failed:\n{res.stderr[-3000:]}")
+
+
+def cache_dir(root: Path) -> Path:
+    """The project's DVC cache: `cache.dir` of .dvc/config.local or .dvc/config (relative to .dvc/), else .dvc/cache."""
+    dot = Path(root) / ".dvc"
+    for name in ("config.local", "config"):
+        parser = configparser.ConfigParser()
+        try:
+            parser.read(dot / name)
+        except configparser.Error:
+            continue
+        if parser.has_option("cache", "dir"):
+            return (dot / parser.get("cache", "dir")).resolve()
+    return dot / "cache"
+
+
+def _cached(cache: Path, md5: str) -> bool:
+    """Whether the DVC cache holds the whole content of `md5`: a file, or a folder's listing (`.dir`) and every file in it."""
+    path = cache / "files" / "md5" / md5[:2] / md5[2:]
+    if not path.is_file():
+        return False
+    if not md5.endswith(".dir"):
+        return True
+    try:
+        entries = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return all(_cached(cache, e["md5"]) for e in entries if isinstance(e, dict) and "md5" in e)
+
+
+def missing_but_cached(root: Path) -> list[str]:
+    """The outputs dvc.lock records (the last committed run's) that are gone from the workspace while the
+    DVC cache holds their whole content: what `dvc checkout PATH` brings back, byte for byte."""
+    root = Path(root)
+    try:
+        stages = (yaml.safe_load((root / LOCK).read_text()) or {}).get("stages") or {}
+    except (OSError, yaml.YAMLError):
+        return []
+    cache = cache_dir(root)
+    found = []
+    for body in stages.values():
+        for out in body.get("outs") or []:
+            path, md5 = out.get("path"), out.get("md5")
+            if path and md5 and not (root / path).exists() and not (root / path).is_symlink() and _cached(cache, md5):
+                found.append(path)
+    return list(dict.fromkeys(found))
+
+
+def say_where_outputs_are(root: Path | None = None) -> None:
+    """Snakemake's `onerror` (workflow/rules/tracking.smk): a failed run's deleted outputs (Snakemake deletes a
+    job's outputs before it runs it) that the DVC cache holds from the last committed run, and the one
+    command that brings them back. Never fails: it only points."""
+    try:
+        lost = missing_but_cached(Path.cwd() if root is None else root)
+    except Exception:  # an error handler: the run's own error is what matters
+        return
+    if lost:
+        print(f"rloo: the last committed {' and '.join(lost)} (Snakemake deleted {'it' if len(lost) == 1 else 'them'}) "
+              f"{'is' if len(lost) == 1 else 'are'} in the DVC cache; to get {'it' if len(lost) == 1 else 'them'} "
+              f"back: dvc checkout {' '.join(lost)}", file=sys.stderr, flush=True)

@@ -1,8 +1,9 @@
 """A rule's shell command as a DVC stage command: read as a POSIX shell reads it, written again with
 the config from params.yaml.
 
-What carries over: commands joined by `&&`; output redirections and `--log FILE` are dropped (a log is
-how a job ran, not what it computes). Anything the rewrite could not carry over faithfully is refused with an error
+What carries over: commands joined by `&&`; an `@FILE` word is the options FILE holds, one a line (the
+rules' args files: rloo_workflow.config.job_args_file), in its place; output redirections and `--log FILE`
+are dropped (a log is how a job ran, not what it computes). Anything the rewrite could not carry over faithfully is refused with an error
 naming the rule: other operators (`|`, `;`, `||`, `&`, `<`, `(`, a newline), expansions (`$`,
 backquotes) outside single quotes, unquoted glob characters, a comment.
 """
@@ -12,18 +13,13 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from pathlib import Path
 from typing import Any
 
 import yaml
 
-from rloo_workflow.code_fingerprint import FINGERPRINTS_FILE
 from rloo_workflow.dvc.dvcyaml import PARAMS, DvcError
 
-# The guard of the training stages stamps its checkpoints with the stage's parameters and its code
-# fingerprint; under DVC those are the resolved config file and the fingerprints file (any change there
-# starts training afresh instead of resuming).
-GUARD_PARAMS = f'"$(cat {PARAMS})"'
-GUARD_CODE = f'"$(cat {FINGERPRINTS_FILE})"'
 # `--set KEY=...` of the Snakemake command that only say how a job runs.
 RUNTIME_KEYS = {"threads"}
 
@@ -116,15 +112,16 @@ def _set_value(value: Any) -> str:
     return json.dumps(value)
 
 
-def dvc_command(shellcmd: str, cfg: str | None, sets: dict[str, Any], rule: str | None = None,
-                code: str | None = None) -> str:
-    """The DVC command of a Snakemake job: its shell command with the config read from params.yaml
-    (`--config params.yaml` + `--set` for per-job keys) instead of the job's `--job-config` file (`cfg`: its
-    path, which the workdir guard also takes), and without logs (redirections, `--log`) and `--set
+def dvc_command(shellcmd: str, sets: dict[str, Any], rule: str | None = None, root: str | Path = ".") -> str:
+    """The DVC command of a Snakemake job: its shell command with its args files' options in place (`@FILE`,
+    relative to `root`), the config read from params.yaml (`--config params.yaml` + `--set` for per-job
+    keys) instead of the job's `--job-config` file, and without logs (redirections, `--log`) and `--set
     threads=` (how a job runs, not what it computes)."""
     where = f"rule {rule}: " if rule else ""
     try:
-        tokens = shell_words(shellcmd.strip())
+        tokens = _with_args_files(shell_words(shellcmd.strip()), Path(root))
+    except OSError as e:
+        raise DvcError(f"{where}its args file cannot be read ({e}): {shellcmd}") from e
     except ValueError as e:
         raise DvcError(f"{where}its shell command cannot be carried over to dvc.yaml ({e}): {shellcmd}") from e
     bad = sorted({t for t, op in tokens if op and t != "&&" and not _REDIRECTION.fullmatch(t)})
@@ -151,10 +148,17 @@ def dvc_command(shellcmd: str, cfg: str | None, sets: dict[str, Any], rule: str 
             value = next(it, ("", False))[0]
             if value.split("=", 1)[0] not in RUNTIME_KEYS:
                 seg += [tok, shlex.quote(value)]
-        elif cfg is not None and tok == cfg:
-            seg.append(GUARD_PARAMS)  # the guard's stamp of the stage's parameters
-        elif code is not None and tok == code:
-            seg.append(GUARD_CODE)  # ... and of its code
         else:
             seg.append(shlex.quote(tok))
     return " && ".join(" ".join(seg) for seg in segments if seg)
+
+
+def _with_args_files(tokens: list[tuple[str, bool]], root: Path) -> list[tuple[str, bool]]:
+    """`tokens` with each `@FILE` word replaced by the words FILE holds, one a line (as argparse reads it)."""
+    out: list[tuple[str, bool]] = []
+    for tok, op in tokens:
+        if not op and tok.startswith("@") and len(tok) > 1:
+            out += [(line, False) for line in (root / tok[1:]).read_text().splitlines()]
+        else:
+            out.append((tok, op))
+    return out

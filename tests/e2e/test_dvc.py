@@ -40,6 +40,7 @@ from workflow_helpers import (
 from rloo_workflow import dvc as rdvc
 from rloo_workflow import tracking
 from rloo_workflow.code_fingerprint import FINGERPRINTS_FILE
+from rloo_workflow.config import job_args_file
 from rloo_workflow.dvc import driver
 
 RLOO = "results/gsm8k_rloo.json"
@@ -344,20 +345,19 @@ def test_a_foreach_item_that_reads_more_params_than_the_others_is_written_so_and
 # Without Snakemake
 
 
-def test_dvc_command_reads_params_yaml_instead_of_the_jobs_config_file():
+def test_dvc_command_reads_params_yaml_instead_of_the_jobs_config_file(tmp_path):
     cfg = ".rloo/config/rloo-0123456789abcdef.json"  # the rule's cfg param: rloo_workflow.config.job_config_file
-    code = "code:rloo:0123456789abcdef"
-    shell = (f"python workflow/scripts/workdir.py results/work/rloo_grpo {cfg} {code} data/x > logs/r.log 2>&1 && "
-             f"rloo train --job-config {cfg} --set threads=4 --data data/gsm8k --out results/models/rloo_grpo "
-             "--log logs/r.log")
-    cmd = rdvc.dvc_command(shell, cfg, {"rloo.estimator": "grpo"}, code=code)
-    # the guard's stamp: the config and the code fingerprints DVC reads (dvc.yaml names no digest)
-    assert cmd == ('python workflow/scripts/workdir.py results/work/rloo_grpo "$(cat params.yaml)" '
-                   '"$(cat .rloo/fingerprints.yaml)" data/x && '
-                   "rloo train --config params.yaml --set rloo.estimator=grpo --data data/gsm8k "
+    args = job_args_file("rloo", ["--job-config", cfg, "--variant", "seed=1", "--data", "data/gsm8k",
+                                  "--out", "results/models/rloo_grpo"], root=tmp_path)
+    shell = f"rloo train @{args} --set threads=4 --log logs/r.log"
+    cmd = rdvc.dvc_command(shell, {"rloo.estimator": "grpo"}, root=tmp_path)
+    # the args file's options in its place, the config from params.yaml, no log and no threads
+    assert cmd == ("rloo train --config params.yaml --set rloo.estimator=grpo --variant seed=1 --data data/gsm8k "
                    "--out results/models/rloo_grpo")
     with pytest.raises(rdvc.DvcError):
-        rdvc.dvc_command("rloo toy | tee x", None, {})
+        rdvc.dvc_command("rloo toy | tee x", {})
+    with pytest.raises(rdvc.DvcError, match="args file"):
+        rdvc.dvc_command("rloo toy @.rloo/args/none", {}, root=tmp_path)
 
 
 @pytest.mark.parametrize(("shell", "refused"), [
@@ -373,13 +373,13 @@ def test_dvc_command_reads_params_yaml_instead_of_the_jobs_config_file():
 ])
 def test_dvc_command_refuses_what_it_cannot_carry_over_naming_the_rule(shell, refused):
     with pytest.raises(rdvc.DvcError) as e:
-        rdvc.dvc_command(shell, None, {}, rule="toy")
+        rdvc.dvc_command(shell, {}, rule="toy")
     assert str(e.value).startswith("rule toy: ") and refused in str(e.value), e.value
 
 
 def test_dvc_command_reads_the_shell_as_a_shell_does():
     shell = "rloo toy --title '>' \"a b\" c\\ d > logs/t.log 2>logs/t.err &&\n rloo summary x 1>&2"
-    assert rdvc.dvc_command(shell, None, {}) == "rloo toy --title '>' 'a b' 'c d' && rloo summary x"
+    assert rdvc.dvc_command(shell, {}) == "rloo toy --title '>' 'a b' 'c d' && rloo summary x"
 
 
 def test_dvc_status_is_read_as_json(tmp_path, monkeypatch):

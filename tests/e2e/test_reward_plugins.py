@@ -4,19 +4,22 @@ temporary folder) on a copy of the session's finished micro chain (`micro_workfl
 tracking on. Only rloo, the evaluations and the report run; each function is logged (steps.jsonl, MLflow, `rloo summary`)
 and their weighted sum is the training reward; the evaluation reports them for base, SFT and RLOO;
 a change to what the file computes reruns rloo, the evaluations and the report only, and a comment nothing; a function that
-does not import stops Snakemake before any job in one line; one that raises stops the rloo job with one
-line naming the user's file and line, its traceback in the job's log; the file counts in the code
+does not import stops Snakemake before any job in one line; one that raises, in a rerun, stops the rloo
+job with one line naming the user's file and line, last, its traceback in the job's log, and the
+terminal names the command that brings back the model the rerun deleted; the file counts in the code
 fingerprints of those two stages that DVC reads."""
 
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 
 import pytest
 import yaml
 from code_edits import append_comment, semantic_edit
 from conftest import copy_tree
-from workflow_helpers import CONFIGFILES, VENV_BIN, env_for, job_counts, snakemake
+from workflow_helpers import CONFIGFILES, VENV_BIN, env_for, job_counts, planned, snakemake, tool
 
 from rloo_workflow.code_fingerprint import FINGERPRINTS_FILE
 
@@ -125,34 +128,61 @@ def _length_score(completion):
 '''
 
 
-def test_a_function_that_raises_is_one_line_naming_the_users_file_and_line_and_the_log_has_its_frames(
-        micro_workflow, tmp_path):
-    """Issue 62: a rerun of rloo and evaluate whose reward function raises shows one screen (at most 60
-    lines, Snakemake's own included): the user's file:line, the log's last lines and its path; not the
-    stage's config (it reaches the command as a file: --job-config), nor the whole log."""
-    copy = copy_tree(micro_workflow["copy"], tmp_path / "wf")
-    (copy / "my_bonus.py").write_text(RAISES)
-    (copy / "config" / "raises.yaml").write_text(yaml.safe_dump({"reward": {"source": "function", "functions": [
+def test_a_rerun_whose_function_raises_ends_on_the_users_line_and_names_how_to_get_the_last_model_back(
+        tracked_workflow, tmp_path):
+    """Issues 62 and 72: a rerun of rloo and evaluate (a copy of the session's finished run, committed to DVC)
+    whose reward function raises shows at most 45 lines, Snakemake's own included: the job's output ends on
+    the one line naming the user's file:line (within the last 25 lines), no frame or path of the package,
+    not the stage's config nor the log, and the rule's command one short line; its traceback stays in the
+    log. Snakemake deleted the finished model before the job ran: the terminal names the one command that
+    brings it back, and that command brings it back byte for byte; `rloo dvc restore` with the settings that
+    made it then leaves Snakemake nothing to do."""
+    repo = tmp_path / "repo"  # `cp -a`: the model folders' hard links into the DVC cache kept
+    subprocess.run(["cp", "-a", str(tracked_workflow["wf"]), str(repo)], check=True)
+    (repo / "my_bonus.py").write_text(RAISES)
+    (repo / "config" / "raises.yaml").write_text(yaml.safe_dump({"reward": {"source": "function", "functions": [
         {"name": "correct", "fn": "rloo.reward.verifier:reward"}, {"name": "bonus", "fn": "my_bonus.py:bonus"}]}}))
-    res = snakemake(copy, RLOO, "--cores", "1", *CONFIGFILES, "config/raises.yaml", check=False)
+    res = snakemake(repo, RLOO, "--cores", "1", *CONFIGFILES, "config/raises.yaml", check=False)
     out = res.stdout + res.stderr
+    lines = out.splitlines()
     one_line = ("rloo train: error: reward function 'bonus' (my_bonus.py:bonus) raised ZeroDivisionError: float "
                 "division by zero at my_bonus.py:6 on 1 of the 1 completions tried one by one")
     assert res.returncode != 0 and one_line in out, out[-4000:]
     assert job_counts(out) == {"rloo": 1, "evaluate": 3, "report": 1}, out[-4000:]
-    assert len(out.splitlines()) <= 60, f"{len(out.splitlines())} lines:\n{out}"
-    assert "rloo train failed (exit 2); the end of its log, logs/rloo_rloo.log:" in out, out
+    # Snakemake's own lines are 50 of them: its banner (8), the job stats (8), the job's block (11), its error
+    # blocks (14) and its shutdown (7), and rloo's onerror line (1, below)
+    assert len(lines) <= 52, f"{len(lines)} lines:\n{out}"
+    assert any(line.startswith(one_line) for line in lines[-25:]), f"not in the last 25 lines:\n{out}"
+    # the job's own output ends on it; Snakemake's blocks follow
+    job_end = max(i for i, line in enumerate(lines) if line.startswith("rloo train"))
+    assert lines[job_end].startswith(one_line), out
+    assert "log: logs/rloo_rloo.log" in out, out  # Snakemake's error block names the log
+    assert not re.search(r"rloo(_workflow)?/[\w/]+\.py", out), out  # no frame, no path of the package
     assert '"rloo":{' not in out and "--config-json" not in out and "rloo: 0%" not in out, out  # no config, no log
-    log = (copy / "logs" / "rloo_rloo.log").read_text()
+    commands = [line.strip() for i, line in enumerate(lines) if i and lines[i - 1].strip() == "shell:"]
+    assert commands and all(c.startswith("rloo train @") and len(c) <= 120 for c in commands), commands
+    log = (repo / "logs" / "rloo_rloo.log").read_text()
     assert log.rstrip().splitlines()[-1].startswith(one_line), log[-3000:]  # the log ends with it too
     # the traceback, above it in the log: the user's own frames, not only the package's
-    assert f'File "{copy / "my_bonus.py"}", line 2, in bonus' in log and \
-        f'File "{copy / "my_bonus.py"}", line 6, in _length_score' in log, log[-3000:]
+    assert f'File "{repo / "my_bonus.py"}", line 2, in bonus' in log and \
+        f'File "{repo / "my_bonus.py"}", line 6, in _length_score' in log, log[-3000:]
+
+    model = "results/models/rloo_rloo"
+    assert not (repo / model).exists()
+    command = f"dvc checkout {model}"
+    assert any(line.startswith("rloo: ") and line.endswith(f"to get it back: {command}") for line in lines[job_end:]), out
+    tool(repo, *command.split())
+    finished = tracked_workflow["wf"] / model
+    files = sorted(p.relative_to(finished) for p in finished.rglob("*") if p.is_file() and p.name != ".snakemake_timestamp")
+    assert files and sorted(p.relative_to(repo / model) for p in (repo / model).rglob("*") if p.is_file()
+                            and p.name != ".snakemake_timestamp") == files
+    assert all((repo / model / f).read_bytes() == (finished / f).read_bytes() for f in files)
+    # back to the settings that made it: Snakemake takes it as current once DVC has vouched for it (docs/workflow.md)
+    tool(repo, "rloo", "dvc", "restore", "--configfile", *CONFIGFILES[1:])
+    assert planned(repo, RLOO) == {}
 
 
 def test_the_reward_file_counts_in_the_code_fingerprints_dvc_reads_of_rloo_and_evaluate(chain):
-    import subprocess
-
     def fingerprints() -> dict[str, str]:
         res = subprocess.run([str(VENV_BIN / "rloo"), "dvc", "yaml", "--configfile", *chain["configs"][1:]],
                              cwd=chain["copy"], env=env_for(chain["copy"]), capture_output=True, text=True, timeout=300)

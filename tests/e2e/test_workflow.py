@@ -415,11 +415,7 @@ def test_slurm_profile_resolves_from_the_repository_root(run):
 
 
 def test_workdir_guard_keeps_checkpoints_of_the_same_job_only(tmp_path):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("workdir", ROOT / "workflow" / "scripts" / "workdir.py")
-    workdir = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(workdir)
+    from rloo_workflow import work_guard as workdir
 
     data = tmp_path / "data.jsonl"
     data.write_text("x\n")
@@ -443,12 +439,12 @@ def test_workdir_guard_keeps_checkpoints_of_the_same_job_only(tmp_path):
     (model / "w.safetensors").write_text("w2")  # an upstream output was rebuilt
     assert workdir.guard(work, '{"lr":2}', "code:sft:b", inputs) is False
     assert not (work / "checkpoints").exists()
-    assert workdir.main([]) == 2
 
 
 def _job_pids(copy: Path, *words: str) -> list[int]:
-    """Processes of `rloo ...` with every one of `words` among its arguments, running in `copy` (started
-    by this test's snakemake): `_job_pids(copy, "train", "results/work/rloo_grpo")`."""
+    """Processes of `rloo ...` with every one of `words` among its arguments (an args file's, `@FILE`, read as
+    argparse reads them), running in `copy` (started by this test's snakemake):
+    `_job_pids(copy, "train", "results/work/rloo_grpo")`."""
     pids = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -456,6 +452,8 @@ def _job_pids(copy: Path, *words: str) -> list[int]:
         try:
             args = [a.decode(errors="replace") for a in (proc / "cmdline").read_bytes().split(b"\0")]
             cwd = Path(os.readlink(proc / "cwd"))
+            if cwd == copy:
+                args = [w for a in args for w in ((cwd / a[1:]).read_text().splitlines() if a.startswith("@") else [a])]
         except OSError:
             continue
         if cwd == copy and all(w in args for w in words) and any(a.endswith("/rloo") for a in args[:2]):

@@ -20,6 +20,12 @@ SCRIPT = textwrap.dedent("""
         print("stage: 40%|####  | 2/5\\rstage: 60%|######  | 3/5", file=sys.stderr)
         if sys.argv[2] == "fail":
             raise ValueError("the reason")
+        if sys.argv[2] == "user":  # the CLI's way with an error the user can fix (rloo_workflow/cli.py)
+            print('Traceback (most recent call last):\\n  File "/x/rloo/reward/functions.py", line 9, in call',
+                  file=sys.stderr)
+            print("rloo demo: error: reward function 'f' raised KeyError: 'id' at my.py:3\\n  (the run stops)",
+                  file=sys.stderr)
+            return 2
         return 0
 
     sys.exit(run_logged(sys.argv[1], "rloo demo", run))
@@ -48,6 +54,15 @@ def test_a_stage_that_fails_shows_the_logs_last_lines_and_its_path(tmp_path):
     assert "  stage: 60%|######  | 3/5" in lines  # a progress bar as last drawn
     assert "log line 0" not in res.stderr  # not the whole log
     assert "Traceback" in (tmp_path / "logs" / "demo.log").read_text()
+
+
+def test_an_error_the_user_can_fix_shows_its_one_error_line_alone(tmp_path):
+    res = _run(tmp_path, "user")
+    assert res.returncode == 2
+    # the terminal's lines end on it: no frame of the package, no progress bar, no log lines
+    assert res.stderr.splitlines() == ["rloo demo: error: reward function 'f' raised KeyError: 'id' at my.py:3",
+                                       "  (the run stops)"], res.stderr
+    assert "functions.py" in (tmp_path / "logs" / "demo.log").read_text()  # the log keeps the frames
 
 
 def test_the_tail_shows_the_one_error_line_once_without_a_tracebacks_markers(tmp_path):

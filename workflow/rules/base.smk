@@ -12,8 +12,8 @@ rule base:
         code=code("base"),
         cfg=chain_cfg("base"),
         lineage=chain_lineage("base"),
-        data=base_data_arg,
-        variant=variant_arg,
+        args=job_args("base", "--job-config {cfg} {variant} {data} --out {output.model}", cfg=chain_cfg("base"),
+                      variant=variant_arg, data=base_data_arg),
     conda:
         RLOO_ENV
     log:
@@ -22,4 +22,4 @@ rule base:
         f"{LOGS}/benchmarks/base.tsv"
     threads: 1
     shell:
-        "rloo base --job-config {params.cfg} {params.variant} {params.data} --out {output.model} --log {log}"
+        "rloo base @{params.args} --log {log}"

@@ -1,4 +1,5 @@
 # Shared helpers: the validated config, what each stage reads of it, stage code fingerprints, resources.
+import inspect
 import os
 import shlex
 import sys
@@ -8,7 +9,7 @@ from snakemake.exceptions import WorkflowError
 
 from rloo_workflow.config import config_extends as _config_extends
 from rloo_workflow.config import load_schema
-from rloo_workflow.config import job_config_file
+from rloo_workflow.config import job_args_file, job_config_file
 from rloo_workflow.config import validate as _validate_config
 from rloo_workflow.config import with_overrides
 from rloo_workflow.dvc.dag import force_rerun
@@ -71,15 +72,6 @@ def stage_config(stage, overrides=None):
     return job_config_file(stage, _stage_config(config, stage, overrides))
 
 
-def _local(path):
-    """`path` relative to the working directory when it lies below it, else absolute."""
-    path = Path(path).resolve()
-    try:
-        return str(path.relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
-
-
 def code(stage):
     """The `code` param of `stage`'s jobs (its rule's name): its code fingerprint (rloo_workflow/code_fingerprint.py), so that
     a change to what the stage computes reruns it and its descendants, and a comment, a docstring or a
@@ -100,9 +92,19 @@ def local_inputs(*values):
     return [v for v in values if v and os.path.exists(v)]
 
 
-# Drops training checkpoints that belong to other inputs or parameters, so that a rerun resumes only
-# from an interrupted run of the same job (a `guard` param of sft and rloo).
-WORKDIR_GUARD = _local(Path(workflow.basedir) / "workflow" / "scripts" / "workdir.py")
+def job_args(stage, template, **values):
+    """A rule's `args` param: its command's options, `template` as a shell would read it, formatted with the
+    job's `input`, `output` and `wildcards` and with `values` (strings, or functions of those, as a param's
+    are), in a file named by its content (rloo_workflow.config.job_args_file). The command is then
+    `rloo <verb> @{params.args} ... --log {log}`: one short line where Snakemake prints it (a job's start, and
+    twice when it fails), its options one `cat` away."""
+    def args(wildcards, input, output):
+        known = {"wildcards": wildcards, "input": input, "output": output}
+        fields = {name: v(**{p: known[p] for p in inspect.signature(v).parameters}) if callable(v) else v
+                  for name, v in values.items()}
+        return job_args_file(stage, shlex.split(template.format(**known, **fields)))
+
+    return args
 
 
 # A chain rule serves the main chain and, as `<rule>_variant` (workflow/rules/variants.smk), every seed

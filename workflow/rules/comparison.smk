@@ -15,11 +15,15 @@ rule comparison:
     params:
         code=code("comparison"),
         cfg=lambda wildcards: stage_config("comparison"),
-        results=lambda wildcards, input: " ".join(
-            f"--result {e}={f} --records {e}={r}" for e, f, r in zip(COMPARED, input.results, input.records, strict=True)
-        ),
-        # wall-clock figures of the RLOO runs: beside their checkpoints, not in any output
-        timings=" ".join(f"--timings {e}={work_dir('rloo', config, e)}/timings.json" for e in COMPARED),
+        # the judge's output goes to `rloo comparison`'s default, log.judge: the command stays one short line
+        args=job_args(
+            "comparison", "--job-config {cfg} {results} {timings} --out {output.result} --plot {output.plot}",
+            cfg=lambda wildcards: stage_config("comparison"),
+            results=lambda input: " ".join(
+                f"--result {e}={f} --records {e}={r}" for e, f, r in zip(COMPARED, input.results, input.records, strict=True)
+            ),
+            # wall-clock figures of the RLOO runs: beside their checkpoints, not in any output
+            timings=" ".join(f"--timings {e}={work_dir('rloo', config, e)}/timings.json" for e in COMPARED)),
     conda:
         RLOO_ENV
     log:
@@ -31,5 +35,4 @@ rule comparison:
     resources:
         **judge_resources(),  # its size: the cluster profile's set-resources (slurm/config.yaml)
     shell:
-        "rloo comparison --job-config {params.cfg} {params.results} {params.timings} --out {output.result} --plot {output.plot} "
-        "--judge-log {log.judge} --log {log.stage}"
+        "rloo comparison @{params.args} --log {log.stage}"

@@ -15,9 +15,9 @@ rule evaluate:
         code=code("evaluate"),
         cfg=chain_cfg("evaluate"),
         lineage=chain_lineage("evaluate"),
-        data=data_dir,
-        policy=lambda wildcards, input: f"{wildcards.policy}={input.policy}",
-        variant=variant_arg,
+        args=job_args("evaluate", "--job-config {cfg} {variant} --data {data} --policy {wildcards.policy}={input.policy} "
+                      "--sft {input.sft} --reward-model {input.reward_model} --out {output.records}",
+                      cfg=chain_cfg("evaluate"), variant=variant_arg, data=data_dir),
     conda:
         RLOO_ENV
     log:
@@ -28,9 +28,7 @@ rule evaluate:
     resources:
         **cluster_resources("evaluate"),  # its size: the cluster profile's set-resources (slurm/config.yaml)
     shell:
-        "rloo evaluate --job-config {params.cfg} {params.variant} --set threads={threads} --data {params.data} "
-        "--policy {params.policy} --sft {input.sft} --reward-model {input.reward_model} --out {output.records} "
-        "--log {log}"
+        "rloo evaluate @{params.args} --set threads={threads} --log {log}"
 
 
 rule judge:
@@ -44,8 +42,9 @@ rule judge:
         code=code("judge"),
         cfg=chain_cfg("judge"),
         lineage=chain_lineage("judge"),
-        policy=lambda wildcards, input: f"{job_estimator(wildcards) or ESTIMATOR}={input.policy}",
-        variant=variant_arg,
+        args=job_args("judge", "--job-config {cfg} {variant} --policy {policy} --sft {input.sft} --out {output.result}",
+                      cfg=chain_cfg("judge"), variant=variant_arg,
+                      policy=lambda wildcards, input: f"{job_estimator(wildcards) or ESTIMATOR}={input.policy}"),
     conda:
         RLOO_ENV
     log:
@@ -57,8 +56,7 @@ rule judge:
     resources:
         **judge_resources(),  # its size: the cluster profile's set-resources (slurm/config.yaml)
     shell:
-        "rloo judge --job-config {params.cfg} {params.variant} --policy {params.policy} --sft {input.sft} "
-        "--out {output.result} --judge-log {log.judge} --log {log.stage}"
+        "rloo judge @{params.args} --judge-log {log.judge} --log {log.stage}"
 
 
 rule report:
@@ -86,12 +84,15 @@ rule report:
         code=code("report"),
         cfg=chain_cfg("report"),
         lineage=chain_lineage("report"),
-        data=lambda wildcards, input: os.path.dirname(input.manifest),
-        plots=lambda wildcards, output: os.path.dirname(output.policies),
-        # the trained policy's name in the results: its estimator (a sweep may set rloo.estimator)
-        policy=lambda wildcards, input: f"{job_estimator(wildcards) or job_config(wildcards)['rloo']['estimator']}={input.policy}",
-        judged=lambda wildcards, input: f"--judged {input.judged}" if "judged" in input.keys() else "",
-        variant=variant_arg,
+        args=job_args(
+            "report", "--job-config {cfg} {variant} --policy {policy} --sft {input.sft} --base {input.base} "
+            "--training {input.training} --data {data} {judged} --out {output.result} --plots {plots}",
+            cfg=chain_cfg("report"), variant=variant_arg,
+            data=lambda input: os.path.dirname(input.manifest),
+            plots=lambda output: os.path.dirname(output.policies),
+            # the trained policy's name in the results: its estimator (a sweep may set rloo.estimator)
+            policy=lambda wildcards, input: f"{job_estimator(wildcards) or job_config(wildcards)['rloo']['estimator']}={input.policy}",
+            judged=lambda input: f"--judged {input.judged}" if "judged" in input.keys() else ""),
     conda:
         RLOO_ENV
     log:
@@ -100,10 +101,7 @@ rule report:
         f"{LOGS}/benchmarks/report_{{estimator}}.tsv"
     threads: 1
     shell:
-        "rloo report --job-config {params.cfg} {params.variant} --policy {params.policy} --sft {input.sft} "
-        "--base {input.base} --training {input.training} --data {params.data} {params.judged} "
-        "--out {output.result} --plots {params.plots} --log {log} && "
-        "rloo summary {output.result}"
+        "rloo report @{params.args} --log {log}"
 
 
 # A mistyped target (results/gsm8k_rlooo.json) names the valid estimators instead of "no rule".

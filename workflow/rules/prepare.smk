@@ -10,8 +10,8 @@ rule prepare:
         code=code("prepare"),
         cfg=chain_cfg("prepare"),
         lineage=chain_lineage("prepare"),
-        out=lambda wildcards, output: os.path.dirname(output.manifest),
-        variant=variant_arg,
+        args=job_args("prepare", "--job-config {cfg} {variant} --out {out}", cfg=chain_cfg("prepare"),
+                      variant=variant_arg, out=lambda output: os.path.dirname(output.manifest)),
     conda:
         RLOO_ENV
     log:
@@ -20,5 +20,4 @@ rule prepare:
         f"{LOGS}/benchmarks/prepare.tsv"
     threads: 1
     shell:
-        "rloo prepare --job-config {params.cfg} {params.variant} --out {params.out} --log {log} && "
-        "rloo summary {output.manifest}"
+        "rloo prepare @{params.args} --log {log}"

@@ -9,10 +9,9 @@ rule reward:
         code=code("reward"),
         cfg=chain_cfg("reward"),
         lineage=chain_lineage("reward"),
-        data=data_dir,
-        guard=WORKDIR_GUARD,
-        work=chain_work("reward"),
-        variant=variant_arg,
+        args=job_args("reward", "--job-config {cfg} {variant} --data {data} --policy {input.policy} "
+                      "--out {output.model} --work {work} --work-guard", cfg=chain_cfg("reward"), variant=variant_arg,
+                      data=data_dir, work=chain_work("reward")),
     conda:
         RLOO_ENV
     log:
@@ -23,6 +22,4 @@ rule reward:
     resources:
         **cluster_resources("reward"),  # its size: the cluster profile's set-resources (slurm/config.yaml)
     shell:
-        "python {params.guard} {params.work} {params.cfg} {params.code} {input} > {log} 2>&1 && "
-        "rloo reward --job-config {params.cfg} {params.variant} --set threads={threads} "
-        "--data {params.data} --policy {input.policy} --out {output.model} --work {params.work} --log {log}"
+        "rloo reward @{params.args} --set threads={threads} --log {log}"

@@ -7,11 +7,9 @@ rule rloo:
         code=code("rloo"),
         cfg=chain_cfg("rloo"),
         lineage=chain_lineage("rloo"),
-        data=data_dir,
-        guard=WORKDIR_GUARD,
-        work=chain_work("rloo"),
-        reward_model=reward_model_arg,
-        variant=variant_arg,
+        args=job_args("rloo", "--job-config {cfg} {variant} --data {data} --policy {input.policy} {reward_model} "
+                      "--out {output.model} --work {work} --work-guard", cfg=chain_cfg("rloo"), variant=variant_arg,
+                      data=data_dir, reward_model=reward_model_arg, work=chain_work("rloo")),
     conda:
         RLOO_ENV
     log:
@@ -25,8 +23,4 @@ rule rloo:
     resources:
         **cluster_resources("rloo"),  # its size: the cluster profile's set-resources (slurm/config.yaml)
     shell:
-        "python {params.guard} {params.work} {params.cfg} {params.code} {input} > {log} 2>&1 && "
-        "rloo train --job-config {params.cfg} {params.variant} --set threads={threads} "
-        "--data {params.data} --policy {input.policy} {params.reward_model} "
-        "--out {output.model} --work {params.work} --log {log} && "
-        "rloo summary {output.model}/metrics.json"
+        "rloo train @{params.args} --set threads={threads} --log {log}"

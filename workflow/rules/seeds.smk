@@ -9,7 +9,9 @@ rule seeds:
     params:
         code=code("seeds"),
         cfg=lambda wildcards: stage_config("seeds"),
-        results=" ".join(f"--result {s}={f}" for s, f in SEED_RESULTS.items()),
+        args=job_args("seeds", "--job-config {cfg} {results} --out {output.result} --plot {output.plot}",
+                      cfg=lambda wildcards: stage_config("seeds"),
+                      results=" ".join(f"--result {s}={f}" for s, f in SEED_RESULTS.items())),
     conda:
         RLOO_ENV
     log:
@@ -18,5 +20,4 @@ rule seeds:
         f"{LOGS}/benchmarks/seeds.tsv"
     threads: 1
     shell:
-        "rloo seeds --job-config {params.cfg} {params.results} --out {output.result} --plot {output.plot} "
-        "--log {log}"
+        "rloo seeds @{params.args} --log {log}"

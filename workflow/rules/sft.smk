@@ -7,10 +7,9 @@ rule sft:
         code=code("sft"),
         cfg=chain_cfg("sft"),
         lineage=chain_lineage("sft"),
-        data=data_dir,
-        guard=WORKDIR_GUARD,
-        work=chain_work("sft"),
-        variant=variant_arg,
+        args=job_args("sft", "--job-config {cfg} {variant} --data {data} --base {input.base} --out {output.model} "
+                      "--work {work} --work-guard", cfg=chain_cfg("sft"), variant=variant_arg, data=data_dir,
+                      work=chain_work("sft")),
     conda:
         RLOO_ENV
     log:
@@ -21,6 +20,4 @@ rule sft:
     resources:
         **cluster_resources("sft"),  # its size: the cluster profile's set-resources (slurm/config.yaml)
     shell:
-        "python {params.guard} {params.work} {params.cfg} {params.code} {input} > {log} 2>&1 && "
-        "rloo sft --job-config {params.cfg} {params.variant} --set threads={threads} "
-        "--data {params.data} --base {input.base} --out {output.model} --work {params.work} --log {log}"
+        "rloo sft @{params.args} --set threads={threads} --log {log}"

@@ -11,7 +11,9 @@ rule sweep:
     params:
         code=code("sweep"),
         cfg=lambda wildcards: stage_config("sweep"),
-        results=lambda wildcards: " ".join(f"--result {p}={f}" for p, f in sweep_results(wildcards.sweep).items()),
+        args=job_args("sweep", "--job-config {cfg} --name {wildcards.sweep} {results} --out {output.result} "
+                      "--plot {output.plot}", cfg=lambda wildcards: stage_config("sweep"),
+                      results=lambda wildcards: " ".join(f"--result {p}={f}" for p, f in sweep_results(wildcards.sweep).items())),
     conda:
         RLOO_ENV
     log:
@@ -22,5 +24,4 @@ rule sweep:
         f"{LOGS}/benchmarks/sweep_{{sweep}}.tsv"
     threads: 1
     shell:
-        "rloo sweep --job-config {params.cfg} --name {wildcards.sweep} {params.results} "
-        "--out {output.result} --plot {output.plot} --log {log}"
+        "rloo sweep @{params.args} --log {log}"

@@ -9,6 +9,8 @@ rule toy:
     params:
         code=code("toy"),
         cfg=lambda wildcards: stage_config("toy"),
+        args=job_args("toy", "--job-config {cfg} --out {output.result} --plot {output.plot}",
+                      cfg=lambda wildcards: stage_config("toy")),
     conda:
         RLOO_ENV
     log:
@@ -17,4 +19,4 @@ rule toy:
         f"{LOGS}/benchmarks/toy.tsv"
     threads: 1
     shell:
-        "rloo toy --job-config {params.cfg} --out {output.result} --plot {output.plot} --log {log}"
+        "rloo toy @{params.args} --log {log}"

@@ -6,7 +6,8 @@
 # (run ids: <paths.results>/runs/<stage>.json), and RLOO_TRACKING=0 when tracking.enabled is false.
 # Snakemake keeps one handler of each kind: add other start/end work to these blocks.
 # onsuccess also commits the run's outputs to DVC (rloo_workflow/dvc/commit.py: dvc.yaml, dvc.lock, the DVC cache;
-# one `dvc` process, here in the main process, never in the jobs; skipped outside a DVC repository).
+# one `dvc` process, here in the main process, never in the jobs; skipped outside a DVC repository); onerror
+# names the command that brings back what a failed run deleted (rloo_workflow/dvc/restore.py).
 # The run records itself first, and removes its record last (rloo_workflow/running.py): a run killed with
 # SIGKILL leaves it behind with Snakemake's lock, and `rloo why-rerun` tells whether that run is alive.
 from rloo_workflow import dvc as _dvc
@@ -38,5 +39,7 @@ onsuccess:
 onerror:
     try:
         _tracking.end_pipeline("FAILED", log)
+        # Snakemake deleted the failed jobs' outputs: the one command that brings back the last committed ones
+        _dvc.say_where_outputs_are()
     finally:
         _running.end(Path.cwd())

@@ -1,14 +1,14 @@
-"""Keep a stage's work folder (checkpoints) only if it belongs to the same job: same parameters, same inputs.
+"""Keep a stage's work folder (checkpoints) only if it belongs to the same job: same parameters, same
+code, same inputs. `rloo sft`, `rloo reward` and `rloo train` run it before they start, given
+`--work-guard` (rloo_workflow/cli.py), as the Snakemake rules, and so DVC's stages, give it.
 
-    python workflow/scripts/workdir.py WORK_DIR PARAMS CODE [INPUT ...]
-
-Training stages resume from the newest checkpoint under WORK_DIR. That is right after an interruption
-(preemption, a time limit, a killed run), and wrong when Snakemake reruns the stage because a
-parameter, an upstream output or the code changed: the old checkpoints would be resumed as if
-nothing had happened. This script writes a stamp of the job (PARAMS, the stage's code fingerprint
-CODE (rloo_workflow/code_fingerprint.py), and path, size and mtime of every file of every INPUT) to
-WORK_DIR/job.stamp, and empties WORK_DIR when the stamp differs from the one already there. Comparing mtimes errs on the safe side: a touched input costs a fresh start,
-never a wrong resume.
+Training stages resume from the newest checkpoint under their work folder. That is right after an
+interruption (preemption, a time limit, a killed run), and wrong when the stage runs again because a
+parameter, an upstream output or the code changed: the old checkpoints would be resumed as if nothing
+had happened. `guard` writes a stamp of the job (what the stage reads of the config, its code
+fingerprint (rloo_workflow/code_fingerprint.py), and path, size and mtime of every file of every input)
+to WORK_DIR/job.stamp, and empties WORK_DIR when the stamp differs from the one already there. Comparing
+mtimes errs on the safe side: a touched input costs a fresh start, never a wrong resume.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 STAMP = "job.stamp"
@@ -58,17 +57,3 @@ def guard(work_dir: str | Path, params: str, code: str, inputs: list[str]) -> bo
     work.mkdir(parents=True, exist_ok=True)
     stamp_file.write_text(stamp + "\n")
     return kept
-
-
-def main(argv: list[str]) -> int:
-    if len(argv) < 3:
-        print(__doc__, file=sys.stderr)
-        return 2
-    work, params, code, *inputs = argv
-    kept = guard(work, params, code, inputs)
-    print(f"workdir {work}: " + ("same job, resuming from its checkpoints" if kept else "fresh start"))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -139,7 +139,8 @@ def test_evaluate_from_python_scores_as_the_evaluate_stage_does(micro_run, micro
 
     overlay = tmp_path / "reward.yaml"
     overlay.write_text(json.dumps({"reward": {"source": "function", "functions": [
-        {"name": "shorter", "fn": SHORTER, "weight": 0.5}]}, "tracking": {"enabled": False}}))
+        {"name": "shorter", "fn": SHORTER, "weight": 0.5}]}, "tracking": {"enabled": False},
+        "progress_every_s": 0.001}))  # every pass reports its progress (a short one is otherwise silent)
     cfg = load_config([MICRO, overlay])
     policies = {"mine": micro_run["base_model"], "sft": micro_run["sft"]}
     rows = [dict(r) for r in read_split(micro_run["data"], "test")][: cfg["evaluate"]["examples"]]
@@ -154,7 +155,7 @@ def test_evaluate_from_python_scores_as_the_evaluate_stage_does(micro_run, micro
                              capture_output=True, text=True, timeout=600, cwd=tmp_path)
         assert res.returncode == 0, res.stderr[-3000:]
         stage[name] = read(name, tmp_path / f"{name}.jsonl")
-    # the progress bars name the policy, not its folder's last part (base_model)
+    # the progress lines name the policy, not its folder's last part (base_model)
     assert "evaluate: mine, greedy" in (tmp_path / "mine.log").read_text()
     golds = stage["sft"].golds
     correct = {name: correctness(ev.texts(), golds) for name, ev in stage.items()}

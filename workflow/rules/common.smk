@@ -237,7 +237,7 @@ def cpus(wildcards, threads):
 
 
 # A run sized for a cluster: a profile (slurm/config.yaml, profiles/gpu) or the command line sets resources
-# per rule (`set-resources`: each rule's mem_mb and runtime live there, none in the rules). Only such a run
+# for each of the rules (`set-resources`, where every mem_mb and runtime lives; the rules hold none). Only such a run
 # asks for GPUs and CPUs per task (`cluster_resources`); a local run's job blocks show the machine's own
 # resources, not a cluster's sizes. Snakemake hands set-resources on to each Slurm job's own process, so
 # the job's rule asks for the same.

@@ -241,7 +241,8 @@ def test_a_run_shows_its_retries_on_the_terminal_and_counts_them(micro_run, tmp_
     lines = res.stdout.splitlines()
     assert [line.rsplit(" on attempt ", 1)[1] for line in lines[:2]] == ["1 of 3; retrying in 0.5 s",
                                                                          "2 of 3; retrying in 1 s"], lines
-    assert lines[2:] == [f"rloo: reward server {server.url}: 2 requests, 2 retries, 0 failed after their retries"]
+    assert lines[2] == f"rloo: reward server {server.url}: 2 requests, 2 retries, 0 failed after their retries"
+    assert all(line.startswith("rloo: ") for line in lines[3:]), lines  # then the stage's own summary
     assert all(line in (tmp_path / "rloo.log").read_text() for line in lines)  # the log has them too
     facts = json.loads((work / "timings.json").read_text())
     assert (facts["reward_server_requests"], facts["reward_server_retries"], facts["reward_server_failed"]) == (2, 2, 0)

@@ -664,7 +664,9 @@ def test_a_frozen_tracking_server_costs_a_stage_seconds(micro_run, tmp_path):
     assert before - fastest < 15, (before, untracked, live)
     assert err_mid.count("MLflow: could not") == 1 and "not sent again: it did not reply in time" in err_mid, err_mid[-3000:]
     assert "gave no reply in time, and was not asked again" in err_mid
-    assert mid - fastest < 15, (mid, untracked, live, err_mid[-3000:])
+    # mid-stage, the run did all a tracked run does before the freeze (its run, tags, parameters, the first
+    # steps' metrics): what the freeze costs is its time over the live run's, like for like
+    assert mid - live < 15, (mid, untracked, live, err_mid[-3000:])
     record = json.loads((tmp_path / "frozen_mid" / "results" / "runs" / "rloo.json").read_text())
     assert record["status"] == "FINISHED" and record["metrics_missing"] > 0, record
     assert record["tracking_store"] == "the tracking store gave no reply in time, and was not asked again"

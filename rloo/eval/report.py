@@ -267,12 +267,14 @@ def comparison_lines(table: dict) -> list[str]:
         gain = f", {gain_line(name, g)}" if g else ""
         lines.append(f"comparison: {name}: accuracy sampled {_figure(row.get('accuracy_sampled'))} / greedy "
                      f"{_figure(row.get('accuracy'))}{gain}")
-    scored = {n: r["accuracy"] for n, r in table["estimators"].items() if r.get("accuracy") is not None}
-    if scored:
-        top = max(scored.values())
-        tied = [n for n, a in scored.items() if a == top]
-        lines.append(f"comparison: most accurate (greedy): {tied[0]}, {top:.3f}" if len(tied) == 1 else
-                     f"comparison: tie: {', '.join(tied)} share the highest accuracy (greedy), {top:.3f}")
+    # the comparison's own verdict (rloo_workflow/stages/comparison.py); a file written before ties were
+    # named has only `best_by_accuracy`
+    tied, best = table.get("tie_by_accuracy"), table.get("best_by_accuracy")
+    if tied:
+        top = table["estimators"][tied[0]]["accuracy"]
+        lines.append(f"comparison: tie: {', '.join(tied)} share the highest accuracy (greedy), {top:.3f}")
+    elif best:
+        lines.append(f"comparison: most accurate (greedy): {best}, {table['estimators'][best]['accuracy']:.3f}")
     return lines
 
 

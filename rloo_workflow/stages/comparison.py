@@ -62,11 +62,15 @@ def compare(results: dict[str, dict]) -> dict[str, Any]:
     first = next(iter(results.values()))
     sft = {k: first["policies"]["sft"].get(k) for k in POLICY_KEYS}
     manifests = {name: res.get("data_manifest_sha256") for name, res in results.items()}
-    best = max(rows, key=lambda n: (rows[n]["accuracy"] is not None, rows[n]["accuracy"] or 0.0))
+    # greedy test accuracy alone; several sharing the highest are a tie, not a best (the table's order would
+    # otherwise pick one that did no better than the others; a sweep says the same: sweep_table.winner)
+    scored = {n: r["accuracy"] for n, r in rows.items() if r["accuracy"] is not None}
+    top = [n for n, a in scored.items() if a == max(scored.values())] if scored else []
     return {
         "estimators": rows,
         "sft": sft,
-        "best_by_accuracy": best,
+        "best_by_accuracy": top[0] if len(top) == 1 else None,
+        "tie_by_accuracy": top if len(top) > 1 else None,
         "judge": first.get("judge"),
         "examples": first.get("examples"),
         "checks": checks,

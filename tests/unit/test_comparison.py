@@ -37,3 +37,12 @@ def test_runs_that_differ_are_refused_naming_what_differs(change, message):
     change(other)
     with pytest.raises(InputError, match=message):
         compare({"rloo": _result("rloo"), "grpo": other})
+
+
+def test_the_highest_greedy_accuracy_is_best_and_equal_ones_are_a_tie():
+    results = {name: _result(name) for name in ("rloo", "grpo", "reinforce")}
+    results["grpo"]["policies"]["grpo"]["accuracy"] = 0.6
+    assert compare(results)["best_by_accuracy"] == "grpo" and compare(results)["tie_by_accuracy"] is None
+    results["reinforce"]["policies"]["reinforce"]["accuracy"] = 0.6  # the table's order must not pick one
+    table = compare(results)
+    assert table["best_by_accuracy"] is None and table["tie_by_accuracy"] == ["grpo", "reinforce"]

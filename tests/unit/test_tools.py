@@ -88,6 +88,14 @@ def test_a_tool_that_cannot_be_called_is_a_config_error_naming_its_key(tools_fil
     assert "tools.enabled[0].fn" in str(e.value) and says in str(e.value)
 
 
+@pytest.mark.parametrize("name", ["no_call", "needs_column"])
+def test_a_tools_signature_error_names_the_users_file_and_line(tools_file, name):
+    with pytest.raises(ConfigError) as e:
+        config({"fn": f"my_tools.py:{name}"})
+    line = next(i for i, t in enumerate(TOOLS.splitlines(), 1) if t.startswith(f"def {name}("))
+    assert f"{tools_file}:{line}: '{name}' cannot be called as a tool" in str(e.value)
+
+
 def test_names_and_opening_markers_must_differ():
     with pytest.raises(ConfigError, match=r"tools.enabled\[1\].open"):
         config({}, {"name": "other"})
@@ -126,6 +134,21 @@ def test_tools_are_read_by_sft_and_below_only_when_enabled():
         assert run_identity(Config.of(on), stage) != run_identity(Config.of(more), stage)
         assert run_identity(Config.of(off), stage) == run_identity(Config.of(config(max_calls=3)), stage)
     assert run_identity(Config.of(on), "reward") == run_identity(Config.of(off), "reward")
+
+
+def test_the_evaluation_without_the_tools_is_read_by_the_evaluations_only():
+    """tools.evaluate_without reruns the evaluations (and the report), not SFT or RLOO, nor their
+    checkpoints; without a tool enabled it is a config error naming the key."""
+    from rloo.train.identity import run_identity
+    from rloo_workflow.pipeline import reads_key
+
+    on, both = config({}), config({}, evaluate_without=True)
+    for stage in ("prepare", "base", "sft", "reward", "rloo", "evaluate", "report"):
+        assert reads_key(both, stage, "tools.evaluate_without") == (stage in ("evaluate", "report"))
+    for stage in ("sft", "rloo"):
+        assert run_identity(Config.of(on), stage) == run_identity(Config.of(both), stage)
+    with pytest.raises(ConfigError, match=r"tools.evaluate_without"):
+        config(evaluate_without=True)
 
 
 @pytest.mark.slow  # the code walk: ~8 s on a loaded machine

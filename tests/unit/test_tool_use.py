@@ -30,13 +30,13 @@ def test_the_error_share_and_the_share_of_right_answers_a_tool_gave():
         ["3+4=<<3+4=7>>7\n7*2=<<7*2=14>>14\n#### 14",  # right, and 14 is a tool's result
          "7*2=<<7*2=ERROR>>\n#### 14",                    # right, but the tool erred: the policy's own 14
          "5*5=<<5*5=2"],                                   # wrong: a call cut off by the budget
-        ["<<10/2=5.0>>\n#### 5",                          # right: 5.0 is 5 as a number
+        ["<<10/2=5.0>> <<5-5=0>>\n#### 5",                # right: 5.0 is 5 as a number, not the last result
          "<<1+1=2>> <<2+2=4>> <<4+1=5>>\n#### 5",         # right, but the third call is past max_calls: the policy's
          "<<2*3=6>>\n#### 6"],                             # wrong
     ]
     figures = tool_use({"draws": draws}, golds, box)
-    # calls: 2 + 1 + 1 + 1 + 2 + 1 = 8, one of them ERROR; right answers: 4, of which 2 are a tool's result
-    assert figures == {"tool_error_share_sampled": pytest.approx(1 / 8), "tool_answer_share_sampled": pytest.approx(2 / 4)}
+    # calls: 2 + 1 + 1 + 2 + 2 + 1 = 9, one of them ERROR; right answers: 4, of which 2 are a tool's result
+    assert figures == {"tool_error_share_sampled": pytest.approx(1 / 9), "tool_answer_share_sampled": pytest.approx(2 / 4)}
     none = tool_use({"draws": [["#### 1"], ["#### 9"]]}, ["#### 1", "#### 2"], box)
     assert none == {"tool_error_share_sampled": None, "tool_answer_share_sampled": 0.0}
     assert tool_use({"draws": [["<<1/0=ERROR>> #### 9"]]}, ["#### 1"], box) == {

@@ -96,6 +96,21 @@ def test_a_tools_signature_error_names_the_users_file_and_line(tools_file, name)
     assert f"{tools_file}:{line}: '{name}' cannot be called as a tool" in str(e.value)
 
 
+def test_the_example_tools_of_config_examples_run(monkeypatch):
+    """config/examples/your-tool.yaml (validated with the other example overlays, tests/unit/test_config.py):
+    its unit converter and its lookup in the row's fields answer their calls, and bad input gets ERROR."""
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(root)  # its paths are relative to the repository's root, where the pipeline runs
+    cfg = load_config(root / "config" / "examples" / "your-tool.yaml")
+    assert cfg["tools"]["evaluate_without"] is True
+    calc, units, number = Toolbox.from_config(Config.of(cfg)).tools
+    row = {"question": "Ava walks 5 km on day 1 and 12.5 km on day 2.", "answer": "#### 11"}
+    assert calc("5+12.5", row) == "17.5" and units("5 km", row) == "3.107" and units("x km", row) == "ERROR"
+    assert (number("n2", row), number("n1", row), number("n3", row), number("n5", row), number("two", row)) == (
+        "1", "5", "12.5", "ERROR", "ERROR")
+    assert user_files(Config.of(cfg)) == [root / "config" / "examples" / "tools" / "units.py"]
+
+
 def test_names_and_opening_markers_must_differ():
     with pytest.raises(ConfigError, match=r"tools.enabled\[1\].open"):
         config({}, {"name": "other"})

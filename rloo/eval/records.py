@@ -6,6 +6,8 @@ A problem's line holds its question and gold answer, the greedy completion and e
 with its tokens, whether it ended within the budget, the verifier's grade (strict and flexible) and the
 solution checker's (its `<<expr=value>>` annotations and how many are wrong); a draw also its KL to the
 reference, the proxy reward model's score and the training reward's parts, where the evaluation has them.
+With `tools.evaluate_without`, the line also holds the same problem's greedy completion and draws decoded
+without the tools (`without_tools`), graded alike.
 So a person can read what a policy wrote and how each completion was graded, and every figure that
 compares policies (a gain, a win rate, pass@k) is computed from these files alone, loading no model.
 """

@@ -42,7 +42,7 @@ from rloo.data import gsm8k
 from rloo.errors import InputError
 from rloo.eval.at_k import completion_figures
 from rloo.eval.evaluation import evaluate_spec, evaluate_with_records
-from rloo.eval.gains import correctness, gain
+from rloo.eval.gains import add_tool_figures, correctness, gain
 from rloo.model import models
 from rloo.reward.functions import RewardFunction, callable_files
 from rloo.reward.rewards import FunctionReward, RewardModelReward, RewardSource, VerifierReward, build_plugin
@@ -242,7 +242,10 @@ def evaluate(policies: Mapping[str, str | Path | PreTrainedModel] | Sequence[str
     the solution checker's figures; mean length; `kl` to `reference` (the pipeline's: SFT), else None;
     `proxy_reward`, the `reward_model` folder's mean score, else None; `training_reward`, each part of
     `reward` (reward functions as for train_rloo; default: the config's `reward.source` function or http)
-    with its interval); `gains`, each other policy's paired gain over `against` (default: the first
+    with its interval; with tools on (`tools:`), the calls per completion, the share of calls that erred and
+    the share of right answers taken from a tool's result (rloo.eval.tool_use), and with
+    `tools.evaluate_without` the same policy's figures without the tools (`without_tools`) and the tool's
+    paired gain (`tool_gain`)); `gains`, each other policy's paired gain over `against` (default: the first
     policy), sampled and greedy, with its 95 % paired-bootstrap interval and p-value (rloo.eval.gains);
     `against`; `examples`; and `records`, each policy's line per problem as `rloo evaluate` writes them
     (the completions and their grades). `config`: the settings (an EvaluateConfig alone is the `evaluate`
@@ -292,6 +295,7 @@ def evaluate(policies: Mapping[str, str | Path | PreTrainedModel] | Sequence[str
                                                                         proxy=proxy, label=name, training_reward=parts)
         correct[name] = correctness(texts, golds)
         figures[name].update(completion_figures(texts, correct[name], golds))
+        add_tool_figures(figures[name], texts, correct[name], golds, config.seed)
     return {"policies": figures,
             "gains": {name: gain(correct[name], correct[against], config.seed) for name in named if name != against},
             "against": against, "examples": len(rows), "records": records}

@@ -223,6 +223,13 @@ def package_functions(fns: Iterable[str]) -> list[tuple[str, str]]:
     return out
 
 
+def defined_at(func: Callable, where: str) -> str:
+    """`where` (the file `load` found `func` in) with the line `func` is defined on, `my_tools.py:3`,
+    where Python knows it (a builtin or a callable object: the file alone)."""
+    code = getattr(inspect.unwrap(func), "__code__", None)
+    return f"{code.co_filename}:{code.co_firstlineno}" if code is not None else where
+
+
 def code_file(func: Callable) -> str | None:
     """The file a function's code lies in (`raised`'s `own_file`: its own lines, where it is this package's)."""
     code = getattr(func, "__code__", None)

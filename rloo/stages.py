@@ -130,6 +130,8 @@ def stage_keys(cfg: ConfigLike, stage: str, estimator: str | None = None) -> tup
         # tools (the calculator): SFT masks their results, RLOO and the evaluations run them. Only when
         # enabled, so that a config without tools reads (and reruns on) what it did before.
         keys.append("tools")
+        if stage in ("sft", "rloo"):  # the evaluations' second pass without the tools: no training reads it
+            excluded.append("tools.evaluate_without")
     return keys, excluded
 
 

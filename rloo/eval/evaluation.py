@@ -5,7 +5,7 @@ independent T = 1 samples per problem (`sampled_draws` says how many)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -15,6 +15,7 @@ from rloo.algo.losses import sequence_kl
 from rloo.data.prompting import PromptFormat
 from rloo.eval.records import problem_records
 from rloo.eval.reward_figures import reward_figures
+from rloo.eval.tool_use import tool_use
 from rloo.model.logprobs import completion_logprobs, join, model_device
 from rloo.progress import Progress
 from rloo.reward.verifier import Mode, is_correct
@@ -69,6 +70,7 @@ class EvalSpec:
     inference_dtype: str | None = None  # model.inference_dtype: the decoding's dtype (None: the weights')
     progress_every_s: float = Config.progress_every_s  # how often a long pass reports (rloo/progress.py)
     tools: Toolbox | None = None  # `tools:` (rloo/tools): the tools the completions call; None = none
+    without_tools: bool = False  # with tools: evaluate_with_records decodes a second time without them
 
 
 @dataclass
@@ -196,14 +198,31 @@ def evaluate_with_records(policy, tokenizer, rows: list[dict], spec: EvalSpec, r
                           training_reward: Components | None = None) -> tuple[dict, list[dict], dict[str, list]]:
     """`evaluate_policy`, and what the evaluate stage writes of it (rloo.eval.records): (the figures, the
     training reward's parts made figures with their intervals (rloo.eval.reward_figures); a record per
-    problem; the completions). The evaluate stage and rloo.api.evaluate share it."""
+    problem; the completions). The evaluate stage and rloo.api.evaluate share it.
+
+    With tools, the figures add how the completions used them (rloo.eval.tool_use); with
+    `spec.without_tools` too, the policy is decoded a second time without the tools, with the same noise
+    (the spec's seed and stream), and its accuracies (`without_tools` in the figures), its completions
+    (`without_tools` in each record and in the completions) sit beside those with the tools: the tool's
+    paired gain is computed from them (rloo.eval.gains.add_tool_figures)."""
     report, texts = evaluate_policy(policy, tokenizer, rows, spec, reference=reference, proxy=proxy, label=label,
                                     training_reward=training_reward)
     report.pop("examples")  # one figure for the whole result
     parts = report.pop("training_reward_parts", None)
     if training_reward is not None:
         report["training_reward"] = reward_figures(parts, training_reward.weights)
+    if spec.tools is not None:
+        report.update(tool_use(texts, [r["answer"] for r in rows], spec.tools))
+        if spec.without_tools:  # accuracy only: no KL, proxy or training reward on the second pass
+            without, texts["without_tools"] = evaluate_policy(policy, tokenizer, rows, replace(spec, tools=None),
+                                                              label=f"{label} without tools")
+            report["without_tools"] = {k: without[k] for k in WITHOUT_TOOLS_FIGURES}
     return report, problem_records(rows, texts, parts), texts
+
+
+# What the figures keep of the pass without the tools (the report adds its intervals, pass@k and maj@k).
+WITHOUT_TOOLS_FIGURES = ("accuracy", "accuracy_flexible", "accuracy_sampled", "accuracy_sampled_flexible",
+                         "accuracy_sampled_draws", "sampled_draws", "mean_length")
 
 
 def _by_problem(per_draw) -> list[list]:
@@ -234,4 +253,5 @@ def evaluate_spec(config: Config | Mapping) -> EvalSpec:
     its own stream): rloo.api.evaluate uses it too, so both decode every problem with the same noise."""
     config = config if isinstance(config, Config) else Config.from_config(config)
     ec = config.evaluate
-    return spec_for(config, "evaluate", ec.max_new_tokens, ec.samples_per_prompt, stream=EVALUATE_STREAM)
+    spec = spec_for(config, "evaluate", ec.max_new_tokens, ec.samples_per_prompt, stream=EVALUATE_STREAM)
+    return replace(spec, without_tools=config.tools.on and config.tools.evaluate_without)

@@ -4,9 +4,11 @@ p-value (the maths: rloo.eval.stats), for the results JSON; rloo.eval.report sho
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
+from rloo.eval.at_k import completion_figures
 from rloo.eval.stats import mcnemar_exact, paired_bootstrap, sign_flip_test, wilson_interval
 from rloo.progress import Progress
 from rloo.reward.judges import PairwiseJudge, VerifierJudge, agreement, win_rate
@@ -52,6 +54,22 @@ def gain(policy: dict[str, np.ndarray], sft: dict[str, np.ndarray], seed: int, r
         "draws": int(a.shape[1]),
         "bootstrap": {"resamples": resamples, "seed": seed, "resampled": "problems"},
     }
+
+
+def add_tool_figures(figures: dict, texts: dict[str, Any], correct: dict[str, np.ndarray], golds: list[str],
+                     seed: int) -> None:
+    """Where a policy was also decoded without the tools (`texts["without_tools"]`:
+    rloo.eval.evaluation.evaluate_with_records), add to its `figures` what the report adds to any
+    policy's, for that pass (`without_tools`: the accuracies' intervals, pass@k, maj@k, the solution
+    checker's figures), and `tool_gain`: with the tools − without, on the same problems and noise, the
+    paired gain of `gain` (`correct`: the policy's correctness with the tools). The report and
+    rloo.api.evaluate share it."""
+    if "without_tools" not in texts:
+        return
+    without = correctness(texts["without_tools"], golds)
+    figures["without_tools"] = {**figures.get("without_tools", {}),
+                                **completion_figures(texts["without_tools"], without, golds)}
+    figures["tool_gain"] = gain(correct, without, seed)
 
 
 def judged_win_rate(judge: PairwiseJudge, questions: list[str], golds: list[str], candidate: list[str],

@@ -6,6 +6,8 @@ A problem's line holds its question and gold answer, the greedy completion and e
 with its tokens, whether it ended within the budget, the verifier's grade (strict and flexible) and the
 solution checker's (its `<<expr=value>>` annotations and how many are wrong); a draw also its KL to the
 reference, the proxy reward model's score and the training reward's parts, where the evaluation has them.
+With `tools.evaluate_without`, the line also holds the same problem's greedy completion and draws decoded
+without the tools (`without_tools`), graded alike.
 So a person can read what a policy wrote and how each completion was graded, and every figure that
 compares policies (a gain, a win rate, pass@k) is computed from these files alone, loading no model.
 """
@@ -31,25 +33,35 @@ def _graded(text: str, gold: str) -> dict[str, Any]:
 def problem_records(rows: list[dict], texts: dict[str, Any],
                     reward_parts: list[dict[str, list[float | None]]] | None = None) -> list[dict]:
     """A line per problem of `rows` from evaluate_policy's completions (`texts`) and the training reward's
-    parts (`reward_parts`: one {part: rewards of every problem} per draw), graded."""
+    parts (`reward_parts`: one {part: rewards of every problem} per draw), graded; with the completions of
+    a pass without the tools (`texts["without_tools"]`, rloo.eval.evaluation.evaluate_with_records), those
+    too, graded alike, under the line's `without_tools`."""
     out = []
     for i, row in enumerate(rows):
-        gold = row["answer"]
-        draws = []
-        for j, text in enumerate(texts["draws"][i]):
-            draw = {"text": text, "tokens": texts["draw_lengths"][i][j], "finished": texts["draw_finished"][i][j],
-                    **_graded(text, gold)}
-            if texts.get("draw_kl") is not None:
-                draw["kl"] = texts["draw_kl"][i][j]
-            if texts.get("draw_proxy") is not None:
-                draw["proxy"] = texts["draw_proxy"][i][j]
-            if reward_parts is not None:
-                draw["reward"] = {name: values[i] for name, values in reward_parts[j].items()}
-            draws.append(draw)
-        greedy = {"text": texts["greedy"][i], "tokens": texts["greedy_lengths"][i],
-                  "finished": texts["greedy_finished"][i], **_graded(texts["greedy"][i], gold)}
-        out.append({"question": row["question"], "answer": gold, "greedy": greedy, "draws": draws})
+        line = {"question": row["question"], "answer": row["answer"], **_completions(texts, i, row["answer"], reward_parts)}
+        if "without_tools" in texts:
+            line["without_tools"] = _completions(texts["without_tools"], i, row["answer"])
+        out.append(line)
     return out
+
+
+def _completions(texts: dict[str, Any], i: int, gold: str,
+                 reward_parts: list[dict[str, list[float | None]]] | None = None) -> dict[str, Any]:
+    """Problem `i`'s greedy completion and sampled draws, graded: {"greedy", "draws"}."""
+    draws = []
+    for j, text in enumerate(texts["draws"][i]):
+        draw = {"text": text, "tokens": texts["draw_lengths"][i][j], "finished": texts["draw_finished"][i][j],
+                **_graded(text, gold)}
+        if texts.get("draw_kl") is not None:
+            draw["kl"] = texts["draw_kl"][i][j]
+        if texts.get("draw_proxy") is not None:
+            draw["proxy"] = texts["draw_proxy"][i][j]
+        if reward_parts is not None:
+            draw["reward"] = {name: values[i] for name, values in reward_parts[j].items()}
+        draws.append(draw)
+    greedy = {"text": texts["greedy"][i], "tokens": texts["greedy_lengths"][i],
+              "finished": texts["greedy_finished"][i], **_graded(texts["greedy"][i], gold)}
+    return {"greedy": greedy, "draws": draws}
 
 
 def write(records_path: str | Path, records: list[dict], summary: dict) -> None:
@@ -80,12 +92,20 @@ class PolicyRecords:
     def golds(self) -> list[str]:
         return [r["answer"] for r in self.records]
 
-    def texts(self) -> dict[str, list]:
+    def texts(self) -> dict[str, Any]:
         """The completions by decoding mode, as evaluate_policy hands them: `greedy`, `sampled` (the first
-        draw, what a pairwise judge compares), `draws` (each problem's)."""
-        return {"greedy": [r["greedy"]["text"] for r in self.records],
-                "sampled": [r["draws"][0]["text"] for r in self.records],
-                "draws": [[d["text"] for d in r["draws"]] for r in self.records]}
+        draw, what a pairwise judge compares), `draws` (each problem's); and, where the evaluation decoded
+        a second time without the tools, `without_tools`: the same three of that pass."""
+        out = _texts(self.records)
+        if self.records and "without_tools" in self.records[0]:
+            out["without_tools"] = _texts([r["without_tools"] for r in self.records])
+        return out
+
+
+def _texts(records: list[dict]) -> dict[str, list]:
+    return {"greedy": [r["greedy"]["text"] for r in records],
+            "sampled": [r["draws"][0]["text"] for r in records],
+            "draws": [[d["text"] for d in r["draws"]] for r in records]}
 
 
 def read(name: str, records_path: str | Path, summary: str | Path | None = None) -> PolicyRecords:

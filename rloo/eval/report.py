@@ -108,6 +108,8 @@ def report_lines(result: dict) -> list[str]:
             lines.append(f"!! evaluate: {name} was trained with alarm/{alarm} firing (from step {step})")
         if name != "sft" and p["accuracy_sampled"] < sft["accuracy_sampled"]:
             lines.append(f"!! evaluate: {name} is less accurate than the SFT policy it started from")
+    for name, p in result["policies"].items():
+        lines += [f"report: {name}: {line}" for line in tool_lines(p)]
     for name, g in (result.get("gains") or {}).items():
         lines.append(f"report: {gain_line(name, g)}")
     if base := result.get("base"):  # the untrained start: what SFT and RL each added to it
@@ -116,6 +118,7 @@ def report_lines(result: dict) -> list[str]:
                      f"{at_k_line('pass', b['pass_at_k'])}, {at_k_line('maj', b['maj_at_k'])}")
         if tr := b.get("training_reward"):
             lines.append(f"report: base (untrained): {training_reward_line(tr)}")
+        lines += [f"report: base (untrained): {line}" for line in tool_lines(b)]
         lines += [f"report: {gain_line(name, g, against='base')}" for name, g in base["gains"].items()]
     for name, p in result["policies"].items():
         if check := p.get("solution_check"):
@@ -166,6 +169,26 @@ def gain_line(name: str, g: dict, against: str = "sft") -> str:
             f"{part(g['greedy'])} greedy; {g['n_problems']} problems, 95 % paired bootstrap")
 
 
+def tool_lines(figures: dict) -> list[str]:
+    """With tools (rloo.eval.tool_use): the calls per completion, the share that erred, the share of right
+    answers taken from a tool's result; with the pass without the tools too, its accuracy and the tool's
+    paired gain (`tool_gain`: the same paired figures as a policy's gain over SFT). None without tools."""
+    if "tool_calls_sampled" not in figures:
+        return []
+
+    def share(value: float | None) -> str:
+        return "n/a" if value is None else f"{100 * value:.1f} %"
+
+    lines = [f"tools: {figures['tool_calls_sampled']:.2f} calls per sampled completion ({figures['tool_calls']:.2f} "
+             f"greedy), {share(figures.get('tool_error_share_sampled'))} of them erred; "
+             f"{share(figures.get('tool_answer_share_sampled'))} of the right sampled answers are a tool's result"]
+    if without := figures.get("without_tools"):
+        lines.append(f"without tools: {accuracy_text(without)}")
+    if g := figures.get("tool_gain"):
+        lines.append(f"tool gain: {gain_line('tools', g, against='no tools')}")
+    return lines
+
+
 def at_k_line(kind: str, figure: dict) -> str:
     """pass@k / maj@k with its interval, e.g. `pass@4 0.812 [0.775, 0.844]`."""
     ci = f" [{figure['ci95'][0]:.3f}, {figure['ci95'][1]:.3f}]" if figure.get("ci95") else ""
@@ -209,7 +232,7 @@ def evaluate_lines(summary: dict) -> list[str]:
              f"({f['sampled_draws']} draws each){proxy}{kl}, mean length {f['mean_length']:.1f} tokens"]
     if tr := f.get("training_reward"):
         lines.append(f"evaluate: {summary['policy']}: {training_reward_line(tr)}")
-    return lines
+    return lines + [f"evaluate: {summary['policy']}: {line}" for line in tool_lines(f)]
 
 
 def sweep_lines(tab: dict) -> list[str]:

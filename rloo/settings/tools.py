@@ -41,6 +41,10 @@ class ToolsConfig(Section):
     """Calls per completion at most; later calls are left as the policy writes them."""
     max_result_chars: int = setting(32, minimum=1)
     """A result longer than this many characters is cut to it."""
+    evaluate_without: bool = False
+    """Each evaluation (the evaluate stage, rloo.api.evaluate) also decodes every policy without the tools,
+    on the same problems with the same noise, and reports the tool's gain with its paired interval: a
+    second pass, so off by default (config/tools.yaml turns it on). Read by the evaluations only."""
 
     @property
     def on(self) -> bool:
@@ -65,6 +69,9 @@ class ToolsConfig(Section):
         if self.enabled and cfg.rollout.backend == "vllm":
             out.append("key 'tools.enabled': the tools run inside the hf sampler's loops; rollout.backend vllm "
                        "does not run them yet (set rollout.backend: hf)")
+        if self.evaluate_without and not self.enabled:
+            out.append("key 'tools.evaluate_without': no tool is enabled (tools.enabled), so there is no "
+                       "evaluation with a tool to set beside one without")
         if self.enabled:
             from rloo.tools import config_problems
 

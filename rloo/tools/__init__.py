@@ -66,7 +66,8 @@ def config_problems(config: Any) -> list[str]:
             problems.append(str(e))
             continue
         if problem := signature_problem(func, offered):
-            problems.append(f"key '{key}': {where}: '{t.fn.rpartition(':')[2]}' cannot be called as a tool: {problem}")
+            problems.append(f"key '{key}': {plugins.defined_at(func, where)}: '{t.fn.rpartition(':')[2]}' cannot be "
+                            f"called as a tool: {problem}")
     return problems
 
 

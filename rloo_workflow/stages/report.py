@@ -22,7 +22,7 @@ from rloo.data.manifest import read_manifest
 from rloo.errors import InputError
 from rloo.eval import records
 from rloo.eval.at_k import completion_figures
-from rloo.eval.gains import correctness, gain, judged_win_rate
+from rloo.eval.gains import add_tool_figures, correctness, gain, judged_win_rate
 from rloo.io import sha256_file, write_json_atomic
 from rloo.reward.functions import VERIFIER_FN
 from rloo.reward.judges import VerifierJudge
@@ -52,7 +52,7 @@ def run(cfg: dict, evaluations: dict[str, records.PolicyRecords], policy: str, t
             raise InputError(f"the {ev.name} evaluation holds other problems than SFT's: evaluate both on the same data")
     texts = {name: ev.texts() for name, ev in evaluations.items()}
     correct = {name: correctness(t, golds) for name, t in texts.items()}
-    figures = _figures(evaluations, texts, correct, golds)
+    figures = _figures(evaluations, texts, correct, golds, sections.seed)
     metrics = _read_json(Path(training_dir) / "metrics.json")
     if metrics:  # the checkpoint the stage wrote, and the alarms that fired while training it
         figures[policy]["selected_step"] = metrics.get("selected_step")
@@ -96,11 +96,15 @@ def run(cfg: dict, evaluations: dict[str, records.PolicyRecords], policy: str, t
 
 
 def _figures(evaluations: dict[str, records.PolicyRecords], texts: dict[str, dict], correct: dict[str, dict],
-             golds: list[str]) -> dict[str, dict]:
+             golds: list[str], seed: int) -> dict[str, dict]:
     """Each policy's figures: its evaluation's, and what its records add (rloo.eval.at_k.completion_figures:
-    the accuracies' intervals, the solution checker's figures, pass@k and maj@k)."""
-    return {name: {**ev.summary["figures"], **completion_figures(texts[name], correct[name], golds)}
-            for name, ev in evaluations.items()}
+    the accuracies' intervals, the solution checker's figures, pass@k and maj@k; where it was evaluated
+    without the tools too, the same of that pass and the tool's paired gain: rloo.eval.gains.add_tool_figures)."""
+    out = {}
+    for name, ev in evaluations.items():
+        out[name] = {**ev.summary["figures"], **completion_figures(texts[name], correct[name], golds)}
+        add_tool_figures(out[name], texts[name], correct[name], golds, seed)
+    return out
 
 
 def _plots(plot_dir: Path, reports: dict[str, dict], policy: str, metrics: dict | None) -> dict:

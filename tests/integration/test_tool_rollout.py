@@ -211,6 +211,87 @@ def test_the_evaluation_runs_the_tools_and_counts_their_calls(micro, micro_run):
     assert any("=ERROR>>" in t or re.search(r"=-?[0-9.]+>>", t) for d in texts["draws"] for t in d)
 
 
+def test_each_policy_is_evaluated_with_and_without_the_tool_and_the_report_gives_the_gain(micro_run, tmp_path, capsys):
+    """tools.evaluate_without: the evaluate stage decodes the policy a second time without the tool, with the
+    noise of an evaluation without tools (the same completions); its records and figures carry both; the
+    report (and rloo.api.evaluate, the same figures) gives the tool's paired gain, the difference of the two
+    accuracies, and the tool's figures, which `rloo summary` prints."""
+    from rloo import api
+    from rloo.data.gsm8k import read_split
+    from rloo.eval import records
+    from rloo.eval.tool_use import tool_results
+    from rloo.settings import Config
+    from rloo_workflow.cli import main
+    from rloo_workflow.config import load_config
+    from rloo_workflow.stages import evaluate, report
+
+    keys = {"tracking": {"enabled": False}, "evaluate": {"examples": 12}}
+    cfg = load_config(ROOT / "config" / "micro.yaml", {**keys, "tools": {"enabled": [{}], "evaluate_without": True}})
+    out = tmp_path / "eval"
+    figures = evaluate.run(cfg, micro_run["data"], micro_run["sft"], "sft", micro_run["sft"], out / "sft.jsonl")
+    without = figures["without_tools"]
+    assert {"accuracy", "accuracy_sampled", "accuracy_sampled_draws"} <= set(without) and "kl" not in without
+    ev = records.read("sft", out / "sft.jsonl")
+    # the pass without the tool is an evaluation without tools: the same noise, the same completions
+    rows = read_split(micro_run["data"], "test")[:12]
+    plain = api.evaluate({"sft": micro_run["sft"]}, rows, config=Config.of(load_config(ROOT / "config" / "micro.yaml", keys)))
+    assert ev.texts()["without_tools"] == records.PolicyRecords("plain", plain["records"]["sft"], {}).texts()
+    assert "without_tools" not in plain["policies"]["sft"] and "tool_gain" not in plain["policies"]["sft"]
+    # the calls found in the text are those the rollout counted
+    sampled = [t for d in ev.texts()["draws"] for t in d]
+    assert sum(len(tool_results(t, [("<<", "=", ">>")], 8)) for t in sampled) == pytest.approx(
+        figures["tool_calls_sampled"] * len(sampled)) and figures["tool_calls_sampled"] > 0
+    assert figures["tool_error_share_sampled"] == pytest.approx(
+        sum(t.count("=ERROR>>") for t in sampled) / (figures["tool_calls_sampled"] * len(sampled)))
+
+    for name in ("base", "rloo"):  # the report's three policies: the same evaluation three times
+        for suffix in (".jsonl", ".json"):
+            shutil.copy(out / f"sft{suffix}", out / f"{name}{suffix}")
+    evaluations = {n: records.read(n, out / f"{n}.jsonl") for n in ("base", "sft", "rloo")}
+    result = report.run(cfg, evaluations, "rloo", tmp_path / "no_training", micro_run["data"] / "manifest.json",
+                        tmp_path / "gsm8k_rloo.json")
+    for name, p in [*result["policies"].items(), ("base", result["base"]["policy"])]:
+        g, w = p["tool_gain"], p["without_tools"]
+        assert g["sampled"]["gain"] == pytest.approx(p["accuracy_sampled"] - w["accuracy_sampled"]), name
+        assert g["greedy"]["gain"] == pytest.approx(p["accuracy"] - w["accuracy"]), name
+        assert g["n_problems"] == 12 and w["pass_at_k"]["k"] == 4 and "maj_at_k" in w
+    by_api = api.evaluate({"sft": micro_run["sft"]}, rows, config=Config.of(cfg))["policies"]["sft"]
+    for key in ("tool_gain", "tool_calls_sampled", "tool_error_share_sampled", "tool_answer_share_sampled"):
+        assert by_api[key] == result["policies"]["sft"][key], key
+    assert by_api["without_tools"] == result["policies"]["sft"]["without_tools"]
+    capsys.readouterr()
+    assert main(["summary", str(tmp_path / "gsm8k_rloo.json"), str(out / "sft.json")]) == 0
+    printed = capsys.readouterr()
+    text = printed.out + printed.err
+    assert "rloo summary: error" not in text
+    for who in ("report: sft", "report: rloo", "report: base (untrained)", "evaluate: sft"):
+        assert f"{who}: tools: {figures['tool_calls_sampled']:.2f} calls per sampled completion" in text, who
+        assert f"{who}: without tools: accuracy sampled {without['accuracy_sampled']:.3f}" in text, who
+    assert text.count("tool gain: TOOLS − NO TOOLS = ") == 3
+
+
+def test_a_tool_that_raises_in_the_evaluation_is_one_line_naming_the_users_file_and_line(micro_run, tmp_path, capsys):
+    """`rloo evaluate` with a tool of the user's that raises: exit 2, one line naming the tool, the exception
+    and the user's file and line, no traceback, and no records written."""
+    from rloo_workflow.cli import main
+
+    tools = tmp_path / "my_tools.py"
+    tools.write_text("def broken(call, **row):\n    return str(int(call) // 0)\n")
+    overlay = tmp_path / "tools.yaml"
+    overlay.write_text(f"tracking: {{enabled: false}}\nevaluate: {{examples: 12}}\n"
+                       f"tools:\n  enabled:\n    - {{name: broken, fn: '{tools}:broken'}}\n")
+    out = tmp_path / "eval" / "sft.jsonl"
+    capsys.readouterr()
+    code = main(["evaluate", "-c", str(ROOT / "config" / "micro.yaml"), "-c", str(overlay), "--data",
+                 str(micro_run["data"]), "--sft", str(micro_run["sft"]), "--policy", f"sft={micro_run['sft']}",
+                 "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    (line,) = [x for x in err.splitlines() if "error" in x]
+    assert line.startswith("rloo evaluate: error: tool 'broken'") and f"{tools}:2" in line, err
+    assert "Traceback" not in err and not out.exists() and not out.with_suffix(".json").exists()
+
+
 def _without_times(folder) -> list[dict]:
     return [{k: v for k, v in json.loads(line).items() if not k.startswith("time/")}
             for line in (folder / "steps.jsonl").read_text().splitlines()]

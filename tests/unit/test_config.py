@@ -113,7 +113,7 @@ def test_every_example_overlay_validates(overlay, monkeypatch, capsys):
     cfg = json.loads(capsys.readouterr().out)
     for key in ("train_file", "test_file"):
         assert cfg["data"][key] is None or (ROOT / cfg["data"][key]).is_file(), cfg["data"][key]
-    assert len(EXAMPLES) == 5
+    assert len(EXAMPLES) == 6
 
 
 def test_cli_reports_config_errors(capsys):

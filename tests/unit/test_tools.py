@@ -88,6 +88,29 @@ def test_a_tool_that_cannot_be_called_is_a_config_error_naming_its_key(tools_fil
     assert "tools.enabled[0].fn" in str(e.value) and says in str(e.value)
 
 
+@pytest.mark.parametrize("name", ["no_call", "needs_column"])
+def test_a_tools_signature_error_names_the_users_file_and_line(tools_file, name):
+    with pytest.raises(ConfigError) as e:
+        config({"fn": f"my_tools.py:{name}"})
+    line = next(i for i, t in enumerate(TOOLS.splitlines(), 1) if t.startswith(f"def {name}("))
+    assert f"{tools_file}:{line}: '{name}' cannot be called as a tool" in str(e.value)
+
+
+def test_the_example_tools_of_config_examples_run(monkeypatch):
+    """config/examples/your-tool.yaml (validated with the other example overlays, tests/unit/test_config.py):
+    its unit converter and its lookup in the row's fields answer their calls, and bad input gets ERROR."""
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(root)  # its paths are relative to the repository's root, where the pipeline runs
+    cfg = load_config(root / "config" / "examples" / "your-tool.yaml")
+    assert cfg["tools"]["evaluate_without"] is True
+    calc, units, number = Toolbox.from_config(Config.of(cfg)).tools
+    row = {"question": "Ava walks 5 km on day 1 and 12.5 km on day 2.", "answer": "#### 11"}
+    assert calc("5+12.5", row) == "17.5" and units("5 km", row) == "3.107" and units("x km", row) == "ERROR"
+    assert (number("n2", row), number("n1", row), number("n3", row), number("n5", row), number("two", row)) == (
+        "1", "5", "12.5", "ERROR", "ERROR")
+    assert user_files(Config.of(cfg)) == [root / "config" / "examples" / "tools" / "units.py"]
+
+
 def test_names_and_opening_markers_must_differ():
     with pytest.raises(ConfigError, match=r"tools.enabled\[1\].open"):
         config({}, {"name": "other"})
@@ -126,6 +149,21 @@ def test_tools_are_read_by_sft_and_below_only_when_enabled():
         assert run_identity(Config.of(on), stage) != run_identity(Config.of(more), stage)
         assert run_identity(Config.of(off), stage) == run_identity(Config.of(config(max_calls=3)), stage)
     assert run_identity(Config.of(on), "reward") == run_identity(Config.of(off), "reward")
+
+
+def test_the_evaluation_without_the_tools_is_read_by_the_evaluations_only():
+    """tools.evaluate_without reruns the evaluations (and the report), not SFT or RLOO, nor their
+    checkpoints; without a tool enabled it is a config error naming the key."""
+    from rloo.train.identity import run_identity
+    from rloo_workflow.pipeline import reads_key
+
+    on, both = config({}), config({}, evaluate_without=True)
+    for stage in ("prepare", "base", "sft", "reward", "rloo", "evaluate", "report"):
+        assert reads_key(both, stage, "tools.evaluate_without") == (stage in ("evaluate", "report"))
+    for stage in ("sft", "rloo"):
+        assert run_identity(Config.of(on), stage) == run_identity(Config.of(both), stage)
+    with pytest.raises(ConfigError, match=r"tools.evaluate_without"):
+        config(evaluate_without=True)
 
 
 @pytest.mark.slow  # the code walk: ~8 s on a loaded machine

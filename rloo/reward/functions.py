@@ -98,7 +98,8 @@ def config_problems(config: Any) -> list[str]:
             continue
         if problem := signature_problem(func, offered):
             name = f.fn.rpartition(":")[2]
-            problems.append(f"key '{key}.fn': {where}: '{name}' cannot be called as a reward function: {problem}")
+            problems.append(f"key '{key}.fn': {plugins.defined_at(func, where)}: '{name}' cannot be called as a "
+                            f"reward function: {problem}")
     return problems
 
 

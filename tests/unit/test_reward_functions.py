@@ -143,6 +143,10 @@ def test_the_verifier_as_a_function_is_the_verifier(rewards_file):
     assert verifier_reward(completions=["#### 4"], answer=["#### 4"]) == [1.0]  # TRL's call: no `finished`
 
 
+def _def_line(path: Path, name: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if line.startswith(f"def {name}("))
+
+
 @pytest.mark.parametrize(("fn", "expected"), [
     ("wrong_length", "reward function 'f' ({fn}) returned 1 rewards for 4 completions"),
     ("not_a_number", "reward function 'f' ({fn}) returned '1.0' for completion 0: not a number"),
@@ -240,19 +244,24 @@ def _problems(functions: list[dict]) -> list[str]:
     ("{dir}/broken.py:f", "key 'reward.functions[0].fn': {dir}/broken.py: importing it raised SyntaxError: "),
     ("{file}:nosuch", "key 'reward.functions[0].fn': {file}: no function 'nosuch'"),
     ("{file}:NOT_CALLABLE", "key 'reward.functions[0].fn': {file}: 'NOT_CALLABLE' is a int, not a function"),
-    ("{file}:no_completions", "key 'reward.functions[0].fn': {file}: 'no_completions' cannot be called as a "
+    ("{file}:no_completions", "key 'reward.functions[0].fn': {file}:{line_no_completions}: 'no_completions' cannot be called as a "
                               "reward function: it takes no 'completions' argument (TRL's form"),
-    ("{file}:positional_only", "key 'reward.functions[0].fn': {file}: 'positional_only' cannot be called as a "
+    ("{file}:positional_only", "key 'reward.functions[0].fn': {file}:{line_positional_only}: 'positional_only' cannot be called as a "
                                "reward function: its parameter 'completions' is positional-only"),
-    ("{file}:needs_unknown", "key 'reward.functions[0].fn': {file}: 'needs_unknown' cannot be called as a "
+    ("{file}:needs_unknown", "key 'reward.functions[0].fn': {file}:{line_needs_unknown}: 'needs_unknown' cannot be called as a "
                              "reward function: it needs 'difficulty', which no call offers (offered: answer, "
                              "completion_ids, completions, finished, prompts, question)"),
-    ("rloo.reward.verifier:is_correct", "key 'reward.functions[0].fn': {verifier}: 'is_correct' "
+    ("rloo.reward.verifier:is_correct", "key 'reward.functions[0].fn': {verifier}:{line_is_correct}: 'is_correct' "
                                         "cannot be called as a reward function: it takes no 'completions' argument"),
 ])
 def test_a_function_that_cannot_be_used_is_one_line_before_any_stage_runs(rewards_file, fn, expected):
     (rewards_file.parent / "broken.py").write_text("def f(completions, **kwargs)\n    return []\n")
-    fields = {"file": rewards_file, "dir": rewards_file.parent, "verifier": ROOT / "rloo" / "reward" / "verifier.py"}
+    verifier = ROOT / "rloo" / "reward" / "verifier.py"
+    fields = {"file": rewards_file, "dir": rewards_file.parent, "verifier": verifier,
+              # a signature the call cannot meet names the line of the function's `def`
+              **{f"line_{name}": _def_line(path, name) for path, name in
+                 [(rewards_file, "no_completions"), (rewards_file, "positional_only"),
+                  (rewards_file, "needs_unknown"), (verifier, "is_correct")]}}
     problems = _problems([{"name": "f", "fn": fn.format(**fields)}])
     assert len(problems) == 1 and problems[0].strip().startswith(expected.format(**fields)), problems
 

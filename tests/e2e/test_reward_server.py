@@ -1,8 +1,9 @@
 """`reward.source: http` (rloo/reward/remote.py) against a real reward server process
 (tests/helpers/reward_server.py), which scores with the same reward functions a `reward.source:
 function` config names: the same rewards through either; retries, a failing request within its share, a
-reply that breaks the protocol, a bearer key from the environment; and a server killed mid-run, which
-stops `rloo train` in one line with its last checkpoint intact, so that the rerun resumes from it."""
+reply that breaks the protocol, a bearer key from the environment; and a server killed mid-run under
+Snakemake, which stops the rloo job in one line with its last checkpoint intact, so that the rerun resumes
+from it, and leaves the key in no file."""
 
 from __future__ import annotations
 
@@ -21,7 +22,10 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
+from conftest import copy_tree
 from fault_helpers import silent_server
+from workflow_helpers import CONFIGFILES, SERVED_SNAKEMAKE, env_for, job_counts, snakemake
 
 from rloo.model import checkpoint
 from rloo.reward.remote import RewardServerError
@@ -326,59 +330,64 @@ def test_the_key_comes_from_the_environment(tmp_path, functions_file, servers, m
     assert not _score(reward).isnan().any()
 
 
-def _files_holding(root: Path, secret: str) -> list[str]:
-    return [str(p) for p in root.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
-
-
 @pytest.mark.slow
-def test_a_server_killed_mid_run_stops_it_in_one_line_and_the_rerun_resumes(micro_run, tmp_path, functions_file,
-                                                                             servers):
-    """`rloo train` (4 steps, a checkpoint after 2) against the server; the server hangs on the third
-    step's request and is killed there. Tracking on, a bearer key from the environment: no file the
-    run writes holds the key, though the rerun's server quotes it in a failed reply (issue 71: the retry
-    line, the log and MLflow get it redacted). A key pasted where its variable's name belongs is refused
-    before anything runs, and not repeated."""
+def test_a_server_killed_mid_run_stops_the_snakemake_job_in_one_line_the_rerun_resumes_and_no_file_holds_the_key(
+        micro_workflow, tmp_path, functions_file, servers):
+    """Issue 71 under Snakemake, on a copy of the session's finished micro chain with MLflow tracking on:
+    only the jobs that read the key run (rloo, 4 steps with a checkpoint after 2, and its policy's
+    evaluation, which reports the training reward). A key pasted where its variable's name belongs is
+    refused when the Snakefile is read, not repeated. With the name of a variable that holds the key, the
+    server hangs on the third step's request and is killed there: the rloo job stops in one line and keeps
+    its checkpoint. The server back, the rerun resumes from step 2; its first reply fails quoting the key it
+    got, which the retry line on the terminal and the log show redacted. `grep -r` then finds either key in no
+    file of the copy: the run's folders (results/, logs/, .rloo/), the MLflow store and .snakemake/."""
     servers.append(server := Server(tmp_path, functions_file, "--hang-after", "2", "--hung", str(tmp_path / "hung"),
                                     "--key-env", "RLOO_TEST_REWARD_KEY", env={"RLOO_TEST_REWARD_KEY": SECRET}))
-    work, out = tmp_path / "work", tmp_path / "rloo"
-    env = {**os.environ, "RLOO_TEST_REWARD_KEY": SECRET, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
-    cmd = [sys.executable, "-m", "rloo_workflow.cli", "train", "-c", str(ROOT / "config" / "micro.yaml"),
-           "--set", "reward.source=http", "--set", f"reward.http.url={server.url}",
-           "--set", "reward.http.api_key_env=RLOO_TEST_REWARD_KEY", "--set", "rloo.eval_every=0",
-           "--set", "rloo.steps=4", "--set", "rloo.checkpoint_every=2", "--set", "tracking.enabled=true",
-           "--data", str(micro_run["data"]), "--policy", str(micro_run["sft"]), "--out", str(out), "--work", str(work)]
-    pasted = "sk-SECRET5abc"
-    res = subprocess.run([*cmd, "--set", f"reward.http.api_key_env={pasted}"], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert res.returncode == 2 and "key 'reward.http.api_key_env'" in res.stderr, res.stderr[-3000:]
-    assert pasted not in res.stdout + res.stderr and "Traceback" not in res.stderr and len(res.stderr.splitlines()) == 2
-    assert not work.exists() and not out.exists() and not _files_holding(tmp_path, pasted)
+    copy = copy_tree(micro_workflow["copy"], tmp_path / "wf")
+    (copy / "config" / "http.yaml").write_text(yaml.safe_dump({
+        "reward": {"source": "http", "http": {"url": server.url, "api_key_env": "RLOO_TEST_REWARD_KEY"}},
+        "rloo": {"eval_every": 0}, "tracking": {"enabled": True}}))
+    targets = ["results/models/rloo_rloo", "results/eval/rloo.json"]
+    args = [*targets, "--cores", "1", *CONFIGFILES, "config/http.yaml"]
+    env = {"RLOO_TEST_REWARD_KEY": SECRET, "MLFLOW_TRACKING_URI": f"sqlite:///{copy}/mlflow.db"}
 
-    run = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 300
+    pasted = "sk-SECRET5abc"
+    res = snakemake(copy, *args, "-n", "--config", f"reward={{http: {{api_key_env: '{pasted}'}}}}", env=env, check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and "key 'reward.http.api_key_env': must name an environment variable" in out, out[-3000:]
+    assert pasted not in out and "Traceback" not in out, out[-3000:]
+
+    run = subprocess.Popen([sys.executable, str(SERVED_SNAKEMAKE), *args], cwd=copy, env={**env_for(copy), **env},
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 600
     while not (tmp_path / "hung").exists():
-        assert run.poll() is None and time.monotonic() < deadline, run.communicate()
+        assert run.poll() is None and time.monotonic() < deadline, run.communicate()[0][-4000:]
         time.sleep(0.05)
     server.kill()  # mid-request, after the checkpoint of step 2
-    _, err = run.communicate(timeout=300)
-    assert run.returncode == 2, err[-3000:]
-    last = err.strip().splitlines()[-1]
-    assert last.startswith(f"rloo train: error: the reward server at {server.url} did not answer"), err[-3000:]
-    assert "the run stops (its last checkpoint is kept" in last and "Traceback" not in err
-    assert not out.exists()  # no output from a run that did not finish
+    out, _ = run.communicate(timeout=600)
+    assert run.returncode != 0 and job_counts(out) == {"rloo": 1, "evaluate": 1}, out[-4000:]
+    stop = [line for line in out.splitlines() if line.startswith("rloo train: error: ")]
+    assert len(stop) == 1 and stop[0].startswith(f"rloo train: error: the reward server at {server.url} did not "
+                                                 "answer"), out[-4000:]
+    assert "the run stops (its last checkpoint is kept" in stop[0] and "Traceback" not in out, out[-4000:]
+    assert not (copy / "results" / "models" / "rloo_rloo").exists()  # no output from a run that did not finish
+    work = copy / "results" / "work" / "rloo_rloo"
     assert [p.name for p in checkpoint.complete(work / "checkpoints")] == ["step_00000002"]
 
-    # the server back on its port: the rerun resumes at step 2 and asks only for steps 2 and 3; its first
-    # reply fails quoting the key it got, and is retried; the log a file of the run, as under Snakemake
-    servers.append(again := Server(tmp_path, functions_file, "--key-env", "RLOO_TEST_REWARD_KEY", "--fail-first", "1",
-                                   "--echo-key", port=server.port, env={"RLOO_TEST_REWARD_KEY": SECRET}))
-    log = tmp_path / "logs" / "rloo.log"
-    res = subprocess.run([*cmd, "--log", str(log)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, log.read_text()[-3000:]
-    assert "(step 2)" in log.read_text() and again.requests == 3, log.read_text()[-3000:]
+    # the server back on its port: the rerun resumes at step 2; the first request fails quoting the key
+    servers.append(Server(tmp_path, functions_file, "--key-env", "RLOO_TEST_REWARD_KEY", "--fail-first", "1",
+                          "--echo-key", port=server.port, env={"RLOO_TEST_REWARD_KEY": SECRET}))
+    res = snakemake(copy, *args, env=env, timeout=900)
+    out, log = res.stdout + res.stderr, (copy / "logs" / "rloo_rloo.log").read_text()
+    assert json.loads((work / "timings.json").read_text())["resumed_from_step"] == 2, log[-3000:]
     quoted = "(got Authorization: Bearer [REDACTED]) on attempt 1 of 3"
-    assert quoted in res.stdout and quoted in log.read_text() and SECRET not in res.stdout + res.stderr, res.stdout
-    steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    assert quoted in out and quoted in log and SECRET not in out, out[-4000:]
+    steps = [json.loads(line) for line in (copy / "results/models/rloo_rloo/steps.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [0, 1, 2, 3] and all(math.isfinite(s["train/reward_mean"]) for s in steps)
-    assert json.loads((out / "metrics.json").read_text())["reward_source"] == "http"
-    assert (tmp_path / "mlflow.db").exists() and not _files_holding(tmp_path, SECRET)
+    figures = json.loads((copy / "results/eval/rloo.json").read_text())
+    assert figures["reward_parts"] == ["http"], figures  # the evaluation scored with the server too
+
+    stores = [copy / name for name in ("results/runs", "logs", ".rloo", "mlflow.db", "mlruns", ".snakemake")]
+    assert all(p.exists() for p in stores), [p for p in stores if not p.exists()]
+    found = subprocess.run(["grep", "-rlF", "-e", SECRET, "-e", pasted, "."], cwd=copy, capture_output=True, text=True)
+    assert found.returncode == 1 and not found.stdout, found.stdout + found.stderr  # 1: no file holds either

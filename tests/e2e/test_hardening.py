@@ -442,6 +442,11 @@ def test_a_missing_config_file_stops_before_anything_is_written_naming_the_file(
     out = (res.stdout + res.stderr).strip()
     assert res.returncode != 0 and "config/nope.yaml" in out.splitlines()[-1], out[-3000:]
     assert not any((copy / name).exists() for name in (".snakemake", "data", "results", "logs", ".rloo")), out[-3000:]
+    # the quick start's command checks its config files itself, in one line, before it installs anything
+    res = subprocess.run(["bash", str(ROOT / "scripts" / "pipeline.sh"), "--configfile", "config/micro.yaml",
+                          "config/nope.yaml", "--dry-run"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and not res.stdout, res.stdout[-2000:]
+    assert res.stderr.strip() == "pipeline.sh: error: config file config/nope.yaml: no such file", res.stderr
 
 
 # -- Ctrl-C ------------------------------------------------------------------------------------------------

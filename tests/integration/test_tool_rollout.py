@@ -165,6 +165,91 @@ def test_forced_tokens_are_out_of_the_loss_the_kl_and_the_entropy_and_policy_tok
     assert abs(changed[0] - base[0]) > 1e-4 and abs(changed[1] - base[1]) > 1e-4
 
 
+TOOLS = {"enabled": [{"name": "calculator"}], "max_calls": 8, "max_result_chars": 32}
+
+
+def _tools_cfg(micro_run, **rloo) -> dict:
+    """test_microbatch's float32 micro config with the calculator on: k = 4 completions long enough to call."""
+    from test_microbatch import _cfg
+
+    return {**_cfg(micro_run, temperature=1.0, max_new_tokens=40, prompts_per_step=2, **rloo), "tools": TOOLS}
+
+
+def _step_with_a_call(trainer) -> tuple[int, object]:
+    """The first step whose samples hold a forced token, and its scored groups."""
+    for step in range(8):
+        got = trainer.collect(step)
+        if got.rollout.policy_mask is not None:
+            return step, got
+    raise AssertionError("the micro SFT policy called no tool in 8 steps")
+
+
+def _first_forced_run(ro) -> tuple[int, int, int]:
+    """(row, start, end): the first forced run [start, end) of the first row that has one."""
+    forced = ro.completion_mask & ~ro.policy_mask
+    row = int(forced.any(1).nonzero()[0])
+    start = int(forced[row].nonzero()[0])
+    return row, start, start + int((~forced[row, start:]).nonzero()[0])
+
+
+def _one_row(ro, scores, row: int, width: int, k: int):
+    """Row `row` of `ro` cut to its first `width` tokens, k times (a group: the step's shapes hold)."""
+    cut = ro.select(torch.tensor([row] * k))
+    for name in ("completions", "completion_mask", "policy_mask", "logprobs"):
+        setattr(cut, name, getattr(cut, name)[:, :width].clone())
+    return cut, scores[[row] * k]
+
+
+def test_ppo_trains_policy_and_critic_on_the_policys_tokens_only(micro_run):
+    """PPO with the calculator: a completion that ends in a forced run gives the same policy and critic
+    gradients and value loss as the same completion cut before the run (the run adds no action, no value
+    target, no reward), and flipping its last (forced) token changes nothing; flipping the policy's token
+    before the run changes them."""
+    import dataclasses
+
+    from model_helpers import LengthReward
+    from test_microbatch import _rows
+
+    from rloo.train.ppo import PPOTrainer
+
+    cfg = _tools_cfg(micro_run, estimator="ppo", beta=0.5)
+    cfg["rloo"]["ppo"] = {**cfg["rloo"]["ppo"], "epochs": 1, "minibatches": 1}
+    torch.manual_seed(0)
+    trainer = PPOTrainer(cfg, micro_run["sft"], LengthReward(), _rows(micro_run), micro_run["sft"])
+    grads: dict[str, dict] = {}
+    trainer.guard = lambda step, **q: grads.setdefault("policy", {  # the policy's gradient; its step skipped
+        n: p.grad.detach().clone() for n, p in trainer.policy.named_parameters() if p.grad is not None}) is None
+    trainer.critic_optimizer.step = lambda *a, **kw: grads.setdefault("critic", {
+        n: p.grad.detach().clone() for n, p in trainer.critic.named_parameters() if p.grad is not None})
+    step, got = _step_with_a_call(trainer)
+    row, start, end = _first_forced_run(got.rollout)
+    k = cfg["rloo"]["k"]
+
+    def update(ro, scores) -> tuple[dict, float]:
+        grads.clear()
+        m = trainer.update(step, dataclasses.replace(got, rollout=ro, scores=scores))
+        return dict(grads), m["ppo/value_loss"]
+
+    with_run, scores = _one_row(got.rollout, got.scores, row, end, k)
+    before_run, _ = _one_row(got.rollout, got.scores, row, start, k)
+    assert not bool(with_run.policy_mask[0, end - 1]) and bool(with_run.policy_mask[0, start - 1])
+    base, base_vloss = update(with_run, scores)
+    assert base["policy"] and base["critic"] and base_vloss > 0
+
+    def same(got_: tuple[dict, float]) -> bool:
+        g, vloss = got_
+        return vloss == pytest.approx(base_vloss, rel=1e-5) and all(
+            torch.allclose(g[net][n], base[net][n], atol=2e-6, rtol=1e-4) for net in base for n in base[net])
+
+    assert same(update(before_run, scores))
+    flipped = dataclasses.replace(with_run, completions=with_run.completions.clone())
+    flipped.completions[:, end - 1] = (flipped.completions[:, end - 1] + 1) % len(trainer.tokenizer)  # forced
+    assert same(update(flipped, scores))
+    flipped = dataclasses.replace(with_run, completions=with_run.completions.clone())
+    flipped.completions[:, start - 1] = (flipped.completions[:, start - 1] + 1) % len(trainer.tokenizer)  # policy
+    assert not same(update(flipped, scores))
+
+
 def test_sft_trains_the_call_not_the_result(micro, micro_run):
     """With tools on, SFT's loss skips the annotations' results and closing markers (the tool's tokens);
     without, the examples are as they were."""

@@ -108,7 +108,7 @@ def test_micro_batched_rloo_step_with_the_calculator_has_the_one_pass_gradient(m
     want, m_whole = _grads_of_step(whole, step)
     got, m_split = _grads_of_step(split, step)
     _assert_same(want, got)
-    assert m_whole["train/tool_calls"] > 0
+    assert m_whole["tool/calls_per_completion"] > 0
     for key in ("train/kl", "train/loss", "train/entropy"):
         assert m_split[key] == pytest.approx(m_whole[key], rel=1e-4, abs=1e-6), key
 

@@ -227,20 +227,28 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
         lam: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
     """(7) Generalised advantage estimation over each response's tokens: (advantages, returns), [B, T].
 
-    Responses are right-padded: token t of a row is real where `mask` is 1, and the value after its
-    last real token is 0 (the episode ends there). Padding positions get 0."""
+    The actions are the tokens where `mask` is 1 (the policy's): right padding, and a tool's forced tokens
+    inside a completion (rloo/rollout/tools.py), are no actions and get 0. A span of masked tokens is
+    bridged, not an end: the next state of an action is the next action's state (its V_{t+1} the value
+    before the next policy token, gamma and lambda applied once per action), as if the forced tokens were
+    part of the environment's transition; the value after a row's last action is 0 (the episode ends
+    there). With a mask of right padding alone this is the plain recursion, to the bit."""
     if rewards.shape != values.shape or rewards.shape != mask.shape or rewards.dim() != 2:
         raise ValueError(f"rewards, values and mask must share one [B, T] shape, got "
                          f"{tuple(rewards.shape)}, {tuple(values.shape)}, {tuple(mask.shape)}")
     m = mask.to(values.dtype)
+    on = m > 0
     r, v = rewards.detach() * m, values.detach() * m
     adv = torch.zeros_like(v)
-    running = torch.zeros_like(v[:, 0])
+    running, next_value = torch.zeros_like(v[:, 0]), torch.zeros_like(v[:, 0])
     for t in reversed(range(v.shape[1])):
-        next_value = v[:, t + 1] if t + 1 < v.shape[1] else torch.zeros_like(running)
         delta = r[:, t] + gamma * next_value - v[:, t]
-        running = (delta + gamma * lam * running) * m[:, t]
-        adv[:, t] = running
+        here = (delta + gamma * lam * running) * m[:, t]
+        adv[:, t] = here
+        # Off the mask the recursion's state passes through unchanged: the action before a forced span
+        # reads the action after it.
+        running = torch.where(on[:, t], here, running)
+        next_value = torch.where(on[:, t], v[:, t], next_value)
     return adv, (adv + v) * m
 
 

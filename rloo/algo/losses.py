@@ -172,10 +172,12 @@ def kl_loss_term(
 
 def token_rewards(scores: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, beta: float) -> torch.Tensor:
     """PPO's per-token rewards [B, T]: r_t = -beta * kl_t on every response token, plus the sequence score
-    on the last one, so that sum_t r_t = score - beta * KL, the sequence reward RLOO shapes."""
+    on the last one, so that sum_t r_t = score - beta * KL, the sequence reward RLOO shapes. With tools the
+    mask is the policy's tokens (rloo/rollout/tools.py): the score goes to the last of them, which a
+    forced run may follow."""
     m = _mask_like(mask, kl)
     rewards = -beta * kl.detach() * m
-    last = (m.sum(1).long() - 1).clamp(min=0)
+    last = (((m > 0) * torch.arange(1, m.shape[1] + 1, device=m.device)).amax(1) - 1).clamp(min=0)
     return rewards.scatter_add(1, last[:, None], (scores.to(rewards.dtype) * (m.sum(1) > 0))[:, None])
 
 

@@ -85,10 +85,17 @@ def cat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         # a part in which no tool forced a token: its policy tokens are its completion's
         policy_mask=None if all(ro.policy_mask is None for ro in parts)
         else torch.cat([fit(ro.loss_mask, t, False, False) for ro in parts]),
-        tool_calls=None if all(ro.tool_calls is None for ro in parts)
-        else torch.cat([ro.finished.new_zeros(len(ro.finished), dtype=torch.long) if ro.tool_calls is None
-                        else ro.tool_calls for ro in parts]),
+        tool_calls=_counts(parts, "tool_calls"),
+        tool_errors=_counts(parts, "tool_errors"),
     )
+
+
+def _counts(parts: list[Rollout], name: str) -> torch.Tensor | None:
+    """A per-row count field of the parts (tool_calls, tool_errors), 0 for a part without it; None if none has it."""
+    if all(getattr(ro, name) is None for ro in parts):
+        return None
+    return torch.cat([ro.finished.new_zeros(len(ro.finished), dtype=torch.long) if getattr(ro, name) is None
+                      else getattr(ro, name) for ro in parts])
 
 
 @dataclass

@@ -24,6 +24,7 @@ class Rollout:
     # forced tokens are not); None when no token was forced: then every completion token is the policy's.
     policy_mask: torch.Tensor | None = None
     tool_calls: torch.Tensor | None = None  # [B] the tool calls of each completion; None without tools
+    tool_errors: torch.Tensor | None = None  # [B] those of its calls whose result erred (rloo.tools.Tool.erred)
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -53,7 +54,8 @@ class Rollout:
         return cls(prompt_ids, prompt_mask, tokens[:, :steps], mask, finished,
                    None if logprobs is None else logprobs[:, :steps],
                    None if tools is None else tools.policy_mask(mask, steps),
-                   None if tools is None else tools.call_counts(mask.device))
+                   None if tools is None else tools.call_counts(mask.device),
+                   None if tools is None else tools.error_counts(mask.device))
 
     def clone(self) -> Rollout:
         """A copy whose tensors are ordinary ones (usable by autograd even if made under inference mode)."""

@@ -80,6 +80,7 @@ class ToolCalls:
         self.runner, self.rows, self.candidates = runner, rows, candidates
         self.queue: list[list[int]] = [[] for _ in range(batch)]
         self.calls = [0] * batch
+        self.errors = [0] * batch  # the calls whose result reports bad input (`Tool.erred`)
         self.forced = torch.zeros((batch, max_new_tokens), dtype=torch.bool)
 
     def override(self, t: int, rows: torch.Tensor, live: torch.Tensor, nxt: torch.Tensor,
@@ -117,7 +118,9 @@ class ToolCalls:
             return False
         end_at, call, tool = found
         self.calls[b] += 1
-        forced = _encode(tok, tool(call, self.rows[b]) + tool.close)
+        result = tool(call, self.rows[b])
+        self.errors[b] += tool.erred(result)
+        forced = _encode(tok, result + tool.close)
         if end_at == len(text):  # the token ends at the call's end: it is the policy's
             self.queue[b] = forced
             return False
@@ -131,6 +134,9 @@ class ToolCalls:
 
     def call_counts(self, device: torch.device) -> torch.Tensor:
         return torch.tensor(self.calls, dtype=torch.long, device=device)
+
+    def error_counts(self, device: torch.device) -> torch.Tensor:
+        return torch.tensor(self.errors, dtype=torch.long, device=device)
 
 
 def _open_call(text: str, n: int, tool: Tool) -> tuple[int, str, Tool] | None:

@@ -11,7 +11,8 @@ opening marker and the call's end; `row` the data record's columns (`question`, 
 the data set carries; a function without `**row` gets only the ones it names). It returns the result text;
 the rollout (rloo/rollout/tools.py) appends it, cut to `tools.max_result_chars`, and the closing marker as
 forced tokens, which no loss trains on. A function that raises stops the run with one line naming the
-user's file and line: a tool should turn bad input into a result (the calculator's `ERROR`).
+user's file and line: a tool should turn bad input into a result (the calculator's `ERROR`). A result
+that begins with `ERROR` counts as an erred call (`Tool.erred`: the `tool/error_share` of a training step).
 
 Nothing here imports torch: the checks run when Snakemake reads the workflow.
 """
@@ -25,6 +26,7 @@ from typing import Any
 
 from rloo import plugins
 from rloo.plugins import Parameters, PluginError, code_file, raised
+from rloo.tools.calculator import ERROR
 
 # The columns every prepared record has (rloo.data.gsm8k); a jsonl or hub data set may add more.
 RECORD_COLUMNS = ("question", "answer")
@@ -119,6 +121,12 @@ class Tool:
             raise ToolError(f"tool '{self.name}' ({self.fn}) returned a {type(out).__name__} on the call "
                             f"{call[:60]!r}, not a string")
         return out[: self.max_result_chars]
+
+    @staticmethod
+    def erred(result: str) -> bool:
+        """Whether a result reports bad input: it begins with `ERROR` (the calculator's, and the form a tool
+        of one's own uses to count among the erred calls)."""
+        return result.startswith(ERROR)
 
     def __reduce__(self):
         # A file's function lives in a module no other process imports by name: load it again there.

@@ -43,6 +43,13 @@ from rloo.train.step_metrics import collection_metrics
 log = logging.getLogger("rloo.train")
 
 
+def policy_tokens(ro: Rollout, batch: SeqBatch) -> torch.Tensor:
+    """The tokens an update trains on, as `batch`'s completion mask is typed: the policy's own (a tool's
+    forced tokens are not: no policy-gradient term, no KL, no entropy, no value target, no importance
+    weight, no mismatch), all of the completion without tools."""
+    return batch.completion_mask if ro.policy_mask is None else ro.policy_mask.to(batch.completion_mask.dtype)
+
+
 class PolicyTrainer:
     """Holds the policy, the frozen reference, the optimizer and the reward; `step()` is one step of the
     subclass's `update` on the scored groups of `collect(step)`."""

@@ -9,6 +9,10 @@ resume as the critic-free estimators (`rloo.estimator: ppo`). What differs, per 
     then `ppo.epochs` passes over `ppo.minibatches` minibatches: the clipped-ratio policy loss on A_t
     (token mean; each token's surrogate times the rollout correction's w_t under
     rloo.rollout_correction) and the clipped value loss on R_t, each network with its own optimizer.
+
+With tools (rloo/rollout/tools.py) "response token" above means the policy's own (`policy_tokens`): a
+tool's forced token has no reward, no advantage, no value target and no term in either loss; GAE bridges a
+forced span (the action before it bootstraps from the value before the next policy token).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from rloo.rollout import Rollout
 from rloo.rollout.collect import Collected
 from rloo.runtime import autocast, step_generator
 from rloo.settings import Config
-from rloo.train.policy_trainer import PolicyTrainer
+from rloo.train.policy_trainer import PolicyTrainer, policy_tokens
 from rloo.train.step_metrics import ppo_update_metrics
 from rloo.train.step_records import MinibatchUpdate, PpoAdvantages, PpoRows, PpoUpdates
 
@@ -95,7 +99,7 @@ class PPOTrainer(PolicyTrainer):
         values before any update, computed on exactly the batches the updates see: the first update's
         ratio is exactly 1 and its value clip inactive (other batch shapes round differently in bf16)."""
         batch = join(ro.prompt_ids, ro.prompt_mask, ro.completions, ro.completion_mask)
-        mask = batch.completion_mask
+        mask = policy_tokens(ro, batch)  # with tools, a forced token is neither an action nor a value target
         g = step_generator(self.seed, step, stream=31)  # resume-exact
         minibatches = torch.randperm(len(mask), generator=g).to(self.device).chunk(self.rc.ppo.minibatches)
         micro = [self._micro(batch, rows) for rows in minibatches]
@@ -157,7 +161,7 @@ class PPOTrainer(PolicyTrainer):
             upd.kl += float(approx_kl(lp, rows.old_lp[part_rows, :n], m)) * part
             upd.loss += float(loss.detach())
             if first_epoch:  # the entropy of the policy that sampled (before this batch's updates)
-                upd.entropies.append(float((ent * mb.completion_mask).sum() / rows.mask.sum().clamp(min=1)))
+                upd.entropies.append(float((ent * rows.mask[part_rows, :n]).sum() / rows.mask.sum().clamp(min=1)))
         upd.grad_norm = float(distributed.clip_grad_norm_(self.policy.parameters(), rc.grad_clip))
         if self.guard(step, loss=upd.loss, grad_norm=upd.grad_norm, kl=upd.kl, advantages=adv_abs_max):
             self.optimizer.step()

@@ -25,15 +25,9 @@ from rloo.model.logprobs import SeqBatch, join
 from rloo.rollout import Rollout
 from rloo.rollout.collect import Collected
 from rloo.runtime import autocast
-from rloo.train.policy_trainer import PolicyTrainer
+from rloo.train.policy_trainer import PolicyTrainer, policy_tokens
 from rloo.train.step_metrics import update_metrics
 from rloo.train.step_records import GradientStep, StepAdvantages, StepRows
-
-
-def policy_tokens(ro: Rollout, batch: SeqBatch) -> torch.Tensor:
-    """The tokens the update trains on, as `batch`'s completion mask is typed: the policy's own (a tool's
-    forced tokens are not: no policy-gradient term, no KL, no entropy), all of the completion without tools."""
-    return batch.completion_mask if ro.policy_mask is None else ro.policy_mask.to(batch.completion_mask.dtype)
 
 
 class RlooTrainer(PolicyTrainer):

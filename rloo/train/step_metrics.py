@@ -43,10 +43,6 @@ def update_metrics(step: int, got: Collected, rows: StepRows, adv: StepAdvantage
         distinct_frac = totals["distinct"] / totals["rows"]
         loss_value = distributed.mean_over_ranks({"loss": loss_value})["loss"]
     valid = torch.isfinite(scores)
-    tools = {}
-    if ro.tool_calls is not None:  # with tools: the calls per completion (rloo/rollout/tools.py)
-        (calls,) = distributed.gather_rows(ro.tool_calls)
-        tools = {"train/tool_calls": float(calls.float().mean())}
     return {
         "step": step,
         "train/reward_mean": float(scores[valid].mean()) if valid.any() else math.nan,
@@ -68,8 +64,24 @@ def update_metrics(step: int, got: Collected, rows: StepRows, adv: StepAdvantage
         "train/loss": loss_value,
         "train/lr": lr,
         **rollout_metrics,
-        **tools,
+        **tool_metrics(ro),
     }
+
+
+def tool_metrics(ro: Rollout) -> dict[str, float]:
+    """With tools (rloo/rollout/tools.py; none without, so a run without tools logs what it did before):
+    `tool/calls_per_completion`, `tool/error_share` (the share of the step's calls whose result erred, 0
+    in a step without calls) and `tool/forced_token_share` (the share of the completion tokens a tool
+    forced, which no loss trains on); data-parallel, over all ranks' rows."""
+    if ro.tool_calls is None:
+        return {}
+    forced = ro.completion_mask & ~ro.loss_mask
+    errors = ro.tool_errors if ro.tool_errors is not None else torch.zeros_like(ro.tool_calls)
+    calls, errors, forced_n, tokens, rows = distributed.all_sum(
+        ro.tool_calls.sum(), errors.sum(), forced.sum(), ro.completion_mask.sum(), len(ro.tool_calls))
+    return {"tool/calls_per_completion": float(calls) / max(float(rows), 1.0),
+            "tool/error_share": float(errors) / max(float(calls), 1.0),
+            "tool/forced_token_share": float(forced_n) / max(float(tokens), 1.0)}
 
 
 def sample_metrics(scores: torch.Tensor, seq_kl: torch.Tensor, ro: Rollout, k: int) -> dict[str, float]:
@@ -108,6 +120,7 @@ def ppo_update_metrics(step: int, got: Collected, rows: PpoRows, adv: PpoAdvanta
         "ppo/policy_clip_frac": means["clip_frac"],
         "ppo/value_mean": float((rows.old_values * train_mask).sum() / tokens),
         "ppo/return_mean": float((adv.returns * train_mask).sum() / tokens),
+        **tool_metrics(rows.rollout),
     }
 
 

@@ -108,7 +108,51 @@ def test_micro_batched_rloo_step_with_the_calculator_has_the_one_pass_gradient(m
     want, m_whole = _grads_of_step(whole, step)
     got, m_split = _grads_of_step(split, step)
     _assert_same(want, got)
-    assert m_whole["train/tool_calls"] > 0
+    assert m_whole["tool/calls_per_completion"] > 0
+    for key in ("train/kl", "train/loss", "train/entropy"):
+        assert m_split[key] == pytest.approx(m_whole[key], rel=1e-4, abs=1e-6), key
+
+
+@pytest.mark.parametrize(("estimator", "split"), [("rloo", "chunked"), ("ppo", "micro"), ("ppo", "chunked")])
+def test_a_step_with_the_calculator_has_the_one_pass_gradient_micro_batched_or_chunked(micro_run, estimator, split):
+    """With tools, PPO's micro-batches, and the head's log-probabilities in chunks (model.logits_chunk_tokens)
+    in either trainer, leave the forced tokens out as the one pass over the whole head does: the same
+    gradients (PPO's critic's too) on a step whose samples called the calculator."""
+    from test_tool_rollout import _step_with_a_call, _tools_cfg
+
+    cfg = _tools_cfg(micro_run, estimator=estimator, kl_in="loss", loss_norm="token")
+    cfg["rloo"]["ppo"] = {**cfg["rloo"]["ppo"], "epochs": 1, "minibatches": 1}
+    critic: dict[str, dict[str, torch.Tensor]] = {}
+
+    def trainer(name: str, budget: int = 0, chunk: int = 0):
+        c = {**cfg, "rloo": {**cfg["rloo"], "micro_batch_tokens": budget},
+             "model": {**cfg["model"], "logits_chunk_tokens": chunk}}
+        if estimator == "rloo":
+            return RlooTrainer(c, micro_run["sft"], LengthReward(), _rows(micro_run))
+        torch.manual_seed(0)  # the critic's new value head: the same initial weights in both
+        t = PPOTrainer(c, micro_run["sft"], LengthReward(), _rows(micro_run), micro_run["sft"])
+        step = t.critic_optimizer.step
+
+        def capture(*a, **kw):
+            critic.setdefault(name, {n: p.grad.detach().clone() for n, p in t.critic.named_parameters()
+                                     if p.grad is not None})
+            return step(*a, **kw)
+
+        t.critic_optimizer.step = capture
+        return t
+
+    whole = trainer("whole")
+    step, got = _step_with_a_call(whole)
+    assert bool((got.rollout.completion_mask & ~got.rollout.policy_mask).any())
+    other = trainer("split", budget=_budget_for_parts(whole, step, 3)) if split == "micro" else trainer("split", chunk=8)
+    if split == "micro":
+        assert len(other.parts(join(got.rollout.prompt_ids, got.rollout.prompt_mask, got.rollout.completions,
+                                    got.rollout.completion_mask))) >= 3
+    want, m_whole = _grads_of_step(whole, step)
+    have, m_split = _grads_of_step(other, step)
+    _assert_same(want, have)
+    if estimator == "ppo":
+        _assert_same(critic["whole"], critic["split"])
     for key in ("train/kl", "train/loss", "train/entropy"):
         assert m_split[key] == pytest.approx(m_whole[key], rel=1e-4, abs=1e-6), key
 

@@ -48,6 +48,29 @@ def test_gae_with_gamma_and_lambda_one_is_return_minus_value():
     assert torch.allclose(ret, future * mask, atol=1e-6)
 
 
+def test_gae_bridges_a_span_off_the_mask_as_if_it_were_not_there():
+    """A tool's forced tokens (rloo/rollout/tools.py) are off PPO's mask inside a response: no action, no
+    value target (0 there), and the action before the span bootstraps from the value after it. So GAE on a
+    row with holes equals GAE on the row with the holes cut out, at the policy's tokens; and the score
+    goes to the last policy token, not to the mask's count."""
+    g = torch.Generator().manual_seed(3)
+    rewards, values = torch.randn(3, 9, generator=g), torch.randn(3, 9, generator=g)
+    mask = torch.tensor([[1, 1, 0, 0, 1, 1, 0, 1, 0],  # two forced spans, then padding
+                         [1, 0, 0, 1, 1, 1, 1, 1, 1],
+                         [1, 1, 1, 1, 0, 0, 0, 0, 0]], dtype=torch.float32)  # a forced run at the end
+    for gamma, lam in ((1.0, 0.95), (0.9, 0.5)):
+        adv, ret = gae(rewards, values, mask, gamma=gamma, lam=lam)
+        for row in range(3):
+            on = mask[row].bool()
+            want_adv, want_ret = gae(rewards[row, on][None], values[row, on][None], torch.ones(1, int(on.sum())),
+                                     gamma=gamma, lam=lam)
+            assert torch.allclose(adv[row, on], want_adv[0], atol=1e-6), (row, gamma)
+            assert torch.allclose(ret[row, on], want_ret[0], atol=1e-6), (row, gamma)
+            assert bool((adv[row, ~on] == 0).all() and (ret[row, ~on] == 0).all())
+    r = token_rewards(torch.tensor([1.0, 2.0, 3.0]), torch.zeros(3, 9), mask, beta=0.1)
+    assert [int(r[i].nonzero()[0]) for i in range(3)] == [7, 8, 3]
+
+
 def test_token_rewards_sum_to_the_shaped_sequence_reward():
     g = torch.Generator().manual_seed(1)
     kl = torch.randn(3, 6, generator=g)

@@ -194,6 +194,63 @@ def test_a_correction_without_sampler_logprobs_is_an_error(micro_run):
         trainer.update(0, got)
 
 
+@pytest.mark.parametrize("estimator", ["rloo", "ppo"])
+def test_a_tools_forced_tokens_are_out_of_the_weights_their_shares_and_the_mismatch(micro_run, estimator):
+    """With the calculator, the trainer's rows (RLOO's and PPO's) hand the correction the policy's tokens:
+    a forced token's sampler log-probability (0: the sampler sampled none) moves no weight, no truncated or
+    masked share and no mismatch figure, synchronous or off-policy (the lag's figures too); a policy
+    token's moves them."""
+    import dataclasses
+
+    from test_tool_rollout import _first_forced_run, _step_with_a_call, _tools_cfg
+
+    from rloo.train.correction import step_correction
+    from rloo.train.ppo import PPOTrainer
+
+    cfg = _tools_cfg(micro_run, estimator=estimator, rollout_correction={"mode": "token_tis", "cap": 2.0})
+    if estimator == "ppo":
+        trainer = PPOTrainer(cfg, micro_run["sft"], LengthReward(), _rows(micro_run), micro_run["sft"])
+    else:
+        trainer = RlooTrainer(cfg, micro_run["sft"], LengthReward(), _rows(micro_run))
+    step, got = _step_with_a_call(trainer)
+    if estimator == "ppo":
+        rows = trainer._ppo_rows(step, got.rollout)
+    else:
+        rows = trainer._step_rows(got.rollout)
+        trainer._policy_logprobs(rows)
+    ro, old_lp = rows.rollout, rows.old_lp
+    row, start, end = _first_forced_run(ro)
+    assert bool((ro.logprobs[row, start:end] == 0).all())  # what the sampler reports of a forced token
+
+    def corrections(sampler_lp: torch.Tensor, lagged_lp: torch.Tensor) -> list[tuple[torch.Tensor, dict]]:
+        out = []
+        changed = dataclasses.replace(ro, logprobs=sampler_lp)
+        for mode in CORRECTIONS:
+            settings = dataclasses.replace(trainer.correction_settings, mode=mode)
+            trainer.correction_settings = settings
+            c = trainer.correction(changed, old_lp, rows.mask)
+            lag = step_correction(changed, old_lp, rows.mask, settings, "hf", off_policy=True, lagged_lp=lagged_lp)
+            out.append((torch.where(ro.loss_mask, c.weights, 0.0), {**c.metrics, **lag.metrics}))
+        return out
+
+    lagged = old_lp - 0.3  # an off-policy run's trainer log-probabilities under the weights that sampled
+    base = corrections(ro.logprobs, lagged)
+    assert "train/lag_abs_mean" in base[0][1] and "train/correction_truncated_share" in base[0][1]
+
+    def perturbed(t: int) -> list[tuple[torch.Tensor, dict]]:
+        sampler_lp, lag = ro.logprobs.clone(), lagged.clone()
+        sampler_lp[row, t] -= 3.0
+        lag[row, t] += 3.0
+        return corrections(sampler_lp, lag)
+
+    for (w, m), (w0, m0) in zip(perturbed(end - 1), base, strict=True):  # a forced token
+        assert torch.equal(w, w0) and m == m0
+    for mode, (w, m), (w0, m0) in zip(CORRECTIONS, perturbed(start - 1), base, strict=True):  # the policy's token
+        # (sequence_mask: the sequence's mean log-ratio moves by 3 / its length, inside the band: no weight moves)
+        assert torch.equal(w, w0) == (mode == "sequence_mask"), mode
+        assert all(m[k] != m0[k] for k in ("train/mismatch_abs_mean", "train/offpolicy_abs_mean", "train/lag_abs_mean"))
+
+
 # -- the sampling_mismatch alarm (rloo/train/alarms.py), on the whole stage -----------------------
 @pytest.mark.parametrize(
     ("temperature", "autocast", "fires"),

@@ -40,13 +40,14 @@ def ids(tok, *pieces: str) -> list[int]:
 
 def drive(runner: ToolRunner, script: list[int], steps: int, records: list[dict] | None = None):
     """What a sampling loop does with one row whose policy samples `script`, token by token: (the tokens
-    written, which of them are forced). A sampled token a forced one replaces is lost, as in the loops."""
+    written, which of them are forced, its calls, those of them that erred). A sampled token a forced one
+    replaces is lost, as in the loops."""
     calls = runner.start(records, 1, steps, len(runner.tokenizer), torch.device("cpu"))
     tokens = torch.zeros((1, steps), dtype=torch.long)
     for t in range(steps):
         nxt, _ = calls.override(t, torch.tensor([0]), torch.tensor([True]), torch.tensor([script[t]]), tokens)
         tokens[0, t] = nxt
-    return tokens[0].tolist(), calls.forced[0].tolist(), calls.calls[0]
+    return tokens[0].tolist(), calls.forced[0].tolist(), calls.calls[0], calls.errors[0]
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +59,7 @@ def test_a_call_gets_the_result_and_the_closing_marker_as_forced_tokens(micro):
     tok, _ = micro
     # The embedded tokenizer merges '=<<': the solution's own `3+4=<<` opens the call (no call ends there)
     script = ids(tok, "3", "+", "4", "=<<", "3", "+", "4", "=", "9", "9", "9", "\n")
-    out, forced, n_calls = drive(calculator(tok), script, len(script))
+    out, forced, n_calls, _ = drive(calculator(tok), script, len(script))
     assert tok.decode(out) == "3+4=<<3+4=7>>9\n"
     assert n_calls == 1
     # the policy's '=' ends the call; '7' and '>>' are the tool's; the policy's samples there are lost
@@ -70,7 +71,7 @@ def test_a_sampled_token_past_the_calls_end_is_split_on_the_boundary(micro):
     tok, _ = micro
     # '=<<' after an open call runs past its end: '=' is encoded again, then the result: all forced
     script = ids(tok, "<<", "6", "*", "7", "=<<", "1", "1", "1", "1")
-    out, forced, _ = drive(calculator(tok), script, len(script))
+    out, forced, _, _ = drive(calculator(tok), script, len(script))
     assert tok.decode(out) == "<<6*7=42>>1"
     assert out[4:8] == ids(tok, "=", "4", "2", ">>")
     assert forced == [False] * 4 + [True] * 4 + [False]
@@ -79,11 +80,32 @@ def test_a_sampled_token_past_the_calls_end_is_split_on_the_boundary(micro):
 def test_bad_calls_get_the_error_result_and_calls_stop_at_max_calls(micro):
     tok, _ = micro
     script = ids(tok, "<<", "1", "/", "0", "=") + [ids(tok, "x")[0]] * 7 + ids(tok, "<<", "2", "=") + [ids(tok, "y")[0]] * 3
-    out, forced, n = drive(calculator(tok), script, len(script))
+    out, forced, n, errors = drive(calculator(tok), script, len(script))
     assert tok.decode(out) == "<<1/0=ERROR>>x<<2=2>>y"
+    assert errors == 1  # of the two calls, the division by zero erred
     assert n == 2 and sum(forced) == len(ids(tok, "E", "R", "R", "O", "R", ">>", "2", ">>"))
-    out, _, n = drive(calculator(tok, max_calls=1), script, len(script))
+    out, _, n, _ = drive(calculator(tok, max_calls=1), script, len(script))
     assert tok.decode(out) == "<<1/0=ERROR>>x<<2=yyy" and n == 1
+
+
+def test_a_steps_tool_figures_count_calls_errors_and_forced_tokens():
+    """tool/* of a training step (rloo/train/step_metrics.py): calls per completion, the share of calls
+    that erred, the share of completion tokens forced; none for a rollout without tools."""
+    from rloo.rollout import Rollout
+    from rloo.train.step_metrics import tool_metrics
+
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]], dtype=torch.bool)
+    policy = torch.tensor([[1, 0, 0, 1, 0, 1], [1, 1, 1, 0, 0, 0]], dtype=torch.bool)
+    ro = Rollout(torch.ones(2, 1, dtype=torch.long), mask[:, :1], torch.ones(2, 6, dtype=torch.long), mask,
+                 torch.tensor([True, False]), policy_mask=policy, tool_calls=torch.tensor([2, 1]),
+                 tool_errors=torch.tensor([1, 0]))
+    assert tool_metrics(ro) == {"tool/calls_per_completion": 1.5, "tool/error_share": pytest.approx(1 / 3),
+                                "tool/forced_token_share": pytest.approx(3 / 9)}
+    quiet = Rollout(ro.prompt_ids, ro.prompt_mask, ro.completions, mask, ro.finished,
+                    tool_calls=torch.zeros(2, dtype=torch.long), tool_errors=torch.zeros(2, dtype=torch.long))
+    assert tool_metrics(quiet) == {"tool/calls_per_completion": 0.0, "tool/error_share": 0.0,
+                                   "tool/forced_token_share": 0.0}
+    assert tool_metrics(Rollout(ro.prompt_ids, ro.prompt_mask, ro.completions, mask, ro.finished)) == {}
 
 
 def test_a_tool_reads_its_row(micro):
@@ -91,7 +113,7 @@ def test_a_tool_reads_its_row(micro):
     lookup = ToolRunner(Toolbox([Tool.of(lambda call, answer, **row: answer.split("#### ")[-1], name="gold",
                                          open="[[")]), tok)
     script = ids(tok, "[", "[", "a", "=", "x", "x", "x", "x")
-    out, _, _ = drive(lookup, script, len(script), [{"question": "q", "answer": "1\n#### 12"}])
+    out, _, _, _ = drive(lookup, script, len(script), [{"question": "q", "answer": "1\n#### 12"}])
     assert tok.decode(out) == "[[a=12>>x"
 
 
@@ -107,7 +129,7 @@ def test_the_lean_and_hf_loops_force_the_same_tokens_and_the_seed_repeats_them(m
 
     lean, hf, again = run(3, tools=runner), run(3, tools=runner, lean=False), run(3, tools=runner)
     assert int(lean.tool_calls.sum()) > 0 and lean.policy_mask is not None  # the micro SFT policy writes calls
-    for name in ("completions", "completion_mask", "policy_mask", "tool_calls", "finished", "logprobs"):
+    for name in ("completions", "completion_mask", "policy_mask", "tool_calls", "tool_errors", "finished", "logprobs"):
         assert torch.equal(getattr(lean, name), getattr(again, name)), name
         if name != "logprobs":  # (the two loops' log-probabilities differ in the last bits, as without tools)
             assert torch.equal(getattr(lean, name), getattr(hf, name)), name
@@ -163,6 +185,91 @@ def test_forced_tokens_are_out_of_the_loss_the_kl_and_the_entropy_and_policy_tok
     flipped[0, start - 1] = (flipped[0, start - 1] + 1) % len(tok)  # the policy's token before the run
     changed = loss_kl_entropy(flipped)
     assert abs(changed[0] - base[0]) > 1e-4 and abs(changed[1] - base[1]) > 1e-4
+
+
+TOOLS = {"enabled": [{"name": "calculator"}], "max_calls": 8, "max_result_chars": 32}
+
+
+def _tools_cfg(micro_run, **rloo) -> dict:
+    """test_microbatch's float32 micro config with the calculator on: k = 4 completions long enough to call."""
+    from test_microbatch import _cfg
+
+    return {**_cfg(micro_run, temperature=1.0, max_new_tokens=40, prompts_per_step=2, **rloo), "tools": TOOLS}
+
+
+def _step_with_a_call(trainer) -> tuple[int, object]:
+    """The first step whose samples hold a forced token, and its scored groups."""
+    for step in range(8):
+        got = trainer.collect(step)
+        if got.rollout.policy_mask is not None:
+            return step, got
+    raise AssertionError("the micro SFT policy called no tool in 8 steps")
+
+
+def _first_forced_run(ro) -> tuple[int, int, int]:
+    """(row, start, end): the first forced run [start, end) of the first row that has one."""
+    forced = ro.completion_mask & ~ro.policy_mask
+    row = int(forced.any(1).nonzero()[0])
+    start = int(forced[row].nonzero()[0])
+    return row, start, start + int((~forced[row, start:]).nonzero()[0])
+
+
+def _one_row(ro, scores, row: int, width: int, k: int):
+    """Row `row` of `ro` cut to its first `width` tokens, k times (a group: the step's shapes hold)."""
+    cut = ro.select(torch.tensor([row] * k))
+    for name in ("completions", "completion_mask", "policy_mask", "logprobs"):
+        setattr(cut, name, getattr(cut, name)[:, :width].clone())
+    return cut, scores[[row] * k]
+
+
+def test_ppo_trains_policy_and_critic_on_the_policys_tokens_only(micro_run):
+    """PPO with the calculator: a completion that ends in a forced run gives the same policy and critic
+    gradients and value loss as the same completion cut before the run (the run adds no action, no value
+    target, no reward), and flipping its last (forced) token changes nothing; flipping the policy's token
+    before the run changes them."""
+    import dataclasses
+
+    from model_helpers import LengthReward
+    from test_microbatch import _rows
+
+    from rloo.train.ppo import PPOTrainer
+
+    cfg = _tools_cfg(micro_run, estimator="ppo", beta=0.5)
+    cfg["rloo"]["ppo"] = {**cfg["rloo"]["ppo"], "epochs": 1, "minibatches": 1}
+    torch.manual_seed(0)
+    trainer = PPOTrainer(cfg, micro_run["sft"], LengthReward(), _rows(micro_run), micro_run["sft"])
+    grads: dict[str, dict] = {}
+    trainer.guard = lambda step, **q: grads.setdefault("policy", {  # the policy's gradient; its step skipped
+        n: p.grad.detach().clone() for n, p in trainer.policy.named_parameters() if p.grad is not None}) is None
+    trainer.critic_optimizer.step = lambda *a, **kw: grads.setdefault("critic", {
+        n: p.grad.detach().clone() for n, p in trainer.critic.named_parameters() if p.grad is not None})
+    step, got = _step_with_a_call(trainer)
+    row, start, end = _first_forced_run(got.rollout)
+    k = cfg["rloo"]["k"]
+
+    def update(ro, scores) -> tuple[dict, float]:
+        grads.clear()
+        m = trainer.update(step, dataclasses.replace(got, rollout=ro, scores=scores))
+        return dict(grads), m["ppo/value_loss"]
+
+    with_run, scores = _one_row(got.rollout, got.scores, row, end, k)
+    before_run, _ = _one_row(got.rollout, got.scores, row, start, k)
+    assert not bool(with_run.policy_mask[0, end - 1]) and bool(with_run.policy_mask[0, start - 1])
+    base, base_vloss = update(with_run, scores)
+    assert base["policy"] and base["critic"] and base_vloss > 0
+
+    def same(got_: tuple[dict, float]) -> bool:
+        g, vloss = got_
+        return vloss == pytest.approx(base_vloss, rel=1e-5) and all(
+            torch.allclose(g[net][n], base[net][n], atol=2e-6, rtol=1e-4) for net in base for n in base[net])
+
+    assert same(update(before_run, scores))
+    flipped = dataclasses.replace(with_run, completions=with_run.completions.clone())
+    flipped.completions[:, end - 1] = (flipped.completions[:, end - 1] + 1) % len(trainer.tokenizer)  # forced
+    assert same(update(flipped, scores))
+    flipped = dataclasses.replace(with_run, completions=with_run.completions.clone())
+    flipped.completions[:, start - 1] = (flipped.completions[:, start - 1] + 1) % len(trainer.tokenizer)  # policy
+    assert not same(update(flipped, scores))
 
 
 def test_sft_trains_the_call_not_the_result(micro, micro_run):
@@ -297,30 +404,54 @@ def _without_times(folder) -> list[dict]:
             for line in (folder / "steps.jsonl").read_text().splitlines()]
 
 
+TOOL_METRICS = {"tool/calls_per_completion", "tool/error_share", "tool/forced_token_share"}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("off_policy", [0, 1])
-def test_an_rloo_run_with_the_calculator_repeats_and_resumes_to_the_same_steps(micro_run, tmp_path, off_policy):
+def test_an_rloo_run_with_the_calculator_repeats_and_resumes_to_the_same_steps(micro_run, tmp_path, monkeypatch,
+                                                                                off_policy):
     """The micro RLOO stage with the calculator on (a reward with spread, so the weights move): a second
     run writes the same steps.jsonl, and one resumed from its step-1 checkpoint ends the same; synchronous
-    and off-policy (the sampler in its own process, running the tool there)."""
+    and off-policy (the sampler in its own process, running the tool there). Synchronous, the first run is
+    tracked (a real MLflow store): each step's tool/* figures are in steps.jsonl and MLflow, and a run
+    without tools writes the same keys less those."""
+    from rloo_workflow import tracking
     from rloo_workflow.config import load_config
     from rloo_workflow.stages import rloo as rloo_stage
 
-    cfg = load_config(ROOT / "config" / "micro.yaml", {
-        "tracking": {"enabled": False}, "tools": {"enabled": [{}]},
+    overrides = {
+        "tracking": {"enabled": not off_policy, "experiment": "tools"}, "tools": {"enabled": [{}]},
         "reward": {"source": "function", "functions": [
             {"name": "shorter", "fn": f"{ROOT / 'tests' / 'helpers' / 'reward_functions.py'}:shorter"}]},
         "rloo": {"steps": 3, "checkpoint_every": 1, "eval_every": 0, "lr": 1e-3, "max_new_tokens": 48,
                  "off_policy_steps": off_policy},
-        "rollout": {"sampler_threads": 1}})
+        "rollout": {"sampler_threads": 1}}
+    cfg = load_config(ROOT / "config" / "micro.yaml", overrides)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
 
-    def run(name: str):
-        return rloo_stage.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / name, tmp_path / f"w_{name}")
+    def run(name: str, config=cfg):
+        return rloo_stage.run(config, micro_run["data"], micro_run["sft"], tmp_path / name, tmp_path / f"w_{name}")
 
-    run("first")
+    with tracking.stage_run(cfg, "rloo", outputs=[tmp_path / "first"]) as tracked:
+        run("first")
     run("again")
     first = _without_times(tmp_path / "first")
-    assert len(first) == 3 and any(s["train/tool_calls"] > 0 for s in first)  # the policy called the tool
+    assert len(first) == 3 and any(s["tool/calls_per_completion"] > 0 for s in first)  # the policy called the tool
+    assert any(s["tool/forced_token_share"] > 0 for s in first) and all(0 <= s["tool/error_share"] <= 1 for s in first)
+    if not off_policy:
+        from mlflow import MlflowClient
+
+        client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+        for key in TOOL_METRICS:
+            logged = [(m.step, m.value) for m in client.get_metric_history(tracked.run_id, key)]
+            assert sorted(logged) == [(s["step"], pytest.approx(s[key])) for s in first], key
+        plain = load_config(ROOT / "config" / "micro.yaml", {**overrides, "tracking": {"enabled": False},
+                                                              "tools": {"enabled": []}, "rloo": {**overrides["rloo"], "steps": 1}})
+        run("plain", plain)
+        (without,) = _without_times(tmp_path / "plain")
+        assert set(without) == set(first[0]) - TOOL_METRICS
     assert _without_times(tmp_path / "again") == first
     if off_policy:  # the tools ran in the sampler's own process, not in the fallback to inline sampling
         assert json.loads((tmp_path / "w_first" / "timings.json").read_text())["sampler"] == "process"
@@ -346,10 +477,10 @@ def test_smollm2s_tokenizer_splits_a_token_past_the_calls_end():
     tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     merged = next(i for i in range(len(tok)) if (s := tok.decode([i])).startswith("=") and len(s) > 1 and s.isascii())
     script = [*ids(tok, "<<", "1", "2", "*", "3"), merged, *ids(tok, "x") * 4]
-    out, forced, _ = drive(calculator(tok), script, len(script))
+    out, forced, _, _ = drive(calculator(tok), script, len(script))
     assert tok.decode(out) == "<<12*3=36>>x"
     assert out[5:] == [*ids(tok, "=", "3", "6", ">>"), *ids(tok, "x")]
     assert forced == [False] * 5 + [True] * 4 + [False]
     script = [*ids(tok, "<<", "1", "2", "*", "3", "="), *ids(tok, "x") * 4]
-    out, forced, _ = drive(calculator(tok), script, len(script))
+    out, forced, _, _ = drive(calculator(tok), script, len(script))
     assert tok.decode(out) == "<<12*3=36>>x" and forced == [False] * 6 + [True] * 3 + [False]

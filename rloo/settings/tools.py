@@ -62,9 +62,6 @@ class ToolsConfig(Section):
         if self.enabled and cfg.rloo.estimator == "ppo":
             out.append("key 'tools.enabled': PPO's critic does not mask a tool's tokens yet (its value targets "
                        "would read them): use a critic-free rloo.estimator with tools")
-        if self.enabled and cfg.rollout.backend == "vllm":
-            out.append("key 'tools.enabled': the tools run inside the hf sampler's loops; rollout.backend vllm "
-                       "does not run them yet (set rollout.backend: hf)")
         if self.enabled:
             from rloo.tools import config_problems
 

@@ -6,7 +6,9 @@ Both loops (rloo/rollout/hf.py, rloo/rollout/decode.py) hand every step's tokens
 before they are written: a row with forced tokens queued takes the next one in place of the token it
 sampled. The sampling noise is still drawn for every row at every step, so a row's samples depend on the
 generator and its own logits alone, as without tools, and the same seed gives the same completions and
-forced tokens, in either loop.
+forced tokens, in either loop. vLLM (rloo/rollout/vllm.py) samples many steps per request: its requests
+stop at the candidate tokens below (`stop_tokens`), and each stop goes through `at_stop`, the same rule
+step by step; the row then goes on from its token ids.
 
 Calls are found on the decoded text, only at a step whose token holds the last character of a call's end
 (the candidate tokens: one lookup per step; text is decoded for those rows alone). A token that runs past

@@ -15,7 +15,9 @@ with pad after the first EOS, a mask that includes that EOS, `finished` when EOS
 vLLM's log-probability of each sampled token in `Rollout.logprobs`, under the distribution it sampled
 from (`logprobs_mode=processed_logprobs`). The loss differentiates the trainer's forward pass; these
 give the sampler-trainer mismatch metrics and, with `rloo.rollout_correction`, the importance weights
-(rloo/algo/rollout_correction.py, docs/rollout-correction.md).
+(rloo/algo/rollout_correction.py, docs/rollout-correction.md). With tools on, the requests stop at a call's
+end and go on from their token ids after the forced result (`_generate_with_tools`, docs/vllm.md#tools),
+and the rollout carries `policy_mask` and `tool_calls` as the HF loops' does.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Sampling completions from a policy. `hf` is the default backend; `vllm` is an optional extra.
 
 `make_rollout(sections, seed, policy_dir, policy)` gives the configured sampler behind one interface:
-`generate(prompts, *, max_new_tokens, eos_id, pad_id, greedy, temperature, top_p, top_k, generator)
--> Rollout` and `sync_weights(model)` (call it after each optimizer step; a no-op for `hf`, which
-samples from the live policy).
+`generate(prompts, *, max_new_tokens, eos_id, pad_id, greedy, temperature, top_p, top_k, generator, tools,
+records) -> Rollout` (both run the tools, rloo/rollout/tools.py) and `sync_weights(model)` (call it
+after each optimizer step; a no-op for `hf`, which samples from the live policy).
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ Both loops (rloo/rollout/hf.py, rloo/rollout/decode.py) hand every step's tokens
 before they are written: a row with forced tokens queued takes the next one in place of the token it
 sampled. The sampling noise is still drawn for every row at every step, so a row's samples depend on the
 generator and its own logits alone, as without tools, and the same seed gives the same completions and
-forced tokens, in either loop.
+forced tokens, in either loop. vLLM (rloo/rollout/vllm.py) samples many steps per request: its requests
+stop at the candidate tokens below (`stop_tokens`), and each stop goes through `at_stop`, the same rule
+step by step; the row then goes on from its token ids.
 
 Calls are found on the decoded text, only at a step whose token holds the last character of a call's end
 (the candidate tokens: one lookup per step; text is decoded for those rows alone). A token that runs past
@@ -126,6 +128,25 @@ class ToolCalls:
             return False
         self.queue[b] = [*_encode(tok, text[n:end_at]), *forced]  # the text up to the end is the tool's
         return True
+
+    def stop_tokens(self, b: int) -> list[int]:
+        """The tokens at which a sampler that runs many steps per call (vLLM) must stop row `b` and hand
+        its last token to `at_stop`: the candidates while the row may call a tool, else none."""
+        return self.candidates.nonzero().squeeze(1).tolist() if self.calls[b] < self.runner.box.max_calls else []
+
+    def at_stop(self, b: int, t: int, tokens: torch.Tensor) -> list[int]:
+        """Row `b` of a sampler that stopped at a candidate token, `tokens[b, t]` (steps < t before it):
+        the tokens of steps t, t+1, ... that `override` would have written, at most to the buffer's end:
+        that token or, where it runs past a call's end, its replacement, then the queued forced ones. The
+        loops' one rule, step by step; `forced` marks those that are the tool's."""
+        out = []
+        for step in range(t, tokens.shape[1]):
+            if step > t and not self.queue[b]:
+                break
+            nxt, _ = self.override(step, torch.tensor([b]), torch.tensor([True]), tokens[b, step : step + 1], tokens)
+            tokens[b, step] = nxt[0]
+            out.append(int(nxt[0]))
+        return out
 
     def policy_mask(self, mask: torch.Tensor, steps: int) -> torch.Tensor | None:
         """The completion tokens the policy sampled ([B, steps]); None when no token was forced."""

@@ -15,7 +15,9 @@ with pad after the first EOS, a mask that includes that EOS, `finished` when EOS
 vLLM's log-probability of each sampled token in `Rollout.logprobs`, under the distribution it sampled
 from (`logprobs_mode=processed_logprobs`). The loss differentiates the trainer's forward pass; these
 give the sampler-trainer mismatch metrics and, with `rloo.rollout_correction`, the importance weights
-(rloo/algo/rollout_correction.py, docs/rollout-correction.md).
+(rloo/algo/rollout_correction.py, docs/rollout-correction.md). With tools on, the requests stop at a call's
+end and go on from their token ids after the forced result (`_generate_with_tools`, docs/vllm.md#tools),
+and the rollout carries `policy_mask` and `tool_calls` as the HF loops' does.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch
 
 from rloo.model.logprobs import left_pad
 from rloo.rollout.sampling import Rollout
+from rloo.rollout.tools import ToolRunner
 from rloo.runtime import decode_dtype, resolve_device
 
 if TYPE_CHECKING:
@@ -195,11 +198,14 @@ class VLLMRollout:
         top_k: int = 0,
         generator: torch.Generator | None = None,
         seed: int | None = None,
+        tools: ToolRunner | None = None,
+        records: list[dict] | None = None,
     ) -> Rollout:
         """Complete every prompt once (pass a prompt k times for k samples), like `hf.generate`.
 
         Sampling is seeded from `seed`, else from one draw of `generator`, else continues the engine's
-        RNG; greedy decoding ignores all of them.
+        RNG; greedy decoding ignores all of them. `tools` (with `records`, each prompt's data record), as in
+        `hf.generate`: the tools called inside the completions (`_generate_with_tools`).
         """
         from vllm.inputs import TokensPrompt
 
@@ -225,8 +231,64 @@ class VLLMRollout:
         except TypeError:  # a vLLM without `flat_logprobs`: per-position dicts, read the same way
             base.pop("flat_logprobs")
             params = self._vllm.SamplingParams(**base)
+        if tools is not None:
+            return self._generate_with_tools(prompts, base, tools, records, max_new_tokens, eos_id, pad_id)
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         return self._to_rollout(prompts, [o.outputs[0] for o in outs], eos_id, pad_id)
+
+    def _generate_with_tools(self, prompts: list[list[int]], base: dict, tools: ToolRunner, records: list[dict] | None,
+                             max_new_tokens: int, eos_id: int, pad_id: int) -> Rollout:
+        """The completions with the tools' calls (rloo/rollout/tools.py): each request also stops at the
+        tokens that may end a call (`ToolCalls.stop_tokens`); there the loops' own rule (`ToolCalls.at_stop`)
+        writes the sampled token or its split, and the forced result and closing marker, and the row goes
+        on as a new request whose prompt is the old one plus its completion so far, as token ids (nothing is
+        tokenized again, so the forced tokens stay where the rule put them). A round samples every row
+        still going, in prompt order, from the engine's RNG as seeded for the call: the same seed gives the
+        same rounds, so the same completions and forced tokens."""
+        from vllm.inputs import TokensPrompt
+
+        batch = len(prompts)
+        vocab = self.llm.llm_engine.model_config.get_vocab_size()
+        calls = tools.start(records, batch, max_new_tokens, vocab, torch.device("cpu"))
+        tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long)
+        logprobs = torch.zeros((batch, max_new_tokens), dtype=torch.float32)
+        done = [0] * batch  # the tokens of each completion so far
+        finished = torch.zeros(batch, dtype=torch.bool)
+        going = list(range(batch))
+        while going:
+            params = [self._vllm.SamplingParams(**{**base, "max_tokens": max_new_tokens - done[b],
+                                                   "stop_token_ids": [eos_id, *calls.stop_tokens(b)]}) for b in going]
+            outs = self.llm.generate([TokensPrompt(prompt_token_ids=[*prompts[b], *tokens[b, : done[b]].tolist()])
+                                      for b in going], params, use_tqdm=False)
+            nxt = []
+            for b, o in zip(going, outs, strict=True):
+                ids = list(o.outputs[0].token_ids)[: max_new_tokens - done[b]]
+                if eos_id in ids:
+                    ids = ids[: ids.index(eos_id) + 1]
+                n = done[b]
+                tokens[b, n : n + len(ids)] = torch.tensor(ids, dtype=torch.long)
+                if self.logprobs and ids:
+                    logprobs[b, n : n + len(ids)] = torch.tensor(_sampled_logprobs(o.outputs[0].logprobs, ids))
+                done[b] = n + len(ids)
+                if not ids or ids[-1] == eos_id or done[b] == max_new_tokens or not calls.candidates[ids[-1]]:
+                    finished[b] = bool(ids) and ids[-1] == eos_id
+                    continue  # EOS or the length limit (a request stops at a tool's candidate token only last)
+                t = done[b] - 1
+                written = calls.at_stop(b, t, tokens)
+                logprobs[b, t : t + len(written)].masked_fill_(calls.forced[b, t : t + len(written)], 0.0)  # not sampled
+                done[b] = t + len(written)
+                if eos_id in written:  # a forced EOS ends the row, as in the loops
+                    done[b] = t + written.index(eos_id) + 1
+                    finished[b] = True
+                elif done[b] < max_new_tokens:
+                    nxt.append(b)
+            going = nxt
+        steps = max(1, max(done))
+        mask = torch.arange(max_new_tokens)[None, :] < torch.tensor(done)[:, None]
+        tokens[~mask] = pad_id
+        prompt_ids, prompt_mask = left_pad(prompts, pad_id)
+        return Rollout.from_buffers(prompt_ids, prompt_mask, tokens, mask, finished, steps,
+                                    logprobs if self.logprobs else None, calls)
 
     def _to_rollout(self, prompts: list[list[int]], outs: list, eos_id: int, pad_id: int) -> Rollout:
         prompt_ids, prompt_mask = left_pad(prompts, pad_id)

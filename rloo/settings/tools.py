@@ -63,9 +63,6 @@ class ToolsConfig(Section):
                 out.append(f"key 'tools.enabled[{i}].open': '{t.open}' opens an earlier tool's calls; markers must differ")
             names.add(t.name)
             opens.add(t.open)
-        if self.enabled and cfg.rollout.backend == "vllm":
-            out.append("key 'tools.enabled': the tools run inside the hf sampler's loops; rollout.backend vllm "
-                       "does not run them yet (set rollout.backend: hf)")
         if self.evaluate_without and not self.enabled:
             out.append("key 'tools.evaluate_without': no tool is enabled (tools.enabled), so there is no "
                        "evaluation with a tool to set beside one without")

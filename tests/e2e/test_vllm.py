@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 from test_judge_server import group_members, wait_for
+from tool_runs import check_repeats_and_resumes, tool_config
 
 from rloo.data.gsm8k import format_prompt
 from rloo.io import read_jsonl
@@ -204,6 +205,57 @@ def test_sync_weights_makes_vllm_follow_the_new_weights(engine, policy_dir, prom
     _same_rollout(before, engine.generate(prompts, **kw))
 
 
+# Tools (issue 73). Like every test of the module's engine, before the first test that builds another engine
+# in this process: closing that one tears down vLLM's process-wide state (its parallel groups).
+@pytest.mark.slow
+@needs_vllm
+def test_tool_calls_match_the_hf_loops_and_the_seed_repeats_them(engine, micro_run, policy_dir, prompts, special):
+    """With tools on, vLLM stops at a call's end, appends the result and closing marker as forced tokens
+    and goes on from the same token ids. Greedy, the completions, forced tokens and calls are the HF
+    loops' token for token (float32). Sampled, with the calculator and the micro SFT policy (which writes
+    `<<...=` when sampled), the seed repeats them, the policy's tokens carry the trainer's log-probabilities
+    and the forced ones none."""
+    from rloo.model.logprobs import completion_logprobs, join
+    from rloo.rollout.tools import ToolRunner
+    from rloo.tools import Tool, Toolbox
+    from rloo.tools.calculator import calculate
+
+    tok = models.load_tokenizer(policy_dir)
+    # No greedy completion of the micro policies writes `<<` (they repeat a character or two): greedy, a
+    # trigger that the noisy policy writes, `0...0`, calls the calculator (on '': ERROR), and the policy
+    # goes on after `ERROR>>`.
+    zeros = ToolRunner(Toolbox([Tool.of(calculate, open="0", end="0")]), tok)
+    kw = {"max_new_tokens": MAX_NEW, "greedy": True, "tools": zeros, **special}
+    greedy = engine.generate(prompts, **kw)
+    assert 0 < int((greedy.tool_calls > 0).sum()) < len(prompts), tok.batch_decode(greedy.completions)
+    model = models.load_causal_lm(policy_dir)
+    for lean in (True, False):
+        hf = hf_generate(model, prompts, lean=lean, **kw)
+        _same_rollout(hf, greedy)
+        for name in ("policy_mask", "tool_calls"):
+            assert torch.equal(getattr(hf, name), getattr(greedy, name)), (name, lean)
+
+    sft = models.load_causal_lm(micro_run["sft"])
+    engine.sync_weights(sft)
+    try:
+        calc = ToolRunner(Toolbox([Tool.of(calculate)]), tok)
+        k4 = [p for p in prompts[:6] for _ in range(4)]
+        kw = {"max_new_tokens": 60, "tools": calc, **special}
+        a, b, c = (engine.generate(k4, generator=torch.Generator().manual_seed(s), **kw) for s in (3, 3, 4))
+        for name in ("completions", "completion_mask", "finished", "policy_mask", "tool_calls", "logprobs"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
+        assert not torch.equal(a.completions, c.completions)
+        forced = a.completion_mask & ~a.policy_mask
+        assert int(a.tool_calls.sum()) > 0 and bool((a.logprobs[forced] == 0).all())
+        for row in forced.any(1).nonzero().squeeze(1).tolist():  # each forced run ends with the closing marker
+            assert tok.decode(a.completions[row][forced[row]]).endswith(">>")
+        with torch.no_grad():
+            lp = completion_logprobs(sft, join(a.prompt_ids, a.prompt_mask, a.completions, a.completion_mask))
+        assert logprob_gap(a, lp, a.policy_mask)["rollout/logprob_gap"] < 1e-4  # the continuations: the policy's
+    finally:
+        engine.sync_weights(model)  # the module's engine as the other tests expect it
+
+
 @pytest.mark.slow
 @needs_vllm
 def test_sync_weights_across_processes(policy_dir, prompts, special, monkeypatch):
@@ -315,6 +367,23 @@ def test_resumed_run_syncs_the_checkpoint_into_the_engine(micro_run, policy_dir,
     assert [s["step"] for s in steps] == [0, 1, 2]
     # Without the sync after resuming, the engine would still hold the SFT weights (gap ~ 1e-1).
     assert all(s["rollout/logprob_gap"] < 1e-4 for s in steps), [s["rollout/logprob_gap"] for s in steps]
+
+
+# -- tools inside the completions (issue 73): the RLOO stage ----------------------------------------
+@pytest.mark.slow
+@needs_vllm
+@pytest.mark.parametrize("off_policy", [0, 1])
+def test_an_rloo_run_with_the_calculator_on_vllm_resumes_to_the_same_steps(micro_run, tmp_path, monkeypatch,
+                                                                           off_policy):
+    """The micro RLOO stage with the calculator, sampled by vLLM (off-policy: by the engine in the sampler
+    process): resumed from its step-1 checkpoint it ends on the same step and weights; the engine's
+    log-probabilities of the policy's tokens are the trainer's at the weights it sampled with (off-policy,
+    the lagged ones: `train/mismatch_k3_token`, as in test_off_policy_vllm.py)."""
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")  # vLLM's CPU knob (GiB): independent of RSS
+    cfg = tool_config(off_policy, rollout={"backend": "vllm"}, rloo={"rollout_correction": {"mismatch_every": 1}})
+    steps = check_repeats_and_resumes(cfg, micro_run["data"], micro_run["sft"], tmp_path, again=False)
+    key, bound = ("train/mismatch_k3_token", 1e-8) if off_policy else ("rollout/logprob_gap", 1e-4)
+    assert all(s[key] < bound for s in steps), [s[key] for s in steps]
 
 
 # -- the judge over `vllm serve` ---------------------------------------------------------------------

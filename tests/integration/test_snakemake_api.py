@@ -5,12 +5,14 @@ the job of a wildcard value no target asks for, so rloo_workflow.dvc.dag reads t
 every such attribute is declared in `dag.INTERNALS` and read through `attr()`/`call()`, which raise
 SnakemakeApiError naming the call and the installed Snakemake version. These tests run every one of
 them on a small workflow (seconds, no pipeline), so a Snakemake upgrade that breaks one fails here
-with that message; pyproject.toml pins Snakemake to the minor version they passed with.
+with that message; pyproject.toml allows the releases they pass with (scripts/test_oldest_snakemake.sh
+runs them with the oldest, in CI).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -19,6 +21,8 @@ from pathlib import Path
 
 import pytest
 import snakemake.api  # noqa: F401  (first: snakemake.workflow imports it back)
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 from snakemake.rules import Rule
 from snakemake.workflow import Workflow
 
@@ -141,15 +145,18 @@ def test_an_internal_with_other_arguments_is_named(workflow_dir, monkeypatch):
         smk.snakemake_dag(workflow_dir, [])
 
 
-def test_pyproject_pins_snakemake_to_the_tested_minor_version():
+def test_pyproject_allows_a_range_of_snakemake_9_whose_oldest_the_snakefile_requires():
+    """pyproject.toml allows `snakemake>=9.N,<10`: 9.N is the oldest release these tests pass with
+    (scripts/test_oldest_snakemake.sh runs them with it in CI), and the Snakefile's min_version says the
+    same; the installed Snakemake is one of the range, and dag.py's errors name it."""
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    (pin,) = [d for d in deps if d.split(">")[0].split("<")[0].split("=")[0].strip() == "snakemake"]
-    major, minor = (int(x) for x in smk.TESTED.split("."))
-    assert pin.replace(" ", "") == f"snakemake>={major}.{minor},<{major}.{minor + 1}", pin
-    installed = version("snakemake")
-    assert installed.split(".")[:2] == [str(major), str(minor)], (
-        f"Snakemake {installed} is installed; rloo_workflow/dvc/dag.py is tested with {smk.TESTED}.x ({pin}). "
-        "Run tests/integration/test_snakemake_api.py and tests/e2e/test_dvc.py with it, then move TESTED and the pin")
+    (spec,) = [d for d in deps if re.match(r"snakemake\s*[<>=]", d)]
+    m = re.fullmatch(r"snakemake>=(9\.\d+),<10", spec.replace(" ", ""))
+    assert m, spec
+    assert re.search(rf'^min_version\("{re.escape(m.group(1))}"\)', (ROOT / "Snakefile").read_text(), re.M), m.group(1)
+    installed = Version(version("snakemake"))
+    assert installed in SpecifierSet(spec.removeprefix("snakemake")), (installed, spec)
+    assert SpecifierSet(smk.tested_range().removeprefix("snakemake")) == SpecifierSet(spec.removeprefix("snakemake"))
 
 
 def test_another_runs_lock_on_a_file_of_the_dag_is_the_one_snakemake_refuses(workflow_dir):

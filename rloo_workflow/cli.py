@@ -13,6 +13,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rloo import extras
 from rloo.console import configure_logging, set_scrubber
@@ -33,6 +34,9 @@ from rloo_workflow.config import (
 )
 from rloo_workflow.job_log import run_logged
 from rloo_workflow.tracking.redact import redact_text
+
+if TYPE_CHECKING:
+    from rloo.identity import Identity
 
 DEFAULT_CONFIG = "config/config.yaml"
 # The stages that train data-parallel under torchrun or srun (rloo/model/distributed.py).
@@ -327,6 +331,8 @@ def _run(args: argparse.Namespace, cfg: dict) -> int:
         _inputs_exist(args, cfg, data, sft)
         out = pipeline.cli_outputs(args, cfg)
         command(args, cfg, _Job(data=data, sft=sft, out=out, work=_work(args, cfg)))
+        if tracked and stage.name in _RECORDED:  # what made it, for a job started by hand on it
+            _identity(args, cfg).write(out[_RECORDED[stage.name]])
     if tracked and (summary := SUMMARY.get(stage.name)):
         # what the stage reports (`rloo summary`), on the terminal: its standard output
         from rloo.eval import report
@@ -356,20 +362,33 @@ def _work(args: argparse.Namespace, cfg: dict) -> str | None:
 
 
 def _guard_work(args: argparse.Namespace, cfg: dict) -> None:
-    """With --work-guard (the rules' jobs, and so DVC's stages): the work folder emptied unless its checkpoints
-    belong to this very job: what the stage reads of the config, its code fingerprint and its inputs
-    (rloo_workflow/work_guard.py). Run by the command itself, before it starts its processes, so that the
-    rules' commands stay one short line."""
+    """A resumable stage's work folder made this job's (rloo.identity.claim_work): its checkpoints kept where
+    they are of the same resume identity; another job's are cleared with --work-guard (the rules' jobs, and
+    so DVC's stages: a rerun is a new job) and refused with one line otherwise. Run by the command itself,
+    before it starts its processes, so that the rules' commands stay one short line."""
     stage = pipeline.BY_VERB.get(args.stage)
-    if stage is None or not stage.work or not getattr(args, "work_guard", False):
+    if stage is None or not stage.work:
         return
-    from rloo_workflow.code_fingerprint import stage_code_param
-    from rloo_workflow.work_guard import guard
+    from rloo.identity import claim_work
 
     work = _work(args, cfg)
-    params = json.dumps(pipeline.stage_config(cfg, stage.name), sort_keys=True)
-    kept = guard(work, params, stage_code_param(stage.name, cfg), sorted(_needs(args, cfg, *_data_and_sft(args, cfg))))
-    print(f"workdir {work}: " + ("same job, resuming from its checkpoints" if kept else "fresh start"), file=sys.stderr)
+    said = claim_work(work, _identity(args, cfg), clear=getattr(args, "work_guard", False))
+    print(f"workdir {work}: {said}", file=sys.stderr)
+
+
+# The output a stage records the identity of its job in (rloo.identity.IDENTITY_FILE): each folder a later
+# stage reads, so that a job started by hand counts the identity of what it reads.
+_RECORDED = {"prepare": "data", "base": "model", "sft": "model", "reward": "model", "rloo": "model"}
+
+
+def _identity(args: argparse.Namespace, cfg: dict) -> Identity:
+    """The identity of the job `rloo <verb>` runs (pipeline.input_identity): its inputs' recorded identities."""
+    stage = pipeline.BY_VERB[args.stage].name
+    data, sft = _data_and_sft(args, cfg)
+    given = {"base": getattr(args, "base", None), "sft": getattr(args, "policy", None),
+             "reward": getattr(args, "reward_model", None)}
+    folders = {s: given.get(s) or pipeline.outputs(s, cfg)["model"] for s in ("base", "sft", "reward")}
+    return pipeline.input_identity(cfg, stage, {**folders, "prepare": data, "sft": given["sft"] or sft})
 
 
 @dataclass(frozen=True)

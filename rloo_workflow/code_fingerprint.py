@@ -18,6 +18,7 @@ from pathlib import Path
 
 from rloo import code_fingerprint as library
 from rloo.code_fingerprint import ROOT, Fingerprint, Key
+from rloo.identity import Identity
 from rloo.stages import BY_VERB, STAGES
 
 WORKFLOW = "rloo_workflow"  # where the CLI and the stage modules live
@@ -26,6 +27,7 @@ WORKFLOW = "rloo_workflow"  # where the CLI and the stage modules live
 STATE_DIR = ".rloo"
 FINGERPRINTS_FILE = f"{STATE_DIR}/fingerprints.yaml"
 MANIFESTS_DIR = f"{STATE_DIR}/code"
+IDENTITIES_DIR = f"{STATE_DIR}/identity"  # each job identity's parts, by its rerun digest (`rloo why-rerun`)
 
 
 class Codebase(library.Codebase):
@@ -107,8 +109,7 @@ def stage_code_param(stage: str, cfg: dict | None = None, root: Path | None = No
     """The `code` param of `stage`'s Snakemake jobs, its manifest kept under `root` (default: the
     working directory, the workflow's) for `rloo why-rerun`; a folder that cannot be written keeps none."""
     fp = stage_fingerprint(stage, cfg)
-    with contextlib.suppress(OSError):
-        save_manifest(Path.cwd() if root is None else root, fp)
+    save_manifest(Path.cwd() if root is None else root, fp)
     return fp.param
 
 
@@ -118,12 +119,30 @@ def script_files(path: Path) -> list[str]:
 
 
 def save_manifest(root: Path, fp: Fingerprint) -> None:
-    """`fp`'s manifest under MANIFESTS_DIR by its digest (written once; `rloo why-rerun` reads it back)."""
-    path = Path(root) / MANIFESTS_DIR / f"{fp.digest}.json"
+    """`fp`'s manifest under MANIFESTS_DIR by its digest (written once; `rloo why-rerun` reads it back); a
+    folder that cannot be written keeps none."""
+    _save(Path(root) / MANIFESTS_DIR / f"{fp.digest}.json", {"stage": fp.stage, "manifest": fp.manifest})
+
+
+def save_identity(root: Path, identity: Identity) -> None:
+    """A job identity's parts under IDENTITIES_DIR by its rerun digest (`load_identity`)."""
+    _save(Path(root) / IDENTITIES_DIR / f"{identity.rerun}.json", identity.parts)
+
+
+def load_identity(root: Path, rerun: str) -> dict | None:
+    """The parts of the job identity `rerun` (`save_identity`), else None."""
+    try:
+        return json.loads((Path(root) / IDENTITIES_DIR / f"{rerun}.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _save(path: Path, obj: object) -> None:
     if not path.is_file():
         from rloo.io import write_json_atomic
 
-        write_json_atomic(path, {"stage": fp.stage, "manifest": fp.manifest})
+        with contextlib.suppress(OSError):
+            write_json_atomic(path, obj)
 
 
 def load_manifest(root: Path, digest: str) -> dict[str, dict[str, str]] | None:

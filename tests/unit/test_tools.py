@@ -114,8 +114,12 @@ def test_ppo_does_not_mask_tool_tokens_yet():
 def test_tools_are_read_by_sft_and_below_only_when_enabled():
     """A config without tools reads, reruns on and resumes as before; with one, a change of `tools:` reruns
     sft, rloo and the evaluations, and no checkpoint of sft or rloo resumes across it."""
-    from rloo.train.identity import run_identity
+    from rloo.code_fingerprint import Fingerprint
+    from rloo.identity import job_identity
     from rloo_workflow.pipeline import reads_key
+
+    def run_identity(c, stage):  # the keys' part (the code walk: below)
+        return job_identity(c, stage, code=Fingerprint(stage, "0", {})).resume
 
     off, on = config(), config({})
     for stage in ("prepare", "base", "sft", "reward", "rloo", "evaluate"):
@@ -130,8 +134,11 @@ def test_tools_are_read_by_sft_and_below_only_when_enabled():
 
 @pytest.mark.slow  # the code walk: ~8 s on a loaded machine
 def test_a_tools_file_counts_for_the_stages_that_run_it(tools_file):
-    from rloo.train.identity import run_identity
+    from rloo.identity import job_identity
     from rloo_workflow.code_fingerprint import _stage_fingerprint, stage_fingerprint
+
+    def run_identity(c, stage):
+        return job_identity(c, stage).resume
 
     cfg = config({"name": "lookup", "fn": "my_tools.py:lookup", "open": "[["})
     stages = ("sft", "rloo", "evaluate", "reward")

@@ -11,7 +11,7 @@ rule base:
     params:
         code=code("base"),
         cfg=chain_cfg("base"),
-        lineage=chain_lineage("base"),
+        identity=chain_identity("base"),
         args=job_args("base", "--job-config {cfg} {variant} {data} --out {output.model}", cfg=chain_cfg("base"),
                       variant=variant_arg, data=base_data_arg),
     conda:

@@ -43,6 +43,15 @@ from rloo.errors import InputError
 from rloo.eval.at_k import completion_figures
 from rloo.eval.evaluation import evaluate_spec, evaluate_with_records
 from rloo.eval.gains import correctness, gain
+from rloo.identity import (
+    Identity,
+    claim_work,
+    digest,
+    folder_identity,
+    job_identity,
+    rows_identity,
+    training_code,
+)
 from rloo.model import models
 from rloo.reward.functions import RewardFunction, callable_files
 from rloo.reward.rewards import FunctionReward, RewardModelReward, RewardSource, VerifierReward, build_plugin
@@ -60,7 +69,6 @@ from rloo.settings.data import DataConfig, DataFieldsConfig
 from rloo.train import reward as reward_model
 from rloo.train import rloo as rloo_run
 from rloo.train import sft as sft_run
-from rloo.identity import Identity, claim_work, digest, folder_identity, job_identity, rows_identity, training_code
 from rloo.train.run_log import RunLog
 
 if TYPE_CHECKING:

@@ -13,7 +13,6 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rloo import extras
 from rloo.console import configure_logging, set_scrubber
@@ -34,9 +33,6 @@ from rloo_workflow.config import (
 )
 from rloo_workflow.job_log import run_logged
 from rloo_workflow.tracking.redact import redact_text
-
-if TYPE_CHECKING:
-    from rloo.identity import Identity
 
 DEFAULT_CONFIG = "config/config.yaml"
 # The stages that train data-parallel under torchrun or srun (rloo/model/distributed.py).
@@ -332,7 +328,7 @@ def _run(args: argparse.Namespace, cfg: dict) -> int:
         out = pipeline.cli_outputs(args, cfg)
         command(args, cfg, _Job(data=data, sft=sft, out=out, work=_work(args, cfg)))
         if tracked and stage.name in _RECORDED:  # what made it, for a job started by hand on it
-            _identity(args, cfg).write(out[_RECORDED[stage.name]])
+            pipeline.cli_identity(args, cfg).write(out[_RECORDED[stage.name]])
     if tracked and (summary := SUMMARY.get(stage.name)):
         # what the stage reports (`rloo summary`), on the terminal: its standard output
         from rloo.eval import report
@@ -372,23 +368,13 @@ def _guard_work(args: argparse.Namespace, cfg: dict) -> None:
     from rloo.identity import claim_work
 
     work = _work(args, cfg)
-    said = claim_work(work, _identity(args, cfg), clear=getattr(args, "work_guard", False))
+    said = claim_work(work, pipeline.cli_identity(args, cfg), clear=getattr(args, "work_guard", False))
     print(f"workdir {work}: {said}", file=sys.stderr)
 
 
 # The output a stage records the identity of its job in (rloo.identity.IDENTITY_FILE): each folder a later
 # stage reads, so that a job started by hand counts the identity of what it reads.
 _RECORDED = {"prepare": "data", "base": "model", "sft": "model", "reward": "model", "rloo": "model"}
-
-
-def _identity(args: argparse.Namespace, cfg: dict) -> Identity:
-    """The identity of the job `rloo <verb>` runs (pipeline.input_identity): its inputs' recorded identities."""
-    stage = pipeline.BY_VERB[args.stage].name
-    data, sft = _data_and_sft(args, cfg)
-    given = {"base": getattr(args, "base", None), "sft": getattr(args, "policy", None),
-             "reward": getattr(args, "reward_model", None)}
-    folders = {s: given.get(s) or pipeline.outputs(s, cfg)["model"] for s in ("base", "sft", "reward")}
-    return pipeline.input_identity(cfg, stage, {**folders, "prepare": data, "sft": given["sft"] or sft})
 
 
 @dataclass(frozen=True)

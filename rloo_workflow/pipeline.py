@@ -426,6 +426,20 @@ def cli_outputs(args: Any, cfg: ConfigLike) -> dict[str, str]:
     return {"result": out or declared["result"], "plot": getattr(args, "plot", None) or declared["plot"]}
 
 
+def cli_identity(args: Any, cfg: ConfigLike) -> Identity:
+    """The identity of the job `rloo <verb>` runs (`input_identity`): its inputs' recorded identities, from
+    its options, else the declared folders; an evaluation's policy is its --policy folder."""
+    sections = Config.of(cfg)
+    stage = BY_VERB[args.stage].name
+    data = getattr(args, "data", None) or folders(sections)["data"]
+    given = {"base": getattr(args, "base", None), "sft": getattr(args, "policy", None) if stage != "evaluate" else
+             getattr(args, "sft", None), "reward": getattr(args, "reward_model", None)}
+    found = {s: given.get(s) or outputs(s, sections)["model"] for s in ("base", "sft", "reward")}
+    if stage == "evaluate":
+        found["rloo"] = evaluated_policy(args, sections)[1]
+    return input_identity(sections.to_config(), stage, {**found, "prepare": data})
+
+
 def cli_run_name(args: Any, cfg: ConfigLike) -> str:
     """The MLflow run of `rloo <verb>`: see `run_name`."""
     sections = Config.of(cfg)

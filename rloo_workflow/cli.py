@@ -114,9 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     guard = argparse.ArgumentParser(add_help=False)
     guard.add_argument("--work-guard", action="store_true",
-                       help="empty --work first unless its checkpoints are this very job's: the same config keys "
-                            "of the stage, code and inputs (set by the Snakemake rules: a rerun for a change starts "
-                            "fresh; without it a run resumes from any checkpoint its identity check accepts)")
+                       help="empty --work first unless its checkpoints are this very job's (the same resume "
+                            "identity: rloo.identity); set by the Snakemake rules, where a rerun for a change starts "
+                            "fresh; without it another job's checkpoints are refused in one line")
 
     p = sub.add_parser("base", parents=[common],
                        help="the starting model as one local folder (hub id, folder, GGUF file or the embedded model)")

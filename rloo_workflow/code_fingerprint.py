@@ -2,10 +2,12 @@
 
 A stage runs its own module (`rloo_workflow.stages.<stage>`, all of it), the CLI's dispatch
 (rloo_workflow/cli.py from `entry` and `main`, without the other commands' handlers), and every definition
-of the library and the workflow those reach. Snakemake reruns a job on its `code` param
-(workflow/rules/common.smk), DVC a stage on its key in FINGERPRINTS_FILE (rloo_workflow/dvc/compile.py),
+of the library and the workflow those reach. Snakemake reruns a job on its identity (rloo.identity, the
+chain rules' `identity` param, whose parts count it) or its `code` param (the rules outside the chain:
+workflow/rules/common.smk), DVC a stage on its key in FINGERPRINTS_FILE (rloo_workflow/dvc/compile.py),
 and `rloo why-rerun` names what changed from the manifest kept by its digest (MANIFESTS_DIR). A training
-stage's checkpoint counts the library's part of it (rloo.code_fingerprint.training_fingerprint).
+stage's checkpoint counts it too, through the same identity; rloo.api's runs count the library's part
+(rloo.code_fingerprint.training_fingerprint).
 """
 
 from __future__ import annotations

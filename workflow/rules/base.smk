@@ -9,7 +9,6 @@ rule base:
     output:
         model=directory(OUT["base"]["model"]),
     params:
-        code=code("base"),
         cfg=chain_cfg("base"),
         identity=chain_identity("base"),
         args=job_args("base", "--job-config {cfg} {variant} {data} --out {output.model}", cfg=chain_cfg("base"),

@@ -73,11 +73,11 @@ def stage_config(stage, overrides=None):
 
 
 def code(stage):
-    """The `code` param of `stage`'s jobs (its rule's name): its code fingerprint (rloo_workflow/code_fingerprint.py), so that
-    a change to what the stage computes reruns it and its descendants, and a comment, a docstring or a
-    schema description reruns nothing. Computed from the package `rloo` is imported from here (PYTHONPATH
-    or the installed package); its manifest is kept for `rloo why-rerun`. Once per process: every job's
-    lineage reads the fingerprints of the stages above it."""
+    """The `code` param of the jobs outside the chain (comparison, seeds, sweep, toy; a chain rule's code is a
+    part of its `identity`): the stage's code fingerprint (rloo_workflow/code_fingerprint.py), so that a change
+    to what the stage computes reruns it, and a comment, a docstring or a schema description reruns nothing.
+    Computed from the package `rloo` is imported from here (PYTHONPATH or the installed package); its
+    manifest is kept for `rloo why-rerun`. Once per process."""
     if stage not in _CODE:
         _CODE[stage] = stage_code_param(stage, config)
     return _CODE[stage]

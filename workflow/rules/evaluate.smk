@@ -12,7 +12,6 @@ rule evaluate:
     output:
         **OUT["evaluate"],
     params:
-        code=code("evaluate"),
         cfg=chain_cfg("evaluate"),
         identity=chain_identity("evaluate"),
         args=job_args("evaluate", "--job-config {cfg} {variant} --data {data} --policy {wildcards.policy}={input.policy} "
@@ -39,7 +38,6 @@ rule judge:
     output:
         **OUT["judge"],
     params:
-        code=code("judge"),
         cfg=chain_cfg("judge"),
         identity=chain_identity("judge"),
         args=job_args("judge", "--job-config {cfg} {variant} --policy {policy} --sft {input.sft} --out {output.result}",
@@ -81,7 +79,6 @@ rule report:
             labels={"estimator": "{estimator}", "plot": "proxy reward vs judge"},
         ),
     params:
-        code=code("report"),
         cfg=chain_cfg("report"),
         identity=chain_identity("report"),
         args=job_args(

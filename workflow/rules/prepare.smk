@@ -7,7 +7,6 @@ rule prepare:
     output:
         **OUT["prepare"],
     params:
-        code=code("prepare"),
         cfg=chain_cfg("prepare"),
         identity=chain_identity("prepare"),
         args=job_args("prepare", "--job-config {cfg} {variant} --out {out}", cfg=chain_cfg("prepare"),

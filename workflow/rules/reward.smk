@@ -6,7 +6,6 @@ rule reward:
     output:
         model=directory(OUT["reward"]["model"]),
     params:
-        code=code("reward"),
         cfg=chain_cfg("reward"),
         identity=chain_identity("reward"),
         args=job_args("reward", "--job-config {cfg} {variant} --data {data} --policy {input.policy} "

@@ -4,7 +4,6 @@ rule rloo:
     output:
         model=directory(OUT["rloo"]["model"]),
     params:
-        code=code("rloo"),
         cfg=chain_cfg("rloo"),
         identity=chain_identity("rloo"),
         args=job_args("rloo", "--job-config {cfg} {variant} --data {data} --policy {input.policy} {reward_model} "

@@ -4,7 +4,6 @@ rule sft:
     output:
         model=directory(OUT["sft"]["model"]),
     params:
-        code=code("sft"),
         cfg=chain_cfg("sft"),
         identity=chain_identity("sft"),
         args=job_args("sft", "--job-config {cfg} {variant} --data {data} --base {input.base} --out {output.model} "

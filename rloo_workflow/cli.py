@@ -13,6 +13,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rloo import extras
 from rloo.console import configure_logging, set_scrubber
@@ -33,6 +34,9 @@ from rloo_workflow.config import (
 )
 from rloo_workflow.job_log import run_logged
 from rloo_workflow.tracking.redact import redact_text
+
+if TYPE_CHECKING:
+    from rloo.identity import Identity
 
 DEFAULT_CONFIG = "config/config.yaml"
 # The stages that train data-parallel under torchrun or srun (rloo/model/distributed.py).
@@ -322,7 +326,8 @@ def _run(args: argparse.Namespace, cfg: dict) -> int:
     configure_logging()  # every stage's progress in its log, those that load no model (judge, report) too
     # Data-parallel, rank 0 logs: the other ranks have no run (tracking.log_metrics logs nothing there).
     tracked = launcher.launched_rank() == 0
-    with tracking.stage_run(cfg, **tracking.cli_context(args, cfg)) if tracked else contextlib.nullcontext():
+    with (tracking.stage_run(cfg, **tracking.cli_context(args, cfg), identity=_tagged_identity(args, cfg))
+          if tracked else contextlib.nullcontext()):
         data, sft = _data_and_sft(args, cfg)
         _inputs_exist(args, cfg, data, sft)
         out = pipeline.cli_outputs(args, cfg)
@@ -343,6 +348,17 @@ SUMMARY: dict[str, Callable[[dict[str, str]], Path | str]] = {
     "rloo": lambda out: Path(out["model"]) / "metrics.json",
     "report": lambda out: out["result"],
 }
+
+
+def _tagged_identity(args: argparse.Namespace, cfg: dict) -> Identity | None:
+    """The job's identity for its MLflow run's tags (pipeline.cli_identity), where it is tracked and a stage
+    of the chain; None otherwise, or where its code does not parse (the stage says so when it runs)."""
+    if not tracking.enabled(cfg) or pipeline.BY_VERB[args.stage].name not in pipeline.CHAIN:
+        return None
+    try:
+        return pipeline.cli_identity(args, cfg)
+    except (OSError, ValueError, SyntaxError):
+        return None
 
 
 def _data_and_sft(args: argparse.Namespace, cfg: dict) -> tuple[str, str]:

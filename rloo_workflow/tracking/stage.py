@@ -317,9 +317,6 @@ def cli_context(args: Any, cfg: dict, stage: str | None = None) -> dict:
 
     ctx: dict[str, Any] = {"stage": pipeline.cli_run_name(args, cfg),
                            "outputs": list(pipeline.cli_outputs(args, cfg).values())}
-    if store.enabled(cfg) and pipeline.BY_VERB[args.stage].name in pipeline.CHAIN:  # the job's identity, its inputs' counted
-        with contextlib.suppress(OSError, ValueError, SyntaxError):  # a reward file that does not parse: the stage says so
-            ctx["identity"] = pipeline.cli_identity(args, cfg)
     if getattr(args, "job_config", None):
         keys: list[str] = []
         with contextlib.suppress(Exception):

@@ -174,8 +174,9 @@ def _read(path: Path) -> Any:
 
 def _outputs(tree: Path) -> dict[str, Path]:
     """The run's data, models and results files by relative path (not its checkpoints, timings and run ids)."""
+    # identity.json: the record of the job that made a folder (rloo.identity, issue 70), provenance like the run ids
     found = [p for d in ("data", "results") for p in (tree / d).rglob("*")
-             if p.is_file() and p.suffix in (".json", ".jsonl", ".safetensors")]
+             if p.is_file() and p.suffix in (".json", ".jsonl", ".safetensors") and p.name != "identity.json"]
     names = {p.relative_to(tree).as_posix(): p for p in found}
     return {k: p for k, p in sorted(names.items()) if not k.startswith(("results/work/", "results/runs/"))}
 

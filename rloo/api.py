@@ -43,6 +43,15 @@ from rloo.errors import InputError
 from rloo.eval.at_k import completion_figures
 from rloo.eval.evaluation import evaluate_spec, evaluate_with_records
 from rloo.eval.gains import add_tool_figures, correctness, gain
+from rloo.identity import (
+    Identity,
+    claim_work,
+    digest,
+    folder_identity,
+    job_identity,
+    rows_identity,
+    training_code,
+)
 from rloo.model import models
 from rloo.reward.functions import RewardFunction, callable_files
 from rloo.reward.rewards import FunctionReward, RewardModelReward, RewardSource, VerifierReward, build_plugin
@@ -60,7 +69,6 @@ from rloo.settings.data import DataConfig, DataFieldsConfig
 from rloo.train import reward as reward_model
 from rloo.train import rloo as rloo_run
 from rloo.train import sft as sft_run
-from rloo.train.identity import run_identity
 from rloo.train.run_log import RunLog
 
 if TYPE_CHECKING:
@@ -146,6 +154,25 @@ def policy_folder(policy: str | Path | PreTrainedModel, tokenizer: PreTrainedTok
     return folder
 
 
+def _identity(config: Config, stage: str, rows: Sequence[Mapping], policy: Path, work_dir: Path,
+              upstream: Mapping[str, str] | None = None, user_code: Sequence[Path] = ()) -> Identity:
+    """The identity of a training run the API starts (rloo.identity.job_identity, as the stages'): the rows
+    stand in for the data, the policy folder's identity (recorded, else its content) for the model, the
+    training run's own code with the user's (`user_code`); the work folder made the run's, or refused with
+    one line where it holds another run's checkpoints (rloo.identity.claim_work)."""
+    identity = job_identity(config, stage, upstream={"rows": rows_identity(rows), "policy": folder_identity(policy),
+                                                     **(upstream or {})},
+                            code=training_code(config, stage, user_code))
+    claim_work(work_dir, identity, clear=False)
+    return identity
+
+
+def _recorded(identity: Identity, out_dir: Path, summary: dict) -> dict:
+    """`summary`, once `out_dir` records the identity of the run that made it (rloo.identity.IDENTITY_FILE)."""
+    identity.write(out_dir)
+    return summary
+
+
 def train_rloo(policy: str | Path | PreTrainedModel, rows: Sequence[Mapping], out_dir: str | Path, *,
                reward: Reward, tokenizer: PreTrainedTokenizerBase | None = None,
                validation: Sequence[Mapping] = (), config: Config | RlooConfig | None = None,
@@ -175,10 +202,10 @@ def train_rloo(policy: str | Path | PreTrainedModel, rows: Sequence[Mapping], ou
     source = reward_source(reward)
     functions = getattr(source, "functions", [])
     names = [f.fn for f in functions] or [source.name]
-    fingerprint = run_identity(config, "rloo", rows=rows, model_dir=policy, reward_names=names,
-                               reward_files=callable_files(functions))
-    return rloo_run.run(config, policy, [dict(r) for r in rows], out_dir, work_dir, fingerprint,
-                        val=[dict(r) for r in validation], reward=source, log_to=log, facts={"threads": threads})
+    identity = _identity(config, "rloo", rows, policy, work_dir, {"reward": digest(names)}, callable_files(functions))
+    return _recorded(identity, out_dir, rloo_run.run(
+        config, policy, [dict(r) for r in rows], out_dir, work_dir, identity.resume,
+        val=[dict(r) for r in validation], reward=source, log_to=log, facts={"threads": threads}))
 
 
 def train_sft(policy: str | Path | PreTrainedModel, rows: Sequence[Mapping], out_dir: str | Path, *,
@@ -199,9 +226,10 @@ def train_sft(policy: str | Path | PreTrainedModel, rows: Sequence[Mapping], out
     if not test:
         raise InputError("test rows are needed: the fine-tuned policy is evaluated on them (sft.eval_examples)")
     out_dir, work_dir, policy, threads = _started(policy, tokenizer, out_dir, work_dir, config)
-    return sft_run.run(config, policy, [dict(r) for r in rows], out_dir, work_dir,
-                       run_identity(config, "sft", rows=rows, model_dir=policy),
-                       test=[dict(r) for r in test], log_to=log, facts={"threads": threads})
+    identity = _identity(config, "sft", rows, policy, work_dir)
+    return _recorded(identity, out_dir, sft_run.run(config, policy, [dict(r) for r in rows], out_dir, work_dir,
+                                                    identity.resume, test=[dict(r) for r in test], log_to=log,
+                                                    facts={"threads": threads}))
 
 
 def train_reward_model(policy: str | Path | PreTrainedModel, rows: Sequence[Mapping], out_dir: str | Path, *,
@@ -221,9 +249,9 @@ def train_reward_model(policy: str | Path | PreTrainedModel, rows: Sequence[Mapp
     if not rows:
         raise InputError("no rows to sample preference pairs from")
     out_dir, work_dir, policy, threads = _started(policy, tokenizer, out_dir, work_dir, config)
-    fingerprint = run_identity(config, "reward", rows=rows, model_dir=policy)
-    return reward_model.run(config, policy, [dict(r) for r in rows], out_dir, work_dir, fingerprint, log_to=log,
-                            facts={"threads": threads})
+    identity = _identity(config, "reward", rows, policy, work_dir)
+    return _recorded(identity, out_dir, reward_model.run(config, policy, [dict(r) for r in rows], out_dir, work_dir,
+                                                         identity.resume, log_to=log, facts={"threads": threads}))
 
 
 def evaluate(policies: Mapping[str, str | Path | PreTrainedModel] | Sequence[str | Path],

@@ -1,6 +1,6 @@
 """Code fingerprints: what code computes, not how it is spelled. The library's part: the walk and the
-digests, and the fingerprint of each training run's code (`training_fingerprint`), which its checkpoint's
-identity counts (rloo/train/identity.py), whether Snakemake, `rloo <verb>` or rloo.api started the run.
+digests, and the fingerprint of each training run's code (`training_fingerprint`), which the identity of a
+run rloo.api starts counts (rloo/identity.py; a stage's run counts its stage's fingerprint, below).
 The workflow adds each stage's fingerprint (rloo_workflow/code_fingerprint.py: its module and the CLI's
 dispatch), and keeps the manifests `rloo why-rerun` compares.
 

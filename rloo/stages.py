@@ -1,6 +1,6 @@
 """The pipeline's stages, declared once: each stage's names, its command, its outputs, and the config keys it
 reads (`stage_keys`). The library's part of the declaration, so that a training run's checkpoint identity
-(rloo/train/identity.py) reads the same keys whether Snakemake, `rloo <verb>` or rloo.api started the run;
+(rloo/identity.py) reads the same keys whether Snakemake, `rloo <verb>` or rloo.api started the run;
 the workflow builds its rules, DVC stages, MLflow runs and variants on it (rloo_workflow/pipeline.py).
 
 Output templates use the config's folders (`{data}`, `{models}`, `{results}`: `paths.*`) and, for

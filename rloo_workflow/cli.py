@@ -13,6 +13,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rloo import extras
 from rloo.console import configure_logging, set_scrubber
@@ -33,6 +34,9 @@ from rloo_workflow.config import (
 )
 from rloo_workflow.job_log import run_logged
 from rloo_workflow.tracking.redact import redact_text
+
+if TYPE_CHECKING:
+    from rloo.identity import Identity
 
 DEFAULT_CONFIG = "config/config.yaml"
 # The stages that train data-parallel under torchrun or srun (rloo/model/distributed.py).
@@ -114,9 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     guard = argparse.ArgumentParser(add_help=False)
     guard.add_argument("--work-guard", action="store_true",
-                       help="empty --work first unless its checkpoints are this very job's: the same config keys "
-                            "of the stage, code and inputs (set by the Snakemake rules: a rerun for a change starts "
-                            "fresh; without it a run resumes from any checkpoint its identity check accepts)")
+                       help="empty --work first unless its checkpoints are this very job's (the same resume "
+                            "identity: rloo.identity); set by the Snakemake rules, where a rerun for a change starts "
+                            "fresh; without it another job's checkpoints are refused in one line")
 
     p = sub.add_parser("base", parents=[common],
                        help="the starting model as one local folder (hub id, folder, GGUF file or the embedded model)")
@@ -322,11 +326,14 @@ def _run(args: argparse.Namespace, cfg: dict) -> int:
     configure_logging()  # every stage's progress in its log, those that load no model (judge, report) too
     # Data-parallel, rank 0 logs: the other ranks have no run (tracking.log_metrics logs nothing there).
     tracked = launcher.launched_rank() == 0
-    with tracking.stage_run(cfg, **tracking.cli_context(args, cfg)) if tracked else contextlib.nullcontext():
+    with (tracking.stage_run(cfg, **tracking.cli_context(args, cfg), identity=_tagged_identity(args, cfg))
+          if tracked else contextlib.nullcontext()):
         data, sft = _data_and_sft(args, cfg)
         _inputs_exist(args, cfg, data, sft)
         out = pipeline.cli_outputs(args, cfg)
         command(args, cfg, _Job(data=data, sft=sft, out=out, work=_work(args, cfg)))
+        if tracked and stage.name in _RECORDED:  # what made it, for a job started by hand on it
+            pipeline.cli_identity(args, cfg).write(out[_RECORDED[stage.name]])
     if tracked and (summary := SUMMARY.get(stage.name)):
         # what the stage reports (`rloo summary`), on the terminal: its standard output
         from rloo.eval import report
@@ -343,6 +350,17 @@ SUMMARY: dict[str, Callable[[dict[str, str]], Path | str]] = {
 }
 
 
+def _tagged_identity(args: argparse.Namespace, cfg: dict) -> Identity | None:
+    """The job's identity for its MLflow run's tags (pipeline.cli_identity), where it is tracked and a stage
+    of the chain; None otherwise, or where its code does not parse (the stage says so when it runs)."""
+    if not tracking.enabled(cfg) or pipeline.BY_VERB[args.stage].name not in pipeline.CHAIN:
+        return None
+    try:
+        return pipeline.cli_identity(args, cfg)
+    except (OSError, ValueError, SyntaxError):
+        return None
+
+
 def _data_and_sft(args: argparse.Namespace, cfg: dict) -> tuple[str, str]:
     """The data folder (--data, else paths.data) and SFT's model folder a stage reads."""
     data = args.data if getattr(args, "data", None) else pipeline.folders(cfg)["data"]
@@ -356,20 +374,23 @@ def _work(args: argparse.Namespace, cfg: dict) -> str | None:
 
 
 def _guard_work(args: argparse.Namespace, cfg: dict) -> None:
-    """With --work-guard (the rules' jobs, and so DVC's stages): the work folder emptied unless its checkpoints
-    belong to this very job: what the stage reads of the config, its code fingerprint and its inputs
-    (rloo_workflow/work_guard.py). Run by the command itself, before it starts its processes, so that the
-    rules' commands stay one short line."""
+    """A resumable stage's work folder made this job's (rloo.identity.claim_work): its checkpoints kept where
+    they are of the same resume identity; another job's are cleared with --work-guard (the rules' jobs, and
+    so DVC's stages: a rerun is a new job) and refused with one line otherwise. Run by the command itself,
+    before it starts its processes, so that the rules' commands stay one short line."""
     stage = pipeline.BY_VERB.get(args.stage)
-    if stage is None or not stage.work or not getattr(args, "work_guard", False):
+    if stage is None or not stage.work:
         return
-    from rloo_workflow.code_fingerprint import stage_code_param
-    from rloo_workflow.work_guard import guard
+    from rloo.identity import claim_work
 
     work = _work(args, cfg)
-    params = json.dumps(pipeline.stage_config(cfg, stage.name), sort_keys=True)
-    kept = guard(work, params, stage_code_param(stage.name, cfg), sorted(_needs(args, cfg, *_data_and_sft(args, cfg))))
-    print(f"workdir {work}: " + ("same job, resuming from its checkpoints" if kept else "fresh start"), file=sys.stderr)
+    said = claim_work(work, pipeline.cli_identity(args, cfg), clear=getattr(args, "work_guard", False))
+    print(f"workdir {work}: {said}", file=sys.stderr)
+
+
+# The output a stage records the identity of its job in (rloo.identity.IDENTITY_FILE): each folder a later
+# stage reads, so that a job started by hand counts the identity of what it reads.
+_RECORDED = {"prepare": "data", "base": "model", "sft": "model", "reward": "model", "rloo": "model"}
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,12 @@
 
 A stage runs its own module (`rloo_workflow.stages.<stage>`, all of it), the CLI's dispatch
 (rloo_workflow/cli.py from `entry` and `main`, without the other commands' handlers), and every definition
-of the library and the workflow those reach. Snakemake reruns a job on its `code` param
-(workflow/rules/common.smk), DVC a stage on its key in FINGERPRINTS_FILE (rloo_workflow/dvc/compile.py),
+of the library and the workflow those reach. Snakemake reruns a job on its identity (rloo.identity, the
+chain rules' `identity` param, whose parts count it) or its `code` param (the rules outside the chain:
+workflow/rules/common.smk), DVC a stage on its key in FINGERPRINTS_FILE (rloo_workflow/dvc/compile.py),
 and `rloo why-rerun` names what changed from the manifest kept by its digest (MANIFESTS_DIR). A training
-stage's checkpoint counts the library's part of it (rloo.code_fingerprint.training_fingerprint).
+stage's checkpoint counts it too, through the same identity; rloo.api's runs count the library's part
+(rloo.code_fingerprint.training_fingerprint).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 
 from rloo import code_fingerprint as library
 from rloo.code_fingerprint import ROOT, Fingerprint, Key
+from rloo.identity import Identity
 from rloo.stages import BY_VERB, STAGES
 
 WORKFLOW = "rloo_workflow"  # where the CLI and the stage modules live
@@ -26,6 +29,7 @@ WORKFLOW = "rloo_workflow"  # where the CLI and the stage modules live
 STATE_DIR = ".rloo"
 FINGERPRINTS_FILE = f"{STATE_DIR}/fingerprints.yaml"
 MANIFESTS_DIR = f"{STATE_DIR}/code"
+IDENTITIES_DIR = f"{STATE_DIR}/identity"  # each job identity's parts, by its rerun digest (`rloo why-rerun`)
 
 
 class Codebase(library.Codebase):
@@ -107,8 +111,7 @@ def stage_code_param(stage: str, cfg: dict | None = None, root: Path | None = No
     """The `code` param of `stage`'s Snakemake jobs, its manifest kept under `root` (default: the
     working directory, the workflow's) for `rloo why-rerun`; a folder that cannot be written keeps none."""
     fp = stage_fingerprint(stage, cfg)
-    with contextlib.suppress(OSError):
-        save_manifest(Path.cwd() if root is None else root, fp)
+    save_manifest(Path.cwd() if root is None else root, fp)
     return fp.param
 
 
@@ -118,12 +121,30 @@ def script_files(path: Path) -> list[str]:
 
 
 def save_manifest(root: Path, fp: Fingerprint) -> None:
-    """`fp`'s manifest under MANIFESTS_DIR by its digest (written once; `rloo why-rerun` reads it back)."""
-    path = Path(root) / MANIFESTS_DIR / f"{fp.digest}.json"
+    """`fp`'s manifest under MANIFESTS_DIR by its digest (written once; `rloo why-rerun` reads it back); a
+    folder that cannot be written keeps none."""
+    _save(Path(root) / MANIFESTS_DIR / f"{fp.digest}.json", {"stage": fp.stage, "manifest": fp.manifest})
+
+
+def save_identity(root: Path, identity: Identity) -> None:
+    """A job identity's parts under IDENTITIES_DIR by its rerun digest (`load_identity`)."""
+    _save(Path(root) / IDENTITIES_DIR / f"{identity.rerun}.json", identity.parts)
+
+
+def load_identity(root: Path, rerun: str) -> dict | None:
+    """The parts of the job identity `rerun` (`save_identity`), else None."""
+    try:
+        return json.loads((Path(root) / IDENTITIES_DIR / f"{rerun}.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _save(path: Path, obj: object) -> None:
     if not path.is_file():
         from rloo.io import write_json_atomic
 
-        write_json_atomic(path, {"stage": fp.stage, "manifest": fp.manifest})
+        with contextlib.suppress(OSError):
+            write_json_atomic(path, obj)
 
 
 def load_manifest(root: Path, digest: str) -> dict[str, dict[str, str]] | None:

@@ -26,7 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from rloo.code_fingerprint import Fingerprint
 from rloo.errors import InputError
+from rloo.identity import Identity, folder_identity, job_identity
 from rloo.settings import Config
 from rloo.settings.selection import with_overrides
 from rloo.stages import (  # noqa: F401 (the declaration, re-exported: the workflow reads it as pipeline.*)
@@ -112,8 +114,8 @@ def policy_model(policy: str) -> Ref:
 
 # The input graph, declared once: each chain stage's named inputs, as outputs of the jobs that write them.
 # The Snakemake rules take their inputs from it (`job_inputs`), `rloo <stage>` checks them before it runs
-# (rloo_workflow/cli.py `_inputs_exist`), and a job's lineage (what reruns it:
-# `lineage`) and the jobs a variant runs itself (`owns`) follow it.
+# (rloo_workflow/cli.py `_inputs_exist`), and a job's identity (what reruns it:
+# `identity`) and the jobs a variant runs itself (`owns`) follow it.
 def input_graph(stage: str, cfg: ConfigLike, estimator: str | None = None,
                 policy: str | None = None) -> dict[str, Ref]:
     """{input name: Ref} of `stage`'s job (`estimator`: the RLOO stage's, when it is not the config's own;
@@ -329,29 +331,44 @@ def job_inputs(cfg: Mapping[str, Any], stage: str, estimator: str | None = None,
             for name, r in input_graph(stage, jcfg, decide, policy).items()}
 
 
-def lineage(cfg: Mapping[str, Any], stage: str, code: Callable[[str], str], estimator: str | None = None,
-            variant: Variant | None = None, policy: str | None = None) -> str:
-    """`lineage:<digest>` of `stage`'s job: what it reads of the config (`job_settings`) and its code
-    (`code(stage)`: its fingerprint), and the same of every job upstream of it, recursively. A rule's
-    `lineage` param: a change anywhere above a job reruns it, whether or not the job in between still has
-    its output (an interrupted rerun deletes it)."""
-    return _lineage(cfg, _node(stage, estimator, policy), code, variant, {})
+def identity(cfg: Mapping[str, Any], stage: str, code: Callable[[str, Mapping[str, Any]], Fingerprint],
+             estimator: str | None = None, variant: Variant | None = None, policy: str | None = None) -> Identity:
+    """The identity of `stage`'s job (rloo.identity.job_identity) as Snakemake sees it before any output
+    exists: what it reads of its config, its code (`code(stage, job config)`: its fingerprint) and the
+    identities of the jobs above it, computed the same way, recursively. A rule's `identity` param: a change
+    anywhere above a job reruns it, whether or not the job in between still has its output (an interrupted
+    rerun deletes it). The job records it in its output (`input_identity` reads it back there)."""
+    return _identity(cfg, _node(stage, estimator, policy), code, variant, {})
 
 
-def _lineage(cfg: Mapping[str, Any], job: tuple[str, str | None, str | None], code: Callable[[str], str],
-             variant: Variant | None, seen: dict) -> str:
+def _identity(cfg: Mapping[str, Any], job: tuple[str, str | None, str | None],
+              code: Callable[[str, Mapping[str, Any]], Fingerprint], variant: Variant | None, seen: dict) -> Identity:
     if job in seen:  # a job read by several below it (an evaluation of SFT, prepare's outputs)
         return seen[job]
     stage, estimator, policy = job
     jcfg = job_config(cfg, stage, variant, estimator, policy)
     decide = estimator or Config.of(jcfg).rloo.estimator
-    parts = {"stage": stage, "policy": policy, "config": job_settings(cfg, stage, estimator, variant, policy),
-             "code": code(stage),
-             "upstream": sorted(_lineage(cfg, up, code, variant, seen)
-                                for up in upstream_jobs(stage, jcfg, decide, policy))}
-    blob = json.dumps(parts, sort_keys=True, separators=(",", ":"))
-    seen[job] = "lineage:" + hashlib.sha256(blob.encode()).hexdigest()[:16]
+    upstream = {name: _identity(cfg, _node(r.stage, r.estimator or estimator, r.policy), code, variant, seen).rerun
+                for name, r in input_graph(stage, jcfg, decide, policy).items()}
+    seen[job] = job_identity(jcfg, stage, upstream=upstream, code=code(stage, jcfg),
+                             overrides={"rloo.estimator": decide} if stage == "rloo" else None)
     return seen[job]
+
+
+def input_identity(cfg: Mapping[str, Any], stage: str, folders: Mapping[str, str | Path],
+                   code: Fingerprint | None = None) -> Identity:
+    """The identity of `stage`'s job run on given inputs (`rloo <verb>`, and a rule's job as it runs):
+    `folders` ({stage: the folder it reads of that stage's outputs}: the data folder for prepare's), each
+    one's recorded identity, else its content's digest (rloo.identity.folder_identity), and `code` (default:
+    the stage's fingerprint, rloo_workflow/code_fingerprint.py). Equal to `identity` where the inputs were
+    made by the jobs of the same config."""
+    from rloo_workflow.code_fingerprint import stage_fingerprint
+
+    sections = Config.of(cfg)
+    upstream = {name: folder_identity(folders[r.stage]) for name, r in input_graph(stage, sections).items()
+                if folders.get(r.stage) is not None}
+    return job_identity(sections, stage, upstream=upstream, code=code or stage_fingerprint(stage, dict(cfg)),
+                        overrides={"rloo.estimator": sections.rloo.estimator} if stage == "rloo" else None)
 
 
 def run_name(stage: str, estimator: str | None = None, policy: str | None = None, variant: str | None = None) -> str:
@@ -407,6 +424,20 @@ def cli_outputs(args: Any, cfg: ConfigLike) -> dict[str, str]:
     if "model" in declared:
         return {"model": out or declared["model"]}
     return {"result": out or declared["result"], "plot": getattr(args, "plot", None) or declared["plot"]}
+
+
+def cli_identity(args: Any, cfg: ConfigLike) -> Identity:
+    """The identity of the job `rloo <verb>` runs (`input_identity`): its inputs' recorded identities, from
+    its options, else the declared folders; an evaluation's policy is its --policy folder."""
+    sections = Config.of(cfg)
+    stage = BY_VERB[args.stage].name
+    data = getattr(args, "data", None) or folders(sections)["data"]
+    given = {"base": getattr(args, "base", None), "sft": getattr(args, "policy", None) if stage != "evaluate" else
+             getattr(args, "sft", None), "reward": getattr(args, "reward_model", None)}
+    found = {s: given.get(s) or outputs(s, sections)["model"] for s in ("base", "sft", "reward")}
+    if stage == "evaluate":
+        found["rloo"] = evaluated_policy(args, sections)[1]
+    return input_identity(sections.to_config(), stage, {**found, "prepare": data})
 
 
 def cli_run_name(args: Any, cfg: ConfigLike) -> str:

@@ -20,18 +20,20 @@ import sys
 from pathlib import Path
 
 from rloo.code_fingerprint import changes, parse_param
+from rloo.identity import changed_parts
 from rloo_workflow import running
-from rloo_workflow.code_fingerprint import load_manifest
+from rloo_workflow.code_fingerprint import load_identity, load_manifest
 from rloo_workflow.config import JOB_ARGS_DIR, changed_keys
 from rloo_workflow.dvc.dag import Rerun, plan
 from rloo_workflow.dvc.dvcyaml import DvcError, configfile_parser, project_root
 from rloo_workflow.run_record import run_args
 
-LINEAGE_PREFIX = "lineage:"  # rloo_workflow.pipeline.lineage's params
+IDENTITY_PREFIX = "identity:"  # the chain rules' `identity` param (workflow/rules/common.smk chain_identity)
 
 
-def _code_lines(root: Path, before: str, now: str) -> list[str]:
-    (_, old), (_, new) = parse_param(before), parse_param(now)
+def _code_lines(root: Path, old: str, new: str) -> list[str]:
+    """What changed between the code fingerprints `old` and `new` (digests), file by file and definition by
+    definition, from their manifests."""
     old_manifest, new_manifest = load_manifest(root, old), load_manifest(root, new)
     if old_manifest is None or new_manifest is None:
         return [f"its code changed (fingerprint {old} -> {new}; the manifest of {old} is not kept in "
@@ -71,18 +73,23 @@ def explain(root: Path, rerun: Rerun) -> list[str]:
         # workflow/rules/common.smk's rerun_if_stale: an output standing on an input that is gone
         lines.append(f"an input it was made from is missing: {', '.join(gone)} (made again, then this job)")
     before, now = list(rerun.params_before), list(rerun.params_now)
-    lineage = [p for p in before + now if p.startswith(LINEAGE_PREFIX)]
+    identity = [p for p in before + now if p.startswith(IDENTITY_PREFIX)]
     # the command's options (the rules' `args` param): the `cfg` file's path among them, so a changed key
     # changes them too; said below only where the options say more than the rest
     options = [p for p in before + now if p.startswith(f"{JOB_ARGS_DIR}/")]
-    before = [p for p in before if p not in lineage + options]
-    now = [p for p in now if p not in lineage + options]
+    before = [p for p in before if p not in identity + options]
+    now = [p for p in now if p not in identity + options]
+    # the identity's parts (rloo.identity), kept by digest: the chain rules' code part is in them
+    old_parts, new_parts = ((load_identity(root, p.removeprefix(IDENTITY_PREFIX)) for p in identity)
+                            if len(identity) == 2 else (None, None))
     old_code = next((p for p in before if parse_param(p)), None)
     new_code = next((p for p in now if parse_param(p)), None)
-    if old_code and new_code:
-        lines += _code_lines(root, old_code, new_code)
+    if old_code and new_code:  # the rules outside the chain: a `code` param
+        lines += _code_lines(root, parse_param(old_code)[1], parse_param(new_code)[1])
         before.remove(old_code)
         now.remove(new_code)
+    elif old_parts and new_parts and old_parts.get("code") != new_parts.get("code"):
+        lines += _code_lines(root, str(old_parts.get("code")), str(new_parts.get("code")))
     old_cfg = next((c for p in before if (c := _config(root, p)) is not None), None)
     new_cfg = next((c for p in now if (c := _config(root, p)) is not None), None)
     if old_cfg is not None and new_cfg is not None:
@@ -95,8 +102,9 @@ def explain(root: Path, rerun: Rerun) -> list[str]:
         lines.append(f"its command's options changed: {changed}")
     if rerun.rebuilt_inputs:
         lines.append(f"its inputs are made again: {', '.join(rerun.rebuilt_inputs)}")
-    if len(lineage) == 2 and not lines:  # the keys or code of a stage above it (rloo_workflow.pipeline.lineage)
-        lines.append("the config keys or code of a stage above it changed since its output was made")
+    if len(identity) == 2 and not lines:  # a part the params above do not name: a job above it, a user's file
+        lines.append(f"its identity changed: {changed_parts(old_parts, new_parts)}" if new_parts is not None else
+                     "the config keys or code of a stage above it changed since its output was made")
     if rerun.updated_inputs:
         lines.append(f"its inputs changed: {', '.join(rerun.updated_inputs)}")
     if rerun.shell_changed:

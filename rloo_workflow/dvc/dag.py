@@ -117,7 +117,7 @@ class Job:
     cfg: str | None  # the config the job reads, as JSON (its `cfg` param, or the file that param names)
     needrun: bool = True
     cfg_file: str | None = None  # the file of its `cfg` param: its command's --job-config
-    code: str | None = None  # the `code` param: the stage's code fingerprint (rloo_workflow/code_fingerprint.py)
+    code: str | None = None  # the stage's code fingerprint (`code:<stage>:<digest>`: its `code` param, or its identity's part)
     benchmark: str | None = None
 
     @property
@@ -161,10 +161,24 @@ def _cfg(param: Any) -> tuple[str | None, str | None]:
     return str(param), None
 
 
+def _identity_code(param: Any) -> str | None:
+    """The code part of a chain rule's `identity` param, as a `code` param (`code:<stage>:<digest>`): its
+    parts, kept by digest where the DAG was built (rloo_workflow.code_fingerprint.save_identity)."""
+    from rloo.code_fingerprint import PARAM_PREFIX
+    from rloo_workflow.code_fingerprint import load_identity
+
+    if not str(param).startswith("identity:"):
+        return None
+    parts = load_identity(Path.cwd(), str(param).removeprefix("identity:"))
+    return f"{PARAM_PREFIX}{parts['stage']}:{parts['code']}" if parts else None
+
+
 def _job(job, needrun: bool) -> Job:
     params = attr("Job", job, "params")
     cfg, cfg_file = _cfg(params.get("cfg") if hasattr(params, "get") else None)
     code = params.get("code") if hasattr(params, "get") else None
+    if code is None and hasattr(params, "get"):
+        code = _identity_code(params.get("identity"))
     benchmark = attr("Job", job, "benchmark")
     rule, wildcards = dvc_rule(_rule_name(job), _wildcards(job))
     return Job(

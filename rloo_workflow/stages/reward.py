@@ -13,8 +13,7 @@ from rloo.model import distributed
 from rloo.runtime import setup
 from rloo.settings import Config
 from rloo.train import reward
-from rloo.train.identity import run_identity
-from rloo_workflow import tracking
+from rloo_workflow import pipeline, tracking
 
 
 def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | Path,
@@ -28,8 +27,8 @@ def run(cfg: dict, data_dir: str | Path, policy_dir: str | Path, out_dir: str | 
     threads = setup(distributed.threads(config.threads), config.seed)
     out_dir = Path(out_dir)
     work_dir = Path(work_dir) if work_dir is not None else out_dir.parent / "work" / out_dir.name
-    fingerprint = distributed.fingerprint(run_identity(config, "reward", data_dir=data_dir, model_dir=policy_dir,
-                                                          caller=(__name__, "run")))
+    # what a checkpoint must match: the job's resume identity (rloo.identity)
+    fingerprint = distributed.fingerprint(pipeline.input_identity(cfg, "reward", {"prepare": data_dir, "sft": policy_dir}).resume)
     return reward.run(config, policy_dir, read_split(data_dir, "train"), out_dir, work_dir,
                       fingerprint, log_to=tracking.STAGE_LOG, facts={"threads": threads},
                       source=str(Path(data_dir) / "train.jsonl"))

@@ -12,14 +12,12 @@ from pathlib import Path
 from rloo.data.gsm8k import read_split
 from rloo.eval import report
 from rloo.model import distributed
-from rloo.reward.functions import user_files
 from rloo.reward.rewards import build_reward
 from rloo.rollout.collect import training_prompts
 from rloo.runtime import setup
 from rloo.settings import Config
 from rloo.train import rloo
-from rloo.train.identity import run_identity
-from rloo_workflow import tracking
+from rloo_workflow import pipeline, tracking
 
 log = logging.getLogger("rloo.train")
 
@@ -47,9 +45,9 @@ def run(
     train = training_prompts(read_split(data_dir, "train"), rc.min_solution_steps)
     val = read_split(data_dir, "val")
     reward = build_reward(cfg, str(reward_model_dir) if reward_model_dir else None)
-    fingerprint = run_identity(config, "rloo", data_dir=data_dir, model_dir=policy_dir,
-                               reward_model_dir=reward_model_dir, reward_files=user_files(config),
-                               caller=(__name__, "run"))
+    # what a checkpoint must match: the job's resume identity (rloo.identity)
+    inputs = {"prepare": data_dir, "sft": policy_dir, "reward": reward_model_dir}
+    fingerprint = pipeline.input_identity(cfg, "rloo", inputs).resume
     summary = rloo.run(config, policy_dir, train, out_dir, work_dir, distributed.fingerprint(fingerprint), val=val,
                        reward=reward, reward_model_dir=reward_model_dir, log_to=tracking.STAGE_LOG,
                        facts={"threads": threads},

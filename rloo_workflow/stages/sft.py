@@ -13,8 +13,7 @@ from rloo.model import base, distributed
 from rloo.runtime import setup
 from rloo.settings import Config
 from rloo.train import sft
-from rloo.train.identity import run_identity
-from rloo_workflow import tracking
+from rloo_workflow import pipeline, tracking
 
 
 def run(cfg: dict, data_dir: str | Path, base_dir: str | Path, out_dir: str | Path, work_dir: str | Path) -> dict:
@@ -28,7 +27,7 @@ def run(cfg: dict, data_dir: str | Path, base_dir: str | Path, out_dir: str | Pa
     data_dir = Path(data_dir)
     train, test = read_split(data_dir, "train"), read_split(data_dir, "test")
     base.check_matches(Path(base_dir), config.model)
-    fingerprint = distributed.fingerprint(run_identity(config, "sft", data_dir=data_dir, model_dir=base_dir,
-                                                          caller=(__name__, "run")))
+    # what a checkpoint must match: the job's resume identity (rloo.identity)
+    fingerprint = distributed.fingerprint(pipeline.input_identity(cfg, "sft", {"prepare": data_dir, "base": base_dir}).resume)
     return sft.run(config, base_dir, train, out_dir, work_dir, fingerprint, test=test, log_to=tracking.STAGE_LOG,
                    facts={"threads": threads}, source=str(data_dir / "train.jsonl"))

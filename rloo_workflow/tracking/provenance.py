@@ -17,8 +17,12 @@ import socket
 import subprocess
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rloo.io import file_digest
+
+if TYPE_CHECKING:
+    from rloo.identity import Identity
 
 # Snakemake's marker in directory outputs, written after the job: not part of the stage's output
 # (the project's .dvcignore should list it too, so DVC's md5 of the folder is this one).
@@ -47,24 +51,29 @@ def git_info(cwd: Path | None = None, named: Iterable[Path] = ()) -> dict[str, s
     return {}
 
 
-IDENTITY_TAG = "rloo.identity"  # a stage run's identity: its settings' and its code's digests, hashed
+IDENTITY_TAG = "rloo.identity"  # a stage run's identity (rloo.identity): its rerun digest; its parts below it
 CODE_TAG = "rloo.code."  # + a file: the digest of what the stage runs of it (rloo.code_fingerprint.file_digests)
 
 
-def identity_tags(cfg: dict, stage: str, settings_hash: str) -> dict[str, str]:
-    """`stage`'s identity under `cfg` and its parts: `rloo.identity` over `settings_hash` (what the stage
-    reads of the config) and the stage's code fingerprint (`rloo.identity.code`), each file's digest
-    (`rloo.code.<file>`), and the user's files among them (`rloo.user_files`); `git_dirty` counts those
-    git does not track. Two runs with the same settings and commit but another reward file differ here."""
+def identity_tags(cfg: dict, stage: str, identity: Identity | None = None) -> dict[str, str]:
+    """`stage`'s identity under `cfg` (rloo.identity.job_identity: given, else of its keys and code alone) and
+    its parts: `rloo.identity` (the rerun digest), `.resume`, `.keys` (their digest), `.code` (the code
+    fingerprint), `.upstream.<input>` (each input's identity), each code file's digest (`rloo.code.<file>`),
+    and the user's files among them (`rloo.user_files`); `git_dirty` counts those git does not track. Two
+    runs with the same settings and commit but another reward file differ here."""
     from rloo.code_fingerprint import file_digests
+    from rloo.identity import digest, job_identity
     from rloo.reward.functions import user_files
     from rloo.settings import Config
     from rloo_workflow.code_fingerprint import stage_fingerprint
 
     fp = stage_fingerprint(stage, cfg, cached=False)
+    identity = identity or job_identity(cfg, stage, code=fp)
     users = user_files(Config.of(cfg)) if stage in ("rloo", "evaluate") else []
-    tags = {IDENTITY_TAG: hashlib.sha256(f"{settings_hash}:{fp.digest}".encode()).hexdigest()[:16],
-            f"{IDENTITY_TAG}.code": fp.digest, "rloo.user_files": json.dumps([rel_path(f) for f in users])}
+    parts = identity.parts
+    tags = {IDENTITY_TAG: identity.rerun, f"{IDENTITY_TAG}.resume": identity.resume, f"{IDENTITY_TAG}.code": parts["code"],
+            f"{IDENTITY_TAG}.keys": digest(parts["keys"]), "rloo.user_files": json.dumps([rel_path(f) for f in users])}
+    tags |= {f"{IDENTITY_TAG}.upstream.{name}": value for name, value in parts["upstream"].items()}
     tags |= {CODE_TAG + tag_path(rel_path(Path(f)) if Path(f).is_absolute() else f): digest
              for f, digest in file_digests(fp).items()}
     return tags | git_info(named=users)

@@ -17,7 +17,7 @@ import sys
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import rloo_workflow.tracking.store as store  # not `from rloo_workflow.tracking import store`: that init imports this module
 from rloo.train.run_log import RunLog
@@ -26,6 +26,9 @@ from rloo_workflow.tracking.params import config_params, config_part, flatten, l
 from rloo_workflow.tracking.provenance import dvc_lock_md5s, dvc_md5, identity_tags, rel_path, tag_path
 from rloo_workflow.tracking.records import new_record, recorded_runs, runs_dir
 from rloo_workflow.tracking.redact import redact
+
+if TYPE_CHECKING:
+    from rloo.identity import Identity
 from rloo_workflow.tracking.run import Run, open_run
 
 log = logging.getLogger("rloo_workflow.tracking")
@@ -87,7 +90,8 @@ def _stage_base(stage: str) -> str:
     return base_stage(stage)
 
 
-def _start_stage_run(cfg: dict, stage: str, keys: list[str] | None, outputs: list[Path]) -> Run:
+def _start_stage_run(cfg: dict, stage: str, keys: list[str] | None, outputs: list[Path],
+                     identity: Identity | None = None) -> Run:
     from rloo_workflow.config import config_hash
     from rloo_workflow.pipeline import STAGES, stage_config
 
@@ -131,7 +135,7 @@ def _start_stage_run(cfg: dict, stage: str, keys: list[str] | None, outputs: lis
                  if rec.get("run_id") and _stage_base(name) in earlier})
     if base in STAGES:
         try:
-            tags |= identity_tags(cfg, base, tags["config_hash_stage"])
+            tags |= identity_tags(cfg, base, identity)
         except (OSError, ValueError, SyntaxError) as e:  # a reward file that does not parse: the stage says so
             log.warning("MLflow: no identity tags for stage %s: %s", stage, e)
     run_id = open_run(client, experiment_id, stage, "stage", parent, tags)
@@ -260,13 +264,15 @@ def stage_run(
     outputs: Iterable[str | os.PathLike] = (),
     keys: Iterable[str] | None = None,
     log_file: str | os.PathLike | None = None,
+    identity: Identity | None = None,
 ) -> Iterator[Run | None]:
     """Run a stage inside an MLflow run named `stage` (yields it; None when tracking is off).
 
     A child of RLOO_MLFLOW_PARENT_RUN_ID when set, else a top-level run in the config's experiment.
     `outputs` (files or folders) are hashed into `dvc.md5.<path>` tags and their metrics JSON and
     PNG plots logged; `keys` are the config keys logged as params (default: the stage's, see
-    STAGE_KEYS); `log_file` (default: the file stderr is redirected to) is logged, redacted.
+    STAGE_KEYS); `log_file` (default: the file stderr is redirected to) is logged, redacted; `identity`: the
+    job's (rloo.identity; default: its keys and code alone), tagged with its parts (`identity_tags`).
     The run ends FINISHED, FAILED on an exception, KILLED on preemption or interrupt.
     """
     global _active
@@ -276,7 +282,7 @@ def stage_run(
     outputs = [Path(p) for p in outputs]
     keys = list(keys) if keys is not None else None
     try:
-        run = _start_stage_run(cfg, stage, keys, outputs)
+        run = _start_stage_run(cfg, stage, keys, outputs, identity)
     except Exception as e:
         log.warning("MLflow: could not start a run for stage %s at %s (%s); running untracked",
                     stage, store.display_uri(store.tracking_uri(cfg)), e)

@@ -98,10 +98,10 @@ BONUS = "def bonus(completions, **kwargs):\n    return [float(len(c) % 3) for c 
 @pytest.mark.slow
 def test_a_checkpoint_resumes_across_a_comment_not_an_edit_of_the_code_or_the_reward_file(micro_run, tmp_path):
     """Issue 70: `rloo train` resumed a checkpoint after `rloo_advantages` was edited. The identity a
-    checkpoint must match counts the code the run runs (rloo.code_fingerprint.training_fingerprint) and the
+    checkpoint must match (rloo.identity) counts the code the run runs (its stage's code fingerprint) and the
     user's reward file: on a copy of the package (its code is what runs), a finished run's work folder is
-    resumed after a comment, and refused, in one line, after an edit of the estimator or of the reward
-    file's body."""
+    resumed after a comment, and refused, in one line naming the part that changed, after an edit of the
+    estimator or of the reward file's body."""
     for name in ("rloo", "rloo_workflow"):
         shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
     (tmp_path / "bonus.py").write_text(BONUS)
@@ -123,13 +123,15 @@ def test_a_checkpoint_resumes_across_a_comment_not_an_edit_of_the_code_or_the_re
     append_comment(estimators)  # what the code computes is the same: the checkpoint resumes
     again = train()
     assert again.returncode == 0 and "resumed from" in again.stderr, again.stderr[-3000:]
-    for edit in (lambda: semantic_edit(estimators, "rloo_advantages"),
-                 lambda: (tmp_path / "bonus.py").write_text(BONUS.replace("% 3", "% 5"))):
+    for edit, changed in ((lambda: semantic_edit(estimators, "rloo_advantages"), "(changed: code)"),
+                          (lambda: (tmp_path / "bonus.py").write_text(BONUS.replace("% 3", "% 5")),
+                           "(changed: code; files bonus.py)")):  # the file, relative to the project
         edit()
         refused = train()
         lines = refused.stderr.strip().splitlines()
         assert refused.returncode != 0 and "resumed from" not in refused.stderr, refused.stderr[-3000:]
-        assert "written by a run with other settings" in lines[-1] and "Traceback" not in refused.stderr, lines[-5:]
+        assert f"holds the checkpoints of another job {changed}" in lines[-1], lines[-5:]
+        assert "Traceback" not in refused.stderr, lines[-5:]
         estimators.write_text(original)
     (tmp_path / "bonus.py").write_text(BONUS)
     assert "resumed from" in train().stderr  # both back as they were: the same identity

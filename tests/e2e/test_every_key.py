@@ -12,7 +12,7 @@ each kind with its reason, SKIP_REASONS):
 - through the training stages' own entry point (what `rloo sft|reward|train` runs) and through rloo.api
   (train_sft, train_reward_model: an identity computed from rows and objects), on a copy of a work folder
   whose checkpoints an interrupted run would have left: the checkpoint is refused in one line, kept, and
-  no output written, unless the key is bookkeeping (rloo.train.identity.bookkeeping: what a run may change
+  no output written, unless the key is bookkeeping (rloo.identity.bookkeeping: what a run may change
   and still resume) or one the run's stage does not read, which resume. The unchanged config resumes
   each of them first.
 
@@ -37,10 +37,10 @@ from conftest import copy_tree
 from workflow_helpers import CONFIGFILES, JOBS, job_counts, make_copy, planned, plans, snakemake
 
 from rloo.errors import UserError
+from rloo.identity import bookkeeping
 from rloo.settings import Config, json_schema
 from rloo.settings.selection import put
 from rloo.stages import reads_key, stage_keys
-from rloo.train.identity import bookkeeping
 from rloo_workflow.config import load_config
 from rloo_workflow.config.overlays import ConfigError
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from workflow_helpers import CONFIGFILES, make_copy, snakemake
 
+from rloo.code_fingerprint import Fingerprint
 from rloo.errors import InputError
 from rloo.settings import Config
 from rloo_workflow import cli, pipeline, tracking
@@ -127,8 +128,8 @@ def test_the_typed_config_and_its_dict_declare_the_same_pipeline():
 MICRO = [ROOT / "config" / "config.yaml", ROOT / "config" / "micro.yaml"]  # as the workflow reads it
 
 
-def _code(verb: str) -> str:
-    return f"code:{verb}:0"
+def _code(stage: str, cfg: dict | None = None) -> Fingerprint:
+    return Fingerprint(stage, f"{stage}0", {})
 
 
 # The jobs of a result: each evaluated policy's evaluation apart (evaluate:<policy>).
@@ -138,11 +139,12 @@ EVALUATIONS = {"evaluate:base", "evaluate:sft", "evaluate:rloo"}
 
 
 def _lineages(cfg: dict, code=_code, variant=None) -> dict[str, str]:
-    return {f"{s}:{p}" if p else s: pipeline.lineage(cfg, s, code, variant=variant, policy=p) for s, p in JOBS}
+    """Each job's rerun identity (rloo_workflow.pipeline.identity, the rules' `identity` param)."""
+    return {f"{s}:{p}" if p else s: pipeline.identity(cfg, s, code, variant=variant, policy=p).rerun for s, p in JOBS}
 
 
-def test_a_jobs_lineage_holds_every_key_and_code_above_it_and_nothing_else():
-    """rloo_workflow.pipeline.lineage, the rules' `lineage` param: a key or a stage's code changes the lineage of
+def test_a_jobs_identity_holds_every_key_and_code_above_it_and_nothing_else():
+    """rloo_workflow.pipeline.identity, the rules' `identity` param: a key or a stage's code changes the identity of
     the jobs reading it and of every job below them, never of a job above or beside them (an RLOO key,
     not the base model's or SFT's evaluation)."""
     cfg = load_config(MICRO)
@@ -171,10 +173,10 @@ def test_a_jobs_lineage_holds_every_key_and_code_above_it_and_nothing_else():
     after = _lineages(load_config(MICRO, {"reward": {"source": "model", "lr": 999}}))
     assert after["rloo"] != _lineages(on_model)["rloo"]
     # a stage's code: that stage and below
-    sft_code = _lineages(cfg, lambda verb: _code(verb) + ("x" if verb == "sft" else ""))
+    sft_code = _lineages(cfg, lambda stage, c: Fingerprint(stage, f"{stage}{'x' if stage == 'sft' else 0}", {}))
     assert {j for j in before if sft_code[j] != before[j]} == {"sft", "reward", "rloo", *EVALUATIONS, "report"}
     # an evaluation is one job, whichever result reads it
-    assert pipeline.lineage(cfg, "evaluate", _code, "grpo", policy="sft") == before["evaluate:sft"]
+    assert pipeline.identity(cfg, "evaluate", _code, "grpo", policy="sft").rerun == before["evaluate:sft"]
 
 
 def test_a_variants_jobs_read_the_main_chains_outputs_where_it_shares_them():

@@ -281,7 +281,7 @@ def test_seeds_target_runs_each_seed_and_aggregates_its_files(ran):
     assert {r["parent_run_id"] for name, r in runs.items() if name != "pipeline"} == {pipeline_run}
     for s in (0, 1):
         assert (wf / f"results/models/seeds/seed{s}/rloo_rloo/metrics.json").is_file()
-        assert (wf / f"results/work/seeds/seed{s}/rloo_rloo/job.stamp").is_file()
+        assert (wf / f"results/work/seeds/seed{s}/rloo_rloo/identity.json").is_file()
         assert (wf / f"logs/seeds/seed{s}/rloo_rloo.log").is_file()
     assert not (wf / "results/models/seeds/seed0/sft").exists()  # scope rloo: the main chain's SFT
     assert (wf / "results/seeds/gsm8k_rloo.png").stat().st_size > 1000

@@ -93,9 +93,12 @@ def test_full_run_outputs(run):
         assert len(lines) == 16 and {"question", "answer", "greedy", "draws"} <= set(json.loads(lines[0]))
         assert json.loads((c / f"results/eval/{policy}.json").read_text())["policy"] == policy
         assert (c / f"logs/evaluate_{policy}.log").is_file()
-    # checkpoints live outside the outputs, stamped with the job they belong to
+    # checkpoints live outside the outputs, with the identity of the job they belong to, the one its output
+    # records and its rule's `identity` param holds (rloo.identity)
     assert list((c / "results/work/rloo_rloo/checkpoints").iterdir())
-    assert (c / "results/work/rloo_rloo/job.stamp").is_file()
+    work = json.loads((c / "results/work/rloo_rloo/identity.json").read_text())
+    made = json.loads((c / "results/models/rloo_rloo/identity.json").read_text())
+    assert work == made and (c / ".rloo/identity" / f"{made['rerun']}.json").is_file()
 
 
 def test_nothing_to_do_after_full_run(run):
@@ -417,33 +420,6 @@ def test_slurm_profile_resolves_from_the_repository_root(run):
         assert not re.search(r"\b(mem_mb|mem|runtime|gpu|cpus_per_task)=", local[rule]), (rule, local[rule])
 
 
-def test_workdir_guard_keeps_checkpoints_of_the_same_job_only(tmp_path):
-    from rloo_workflow import work_guard as workdir
-
-    data = tmp_path / "data.jsonl"
-    data.write_text("x\n")
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "w.safetensors").write_text("w")
-    work = tmp_path / "work"
-
-    inputs = [str(data), str(model)]
-    assert workdir.guard(work, '{"lr":1}', "code:sft:a", inputs) is False  # first run
-    (work / "checkpoints").mkdir()
-    assert workdir.guard(work, '{"lr":1}', "code:sft:a", inputs) is True  # interrupted: resume
-    assert (work / "checkpoints").is_dir()
-    assert workdir.guard(work, '{"lr":2}', "code:sft:a", inputs) is False  # other parameters
-    assert not (work / "checkpoints").exists()
-    (work / "checkpoints").mkdir()
-    assert workdir.guard(work, '{"lr":2}', "code:sft:b", inputs) is False  # the stage's code changed
-    assert not (work / "checkpoints").exists()
-    (work / "checkpoints").mkdir()
-    time.sleep(0.01)
-    (model / "w.safetensors").write_text("w2")  # an upstream output was rebuilt
-    assert workdir.guard(work, '{"lr":2}', "code:sft:b", inputs) is False
-    assert not (work / "checkpoints").exists()
-
-
 def _job_pids(copy: Path, *words: str) -> list[int]:
     """Processes of `rloo ...` with every one of `words` among its arguments (an args file's, `@FILE`, read as
     argparse reads them), running in `copy` (started by this test's snakemake):
@@ -568,10 +544,10 @@ def test_ctrl_c_after_a_key_change_then_the_same_command_ends_in_the_new_configs
     cmd = [snakemake_bin(), "--cores", "1", *CONFIGFILES, "config/longer.yaml"]
     work, outputs = c / "results/work/rloo_rloo", (RLOO, "results/models/rloo_rloo/metrics.json",
                                                    "results/models/rloo_rloo/steps.jsonl")
-    old_stamp = (work / "job.stamp").read_text()
+    old_stamp = (work / "identity.json").read_text()
 
-    def training() -> bool:  # the new job's own checkpoint (the guard has emptied the old job's folder)
-        stamp = work / "job.stamp"
+    def training() -> bool:  # the new job's own checkpoint (the old job's folder has been cleared)
+        stamp = work / "identity.json"
         return (stamp.is_file() and stamp.read_text() != old_stamp
                 and bool(list((work / "checkpoints").glob("step_*/checkpoint.json"))))
 

@@ -256,7 +256,6 @@ def test_a_rerun_resumes_unless_the_reward_callables_file_changed(micro_run, tmp
     import importlib.util
     import logging
 
-    from rloo.model import checkpoint
 
     def bonus_of(body: str):
         (tmp_path / "bonus.py").write_text(body)
@@ -280,5 +279,7 @@ def test_a_rerun_resumes_unless_the_reward_callables_file_changed(micro_run, tmp
     with caplog.at_level(logging.INFO):
         train(bonus_of(body + "# a comment\n"))  # the same code
     assert "resumed from" in caplog.text
-    with pytest.raises(checkpoint.CheckpointError, match="written by a run with other settings"):
+    # refused in one line naming what changed (rloo.identity.claim_work), the checkpoints kept
+    with pytest.raises(InputError, match=r"another job \(changed: code; files .*bonus\.py\)"):
         train(bonus_of(body.replace("% 3", "% 5")))
+    assert list((tmp_path / "work" / "checkpoints").iterdir())

@@ -347,3 +347,27 @@ def test_duplicate_samples_are_passed_once_with_the_same_update(micro_run):
         assert m1[key] == pytest.approx(p1[key], rel=1e-4, abs=1e-6), key
     assert all(torch.allclose(w[k], pw[k], atol=1e-6, rtol=1e-5) for k in w)
     assert max(float((w[k] - models.load_causal_lm(micro_run["sft"]).state_dict()[k]).abs().max()) for k in w) > 1e-4
+
+
+@pytest.mark.slow  # two micro RLOO runs
+def test_a_retrained_policy_of_the_same_size_is_never_resumed_from(micro_run, tmp_path):
+    """Issue 70: `rloo train` resumed RLOO's checkpoint on an SFT retrained with another sft.lr: the run's
+    identity counted the policy's config and its weights' sizes only. A policy folder is known by the
+    identity the job that made it recorded (rloo.identity.IDENTITY_FILE), else by its weights' digests."""
+    from safetensors.torch import load_file, save_file
+
+    from rloo.identity import IDENTITY_FILE
+
+    sft = tmp_path / "sft"
+    shutil.copytree(micro_run["sft"], sft)
+    (sft / IDENTITY_FILE).unlink(missing_ok=True)  # a user's own model: known by its content
+    cfg = _cfg(micro_run, steps=4, checkpoint_every=2, lr_schedule="constant", eval_every=0)
+    rloo_stage.run(cfg, micro_run["data"], sft, tmp_path / "out", tmp_path / "w")
+    assert list((tmp_path / "w" / "checkpoints").iterdir())
+    weights = sft / "model.safetensors"
+    size = weights.stat().st_size
+    save_file({k: v * 1.01 for k, v in load_file(weights).items()}, weights, metadata={"format": "pt"})  # retrained
+    assert weights.stat().st_size == size
+    cfg["rloo"]["steps"] = 6  # under the constant schedule an extension, which the same policy would resume
+    with pytest.raises(checkpoint.CheckpointError, match="other settings"):
+        rloo_stage.run(cfg, micro_run["data"], sft, tmp_path / "longer", tmp_path / "w")

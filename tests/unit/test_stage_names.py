@@ -71,7 +71,9 @@ def check(text: str) -> None:
         # one name: the rule, the stage module and the run are the stage's
         assert row["rule"] == name and row["stage module"] == f"stages/{name}.py", row
         assert row["rule"] in blocks, f"{name}: no rule {row['rule']} in workflow/rules/"
-        assert f'code("{name}")' in blocks[row["rule"]], f"rule {name}: its code param is not code(\"{name}\")"
+        # its code fingerprint is its stage's: its `code` param, or a part of a chain rule's `identity`
+        assert any(f'{param}("{name}")' in blocks[row["rule"]] for param in ("code", "chain_identity")), \
+            f"rule {name}: its code param is not code(\"{name}\") nor its identity chain_identity(\"{name}\")"
         assert row["log"] == rule_log(blocks[row["rule"]]), row
         assert Path(row["log"]).name.startswith(name), row
         verb = row["CLI verb"].removeprefix("rloo ")

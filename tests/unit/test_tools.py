@@ -139,8 +139,12 @@ def test_ppo_runs_with_tools():
 def test_tools_are_read_by_sft_and_below_only_when_enabled():
     """A config without tools reads, reruns on and resumes as before; with one, a change of `tools:` reruns
     sft, rloo and the evaluations, and no checkpoint of sft or rloo resumes across it."""
-    from rloo.train.identity import run_identity
+    from rloo.code_fingerprint import Fingerprint
+    from rloo.identity import job_identity
     from rloo_workflow.pipeline import reads_key
+
+    def run_identity(c, stage):  # the keys' part (the code walk: below)
+        return job_identity(c, stage, code=Fingerprint(stage, "0", {})).resume
 
     off, on = config(), config({})
     for stage in ("prepare", "base", "sft", "reward", "rloo", "evaluate"):
@@ -156,22 +160,27 @@ def test_tools_are_read_by_sft_and_below_only_when_enabled():
 def test_the_evaluation_without_the_tools_is_read_by_the_evaluations_only():
     """tools.evaluate_without reruns the evaluations (and the report), not SFT or RLOO, nor their
     checkpoints; without a tool enabled it is a config error naming the key."""
-    from rloo.train.identity import run_identity
+    from rloo.code_fingerprint import Fingerprint
+    from rloo.identity import job_identity
     from rloo_workflow.pipeline import reads_key
 
     on, both = config({}), config({}, evaluate_without=True)
     for stage in ("prepare", "base", "sft", "reward", "rloo", "evaluate", "report"):
         assert reads_key(both, stage, "tools.evaluate_without") == (stage in ("evaluate", "report"))
-    for stage in ("sft", "rloo"):
-        assert run_identity(Config.of(on), stage) == run_identity(Config.of(both), stage)
+    for stage in ("sft", "rloo"):  # the keys' part of the identity (the code walk: the test below)
+        code = Fingerprint(stage, "0", {})
+        assert job_identity(Config.of(on), stage, code=code).rerun == job_identity(Config.of(both), stage, code=code).rerun
     with pytest.raises(ConfigError, match=r"tools.evaluate_without"):
         config(evaluate_without=True)
 
 
 @pytest.mark.slow  # the code walk: ~8 s on a loaded machine
 def test_a_tools_file_counts_for_the_stages_that_run_it(tools_file):
-    from rloo.train.identity import run_identity
+    from rloo.identity import job_identity
     from rloo_workflow.code_fingerprint import _stage_fingerprint, stage_fingerprint
+
+    def run_identity(c, stage):
+        return job_identity(c, stage).resume
 
     cfg = config({"name": "lookup", "fn": "my_tools.py:lookup", "open": "[["})
     stages = ("sft", "rloo", "evaluate", "reward")

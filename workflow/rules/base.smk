@@ -9,9 +9,8 @@ rule base:
     output:
         model=directory(OUT["base"]["model"]),
     params:
-        code=code("base"),
         cfg=chain_cfg("base"),
-        lineage=chain_lineage("base"),
+        identity=chain_identity("base"),
         args=job_args("base", "--job-config {cfg} {variant} {data} --out {output.model}", cfg=chain_cfg("base"),
                       variant=variant_arg, data=base_data_arg),
     conda:

@@ -16,10 +16,10 @@ from rloo_workflow.dvc.dag import force_rerun
 from rloo_workflow.launch import srun_command
 from rloo.model.base import gguf_file
 from rloo.settings import Config
-from rloo_workflow.pipeline import STAGES, VARIANT_FIELDS, VARIANT_PATTERN, job_inputs, job_settings, lineage, outputs
+from rloo_workflow.pipeline import STAGES, VARIANT_FIELDS, VARIANT_PATTERN, identity, job_inputs, job_settings, outputs
 from rloo_workflow.pipeline import stage_config as _stage_config
 from rloo_workflow.pipeline import POLICIES, parse_variant, rule_outputs, work_dir
-from rloo_workflow.code_fingerprint import stage_code_param
+from rloo_workflow.code_fingerprint import save_identity, save_manifest, stage_code_param, stage_fingerprint
 
 # Snakemake reads each --configfile as it is and knows nothing of an overlay's `extends:` (the file it
 # overlays, which `rloo <stage> -c` reads first). The Snakefile's own configfile is config/config.yaml;
@@ -73,11 +73,11 @@ def stage_config(stage, overrides=None):
 
 
 def code(stage):
-    """The `code` param of `stage`'s jobs (its rule's name): its code fingerprint (rloo_workflow/code_fingerprint.py), so that
-    a change to what the stage computes reruns it and its descendants, and a comment, a docstring or a
-    schema description reruns nothing. Computed from the package `rloo` is imported from here (PYTHONPATH
-    or the installed package); its manifest is kept for `rloo why-rerun`. Once per process: every job's
-    lineage reads the fingerprints of the stages above it."""
+    """The `code` param of the jobs outside the chain (comparison, seeds, sweep, toy; a chain rule's code is a
+    part of its `identity`): the stage's code fingerprint (rloo_workflow/code_fingerprint.py), so that a change
+    to what the stage computes reruns it, and a comment, a docstring or a schema description reruns nothing.
+    Computed from the package `rloo` is imported from here (PYTHONPATH or the installed package); its
+    manifest is kept for `rloo why-rerun`. Once per process."""
     if stage not in _CODE:
         _CODE[stage] = stage_code_param(stage, config)
     return _CODE[stage]
@@ -182,11 +182,30 @@ def chain_cfg(stage):
                                                                  job_variant(wildcards), job_policy(wildcards)))
 
 
-def chain_lineage(stage):
-    """A chain rule's `lineage` param (rloo_workflow.pipeline.lineage): the keys and code of the job and of every job
-    above it, so a change above it reruns it even where the job between lost its output to an interrupt."""
-    return lambda wildcards: lineage(config, stage, code, job_estimator(wildcards), job_variant(wildcards),
-                                     job_policy(wildcards))
+def chain_identity(stage):
+    """A chain rule's `identity` param: `identity:<digest>`, the job's rerun identity (rloo.identity.job_identity,
+    through rloo_workflow.pipeline.identity): the keys it reads, its code and user files, and the same of every
+    job above it, so a change above it reruns it even where the job between lost its output to an interrupt.
+    Its parts are kept for `rloo why-rerun` (rloo_workflow/code_fingerprint.py save_identity)."""
+    def param(wildcards):
+        ident = identity(config, stage, _job_code, job_estimator(wildcards), job_variant(wildcards), job_policy(wildcards))
+        save_identity(Path.cwd(), ident)
+        return f"identity:{ident.rerun}"
+
+    return param
+
+
+def _job_code(stage, cfg):
+    """A job's code fingerprint (its config's reward functions and tools among it), its manifest kept for
+    `rloo why-rerun` (once a process: stage_fingerprint caches it)."""
+    fp = stage_fingerprint(stage, cfg)
+    if fp.digest not in _SAVED:
+        _SAVED.add(fp.digest)
+        save_manifest(Path.cwd(), fp)
+    return fp
+
+
+_SAVED = set()
 
 
 def chain_work(stage):

@@ -12,9 +12,8 @@ rule evaluate:
     output:
         **OUT["evaluate"],
     params:
-        code=code("evaluate"),
         cfg=chain_cfg("evaluate"),
-        lineage=chain_lineage("evaluate"),
+        identity=chain_identity("evaluate"),
         args=job_args("evaluate", "--job-config {cfg} {variant} --data {data} --policy {wildcards.policy}={input.policy} "
                       "--sft {input.sft} --reward-model {input.reward_model} --out {output.records}",
                       cfg=chain_cfg("evaluate"), variant=variant_arg, data=data_dir),
@@ -39,9 +38,8 @@ rule judge:
     output:
         **OUT["judge"],
     params:
-        code=code("judge"),
         cfg=chain_cfg("judge"),
-        lineage=chain_lineage("judge"),
+        identity=chain_identity("judge"),
         args=job_args("judge", "--job-config {cfg} {variant} --policy {policy} --sft {input.sft} --out {output.result}",
                       cfg=chain_cfg("judge"), variant=variant_arg,
                       policy=lambda wildcards, input: f"{job_estimator(wildcards) or ESTIMATOR}={input.policy}"),
@@ -81,9 +79,8 @@ rule report:
             labels={"estimator": "{estimator}", "plot": "proxy reward vs judge"},
         ),
     params:
-        code=code("report"),
         cfg=chain_cfg("report"),
-        lineage=chain_lineage("report"),
+        identity=chain_identity("report"),
         args=job_args(
             "report", "--job-config {cfg} {variant} --policy {policy} --sft {input.sft} --base {input.base} "
             "--training {input.training} --data {data} {judged} --out {output.result} --plots {plots}",

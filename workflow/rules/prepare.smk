@@ -7,9 +7,8 @@ rule prepare:
     output:
         **OUT["prepare"],
     params:
-        code=code("prepare"),
         cfg=chain_cfg("prepare"),
-        lineage=chain_lineage("prepare"),
+        identity=chain_identity("prepare"),
         args=job_args("prepare", "--job-config {cfg} {variant} --out {out}", cfg=chain_cfg("prepare"),
                       variant=variant_arg, out=lambda output: os.path.dirname(output.manifest)),
     conda:

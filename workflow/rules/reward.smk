@@ -6,9 +6,8 @@ rule reward:
     output:
         model=directory(OUT["reward"]["model"]),
     params:
-        code=code("reward"),
         cfg=chain_cfg("reward"),
-        lineage=chain_lineage("reward"),
+        identity=chain_identity("reward"),
         args=job_args("reward", "--job-config {cfg} {variant} --data {data} --policy {input.policy} "
                       "--out {output.model} --work {work} --work-guard", cfg=chain_cfg("reward"), variant=variant_arg,
                       data=data_dir, work=chain_work("reward")),

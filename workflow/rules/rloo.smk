@@ -4,9 +4,8 @@ rule rloo:
     output:
         model=directory(OUT["rloo"]["model"]),
     params:
-        code=code("rloo"),
         cfg=chain_cfg("rloo"),
-        lineage=chain_lineage("rloo"),
+        identity=chain_identity("rloo"),
         args=job_args("rloo", "--job-config {cfg} {variant} --data {data} --policy {input.policy} {reward_model} "
                       "--out {output.model} --work {work} --work-guard", cfg=chain_cfg("rloo"), variant=variant_arg,
                       data=data_dir, reward_model=reward_model_arg, work=chain_work("rloo")),

@@ -4,9 +4,8 @@ rule sft:
     output:
         model=directory(OUT["sft"]["model"]),
     params:
-        code=code("sft"),
         cfg=chain_cfg("sft"),
-        lineage=chain_lineage("sft"),
+        identity=chain_identity("sft"),
         args=job_args("sft", "--job-config {cfg} {variant} --data {data} --base {input.base} --out {output.model} "
                       "--work {work} --work-guard", cfg=chain_cfg("sft"), variant=variant_arg, data=data_dir,
                       work=chain_work("sft")),

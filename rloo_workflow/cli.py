@@ -259,6 +259,9 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
     if "SLURM_STEP_ID" in os.environ:  # a task of an srun step: its ranks become torchrun's variables
         launcher.adopt_slurm_env()
     try:
+        if (stage := pipeline.BY_VERB.get(args.stage)) is not None:
+            # a missing optional package: one line, before anything runs or is written (the work folder too)
+            extras.require(Config.of(cfg), stage.name)
         if launcher.launched_world() == 1:  # once per job, before it starts its processes
             _guard_work(args, cfg)
         if args.stage in DATA_PARALLEL and launcher.launched_world() == 1:
@@ -322,7 +325,6 @@ def _run(args: argparse.Namespace, cfg: dict) -> int:
         raise UserError(f"{launcher.launched_world()} processes were launched; rloo {args.stage} runs in one "
                         f"(only {' and '.join(DATA_PARALLEL)} train data-parallel)")
     stage = pipeline.BY_VERB[args.stage]
-    extras.require(Config.of(cfg), stage.name)  # a missing optional package: one line, before anything runs
     configure_logging()  # every stage's progress in its log, those that load no model (judge, report) too
     # Data-parallel, rank 0 logs: the other ranks have no run (tracking.log_metrics logs nothing there).
     tracked = launcher.launched_rank() == 0
@@ -383,9 +385,10 @@ def _guard_work(args: argparse.Namespace, cfg: dict) -> None:
         return
     from rloo.identity import claim_work
 
-    work = _work(args, cfg)
-    said = claim_work(work, pipeline.cli_identity(args, cfg), clear=getattr(args, "work_guard", False))
-    print(f"workdir {work}: {said}", file=sys.stderr)
+    work, guarded = _work(args, cfg), getattr(args, "work_guard", False)
+    said = claim_work(work, pipeline.cli_identity(args, cfg), clear=guarded)
+    if guarded:  # a rule's job: its stderr is the job's log, which says what became of the folder
+        print(f"workdir {work}: {said}", file=sys.stderr)
 
 
 # The output a stage records the identity of its job in (rloo.identity.IDENTITY_FILE): each folder a later

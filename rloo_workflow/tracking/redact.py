@@ -49,6 +49,8 @@ _ASSIGNMENT = re.compile(
 )
 
 
+# A decimal or exponent number: what a metric whose name holds `token` logs (no credential is one).
+_FLOAT = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+(?=e))(?:e[-+]?\d+)?", re.I)
 # A key's own prefix (sk_live_..., hf_..., ghp_...): a valid variable name that is a pasted key.
 _KEY_PREFIX = re.compile(r"^(?:sk|rk|pk|hf|gh[pousr]|github_pat|glpat|xox[abprs])[-_]")
 # Values shorter than this are not replaced in free text: a short value would blank out common words,
@@ -119,8 +121,8 @@ def redact_text(text: str) -> str:
         key, value = m.group("key"), m.group("value")
         if key.lower().endswith("_env") and _ENV_NAME.match(value):
             return m.group(0)  # the *name* of an environment variable, not its value
-        if value == REDACTED:
-            return m.group(0)
+        if value == REDACTED or _FLOAT.fullmatch(value):
+            return m.group(0)  # a figure (`mismatch_k3_token: 2.15e-06`), not a credential
         return f"{key}{m.group('sep')}{REDACTED}"
 
     return _ASSIGNMENT.sub(_assignment, text)

@@ -219,7 +219,7 @@ def test_two_processes_train_rloo_as_one(micro_run, micro_reward, single_rloo, t
 
     # One writer: one output folder, no second rank's temporary folders, one timings file, one run.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mlflow", "out", "runs", "work"]
-    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == ["checkpoints", "timings.json"]
+    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == ["checkpoints", "identity.json", "timings.json"]
     runs = client.search_runs([client.get_run(parent).info.experiment_id])
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent]
     assert [(r.info.run_name, r.info.status) for r in children] == [("rloo", "FINISHED")]
@@ -336,7 +336,7 @@ def test_two_processes_train_the_reward_model_as_one(micro_run, single_reward, t
         assert a["reward/loss"] == pytest.approx(b["reward/loss"], rel=RTOL_METRICS)
         assert a["reward/train_accuracy"] == b["reward/train_accuracy"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mlflow", "out", "runs", "work"]
-    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == ["checkpoints", "timings.json"]
+    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == ["checkpoints", "identity.json", "timings.json"]
     runs = client.search_runs([client.get_run(parent).info.experiment_id])
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent]
     assert [(r.info.run_name, r.info.status) for r in children] == [("reward", "FINISHED")] and len(runs) == 2

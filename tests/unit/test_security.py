@@ -119,3 +119,14 @@ def test_the_variable_an_env_key_names_is_redacted_whatever_its_name(monkeypatch
     load_config(None, {"reward": {"source": "http", "http": {"url": "http://127.0.0.1:9/score",
                                                               "api_key_env": "RLOO_TEST_SCORER_CRED"}}})
     assert redact_text(line) == f"reward server: HTTP 401: bad key Bearer {REDACTED}"
+
+
+def test_a_figure_whose_name_holds_token_is_logged_and_a_token_is_not():
+    """Free text (a log line) keeps a metric named like a secret (`mismatch_k3_token: 2.15e-06`, a dict's
+    repr in the RLOO stage's last line), and still replaces a token or a password assigned there."""
+    from rloo_workflow.tracking.redact import REDACTED, redact_text
+
+    figures = "{'mismatch_k3_token': 2.1510e-06, 'tokens_per_s': 1234.5, 'mismatch_k3_seq': 3.96e-05}"
+    assert redact_text(figures) == figures
+    for secret in ("hf_token=abcdef123456", "'access_token': 'q8Zr1xYw0'", "password: 12345678"):
+        assert REDACTED in redact_text(secret) and secret.split(":")[-1].split("=")[-1].strip(" '") not in redact_text(secret)

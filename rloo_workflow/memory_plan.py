@@ -316,6 +316,10 @@ def problem(plans: list[StagePlan], gpu_gb: float) -> str | None:
     is that of the largest transient term (activations or KV cache, logits, vLLM) when lowering it alone
     could make the stage fit, else the model state's."""
     usable = usable_gb(gpu_gb)
+    if usable <= 0:  # else every stage "needs more than -0.1 GB usable"
+        return (f"a GPU of {gpu_gb:g} GB leaves nothing usable after the margin for the CUDA context and the "
+                f"allocator ({MARGIN_GB:g} GB + {MARGIN_SHARE:.0%}): plan.gpu_memory_gb (or --gpu-memory-gb) must "
+                f"exceed {MARGIN_GB / (1 - MARGIN_SHARE):.2f}")
     for sp in plans:
         p = sp.peak
         if p.total / GB <= usable:

@@ -165,6 +165,14 @@ def test_gpu_config_fits_80_gb_not_16(capsys):
     assert len(err) == 1 and err[0].startswith("rloo plan: sft needs") and "lower sft.micro_batch_tokens" in err[0], err
 
 
+def test_a_gpu_smaller_than_the_margin_is_refused_in_one_line_naming_the_key(capsys):
+    """1 GB less the margin (1 GB + 10 %) is negative: one line naming the key, not "-0.1 GB usable"."""
+    gpu = str(ROOT / "config" / "gpu.yaml")
+    assert cli.main(["plan", "-c", gpu, "--gpu-memory-gb", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "plan.gpu_memory_gb" in err[0] and "-0." not in err[0], err
+
+
 def test_a_hub_model_without_config_json_or_shape_names_model_shape(tmp_path):
     sections = _cfg("model.name_or_path=nobody/not-cached-anywhere", "model.shape=null")
     with pytest.raises(UserError, match=r"model\.shape"):

@@ -75,8 +75,8 @@ def _guard_missing_configfile() -> None:
 
 _guard_missing_configfile()
 
-# Whole lines of Snakemake's (records without an event, or about resources) that say nothing a user acts on, matched exactly:
-# a reworded one is printed. What each line was, measured: docs/workflow.md "What a failed run prints".
+# Whole lines of Snakemake's (records without an event, or about resources) that say nothing a user acts
+# on, matched exactly: a reworded one is printed. Measured: docs/workflow.md "What a failed run prints".
 NOISE = frozenset({
     "Assuming unrestricted shared filesystem usage.",
     "Rules claiming more threads will be scaled down.",

@@ -74,7 +74,7 @@ if [ "$want_ui" = 1 ]; then
     echo "test.sh: Chromium/playwright-core unavailable (not root with apt); the MLflow UI test will be skipped" >&2
   fi
 fi
-ruff check rloo rloo_workflow tests bench
+ruff check rloo rloo_workflow snakemake_logger_plugin_rloo tests bench
 # pytest-xdist workers (RLOO_TEST_WORKERS; -n 0 in ARGS for one process)
 workers=${RLOO_TEST_WORKERS:-3}
 if [ "$fast" = 1 ]; then

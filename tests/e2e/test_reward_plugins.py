@@ -149,11 +149,11 @@ def test_a_rerun_whose_function_raises_ends_on_the_users_line_and_names_how_to_g
                 "division by zero at my_bonus.py:6 on 1 of the 1 completions tried one by one")
     assert res.returncode != 0 and one_line in out, out[-4000:]
     assert job_counts(out) == {"rloo": 1, "evaluate": 3, "report": 1}, out[-4000:]
-    # 51 lines: the user's, rloo's onerror line (below) and 49 of Snakemake's: its banner (8), the job stats
-    # (8), the scheduler's lines (4), the job's block (10: its `reason:` left out by profiles/default), its
-    # error blocks (13) and its shutdown (6). Issue 72 asks 45: the routes measured and what each would cost
-    # are in docs/workflow.md ("What a failed run prints")
-    assert len(lines) <= 51, f"{len(lines)} lines:\n{out}"
+    # 40 lines: the user's, rloo's onerror line (below) and 38 of Snakemake's: its banner (5), the job stats
+    # (8), the scheduler's lines (2), the job's block (10: its `reason:` left out by profiles/default), its
+    # error block (9) and its shutdown (4). Without the profiles' logger plugin (snakemake_logger_plugin_rloo)
+    # 51: docs/workflow.md ("What a failed run prints")
+    assert len(lines) <= 45, f"{len(lines)} lines:\n{out}"
     assert not any(line.strip().startswith("reason: ") for line in lines), out  # the digests' dump
     assert any(line.startswith(one_line) for line in lines[-25:]), f"not in the last 25 lines:\n{out}"
     # the job's own output ends on it; Snakemake's blocks follow
@@ -164,6 +164,7 @@ def test_a_rerun_whose_function_raises_ends_on_the_users_line_and_names_how_to_g
     assert '"rloo":{' not in out and "--config-json" not in out and "rloo: 0%" not in out, out  # no config, no log
     commands = [line.strip() for i, line in enumerate(lines) if i and lines[i - 1].strip() == "shell:"]
     assert commands and all(c.startswith("rloo train @") and len(c) <= 120 for c in commands), commands
+    assert out.count(commands[0]) == 1, out  # printed once: the RuleException above the block said it again
     log = (repo / "logs" / "rloo_rloo.log").read_text()
     assert log.rstrip().splitlines()[-1].startswith(one_line), log[-3000:]  # the log ends with it too
     # the traceback, above it in the log: the user's own frames, not only the package's

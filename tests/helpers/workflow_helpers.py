@@ -2,9 +2,9 @@
 
 Isolation: the tests never run Snakemake in the repository. `make_copy` copies what the workflow
 needs (Snakefile, workflow/, config/, the profiles slurm/ and profiles/default/, the `rloo` package
-sources) into a temporary folder; Snakemake runs there (`cwd`), so data/, results/, logs/,
-.snakemake/ and the MLflow store all land in the copy. PYTHONPATH points at the copy, so the
-Snakefile and every `rloo <stage>` job import the copied package: the code fingerprints
+sources, the profiles' logger plugin snakemake_logger_plugin_rloo) into a temporary folder; Snakemake
+runs there (`cwd`), so data/, results/, logs/, .snakemake/ and the MLflow store all land in the copy.
+PYTHONPATH points at the copy, so the Snakefile and every `rloo <stage>` job import the copied package: the code fingerprints
 (rloo_workflow.code_fingerprint) are the copy's, and editing a file of it really changes the code the stage runs,
 without touching the repository.
 """
@@ -41,7 +41,7 @@ def make_copy(dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".snakemake")
     shutil.copy2(ROOT / "Snakefile", dest / "Snakefile")
-    for name in ("workflow", "config", "slurm", "profiles", "rloo", "rloo_workflow"):
+    for name in ("workflow", "config", "slurm", "profiles", "rloo", "rloo_workflow", "snakemake_logger_plugin_rloo"):
         shutil.copytree(ROOT / name, dest / name, ignore=ignore)
     (dest / "config" / "test.yaml").write_text(TEST_CONFIG)
     return dest

@@ -268,6 +268,13 @@ def _cpu_seconds() -> float:
 
 
 @pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    t0 = _cpu_seconds()
+    yield
+    item.setup_cpu_seconds = _cpu_seconds() - t0
+
+
+@pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
     t0 = _cpu_seconds()
     yield
@@ -279,6 +286,9 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     cpu = getattr(item, "cpu_seconds", 0.0)
+    # the phase's CPU seconds travel with the report (pytest-xdist sends a report's attributes to the
+    # controller), for the summary of where the time went below
+    report.cpu_seconds = {"setup": getattr(item, "setup_cpu_seconds", 0.0), "call": cpu}.get(report.when, 0.0)
     # CPU time for work; wall time, with room for a loaded machine, for waiting (a server, a queue). The
     # wall limit grows with the machine's load (runnable processes per core): a test that works for 5 s
     # of CPU on a machine three times oversubscribed takes 15 s of wall without waiting on anything.
@@ -290,3 +300,44 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = (f"{item.nodeid} took {cpu:.1f} CPU-seconds of its own (wall {report.duration:.1f} s at load {load:.1f}), "
                            f"over the fast tier's {UNMARKED_LIMIT_S:g} s: mark it @pytest.mark.slow or make it "
                            "faster (tests/conftest.py, docs/testing.md)")
+
+
+# -- where the time went --------------------------------------------------------------------------------
+# With --durations (CI's full run), the session ends with each xdist group's seconds: on --dist loadgroup a
+# group runs on one worker, so the longest group is a floor on the suite's wall time, and what a worker
+# does once the others are idle (the tail) shows in the groups' end times. Wall seconds of every phase
+# (a shared fixture's build counts to the test that asked first), CPU seconds of setups and calls (this
+# process, its waited-for children and the stage server's forks), and when the group ran, from the
+# session's start. The controller (or the one process of -n 0) collects the workers' reports.
+_SESSION_T0 = time.time()
+_GROUPS: dict[str, dict] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    group = report.nodeid.rsplit("@", 1)[1] if "@" in report.nodeid else report.nodeid.split("::")[0]
+    node = getattr(report, "node", None)
+    worker = node.gateway.id if node is not None else "main"
+    g = _GROUPS.setdefault(group, {"worker": worker, "tests": 0, "wall": 0.0, "cpu": 0.0, "from": report.start,
+                                   "to": report.stop})
+    g["tests"] += report.when == "call"
+    g["wall"] += report.duration
+    g["cpu"] += getattr(report, "cpu_seconds", 0.0)
+    g["from"], g["to"] = min(g["from"], report.start), max(g["to"], report.stop)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    if config.getoption("durations", None) is None or not _GROUPS or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    tr = terminalreporter
+    tr.write_sep("=", "where the time went: the 25 longest xdist groups (seconds; from, to: since the session began)")
+    tr.write_line(f"{'group':<32} {'worker':>6} {'tests':>5} {'wall':>7} {'CPU':>7} {'from':>6} {'to':>6}")
+    for name, g in sorted(_GROUPS.items(), key=lambda kv: -kv[1]["wall"])[:25]:
+        tr.write_line(f"{name:<32} {g['worker']:>6} {g['tests']:>5} {g['wall']:7.1f} {g['cpu']:7.1f} "
+                      f"{g['from'] - _SESSION_T0:6.0f} {g['to'] - _SESSION_T0:6.0f}")
+    for worker in sorted({g["worker"] for g in _GROUPS.values()}):
+        mine = [g for g in _GROUPS.values() if g["worker"] == worker]
+        tr.write_line(f"worker {worker}: {len(mine)} groups, {sum(g['wall'] for g in mine):.0f} s of tests, "
+                      f"{sum(g['cpu'] for g in mine):.0f} CPU-s, its last test ended at "
+                      f"{max(g['to'] for g in mine) - _SESSION_T0:.0f} s")

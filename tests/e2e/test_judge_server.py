@@ -267,16 +267,21 @@ def _default_judge(base_url: str):
 
 
 @pytest.mark.slow
-def test_a_judge_that_accepts_and_never_replies_fails_within_three_minutes_at_default_settings():
-    """A real socket that accepts every connection and never answers (a hung server): at the default
-    timeout_s and max_retries the stage's judging stops with one line after the first call's two tries
-    (about 2 x 60 s), where it used to wait 60 s x 4 tries for each of the first 8 calls (32 minutes)."""
+def test_a_judge_and_a_reward_server_that_accept_and_never_reply_each_fail_within_three_minutes_at_default_settings():
+    """A real socket that accepts every connection and never answers (a hung server), one as the LLM judge
+    and one as the reward server, at the schema's defaults. The judge: the stage's judging stops with one line
+    after the first call's two tries (about 2 x 60 s), where it used to wait 60 s x 4 tries for each of the
+    first 8 calls (32 minutes). The reward client: the first request's two tries, about 2 x 60 s, then one
+    line; it used to take three tries and the waits between them (3:01). The two wait at once, each in a
+    thread of its own against a socket of its own (two three-minute tests held a worker each: CI's time)."""
     import threading
+
+    from test_reward_server import _http, _timed_failure
 
     from rloo.reward.judges import JudgeUnavailable, win_rate
 
     outcome: dict = {}
-    with silent_server() as (port, held):
+    with silent_server() as (port, held), silent_server() as (reward_port, reward_held):
         url = f"http://127.0.0.1:{port}/v1"
         judge = _default_judge(url)
 
@@ -289,15 +294,24 @@ def test_a_judge_that_accepts_and_never_replies_fails_within_three_minutes_at_de
             outcome["seconds"] = time.monotonic() - t0
 
         worker = threading.Thread(target=judging, daemon=True)
+        deadline = time.monotonic() + 180
         worker.start()
-        worker.join(timeout=180)
-        connections = len(held)
+        reward_url = f"http://127.0.0.1:{reward_port}/score"
+        reward_error, reward_seconds = _timed_failure(_http(reward_url), 180)  # meanwhile, in its own thread
+        worker.join(timeout=max(0.0, deadline - time.monotonic()))
+        connections, reward_connections = len(held), len(reward_held)
     assert not worker.is_alive(), "the judge was still waiting after 3 minutes"
     print(f"a judge that never replies: failed after {outcome['seconds']:.0f} s")
+    print(f"a reward server that never replies: failed after {reward_seconds:.0f} s")
     assert outcome["error"] == (f"the LLM judge at {url} gave no reply within evaluate.llm_judge.timeout_s=60 s to its "
                                 "first call (2 tries): is it up and serving 'judge'? For a judge that is only slow "
                                 "raise timeout_s; or set evaluate.judge: verifier")
     assert 110 < outcome["seconds"] < 180 and connections == 2 and judge.calls == 1
+    assert reward_error == (f"the reward server at {reward_url} did not answer its first request (no reply within "
+                            "reward.http.timeout_s=60 s, 2 tries): is it up? For a server that is only slow raise "
+                            "reward.http.timeout_s; the run stops (its last checkpoint is kept; rerun once the server "
+                            "answers)")
+    assert 110 < reward_seconds < 180 and reward_connections == 2
 
 
 @pytest.mark.slow

@@ -119,6 +119,7 @@ class Job:
     cfg_file: str | None = None  # the file of its `cfg` param: its command's --job-config
     code: str | None = None  # the stage's code fingerprint (`code:<stage>:<digest>`: its `code` param, or its identity's part)
     benchmark: str | None = None
+    identity: str | None = None  # a chain rule's `identity` param (`identity:<digest>`)
 
     @property
     def stage(self) -> str:
@@ -192,6 +193,7 @@ def _job(job, needrun: bool) -> Job:
         needrun=needrun,
         code=str(code) if code is not None else None,
         benchmark=str(benchmark) if benchmark else None,
+        identity=str(params.get("identity")) if hasattr(params, "get") and params.get("identity") else None,
     )
 
 

@@ -11,8 +11,7 @@ rule base:
     params:
         cfg=chain_cfg("base"),
         identity=chain_identity("base"),
-        args=job_args("base", "--job-config {cfg} {variant} {data} --out {output.model}", cfg=chain_cfg("base"),
-                      variant=variant_arg, data=base_data_arg),
+        args=chain_args("base"),
     conda:
         RLOO_ENV
     log:

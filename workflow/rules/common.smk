@@ -11,8 +11,8 @@ from rloo_workflow.config import config_extends as _config_extends
 from rloo_workflow.config import load_schema
 from rloo_workflow.config import job_args_file, job_config_file
 from rloo_workflow.config import validate as _validate_config
-from rloo_workflow.config import with_overrides
 from rloo_workflow.dvc.dag import force_rerun
+from rloo_workflow.commands import chain_options
 from rloo_workflow.launch import srun_command
 from rloo.model.base import gguf_file
 from rloo.settings import Config
@@ -127,12 +127,6 @@ def job_variant(wildcards):
     return parse_variant(config, wildcards.variant) if "variant" in wildcards.keys() else None
 
 
-def job_config(wildcards):
-    """The job's whole config: the config, with its variant's keys set."""
-    v = job_variant(wildcards)
-    return with_overrides(config, v.overrides) if v else config
-
-
 _STALE_SAID = set()
 
 
@@ -182,6 +176,17 @@ def chain_cfg(stage):
                                                                  job_variant(wildcards), job_policy(wildcards)))
 
 
+def chain_args(stage):
+    """A chain rule's `args` param: its command's options, declared once for the rules and for what else builds
+    a job's command (rloo_workflow.commands.chain_options), in a file named by its content (job_args_file)."""
+    def args(wildcards, input, output):
+        return job_args_file(stage, chain_options(stage, config, dict(input.items()), dict(output.items()),
+                                                  chain_cfg(stage)(wildcards), job_estimator(wildcards),
+                                                  job_variant(wildcards), job_policy(wildcards)))
+
+    return args
+
+
 def chain_identity(stage):
     """A chain rule's `identity` param: `identity:<digest>`, the job's rerun identity (rloo.identity.job_identity,
     through rloo_workflow.pipeline.identity): the keys it reads, its code and user files, and the same of every
@@ -208,34 +213,10 @@ def _job_code(stage, cfg):
 _SAVED = set()
 
 
-def chain_work(stage):
-    """A training rule's work folder (checkpoints): the job's own, a variant's below its folder."""
-    return lambda wildcards: work_dir(stage, config, job_estimator(wildcards), job_variant(wildcards))
-
-
-def variant_arg(wildcards):
-    """`--variant LABEL` of a variant's job: its MLflow run is named <stage>[LABEL] (rloo[seed=1])."""
-    v = job_variant(wildcards)
-    return f"--variant {shlex.quote(v.label)}" if v else ""
-
-
-def reward_model_arg(wildcards, input):
-    return f"--reward-model {input.reward_model}" if "reward_model" in input.keys() else ""
-
-
-def base_data_arg(wildcards, input):
-    return f"--data {os.path.dirname(input.train)}" if "train" in input.keys() else ""
-
-
 def gguf_input(cfg):
     """The GGUF file `model.gguf` names (a path, or a file inside an installed package), as an input."""
     gguf = Config.of(cfg).model.gguf
     return [str(gguf_file(gguf))] if gguf else []
-
-
-def data_dir(wildcards, input):
-    """The data folder, from the rule's data inputs."""
-    return os.path.dirname(input.train if "train" in input.keys() else input.test)
 
 
 # GPUs of a judge a job serves itself (evaluate.llm_judge.serve): the judge and comparison rules ask for

@@ -9,8 +9,7 @@ rule prepare:
     params:
         cfg=chain_cfg("prepare"),
         identity=chain_identity("prepare"),
-        args=job_args("prepare", "--job-config {cfg} {variant} --out {out}", cfg=chain_cfg("prepare"),
-                      variant=variant_arg, out=lambda output: os.path.dirname(output.manifest)),
+        args=chain_args("prepare"),
     conda:
         RLOO_ENV
     log:

@@ -8,9 +8,7 @@ rule reward:
     params:
         cfg=chain_cfg("reward"),
         identity=chain_identity("reward"),
-        args=job_args("reward", "--job-config {cfg} {variant} --data {data} --policy {input.policy} "
-                      "--out {output.model} --work {work} --work-guard", cfg=chain_cfg("reward"), variant=variant_arg,
-                      data=data_dir, work=chain_work("reward")),
+        args=chain_args("reward"),
     conda:
         RLOO_ENV
     log:

@@ -6,9 +6,7 @@ rule rloo:
     params:
         cfg=chain_cfg("rloo"),
         identity=chain_identity("rloo"),
-        args=job_args("rloo", "--job-config {cfg} {variant} --data {data} --policy {input.policy} {reward_model} "
-                      "--out {output.model} --work {work} --work-guard", cfg=chain_cfg("rloo"), variant=variant_arg,
-                      data=data_dir, reward_model=reward_model_arg, work=chain_work("rloo")),
+        args=chain_args("rloo"),
     conda:
         RLOO_ENV
     log:

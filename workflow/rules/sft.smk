@@ -6,9 +6,7 @@ rule sft:
     params:
         cfg=chain_cfg("sft"),
         identity=chain_identity("sft"),
-        args=job_args("sft", "--job-config {cfg} {variant} --data {data} --base {input.base} --out {output.model} "
-                      "--work {work} --work-guard", cfg=chain_cfg("sft"), variant=variant_arg, data=data_dir,
-                      work=chain_work("sft")),
+        args=chain_args("sft"),
     conda:
         RLOO_ENV
     log:

@@ -1,0 +1,47 @@
+"""The options of each chain stage's command (`rloo <verb> OPTIONS`), declared once, for one job: from its
+inputs and outputs by name (rloo_workflow.pipeline: `job_inputs`, `outputs`), its config file (--job-config)
+and its estimator, variant and policy. The chain rules (workflow/rules/*.smk) hand them to their command
+through an args file (`@FILE`, rloo_workflow.config.job_args_file), so that what a job runs is declared here
+and not in a rule's format string: one place for the rules and for what else builds a job's command (issue 70:
+dvc.yaml from the project's own declaration)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from rloo.settings import Config
+from rloo_workflow.config import with_overrides
+from rloo_workflow.pipeline import Variant, work_dir
+
+
+def chain_options(stage: str, cfg: Mapping, inputs: Mapping[str, str], outputs: Mapping[str, str], job_config: str,
+                  estimator: str | None = None, variant: Variant | None = None, policy: str | None = None) -> list[str]:
+    """The options of `stage`'s job (a stage of rloo_workflow.pipeline.CHAIN) on the config `cfg` (the
+    pipeline's, before its variant's keys), its `inputs` and `outputs` ({name: path}) and its `job_config` file."""
+    head = ["--job-config", job_config, *(["--variant", variant.label] if variant else [])]
+    data = os.path.dirname(inputs["train"] if "train" in inputs else inputs.get("test", ""))
+    work = ["--work", work_dir(stage, cfg, estimator, variant), "--work-guard"]
+    if stage == "prepare":
+        return [*head, "--out", os.path.dirname(outputs["manifest"])]
+    if stage == "base":  # the training texts only where the embedded model is built from them
+        return [*head, *(["--data", data] if "train" in inputs else []), "--out", outputs["model"]]
+    if stage == "sft":
+        return [*head, "--data", data, "--base", inputs["base"], "--out", outputs["model"], *work]
+    if stage in ("reward", "rloo"):
+        reward_model = ["--reward-model", inputs["reward_model"]] if "reward_model" in inputs else []
+        return [*head, "--data", data, "--policy", inputs["policy"], *reward_model, "--out", outputs["model"], *work]
+    if stage == "evaluate":
+        return [*head, "--data", data, "--policy", f"{policy}={inputs['policy']}", "--sft", inputs["sft"],
+                "--reward-model", inputs["reward_model"], "--out", outputs["records"]]
+    if stage == "judge":
+        named = estimator or Config.of(cfg).rloo.estimator
+        return [*head, "--policy", f"{named}={inputs['policy']}", "--sft", inputs["sft"], "--out", outputs["result"]]
+    if stage == "report":
+        # the trained policy's name in the results: its estimator (a sweep may set rloo.estimator)
+        named = estimator or Config.of(with_overrides(dict(cfg), variant.overrides) if variant else cfg).rloo.estimator
+        judged = ["--judged", inputs["judged"]] if "judged" in inputs else []
+        return [*head, "--policy", f"{named}={inputs['policy']}", "--sft", inputs["sft"], "--base", inputs["base"],
+                "--training", inputs["training"], "--data", os.path.dirname(inputs["manifest"]), *judged,
+                "--out", outputs["result"], "--plots", os.path.dirname(outputs["policies"])]
+    raise KeyError(f"{stage} is not a stage of the chain")

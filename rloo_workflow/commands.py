@@ -45,3 +45,18 @@ def chain_options(stage: str, cfg: Mapping, inputs: Mapping[str, str], outputs: 
                 "--training", inputs["training"], "--data", os.path.dirname(inputs["manifest"]), *judged,
                 "--out", outputs["result"], "--plots", os.path.dirname(outputs["policies"])]
     raise KeyError(f"{stage} is not a stage of the chain")
+
+
+def aggregate_options(stage: str, cfg: Mapping, outputs: Mapping[str, str], job_config: str,
+                      results: Mapping[str, str] | None = None, records: Mapping[str, str] | None = None,
+                      sweep: str | None = None) -> list[str]:
+    """The options of a job outside the chain (toy, seeds, sweep, comparison) on the config `cfg`: `results`
+    ({label: results file}: a seed's, a sweep point's, an estimator's) and, for the comparison, each estimator's
+    evaluation `records` and its RLOO run's wall-clock figures (beside its checkpoints, in no output)."""
+    head = ["--job-config", job_config, *(["--name", sweep] if stage == "sweep" else [])]
+    tabled = [o for label, path in (results or {}).items()
+              for o in ("--result", f"{label}={path}", *(("--records", f"{label}={records[label]}")
+                                                         if records and label in records else ()))]
+    timings = [o for e in (results or {}) for o in ("--timings", f"{e}={work_dir('rloo', cfg, e)}/timings.json")
+               ] if stage == "comparison" else []
+    return [*head, *tabled, *timings, "--out", outputs["result"], "--plot", outputs["plot"]]

@@ -1,7 +1,5 @@
 # Shared helpers: the validated config, what each stage reads of it, stage code fingerprints, resources.
-import inspect
 import os
-import shlex
 import sys
 from pathlib import Path
 
@@ -12,7 +10,7 @@ from rloo_workflow.config import load_schema
 from rloo_workflow.config import job_args_file, job_config_file
 from rloo_workflow.config import validate as _validate_config
 from rloo_workflow.dvc.dag import force_rerun
-from rloo_workflow.commands import chain_options
+from rloo_workflow.commands import aggregate_options, chain_options
 from rloo_workflow.launch import srun_command
 from rloo.model.base import gguf_file
 from rloo.settings import Config
@@ -92,19 +90,12 @@ def local_inputs(*values):
     return [v for v in values if v and os.path.exists(v)]
 
 
-def job_args(stage, template, **values):
-    """A rule's `args` param: its command's options, `template` as a shell would read it, formatted with the
-    job's `input`, `output` and `wildcards` and with `values` (strings, or functions of those, as a param's
-    are), in a file named by its content (rloo_workflow.config.job_args_file). The command is then
+def aggregate_args(stage, output, results=None, **more):
+    """The `args` param of a job outside the chain: its command's options (rloo_workflow.commands.aggregate_options,
+    declared once), in a file named by its content (rloo_workflow.config.job_args_file). The command is then
     `rloo <verb> @{params.args} ... --log {log}`: one short line where Snakemake prints it (a job's start, and
     twice when it fails), its options one `cat` away."""
-    def args(wildcards, input, output):
-        known = {"wildcards": wildcards, "input": input, "output": output}
-        fields = {name: v(**{p: known[p] for p in inspect.signature(v).parameters}) if callable(v) else v
-                  for name, v in values.items()}
-        return job_args_file(stage, shlex.split(template.format(**known, **fields)))
-
-    return args
+    return job_args_file(stage, aggregate_options(stage, config, dict(output.items()), stage_config(stage), results, **more))
 
 
 # A chain rule serves the main chain and, as `<rule>_variant` (workflow/rules/variants.smk), every seed

@@ -16,14 +16,9 @@ rule comparison:
         code=code("comparison"),
         cfg=lambda wildcards: stage_config("comparison"),
         # the judge's output goes to `rloo comparison`'s default, log.judge: the command stays one short line
-        args=job_args(
-            "comparison", "--job-config {cfg} {results} {timings} --out {output.result} --plot {output.plot}",
-            cfg=lambda wildcards: stage_config("comparison"),
-            results=lambda input: " ".join(
-                f"--result {e}={f} --records {e}={r}" for e, f, r in zip(COMPARED, input.results, input.records, strict=True)
-            ),
-            # wall-clock figures of the RLOO runs: beside their checkpoints, not in any output
-            timings=" ".join(f"--timings {e}={work_dir('rloo', config, e)}/timings.json" for e in COMPARED)),
+        args=lambda wildcards, input, output: aggregate_args("comparison", output,
+                                                             dict(zip(COMPARED, input.results, strict=True)),
+                                                             records=dict(zip(COMPARED, input.records, strict=True))),
     conda:
         RLOO_ENV
     log:

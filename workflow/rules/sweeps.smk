@@ -11,9 +11,7 @@ rule sweep:
     params:
         code=code("sweep"),
         cfg=lambda wildcards: stage_config("sweep"),
-        args=job_args("sweep", "--job-config {cfg} --name {wildcards.sweep} {results} --out {output.result} "
-                      "--plot {output.plot}", cfg=lambda wildcards: stage_config("sweep"),
-                      results=lambda wildcards: " ".join(f"--result {p}={f}" for p, f in sweep_results(wildcards.sweep).items())),
+        args=lambda wildcards, output: aggregate_args("sweep", output, sweep_results(wildcards.sweep), sweep=wildcards.sweep),
     conda:
         RLOO_ENV
     log:

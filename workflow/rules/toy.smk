@@ -9,8 +9,7 @@ rule toy:
     params:
         code=code("toy"),
         cfg=lambda wildcards: stage_config("toy"),
-        args=job_args("toy", "--job-config {cfg} --out {output.result} --plot {output.plot}",
-                      cfg=lambda wildcards: stage_config("toy")),
+        args=lambda wildcards, output: aggregate_args("toy", output),
     conda:
         RLOO_ENV
     log:

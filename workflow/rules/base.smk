@@ -5,7 +5,7 @@ rule base:
     input:
         unpack(chain_inputs("base")),
         # model.name_or_path / model.tokenizer when they are local folders; the GGUF file itself
-        start=local_inputs(SETTINGS.model.name_or_path, SETTINGS.model.tokenizer) + gguf_input(config),
+        **LOCAL_INPUTS["base"],
     output:
         model=directory(OUT["base"]["model"]),
     params:
@@ -15,9 +15,9 @@ rule base:
     conda:
         RLOO_ENV
     log:
-        f"{LOGS}/base.log",
+        LOG["base"]["log"],
     benchmark:
-        f"{LOGS}/benchmarks/base.tsv"
+        LOG["base"]["benchmark"]
     threads: 1
     shell:
         "rloo base @{params.args} --log {log}"

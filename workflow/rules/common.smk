@@ -10,9 +10,8 @@ from rloo_workflow.config import load_schema
 from rloo_workflow.config import job_args_file, job_config_file
 from rloo_workflow.config import validate as _validate_config
 from rloo_workflow.dvc.dag import force_rerun
-from rloo_workflow.commands import aggregate_options, chain_options
+from rloo_workflow.commands import aggregate_options, chain_options, job_logs, local_inputs
 from rloo_workflow.launch import srun_command
-from rloo.model.base import gguf_file
 from rloo.settings import Config
 from rloo_workflow.pipeline import STAGES, VARIANT_FIELDS, VARIANT_PATTERN, identity, job_inputs, job_settings, outputs
 from rloo_workflow.pipeline import stage_config as _stage_config
@@ -44,6 +43,10 @@ LOGS = SETTINGS.paths.logs
 # Each rule's output paths, from the pipeline's one declaration (rloo_workflow/pipeline.py): the CLI's defaults,
 # MLflow's output tags and dvc.yaml agree with these (tests/e2e/test_pipeline.py). `{estimator}` is a wildcard.
 OUT = {name: rule_outputs(name, config) for name in STAGES}
+# Their logs and benchmark files, and the local files their config names as inputs (rloo_workflow.commands: what
+# dvc.yaml's compiler reads too). `{estimator}`, `{policy}` and `{sweep}` are wildcards.
+LOG = {name: job_logs(name, config, "{estimator}", "{policy}", sweep="{sweep}") for name in STAGES}
+LOCAL_INPUTS = {name: local_inputs(name, config) for name in STAGES}
 
 # Every estimator of the RLOO stage (results/gsm8k_{estimator}.json); the default target uses the
 # config's own rloo.estimator.
@@ -82,12 +85,6 @@ def code(stage):
 
 
 _CODE = {}
-
-
-def local_inputs(*values):
-    """Config values that name existing local files or folders (a model to start from, JSONL data):
-    inputs, so replacing them reruns the stage. Hub ids and nulls are ignored."""
-    return [v for v in values if v and os.path.exists(v)]
 
 
 def aggregate_args(stage, output, results=None, **more):
@@ -204,18 +201,10 @@ def _job_code(stage, cfg):
 _SAVED = set()
 
 
-def gguf_input(cfg):
-    """The GGUF file `model.gguf` names (a path, or a file inside an installed package), as an input."""
-    gguf = Config.of(cfg).model.gguf
-    return [str(gguf_file(gguf))] if gguf else []
-
-
 # GPUs of a judge a job serves itself (evaluate.llm_judge.serve): the judge and comparison rules ask for
 # them (those jobs hold no policy).
 _SERVE = SETTINGS.evaluate.llm_judge.serve if SETTINGS.evaluate.judge == "llm" else None
 JUDGE_GPUS = _SERVE.gpus if _SERVE else 0
-# The served judge's weights, when they are a local folder: an input, so replacing them reruns the judging.
-JUDGE_MODEL = local_inputs(_SERVE.model) if _SERVE else []
 
 
 # Threads of the torch stages: config `threads`, else 8. Locally Snakemake lowers them to --cores;

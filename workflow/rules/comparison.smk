@@ -4,7 +4,7 @@ rule comparison:
         unpack(guarded(OUT["comparison"].values(), {
             "results": expand(OUT["report"]["result"], estimator=COMPARED),
             "records": expand(OUT["evaluate"]["records"], policy=COMPARED)})),
-        judge=JUDGE_MODEL,
+        **LOCAL_INPUTS["comparison"],
     output:
         result=OUT["comparison"]["result"],
         plot=report(
@@ -22,10 +22,10 @@ rule comparison:
     conda:
         RLOO_ENV
     log:
-        stage=f"{LOGS}/comparison.log",
-        judge=f"{LOGS}/comparison.judge.log",
+        stage=LOG["comparison"]["log"],
+        judge=LOG["comparison"]["judge_log"],
     benchmark:
-        f"{LOGS}/benchmarks/comparison.tsv"
+        LOG["comparison"]["benchmark"]
     threads: 1
     resources:
         **judge_resources(),  # its size: the cluster profile's set-resources (slurm/config.yaml)

@@ -18,9 +18,9 @@ rule evaluate:
     conda:
         RLOO_ENV
     log:
-        f"{LOGS}/evaluate_{{policy}}.log",
+        LOG["evaluate"]["log"],
     benchmark:
-        f"{LOGS}/benchmarks/evaluate_{{policy}}.tsv"
+        LOG["evaluate"]["benchmark"]
     threads: TORCH_THREADS
     resources:
         **cluster_resources("evaluate"),  # its size: the cluster profile's set-resources (slurm/config.yaml)
@@ -32,7 +32,7 @@ rule judge:
     input:
         unpack(chain_inputs("judge")),
         # the served judge's weights, where they are a local folder
-        judge=JUDGE_MODEL,
+        **LOCAL_INPUTS["judge"],
     output:
         **OUT["judge"],
     params:
@@ -42,10 +42,10 @@ rule judge:
     conda:
         RLOO_ENV
     log:
-        stage=f"{LOGS}/judge_{{estimator}}.log",
-        judge=f"{LOGS}/judge_{{estimator}}.judge.log",
+        stage=LOG["judge"]["log"],
+        judge=LOG["judge"]["judge_log"],
     benchmark:
-        f"{LOGS}/benchmarks/judge_{{estimator}}.tsv"
+        LOG["judge"]["benchmark"]
     threads: 1
     resources:
         **judge_resources(),  # its size: the cluster profile's set-resources (slurm/config.yaml)
@@ -81,9 +81,9 @@ rule report:
     conda:
         RLOO_ENV
     log:
-        f"{LOGS}/report_{{estimator}}.log",
+        LOG["report"]["log"],
     benchmark:
-        f"{LOGS}/benchmarks/report_{{estimator}}.tsv"
+        LOG["report"]["benchmark"]
     threads: 1
     shell:
         "rloo report @{params.args} --log {log}"

@@ -1,9 +1,7 @@
 rule prepare:
     input:
         # data.source=jsonl: the local files are inputs too (replacing one reruns prepare)
-        files=local_inputs(SETTINGS.data.train_file, SETTINGS.data.test_file)
-        if SETTINGS.data.source == "jsonl"
-        else [],
+        **LOCAL_INPUTS["prepare"],
     output:
         **OUT["prepare"],
     params:
@@ -13,9 +11,9 @@ rule prepare:
     conda:
         RLOO_ENV
     log:
-        f"{LOGS}/prepare.log",
+        LOG["prepare"]["log"],
     benchmark:
-        f"{LOGS}/benchmarks/prepare.tsv"
+        LOG["prepare"]["benchmark"]
     threads: 1
     shell:
         "rloo prepare @{params.args} --log {log}"

@@ -2,7 +2,7 @@ rule reward:
     input:
         unpack(chain_inputs("reward")),
         # reward.init when it is a local folder
-        start=local_inputs(SETTINGS.reward.init),
+        **LOCAL_INPUTS["reward"],
     output:
         model=directory(OUT["reward"]["model"]),
     params:
@@ -12,9 +12,9 @@ rule reward:
     conda:
         RLOO_ENV
     log:
-        f"{LOGS}/reward.log",
+        LOG["reward"]["log"],
     benchmark:
-        f"{LOGS}/benchmarks/reward.tsv"
+        LOG["reward"]["benchmark"]
     threads: TORCH_THREADS
     resources:
         **cluster_resources("reward"),  # its size: the cluster profile's set-resources (slurm/config.yaml)

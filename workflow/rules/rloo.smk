@@ -10,9 +10,9 @@ rule rloo:
     conda:
         RLOO_ENV
     log:
-        f"{LOGS}/rloo_{{estimator}}.log",
+        LOG["rloo"]["log"],
     benchmark:
-        f"{LOGS}/benchmarks/rloo_{{estimator}}.tsv"
+        LOG["rloo"]["benchmark"]
     threads: TORCH_THREADS
     # the longest path (RLOO, its evaluation, the report) starts first: base's and SFT's evaluations,
     # ready at the same time, fill the cores beside it; and a rerun's first error is the training's

@@ -13,9 +13,9 @@ rule seeds:
     conda:
         RLOO_ENV
     log:
-        f"{LOGS}/seeds.log",
+        LOG["seeds"]["log"],
     benchmark:
-        f"{LOGS}/benchmarks/seeds.tsv"
+        LOG["seeds"]["benchmark"]
     threads: 1
     shell:
         "rloo seeds @{params.args} --log {log}"

@@ -10,9 +10,9 @@ rule sft:
     conda:
         RLOO_ENV
     log:
-        f"{LOGS}/sft.log",
+        LOG["sft"]["log"],
     benchmark:
-        f"{LOGS}/benchmarks/sft.tsv"
+        LOG["sft"]["benchmark"]
     threads: TORCH_THREADS
     resources:
         **cluster_resources("sft"),  # its size: the cluster profile's set-resources (slurm/config.yaml)

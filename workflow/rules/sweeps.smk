@@ -17,9 +17,9 @@ rule sweep:
     log:
         # each point's report appends its line as it ends (rloo_workflow.sweep_table.log_path, the same file);
         # Snakemake empties it as this job starts, which then writes every point's line and the winner
-        f"{LOGS}/sweep_{{sweep}}.log",
+        LOG["sweep"]["log"],
     benchmark:
-        f"{LOGS}/benchmarks/sweep_{{sweep}}.tsv"
+        LOG["sweep"]["benchmark"]
     threads: 1
     shell:
         "rloo sweep @{params.args} --log {log}"

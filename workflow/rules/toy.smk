@@ -13,9 +13,9 @@ rule toy:
     conda:
         RLOO_ENV
     log:
-        f"{LOGS}/toy.log",
+        LOG["toy"]["log"],
     benchmark:
-        f"{LOGS}/benchmarks/toy.tsv"
+        LOG["toy"]["benchmark"]
     threads: 1
     shell:
         "rloo toy @{params.args} --log {log}"

@@ -24,6 +24,7 @@ from rloo_workflow.code_fingerprint import stage_code_param, stage_fingerprint
 from rloo_workflow.commands import aggregate_options, chain_options, job_logs, local_inputs
 from rloo_workflow.config import deep_merge, job_config_file, load_schema
 from rloo_workflow.config import validate as validate_config
+from rloo_workflow.config.schema import ConfigError
 from rloo_workflow.dvc.dvcyaml import (
     DvcError,
     covers,
@@ -108,9 +109,15 @@ def resolved_config(root: Path, configfiles: Iterable[str]) -> dict:
     """The config a `snakemake --configfile FILES` run holds: config/config.yaml with each file laid over it
     (as Snakemake reads them), validated and its defaults filled in (workflow/rules/common.smk)."""
     cfg: dict = {}
-    for path in [Path(root) / "config" / "config.yaml", *(Path(root) / f for f in configfiles)]:
-        cfg = deep_merge(cfg, yaml.safe_load(path.read_text()) or {})
-    return validate_config(cfg, source="snakemake config")
+    paths = [Path(root) / "config" / "config.yaml", *(Path(root) / f for f in configfiles)]
+    try:
+        for path in paths:
+            cfg = deep_merge(cfg, yaml.safe_load(path.read_text()) or {})
+        return validate_config(cfg, source=" + ".join(os.path.relpath(p, root) for p in paths))
+    except OSError as e:
+        raise DvcError(f"{e.filename}: {e.strerror}") from e
+    except (yaml.YAMLError, ConfigError) as e:
+        raise DvcError(str(e)) from e
 
 
 class Jobs:

@@ -325,6 +325,19 @@ def test_dvc_yaml_check_names_the_stage_and_field_that_differ(tmp_path):
     assert res.returncode == 1 and "params.yaml: differs from the config in rloo.beta" in res.stderr, res.stderr
 
 
+@pytest.mark.slow
+def test_a_missing_or_invalid_config_file_is_one_line_naming_it(tmp_path):
+    """dvc.yaml's config is read without Snakemake (rloo_workflow/dvc/jobs.py resolved_config): a config file
+    that is not there, or not valid, is one line naming it, and nothing is written."""
+    copy = make_copy(tmp_path / "copy")
+    (copy / "config" / "bad.yaml").write_text("rloo: {nope: 1}\n")
+    for files, said in ((["config/missing.yaml"], "config/missing.yaml: No such file or directory"),
+                        (["config/micro.yaml", "config/bad.yaml"], "config/bad.yaml: invalid configuration")):
+        res = run(copy, "rloo", "dvc", "yaml", "--configfile", *files, check=False)
+        assert res.returncode == 1 and said in res.stderr and "Traceback" not in res.stderr, res.stderr
+        assert not (copy / "dvc.yaml").exists()
+
+
 # Every kind of target, on the micro config with a sweep and two seeds, and on the GPU config (an LLM judge).
 DECLARED_TARGETS = {
     "micro": (["config/micro.yaml", "config/test.yaml", "config/variants.yaml"],

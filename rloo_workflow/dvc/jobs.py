@@ -47,6 +47,7 @@ from rloo_workflow.pipeline import (
     outputs,
     owns,
     parse_variant,
+    rule_outputs,
     seed_variant,
     stage_config,
     sweep_grid,
@@ -144,7 +145,7 @@ class Jobs:
         inputs = {**(extra if stage == "prepare" else {}), **inputs, **({} if stage == "prepare" else extra)}
         named = estimator if not variant else self.estimator
         outs = {k: v.format(estimator=named, policy=policy, variant=variant.folder if variant else "")
-                for k, v in _rule_outputs(stage, cfg, variant).items()}
+                for k, v in rule_outputs(stage, cfg, "{variant}" if variant else None).items()}
         settings = job_settings(cfg, stage, est, variant, policy)
         cfg_file = job_config_file(stage, settings)
         options = chain_options(stage, cfg, {k: v for k, v in inputs.items() if isinstance(v, str)}, outs, cfg_file,
@@ -213,12 +214,6 @@ class Jobs:
         jobs += [self.aggregate(s) for s in ("toy", "comparison", "seeds")]
         jobs += [self.aggregate("sweep", n) for n in self.s.sweeps]
         return jobs
-
-
-def _rule_outputs(stage: str, cfg: dict, variant: Variant | None = None) -> dict[str, str]:
-    from rloo_workflow.pipeline import rule_outputs
-
-    return rule_outputs(stage, cfg, "{variant}" if variant else None)
 
 
 def _foreign(cfg: dict, name: str) -> str | None:

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from rloo.code_fingerprint import changes, parse_param
-from rloo.identity import changed_parts
+from rloo.identity import changed_parts, read_identity
 from rloo_workflow import running
 from rloo_workflow.code_fingerprint import load_identity, load_manifest
 from rloo_workflow.config import JOB_ARGS_DIR, changed_keys
@@ -64,6 +64,21 @@ def _options_changed(root: Path, before: str, now: str) -> str | None:
     return f"before {' '.join(o for o in old if o not in new) or '-'}, now {' '.join(o for o in new if o not in old) or '-'}"
 
 
+PARTS = ("stage", "keys", "upstream", "code", "files")  # an identity's parts (rloo.identity.job_identity)
+
+
+def _differs(old: dict, new: dict, parts: tuple[str, ...] = PARTS) -> bool:
+    return any(old.get(p) != new.get(p) for p in parts)
+
+
+def _recorded(root: Path, outputs: list[str]) -> dict | None:
+    """The parts of the identity a job's output folder records (rloo.identity.IDENTITY_FILE), None where none does."""
+    for out in outputs:
+        if (found := read_identity(root / out)) and isinstance(found.get("parts"), dict):
+            return found["parts"]
+    return None
+
+
 def explain(root: Path, rerun: Rerun) -> list[str]:
     """The reasons of one job, most specific first."""
     lines: list[str] = []
@@ -82,14 +97,25 @@ def explain(root: Path, rerun: Rerun) -> list[str]:
     # the identity's parts (rloo.identity), kept by digest: the chain rules' code part is in them
     old_parts, new_parts = ((load_identity(root, p.removeprefix(IDENTITY_PREFIX)) for p in identity)
                             if len(identity) == 2 else (None, None))
+    if old_parts is None and rerun.job.identity:  # its params as recorded: the identity its output records
+        old_parts = _recorded(root, rerun.job.outputs)
+        new_parts = load_identity(root, rerun.job.identity.removeprefix(IDENTITY_PREFIX)) if old_parts else None
     old_code = next((p for p in before if parse_param(p)), None)
     new_code = next((p for p in now if parse_param(p)), None)
     if old_code and new_code:  # the rules outside the chain: a `code` param
         lines += _code_lines(root, parse_param(old_code)[1], parse_param(new_code)[1])
         before.remove(old_code)
         now.remove(new_code)
-    elif old_parts and new_parts and old_parts.get("code") != new_parts.get("code"):
-        lines += _code_lines(root, str(old_parts.get("code")), str(new_parts.get("code")))
+    elif old_parts and new_parts:  # a chain rule: its identity's parts, stored and current, compared
+        if old_parts.get("code") != new_parts.get("code"):
+            lines += _code_lines(root, str(old_parts.get("code")), str(new_parts.get("code")))
+        if _differs(old_parts, new_parts, ("stage", "keys", "files")):
+            # the code said above, the jobs above it below (their own reruns say it first)
+            same = {p: new_parts.get(p) for p in ("code", "upstream")}
+            lines.append(f"its identity changed: {changed_parts({**old_parts, **same}, new_parts)}")
+        # its `cfg` param: the same keys as the identity's (rloo_workflow.pipeline.job_settings)
+        before = [p for p in before if _config(root, p) is None]
+        now = [p for p in now if _config(root, p) is None]
     old_cfg = next((c for p in before if (c := _config(root, p)) is not None), None)
     new_cfg = next((c for p in now if (c := _config(root, p)) is not None), None)
     if old_cfg is not None and new_cfg is not None:
@@ -102,9 +128,10 @@ def explain(root: Path, rerun: Rerun) -> list[str]:
         lines.append(f"its command's options changed: {changed}")
     if rerun.rebuilt_inputs:
         lines.append(f"its inputs are made again: {', '.join(rerun.rebuilt_inputs)}")
-    if len(identity) == 2 and not lines:  # a part the params above do not name: a job above it, a user's file
-        lines.append(f"its identity changed: {changed_parts(old_parts, new_parts)}" if new_parts is not None else
-                     "the config keys or code of a stage above it changed since its output was made")
+    if not lines and old_parts and new_parts and _differs(old_parts, new_parts):  # a job above it
+        lines.append(f"its identity changed: {changed_parts(old_parts, new_parts)}")
+    elif len(identity) == 2 and not lines:
+        lines.append("the config keys or code of a stage above it changed since its output was made")
     if rerun.updated_inputs:
         lines.append(f"its inputs changed: {', '.join(rerun.updated_inputs)}")
     if rerun.shell_changed:

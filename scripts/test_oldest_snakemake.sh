@@ -3,7 +3,8 @@
 # bound of pyproject.toml's `snakemake>=9.N,<10` (the Snakefile's min_version says the same), its first
 # release, in a venv of its own (.venv-snakemake-oldest; the main .venv has the newest of the range).
 # What runs: the Snakemake-internals canary (tests/integration/test_snakemake_api.py: what sets the oldest),
-# and the micro DAG's dry run with a real rerun of a changed key's stage (tests/e2e/test_every_key.py's test
+# the rules' jobs held to the declaration dvc.yaml is built from (tests/e2e/test_dvc.py, seconds), and the
+# micro DAG's dry run with a real rerun of a changed key's stage (tests/e2e/test_every_key.py's test
 # that needs no shared chain: about a minute, where the micro chain would cost several). .ci/run runs it in
 # the background beside the main suite; the main suite runs the same tests with the newest Snakemake.
 #   bash scripts/test_oldest_snakemake.sh            build the venv if needed, then run those tests
@@ -53,4 +54,5 @@ if [ "$setup_only" = 1 ]; then
 fi
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 python -m pytest -n 0 -ra -p no:cacheprovider tests/integration/test_snakemake_api.py \
-  "tests/e2e/test_every_key.py::test_the_micro_dag_plans_every_stage_and_a_key_of_prepare_reruns_it_for_real" "$@"
+  "tests/e2e/test_every_key.py::test_the_micro_dag_plans_every_stage_and_a_key_of_prepare_reruns_it_for_real" \
+  "tests/e2e/test_dvc.py::test_the_declared_jobs_are_the_rules_jobs" "$@"

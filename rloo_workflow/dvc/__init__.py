@@ -1,8 +1,9 @@
 """DVC for the Snakemake workflow (`rloo dvc -h`, rloo_workflow/dvc/cli.py, says what it does):
 
-    dag.py      the Snakemake DAG, read through Snakemake's API (the one module using its internals)
+    jobs.py     the pipeline's jobs for a config, from the project's declaration (what dvc.yaml is made of)
+    dag.py      why Snakemake would run a job, read through its API (the one module using its internals)
     shell.py    a rule's shell command as a DVC stage command
-    compile.py  the DAG -> dvc.yaml and params.yaml
+    compile.py  the declared jobs -> dvc.yaml and params.yaml
     external.py model sources off the project (an installed package's GGUF file) pinned by hash
     driver.py   running `dvc` (status as JSON, unprotect, relink)
     restore.py  Snakemake's view made to agree with DVC's: mtimes in DAG order, stale records dropped
@@ -14,7 +15,7 @@
 from rloo_workflow.dvc.cli import main
 from rloo_workflow.dvc.commit import commit, commit_run
 from rloo_workflow.dvc.compile import build_pipeline, check, generate, split_params
-from rloo_workflow.dvc.dag import Dag, Job, SnakemakeApiError, snakemake_dag, toposort
+from rloo_workflow.dvc.dag import SnakemakeApiError
 from rloo_workflow.dvc.driver import changed_stages, dvc, is_dvc_repo
 from rloo_workflow.dvc.dvcyaml import (
     DVC_YAML,
@@ -28,6 +29,7 @@ from rloo_workflow.dvc.dvcyaml import (
     stage_name,
     stage_outs,
 )
+from rloo_workflow.dvc.jobs import Dag, Job, declared_dag, toposort
 from rloo_workflow.dvc.restore import missing_but_cached, restore, say_where_outputs_are
 from rloo_workflow.dvc.shell import dvc_command
 
@@ -45,6 +47,7 @@ __all__ = [
     "commit",
     "commit_run",
     "covers",
+    "declared_dag",
     "dvc",
     "dvc_command",
     "expand_stages",
@@ -55,7 +58,6 @@ __all__ = [
     "missing_but_cached",
     "restore",
     "say_where_outputs_are",
-    "snakemake_dag",
     "split_params",
     "stage_deps",
     "stage_name",

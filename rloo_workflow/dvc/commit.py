@@ -13,9 +13,10 @@ from pathlib import Path
 import yaml
 
 from rloo_workflow.dvc.compile import generate
-from rloo_workflow.dvc.dag import run_stages, snakemake_dag
+from rloo_workflow.dvc.dag import plan
 from rloo_workflow.dvc.driver import dvc, dvc_executable, is_dvc_repo, relink_folders, unprotect
 from rloo_workflow.dvc.dvcyaml import ENV_ENABLED, LOCK, DvcError, expand_stages, load_pipeline, log
+from rloo_workflow.dvc.jobs import declared_dag
 from rloo_workflow.dvc.restore import set_mtime, snapshot
 
 
@@ -26,9 +27,10 @@ def commit(root: Path, configfiles: list[str], stages: list[str] | None = None) 
     root = Path(root)
     ran = stages is not None
     if stages is None:
-        state = snakemake_dag(root, configfiles, stages=list(expand_stages(load_pipeline(root))), forceall=False)
-        stages = [j.stage for j in state.jobs if not j.needrun]
-        needrun = sorted(j.stage for j in state.jobs if j.needrun)
+        jobs = declared_dag(root, configfiles, stages=list(expand_stages(load_pipeline(root)))).jobs
+        # what Snakemake would run of them, their outputs its targets
+        needrun = sorted({r.job.stage for r in plan(root, configfiles, [o for j in jobs for o in j.outputs]).reruns})
+        stages = [j.stage for j in jobs if j.stage not in needrun]
         if needrun:
             log(f"not committed (Snakemake would run them): {', '.join(needrun)}")
     # After a run, dvc.yaml holds what was built: the stages dvc.lock already holds and the run's own.
@@ -79,14 +81,15 @@ def commit_run(workflow, config: dict) -> None:
         if dvc_executable() is None:
             log("no `dvc` executable: outputs not committed to DVC")
             return
-        stages = run_stages(workflow)
-        if not stages:
-            return
-        # A fresh process builds the DAG of the whole dvc.yaml (a second Snakemake API inside this
-        # one would disturb its logging); the run's resolved config goes in as its only config file.
+        # The run's resolved config as the only config file, of its jobs (declared: the run's targets and
+        # the jobs above them) and of the commit in a fresh process, which runs `dvc` under the project's lock.
         with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="rloo-dvc-config-", delete=False) as f:
             yaml.safe_dump(json.loads(json.dumps(config)), f, sort_keys=False)
         try:
+            targets = [str(t) for t in workflow.dag_settings.targets]
+            stages = [j.stage for j in declared_dag(root, [f.name], targets=targets, default=not targets).jobs]
+            if not stages:
+                return
             cmd = [sys.executable, "-m", "rloo_workflow.dvc", "commit", "--configfile", f.name, "--stage", *stages]
             res = subprocess.run(cmd, cwd=root)
         finally:

@@ -1,5 +1,5 @@
-"""Snakemake DAG -> dvc.yaml and params.yaml: one DVC stage per rule (a `foreach` stage for a rule
-with a wildcard), its command derived from the rule's shell command, its config keys as params."""
+"""The pipeline's declared jobs (rloo_workflow/dvc/jobs.py) -> dvc.yaml and params.yaml: one DVC stage per rule
+(a `foreach` stage for a rule with a wildcard), its command the rule's, its config keys as params."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import yaml
 from rloo.code_fingerprint import parse_param
 from rloo.io import atomic_path
 from rloo_workflow.code_fingerprint import FINGERPRINTS_FILE
-from rloo_workflow.dvc.dag import SENTINEL, Dag, Job, snakemake_dag
 from rloo_workflow.dvc.dvcyaml import (
     DVC_YAML,
     ITEM,
@@ -29,10 +28,11 @@ from rloo_workflow.dvc.dvcyaml import (
     substitute,
 )
 from rloo_workflow.dvc.external import SOURCE_KEYS, absolute, outside, pin_path, sources, write_pins
+from rloo_workflow.dvc.jobs import SENTINEL, Dag, Job, declared_dag
 from rloo_workflow.dvc.shell import dvc_command
 
 HEADER = """\
-# Generated from the Snakemake DAG by `rloo dvc yaml` (rloo_workflow/dvc/compile.py); do not edit by hand.
+# Generated from the pipeline's declaration by `rloo dvc yaml` (rloo_workflow/dvc/compile.py); do not edit by hand.
 # One stage per Snakemake rule (`rule@value` for a rule with a wildcard): the same command, the rule's
 # inputs as deps, the config keys it passes the stage as params (params.yaml), its code fingerprint as a
 # param (.rloo/fingerprints.yaml, written with params.yaml: a comment edit changes none), its outputs.
@@ -213,7 +213,7 @@ def generate(root: Path, configfiles: list[str], targets: list[str] = (), stages
     Returns (dag, pipeline, changed files)."""
     root = Path(root)
     existing = [] if only else list(expand_stages(load_pipeline(root)))
-    dag = snakemake_dag(root, configfiles, stages=[*existing, *stages], targets=targets, default=not only)
+    dag = declared_dag(root, configfiles, stages=[*existing, *stages], targets=targets, default=not only)
     pipeline = build_pipeline(dag, root)
     changed = []
     if write:
@@ -245,7 +245,7 @@ def stale_fingerprints(root: Path, dag: Dag) -> list[str]:
 
 
 def check(root: Path, configfiles: list[str]) -> list[str]:
-    """Differences between dvc.yaml and params.yaml and a regeneration from the Snakemake DAG and the
+    """Differences between dvc.yaml and params.yaml and a regeneration from the declared jobs and the
     config (empty: in sync). The fingerprints file is not versioned: `stale_fingerprints` says whether
     it is current."""
     root = Path(root)
@@ -271,7 +271,7 @@ def check(root: Path, configfiles: list[str]) -> list[str]:
         if name not in have:
             problems.append(f"stage {name}: missing from {DVC_YAML}")
         elif name not in want:
-            problems.append(f"stage {name}: no longer produced by the Snakemake workflow")
+            problems.append(f"stage {name}: no longer produced by the workflow")
         elif have[name] != want[name]:
             fields = sorted(k for k in set(have[name]) | set(want[name]) if have[name].get(k) != want[name].get(k))
             problems.append(f"stage {name}: differs in {', '.join(fields)}")

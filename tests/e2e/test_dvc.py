@@ -300,24 +300,79 @@ def test_the_repositorys_dvc_yaml_is_in_sync_with_the_rules():
 
 @pytest.mark.slow
 def test_dvc_yaml_check_names_the_stage_and_field_that_differ(tmp_path):
+    """dvc.yaml is compiled from the declaration (rloo_workflow/dvc/jobs.py), which the rules read too
+    (test_the_declared_jobs_are_the_rules_jobs): a change there that dvc.yaml does not carry yet is named."""
     copy = make_copy(tmp_path / "copy")
     for name in ("dvc.yaml", "params.yaml"):
         shutil.copy2(ROOT / name, copy / name)
     res = run(copy, "rloo", "dvc", "yaml", "--check", check=False)
     assert res.returncode == 0, f"dvc.yaml is out of date: run `rloo dvc yaml`\n{res.stderr}"
-    rule = copy / "workflow" / "rules" / "toy.smk"
-    original = rule.read_text()
-    rule.write_text(original.replace("    output:\n", '    input:\n        extra="config/config.yaml",\n    output:\n', 1))
+    declared = copy / "rloo_workflow" / "commands.py"  # a local input more: a dep
+    original = declared.read_text()
+    declared.write_text(original.replace('"comparison": judge}', '"comparison": judge, "toy": {"extra": ["config/config.yaml"]}}'))
     res = run(copy, "rloo", "dvc", "yaml", "--check", check=False)
     assert res.returncode == 1 and "stage toy: differs in deps" in res.stderr, res.stderr
-    rule.write_text(original.replace('OUT["toy"]["plot"],', '"results/toy_variance_plot.png",'))  # a renamed output
+    declared.write_text(original)
+    stages_py = copy / "rloo" / "stages.py"  # a renamed output: the command's option and the outs
+    stages_py.write_text(stages_py.read_text().replace('"plot": "{results}/toy_variance.png"',
+                                                       '"plot": "{results}/toy_variance_plot.png"'))
     res = run(copy, "rloo", "dvc", "yaml", "--check", check=False)
     assert res.returncode == 1 and "stage toy: differs in cmd, outs" in res.stderr, res.stderr
-    rule.write_text(original)
+    shutil.copy2(ROOT / "rloo" / "stages.py", stages_py)
     config = copy / "config" / "config.yaml"  # a changed default that params.yaml does not carry yet
     config.write_text(re.sub(r"(?m)^(  beta: )\S+", r"\g<1>0.125", config.read_text(), count=1))
     res = run(copy, "rloo", "dvc", "yaml", "--check", check=False)
     assert res.returncode == 1 and "params.yaml: differs from the config in rloo.beta" in res.stderr, res.stderr
+
+
+@pytest.mark.slow
+def test_a_missing_or_invalid_config_file_is_one_line_naming_it(tmp_path):
+    """dvc.yaml's config is read without Snakemake (rloo_workflow/dvc/jobs.py resolved_config): a config file
+    that is not there, or not valid, is one line naming it, and nothing is written."""
+    copy = make_copy(tmp_path / "copy")
+    (copy / "config" / "bad.yaml").write_text("rloo: {nope: 1}\n")
+    for files, said in ((["config/missing.yaml"], "config/missing.yaml: No such file or directory"),
+                        (["config/micro.yaml", "config/bad.yaml"], "config/bad.yaml: invalid configuration")):
+        res = run(copy, "rloo", "dvc", "yaml", "--configfile", *files, check=False)
+        assert res.returncode == 1 and said in res.stderr and "Traceback" not in res.stderr, res.stderr
+        assert not (copy / "dvc.yaml").exists()
+
+
+# Every kind of target, on the micro config with a sweep and two seeds, and on the GPU config (an LLM judge).
+DECLARED_TARGETS = {
+    "micro": (["config/micro.yaml", "config/test.yaml", "config/variants.yaml"],
+              ["results/gsm8k_grpo.json", "results/comparison.json", "results/sweeps/lr.json",
+               "results/seeds/gsm8k_rloo.json"]),
+    "gpu": (["config/gpu.yaml"], ["results/comparison.json"]),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(DECLARED_TARGETS))
+def test_the_declared_jobs_are_the_rules_jobs(tmp_path, name):
+    """Issue 70: dvc.yaml is built from the project's own declaration (rloo_workflow/dvc/jobs.py: no Snakemake
+    object read), and the rules read their paths, commands, logs and local inputs from the same declaration
+    (rloo_workflow/pipeline.py, rloo_workflow/commands.py). Held to each other here: on a fresh copy, the jobs
+    Snakemake would run for every kind of target are the declared jobs, with the same inputs, outputs, DVC
+    command, config and benchmark file, and the foreach templates too."""
+    from rloo_workflow.dvc.dag import plan
+    from rloo_workflow.dvc.jobs import declared_dag
+
+    copy = make_copy(tmp_path / "copy")
+    (copy / "config" / "variants.yaml").write_text("sweeps: {lr: {rloo.lr: [0.001, 0.002]}}\nseeds: {values: [0, 1]}\n")
+    files, targets = DECLARED_TARGETS[name]
+    configfiles = [str(copy / f) for f in files]
+
+    def view(job) -> dict:
+        return {"inputs": job.inputs, "outputs": job.outputs, "cmd": rdvc.dvc_command(job.shellcmd, {}, root=copy),
+                "cfg": job.cfg, "benchmark": job.benchmark, "rule": job.rule, "wildcards": job.wildcards}
+
+    snakemakes = {r.job.stage: view(r.job) for r in plan(copy, configfiles, targets).reruns}
+    declared = declared_dag(copy, configfiles, targets=targets)
+    assert snakemakes == {j.stage: view(j) for j in declared.jobs}
+    assert len(snakemakes) > (40 if name == "micro" else 30), sorted(snakemakes)  # every kind of job came
+    foreach = {j.rule for j in declared.jobs if "@" in j.stage}
+    assert set(declared.templates) == foreach and {"rloo", "report", "rloo_seed" if name == "micro" else "judge"} <= foreach
 
 
 @pytest.mark.slow

@@ -226,7 +226,35 @@ def test_why_rerun_without_configfile_reads_what_the_last_run_was_given(run):
             in bare.stderr), bare.stderr
     assert job_counts(snakemake(c, "-n", "--quiet", "rules").stdout)  # Snakemake's own bare dry run: config.yaml
     given = why("--configfile", "config/config.yaml")
-    assert "prepare: its config changed: data." in given.stdout and "last run" not in given.stderr, given.stdout
+    assert "prepare: its identity changed: keys data." in given.stdout and "last run" not in given.stderr, given.stdout
+
+
+def test_a_changed_key_clears_the_work_folder_under_snakemake_and_why_rerun_names_the_identity_part(
+        micro_workflow, tmp_path):
+    """Issue 70: a key SFT reads changes after a finished run. `rloo why-rerun` names it as the part of the
+    job's identity that changed (the stored parts against the current ones); Snakemake reruns SFT, whose
+    work folder holds the old job's checkpoints: cleared, with one line in the job's log naming the change
+    (--work-guard; `rloo sft` by hand refuses them: tests/unit/test_identity.py). Then the jobs below SFT
+    rerun because the identity of their input changed, which why-rerun names too."""
+    c = copy_tree(micro_workflow["copy"], tmp_path / "wf")
+    (c / "config" / "lr.yaml").write_text("sft: {lr: 0.002}\n")
+    configs = [*CONFIGFILES, "config/lr.yaml"]
+
+    def why(*stages: str) -> str:
+        res = subprocess.run(["rloo", "why-rerun", *stages, *configs], cwd=c, env=env_for(c), capture_output=True,
+                             text=True, timeout=300)
+        assert res.returncode == 0, res.stderr
+        return res.stdout
+
+    assert why("sft") == "sft: its identity changed: keys sft.lr\n"
+    assert list((c / "results/work/sft/checkpoints").iterdir())  # the finished job's
+    res = snakemake(c, "results/models/sft", "--cores", "1", *configs)
+    assert job_counts(res.stdout + res.stderr) == {"sft": 1}
+    log = (c / "logs/sft.log").read_text()
+    assert "workdir results/work/sft: cleared: its checkpoints are another job's (changed: keys sft.lr)" in log, log[-3000:]
+    said = why("reward")
+    assert said.startswith("reward: its identity changed: upstream policy\n"), said
+    assert "its inputs changed: results/models/sft" in said, said
 
 
 def test_gpu_config_plans_the_whole_pipeline_with_cluster_resources(tmp_path):

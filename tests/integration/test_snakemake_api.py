@@ -1,8 +1,8 @@
-"""Canary for the Snakemake internals behind dvc.yaml (rloo_workflow/dvc/dag.py).
+"""Canary for the Snakemake internals behind `rloo why-rerun` and the stages `rloo dvc commit` leaves out
+(rloo_workflow/dvc/dag.py; dvc.yaml itself is compiled from the project's declaration, rloo_workflow/dvc/jobs.py).
 
-Snakemake has no public route to a job's wildcards, formatted shell command and benchmark file, nor to
-the job of a wildcard value no target asks for, so rloo_workflow.dvc.dag reads them off Snakemake's objects:
-every such attribute is declared in `dag.INTERNALS` and read through `attr()`/`call()`, which raise
+Snakemake has no public route to its reason for running a job, nor to the lock check it would make, so
+rloo_workflow.dvc.dag reads them off Snakemake's objects: every such attribute is declared in `dag.INTERNALS` and read through `attr()`/`call()`, which raise
 SnakemakeApiError naming the call and the installed Snakemake version. These tests run every one of
 them on a small workflow (seconds, no pipeline), so a Snakemake upgrade that breaks one fails here
 with that message; pyproject.toml allows the releases they pass with (scripts/test_oldest_snakemake.sh
@@ -23,7 +23,7 @@ import pytest
 import snakemake.api  # noqa: F401  (first: snakemake.workflow imports it back)
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
-from snakemake.rules import Rule
+from snakemake.dag import DAG
 from snakemake.workflow import Workflow
 
 from rloo_workflow.dvc import dag as smk
@@ -74,55 +74,36 @@ def _declared() -> set[tuple[str, str]]:
     return {(owner, name) for owner, names in smk.INTERNALS.items() for name in names}
 
 
-def test_every_internal_works_with_the_installed_snakemake(workflow_dir, capsys):
+def test_every_internal_works_with_the_installed_snakemake(workflow_dir):
     smk.USED.clear()
     cwd = os.getcwd()
-    dag = smk.snakemake_dag(workflow_dir, [], stages=["b@y", "gone", "b@z"])
+    reasons = {r.job.stage: r for r in smk.plan(workflow_dir, []).reruns}  # nothing made yet: every job
     assert os.getcwd() == cwd
-    err = capsys.readouterr().err
-    assert "stage gone: no rule gone" in err and "stage b@z: rule b does not accept 'z'" in err, err
-    jobs = {j.stage: j for j in dag.jobs}
-    assert [j.stage for j in dag.jobs] == ["a", "b@x", "b@y"]
+    assert list(reasons) == ["a", "b@x"] and all(r.missing for r in reasons.values())
+    jobs = {stage: r.job for stage, r in reasons.items()}
     assert jobs["a"].cfg == '{"k": 1}' and jobs["a"].outputs == ["a.txt"] and jobs["a"].inputs == []
     assert jobs["a"].shellcmd == """echo '{"k": 1}' > a.txt"""
     assert jobs["b@x"].wildcards == {"name": "x"} and jobs["b@x"].inputs == ["a.txt"]
     assert jobs["b@x"].shellcmd == "cp a.txt out/x.txt 2> logs/b_x.log"
     assert jobs["b@x"].benchmark == "bench/b_x.tsv" and jobs["b@x"].cfg is None
-    assert all(j.needrun for j in dag.jobs)
-    template = dag.templates["b"]  # the sentinel the wildcard constraint would refuse
-    assert list(dag.templates) == ["b"] and template.outputs == [f"out/{smk.SENTINEL}.txt"]
-    assert template.shellcmd == f"cp a.txt out/{smk.SENTINEL}.txt 2> logs/b_{smk.SENTINEL}.log"
-    assert dag.config == {"k": 1}
-
-    # which jobs Snakemake would run: none once every output exists, newest last
-    for i, path in enumerate(["a.txt", "out/x.txt", "bench/b_x.tsv"]):
-        (workflow_dir / path).parent.mkdir(exist_ok=True)
-        (workflow_dir / path).write_text("")
-        os.utime(workflow_dir / path, (1e9 + i, 1e9 + i))
-    assert {j.stage: j.needrun for j in smk.snakemake_dag(workflow_dir, [], forceall=False).jobs} == {
-        "a": False, "b@x": False}
-
-    # what commit_run reads of the workflow Snakemake hands its onsuccess handler
-    with smk.built_dag(workflow_dir, [], targets=["out/y.txt"]) as workflow:
-        assert smk.run_stages(workflow) == ["a", "b@x", "b@y"]
 
     # why a job would run again (rloo why-rerun): the records of a real run, then a changed param
     (workflow_dir / "logs").mkdir()
     subprocess.run([str(Path(sys.executable).parent / "snakemake"), "--cores", "1", "--forceall"], cwd=workflow_dir,
                    check=True, capture_output=True)
-    assert smk.rerun_reasons(workflow_dir, []) == []
+    assert smk.plan(workflow_dir, []).reruns == []
     (workflow_dir / "config.yaml").write_text("k: 2\n")
-    reasons = {r.job.stage: r for r in smk.rerun_reasons(workflow_dir, [])}
+    reasons = {r.job.stage: r for r in smk.plan(workflow_dir, []).reruns}
     assert list(reasons) == ["a", "b@x"]
     assert (reasons["a"].params_before, reasons["a"].params_now) == (['{"k": 1}'], ['{"k": 2}'])
     assert reasons["b@x"].rebuilt_inputs == ["a.txt"] and not reasons["b@x"].params_now
     (workflow_dir / "config.yaml").write_text("k: 1\n")
-    assert smk.rerun_reasons(workflow_dir, []) == []
+    assert smk.plan(workflow_dir, []).reruns == []
     (workflow_dir / "stale").touch()  # a job forced from its input function (force_rerun)
-    assert [(r.job.stage, r.forced) for r in smk.rerun_reasons(workflow_dir, [])] == [("b@x", True)]
+    assert [(r.job.stage, r.forced) for r in smk.plan(workflow_dir, []).reruns] == [("b@x", True)]
     (workflow_dir / "stale").unlink()
     (workflow_dir / "out/x.txt").unlink()
-    assert [(r.job.stage, r.missing) for r in smk.rerun_reasons(workflow_dir, [])] == [("b@x", ["out/x.txt"])]
+    assert [(r.job.stage, r.missing) for r in smk.plan(workflow_dir, []).reruns] == [("b@x", ["out/x.txt"])]
 
     unused = _declared() - smk.USED
     assert not unused, f"declared in rloo_workflow.dvc.dag.INTERNALS but not exercised here: {sorted(unused)}"
@@ -130,19 +111,19 @@ def test_every_internal_works_with_the_installed_snakemake(workflow_dir, capsys)
 
 @pytest.mark.parametrize(("owner", "cls", "name"), [
     ("Workflow", Workflow, "_build_dag"),
-    ("Rule", Rule, "get_wildcards"),
+    ("DAG", DAG, "needrun"),
 ])
 def test_a_missing_internal_is_named_with_the_installed_version(workflow_dir, monkeypatch, owner, cls, name):
     monkeypatch.delattr(cls, name)
     with pytest.raises(smk.SnakemakeApiError) as e:
-        smk.snakemake_dag(workflow_dir, [], stages=["b@y"])
+        smk.plan(workflow_dir, [])
     assert f"Snakemake {version('snakemake')}: {owner}.{name} is gone" in str(e.value)
 
 
 def test_an_internal_with_other_arguments_is_named(workflow_dir, monkeypatch):
     monkeypatch.setattr(Workflow, "_prepare_dag", lambda self, forceall, nolock: None)
     with pytest.raises(smk.SnakemakeApiError, match=r"Workflow\._prepare_dag takes other arguments"):
-        smk.snakemake_dag(workflow_dir, [])
+        smk.plan(workflow_dir, [])
 
 
 def test_pyproject_allows_a_range_of_snakemake_9_whose_oldest_the_snakefile_requires():

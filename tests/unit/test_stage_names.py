@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from rloo.settings import Config
 from rloo_workflow import cli
+from rloo_workflow.commands import job_logs
 from rloo_workflow.pipeline import STAGES, run_name
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,11 +41,14 @@ def rules() -> dict[str, str]:
     return out
 
 
-def rule_log(block: str) -> str:
-    """The rule's (first) log file as the table writes it: {logs}/..., Snakemake's {{wildcard}} as {wildcard}."""
-    m = re.search(r'(?ms)^    log:\n.*?f"\{LOGS\}/([^"]+)"', block)
-    assert m, block
-    return "{logs}/" + m.group(1).replace("{{", "{").replace("}}", "}")
+def rule_log(name: str, block: str) -> str:
+    """The rule's (first) log file as the table writes it ({logs}/..., its wildcards as {wildcard}): the one
+    the declaration gives (rloo_workflow.commands.job_logs), which the rule reads (`LOG[stage]["log"]`)."""
+    logs = re.search(r"(?ms)^    log:\n(.*?)(?=^    \S)", block)
+    assert logs and f'LOG["{name}"]["log"]' in logs.group(1), block
+    cfg = Config()  # the default paths: `logs` is the table's {logs}
+    declared = job_logs(name, cfg, "{estimator}", "{policy}", sweep="{sweep}")["log"]
+    return "{logs}/" + declared.removeprefix(f"{cfg.paths.logs}/")
 
 
 def verbs() -> dict[str, str]:
@@ -74,7 +79,7 @@ def check(text: str) -> None:
         # its code fingerprint is its stage's: its `code` param, or a part of a chain rule's `identity`
         assert any(f'{param}("{name}")' in blocks[row["rule"]] for param in ("code", "chain_identity")), \
             f"rule {name}: its code param is not code(\"{name}\") nor its identity chain_identity(\"{name}\")"
-        assert row["log"] == rule_log(blocks[row["rule"]]), row
+        assert row["log"] == rule_log(name, blocks[row["rule"]]), row
         assert Path(row["log"]).name.startswith(name), row
         verb = row["CLI verb"].removeprefix("rloo ")
         assert cli_verbs.get(verb) == verb == stage.verb, f"{name}: `rloo {verb}` is not its command"

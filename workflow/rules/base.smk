@@ -5,20 +5,19 @@ rule base:
     input:
         unpack(chain_inputs("base")),
         # model.name_or_path / model.tokenizer when they are local folders; the GGUF file itself
-        start=local_inputs(SETTINGS.model.name_or_path, SETTINGS.model.tokenizer) + gguf_input(config),
+        **LOCAL_INPUTS["base"],
     output:
         model=directory(OUT["base"]["model"]),
     params:
         cfg=chain_cfg("base"),
         identity=chain_identity("base"),
-        args=job_args("base", "--job-config {cfg} {variant} {data} --out {output.model}", cfg=chain_cfg("base"),
-                      variant=variant_arg, data=base_data_arg),
+        args=chain_args("base"),
     conda:
         RLOO_ENV
     log:
-        f"{LOGS}/base.log",
+        LOG["base"]["log"],
     benchmark:
-        f"{LOGS}/benchmarks/base.tsv"
+        LOG["base"]["benchmark"]
     threads: 1
     shell:
         "rloo base @{params.args} --log {log}"

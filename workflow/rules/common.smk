@@ -1,7 +1,5 @@
 # Shared helpers: the validated config, what each stage reads of it, stage code fingerprints, resources.
-import inspect
 import os
-import shlex
 import sys
 from pathlib import Path
 
@@ -11,10 +9,9 @@ from rloo_workflow.config import config_extends as _config_extends
 from rloo_workflow.config import load_schema
 from rloo_workflow.config import job_args_file, job_config_file
 from rloo_workflow.config import validate as _validate_config
-from rloo_workflow.config import with_overrides
 from rloo_workflow.dvc.dag import force_rerun
+from rloo_workflow.commands import aggregate_options, chain_options, job_logs, local_inputs
 from rloo_workflow.launch import srun_command
-from rloo.model.base import gguf_file
 from rloo.settings import Config
 from rloo_workflow.pipeline import STAGES, VARIANT_FIELDS, VARIANT_PATTERN, identity, job_inputs, job_settings, outputs
 from rloo_workflow.pipeline import stage_config as _stage_config
@@ -46,6 +43,10 @@ LOGS = SETTINGS.paths.logs
 # Each rule's output paths, from the pipeline's one declaration (rloo_workflow/pipeline.py): the CLI's defaults,
 # MLflow's output tags and dvc.yaml agree with these (tests/e2e/test_pipeline.py). `{estimator}` is a wildcard.
 OUT = {name: rule_outputs(name, config) for name in STAGES}
+# Their logs and benchmark files, and the local files their config names as inputs (rloo_workflow.commands: what
+# dvc.yaml's compiler reads too). `{estimator}`, `{policy}` and `{sweep}` are wildcards.
+LOG = {name: job_logs(name, config, "{estimator}", "{policy}", sweep="{sweep}") for name in STAGES}
+LOCAL_INPUTS = {name: local_inputs(name, config) for name in STAGES}
 
 # Every estimator of the RLOO stage (results/gsm8k_{estimator}.json); the default target uses the
 # config's own rloo.estimator.
@@ -86,25 +87,12 @@ def code(stage):
 _CODE = {}
 
 
-def local_inputs(*values):
-    """Config values that name existing local files or folders (a model to start from, JSONL data):
-    inputs, so replacing them reruns the stage. Hub ids and nulls are ignored."""
-    return [v for v in values if v and os.path.exists(v)]
-
-
-def job_args(stage, template, **values):
-    """A rule's `args` param: its command's options, `template` as a shell would read it, formatted with the
-    job's `input`, `output` and `wildcards` and with `values` (strings, or functions of those, as a param's
-    are), in a file named by its content (rloo_workflow.config.job_args_file). The command is then
+def aggregate_args(stage, output, results=None, **more):
+    """The `args` param of a job outside the chain: its command's options (rloo_workflow.commands.aggregate_options,
+    declared once), in a file named by its content (rloo_workflow.config.job_args_file). The command is then
     `rloo <verb> @{params.args} ... --log {log}`: one short line where Snakemake prints it (a job's start, and
     twice when it fails), its options one `cat` away."""
-    def args(wildcards, input, output):
-        known = {"wildcards": wildcards, "input": input, "output": output}
-        fields = {name: v(**{p: known[p] for p in inspect.signature(v).parameters}) if callable(v) else v
-                  for name, v in values.items()}
-        return job_args_file(stage, shlex.split(template.format(**known, **fields)))
-
-    return args
+    return job_args_file(stage, aggregate_options(stage, config, dict(output.items()), stage_config(stage), results, **more))
 
 
 # A chain rule serves the main chain and, as `<rule>_variant` (workflow/rules/variants.smk), every seed
@@ -125,12 +113,6 @@ def job_policy(wildcards):
 def job_variant(wildcards):
     """The job's variant (rloo_workflow.pipeline.parse_variant of its `variant` wildcard); None for the main chain's."""
     return parse_variant(config, wildcards.variant) if "variant" in wildcards.keys() else None
-
-
-def job_config(wildcards):
-    """The job's whole config: the config, with its variant's keys set."""
-    v = job_variant(wildcards)
-    return with_overrides(config, v.overrides) if v else config
 
 
 _STALE_SAID = set()
@@ -182,6 +164,17 @@ def chain_cfg(stage):
                                                                  job_variant(wildcards), job_policy(wildcards)))
 
 
+def chain_args(stage):
+    """A chain rule's `args` param: its command's options, declared once for the rules and for what else builds
+    a job's command (rloo_workflow.commands.chain_options), in a file named by its content (job_args_file)."""
+    def args(wildcards, input, output):
+        return job_args_file(stage, chain_options(stage, config, dict(input.items()), dict(output.items()),
+                                                  chain_cfg(stage)(wildcards), job_estimator(wildcards),
+                                                  job_variant(wildcards), job_policy(wildcards)))
+
+    return args
+
+
 def chain_identity(stage):
     """A chain rule's `identity` param: `identity:<digest>`, the job's rerun identity (rloo.identity.job_identity,
     through rloo_workflow.pipeline.identity): the keys it reads, its code and user files, and the same of every
@@ -208,42 +201,10 @@ def _job_code(stage, cfg):
 _SAVED = set()
 
 
-def chain_work(stage):
-    """A training rule's work folder (checkpoints): the job's own, a variant's below its folder."""
-    return lambda wildcards: work_dir(stage, config, job_estimator(wildcards), job_variant(wildcards))
-
-
-def variant_arg(wildcards):
-    """`--variant LABEL` of a variant's job: its MLflow run is named <stage>[LABEL] (rloo[seed=1])."""
-    v = job_variant(wildcards)
-    return f"--variant {shlex.quote(v.label)}" if v else ""
-
-
-def reward_model_arg(wildcards, input):
-    return f"--reward-model {input.reward_model}" if "reward_model" in input.keys() else ""
-
-
-def base_data_arg(wildcards, input):
-    return f"--data {os.path.dirname(input.train)}" if "train" in input.keys() else ""
-
-
-def gguf_input(cfg):
-    """The GGUF file `model.gguf` names (a path, or a file inside an installed package), as an input."""
-    gguf = Config.of(cfg).model.gguf
-    return [str(gguf_file(gguf))] if gguf else []
-
-
-def data_dir(wildcards, input):
-    """The data folder, from the rule's data inputs."""
-    return os.path.dirname(input.train if "train" in input.keys() else input.test)
-
-
 # GPUs of a judge a job serves itself (evaluate.llm_judge.serve): the judge and comparison rules ask for
 # them (those jobs hold no policy).
 _SERVE = SETTINGS.evaluate.llm_judge.serve if SETTINGS.evaluate.judge == "llm" else None
 JUDGE_GPUS = _SERVE.gpus if _SERVE else 0
-# The served judge's weights, when they are a local folder: an input, so replacing them reruns the judging.
-JUDGE_MODEL = local_inputs(_SERVE.model) if _SERVE else []
 
 
 # Threads of the torch stages: config `threads`, else 8. Locally Snakemake lowers them to --cores;

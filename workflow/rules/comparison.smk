@@ -4,7 +4,7 @@ rule comparison:
         unpack(guarded(OUT["comparison"].values(), {
             "results": expand(OUT["report"]["result"], estimator=COMPARED),
             "records": expand(OUT["evaluate"]["records"], policy=COMPARED)})),
-        judge=JUDGE_MODEL,
+        **LOCAL_INPUTS["comparison"],
     output:
         result=OUT["comparison"]["result"],
         plot=report(
@@ -16,21 +16,16 @@ rule comparison:
         code=code("comparison"),
         cfg=lambda wildcards: stage_config("comparison"),
         # the judge's output goes to `rloo comparison`'s default, log.judge: the command stays one short line
-        args=job_args(
-            "comparison", "--job-config {cfg} {results} {timings} --out {output.result} --plot {output.plot}",
-            cfg=lambda wildcards: stage_config("comparison"),
-            results=lambda input: " ".join(
-                f"--result {e}={f} --records {e}={r}" for e, f, r in zip(COMPARED, input.results, input.records, strict=True)
-            ),
-            # wall-clock figures of the RLOO runs: beside their checkpoints, not in any output
-            timings=" ".join(f"--timings {e}={work_dir('rloo', config, e)}/timings.json" for e in COMPARED)),
+        args=lambda wildcards, input, output: aggregate_args("comparison", output,
+                                                             dict(zip(COMPARED, input.results, strict=True)),
+                                                             records=dict(zip(COMPARED, input.records, strict=True))),
     conda:
         RLOO_ENV
     log:
-        stage=f"{LOGS}/comparison.log",
-        judge=f"{LOGS}/comparison.judge.log",
+        stage=LOG["comparison"]["log"],
+        judge=LOG["comparison"]["judge_log"],
     benchmark:
-        f"{LOGS}/benchmarks/comparison.tsv"
+        LOG["comparison"]["benchmark"]
     threads: 1
     resources:
         **judge_resources(),  # its size: the cluster profile's set-resources (slurm/config.yaml)

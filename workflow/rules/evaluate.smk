@@ -14,15 +14,13 @@ rule evaluate:
     params:
         cfg=chain_cfg("evaluate"),
         identity=chain_identity("evaluate"),
-        args=job_args("evaluate", "--job-config {cfg} {variant} --data {data} --policy {wildcards.policy}={input.policy} "
-                      "--sft {input.sft} --reward-model {input.reward_model} --out {output.records}",
-                      cfg=chain_cfg("evaluate"), variant=variant_arg, data=data_dir),
+        args=chain_args("evaluate"),
     conda:
         RLOO_ENV
     log:
-        f"{LOGS}/evaluate_{{policy}}.log",
+        LOG["evaluate"]["log"],
     benchmark:
-        f"{LOGS}/benchmarks/evaluate_{{policy}}.tsv"
+        LOG["evaluate"]["benchmark"]
     threads: TORCH_THREADS
     resources:
         **cluster_resources("evaluate"),  # its size: the cluster profile's set-resources (slurm/config.yaml)
@@ -34,22 +32,20 @@ rule judge:
     input:
         unpack(chain_inputs("judge")),
         # the served judge's weights, where they are a local folder
-        judge=JUDGE_MODEL,
+        **LOCAL_INPUTS["judge"],
     output:
         **OUT["judge"],
     params:
         cfg=chain_cfg("judge"),
         identity=chain_identity("judge"),
-        args=job_args("judge", "--job-config {cfg} {variant} --policy {policy} --sft {input.sft} --out {output.result}",
-                      cfg=chain_cfg("judge"), variant=variant_arg,
-                      policy=lambda wildcards, input: f"{job_estimator(wildcards) or ESTIMATOR}={input.policy}"),
+        args=chain_args("judge"),
     conda:
         RLOO_ENV
     log:
-        stage=f"{LOGS}/judge_{{estimator}}.log",
-        judge=f"{LOGS}/judge_{{estimator}}.judge.log",
+        stage=LOG["judge"]["log"],
+        judge=LOG["judge"]["judge_log"],
     benchmark:
-        f"{LOGS}/benchmarks/judge_{{estimator}}.tsv"
+        LOG["judge"]["benchmark"]
     threads: 1
     resources:
         **judge_resources(),  # its size: the cluster profile's set-resources (slurm/config.yaml)
@@ -81,21 +77,13 @@ rule report:
     params:
         cfg=chain_cfg("report"),
         identity=chain_identity("report"),
-        args=job_args(
-            "report", "--job-config {cfg} {variant} --policy {policy} --sft {input.sft} --base {input.base} "
-            "--training {input.training} --data {data} {judged} --out {output.result} --plots {plots}",
-            cfg=chain_cfg("report"), variant=variant_arg,
-            data=lambda input: os.path.dirname(input.manifest),
-            plots=lambda output: os.path.dirname(output.policies),
-            # the trained policy's name in the results: its estimator (a sweep may set rloo.estimator)
-            policy=lambda wildcards, input: f"{job_estimator(wildcards) or job_config(wildcards)['rloo']['estimator']}={input.policy}",
-            judged=lambda input: f"--judged {input.judged}" if "judged" in input.keys() else ""),
+        args=chain_args("report"),
     conda:
         RLOO_ENV
     log:
-        f"{LOGS}/report_{{estimator}}.log",
+        LOG["report"]["log"],
     benchmark:
-        f"{LOGS}/benchmarks/report_{{estimator}}.tsv"
+        LOG["report"]["benchmark"]
     threads: 1
     shell:
         "rloo report @{params.args} --log {log}"

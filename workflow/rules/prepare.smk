@@ -1,22 +1,19 @@
 rule prepare:
     input:
         # data.source=jsonl: the local files are inputs too (replacing one reruns prepare)
-        files=local_inputs(SETTINGS.data.train_file, SETTINGS.data.test_file)
-        if SETTINGS.data.source == "jsonl"
-        else [],
+        **LOCAL_INPUTS["prepare"],
     output:
         **OUT["prepare"],
     params:
         cfg=chain_cfg("prepare"),
         identity=chain_identity("prepare"),
-        args=job_args("prepare", "--job-config {cfg} {variant} --out {out}", cfg=chain_cfg("prepare"),
-                      variant=variant_arg, out=lambda output: os.path.dirname(output.manifest)),
+        args=chain_args("prepare"),
     conda:
         RLOO_ENV
     log:
-        f"{LOGS}/prepare.log",
+        LOG["prepare"]["log"],
     benchmark:
-        f"{LOGS}/benchmarks/prepare.tsv"
+        LOG["prepare"]["benchmark"]
     threads: 1
     shell:
         "rloo prepare @{params.args} --log {log}"

@@ -2,21 +2,19 @@ rule reward:
     input:
         unpack(chain_inputs("reward")),
         # reward.init when it is a local folder
-        start=local_inputs(SETTINGS.reward.init),
+        **LOCAL_INPUTS["reward"],
     output:
         model=directory(OUT["reward"]["model"]),
     params:
         cfg=chain_cfg("reward"),
         identity=chain_identity("reward"),
-        args=job_args("reward", "--job-config {cfg} {variant} --data {data} --policy {input.policy} "
-                      "--out {output.model} --work {work} --work-guard", cfg=chain_cfg("reward"), variant=variant_arg,
-                      data=data_dir, work=chain_work("reward")),
+        args=chain_args("reward"),
     conda:
         RLOO_ENV
     log:
-        f"{LOGS}/reward.log",
+        LOG["reward"]["log"],
     benchmark:
-        f"{LOGS}/benchmarks/reward.tsv"
+        LOG["reward"]["benchmark"]
     threads: TORCH_THREADS
     resources:
         **cluster_resources("reward"),  # its size: the cluster profile's set-resources (slurm/config.yaml)

@@ -6,15 +6,13 @@ rule rloo:
     params:
         cfg=chain_cfg("rloo"),
         identity=chain_identity("rloo"),
-        args=job_args("rloo", "--job-config {cfg} {variant} --data {data} --policy {input.policy} {reward_model} "
-                      "--out {output.model} --work {work} --work-guard", cfg=chain_cfg("rloo"), variant=variant_arg,
-                      data=data_dir, reward_model=reward_model_arg, work=chain_work("rloo")),
+        args=chain_args("rloo"),
     conda:
         RLOO_ENV
     log:
-        f"{LOGS}/rloo_{{estimator}}.log",
+        LOG["rloo"]["log"],
     benchmark:
-        f"{LOGS}/benchmarks/rloo_{{estimator}}.tsv"
+        LOG["rloo"]["benchmark"]
     threads: TORCH_THREADS
     # the longest path (RLOO, its evaluation, the report) starts first: base's and SFT's evaluations,
     # ready at the same time, fill the cores beside it; and a rerun's first error is the training's

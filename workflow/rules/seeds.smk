@@ -9,15 +9,13 @@ rule seeds:
     params:
         code=code("seeds"),
         cfg=lambda wildcards: stage_config("seeds"),
-        args=job_args("seeds", "--job-config {cfg} {results} --out {output.result} --plot {output.plot}",
-                      cfg=lambda wildcards: stage_config("seeds"),
-                      results=" ".join(f"--result {s}={f}" for s, f in SEED_RESULTS.items())),
+        args=lambda wildcards, output: aggregate_args("seeds", output, SEED_RESULTS),
     conda:
         RLOO_ENV
     log:
-        f"{LOGS}/seeds.log",
+        LOG["seeds"]["log"],
     benchmark:
-        f"{LOGS}/benchmarks/seeds.tsv"
+        LOG["seeds"]["benchmark"]
     threads: 1
     shell:
         "rloo seeds @{params.args} --log {log}"

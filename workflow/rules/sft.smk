@@ -6,15 +6,13 @@ rule sft:
     params:
         cfg=chain_cfg("sft"),
         identity=chain_identity("sft"),
-        args=job_args("sft", "--job-config {cfg} {variant} --data {data} --base {input.base} --out {output.model} "
-                      "--work {work} --work-guard", cfg=chain_cfg("sft"), variant=variant_arg, data=data_dir,
-                      work=chain_work("sft")),
+        args=chain_args("sft"),
     conda:
         RLOO_ENV
     log:
-        f"{LOGS}/sft.log",
+        LOG["sft"]["log"],
     benchmark:
-        f"{LOGS}/benchmarks/sft.tsv"
+        LOG["sft"]["benchmark"]
     threads: TORCH_THREADS
     resources:
         **cluster_resources("sft"),  # its size: the cluster profile's set-resources (slurm/config.yaml)

@@ -11,17 +11,15 @@ rule sweep:
     params:
         code=code("sweep"),
         cfg=lambda wildcards: stage_config("sweep"),
-        args=job_args("sweep", "--job-config {cfg} --name {wildcards.sweep} {results} --out {output.result} "
-                      "--plot {output.plot}", cfg=lambda wildcards: stage_config("sweep"),
-                      results=lambda wildcards: " ".join(f"--result {p}={f}" for p, f in sweep_results(wildcards.sweep).items())),
+        args=lambda wildcards, output: aggregate_args("sweep", output, sweep_results(wildcards.sweep), sweep=wildcards.sweep),
     conda:
         RLOO_ENV
     log:
         # each point's report appends its line as it ends (rloo_workflow.sweep_table.log_path, the same file);
         # Snakemake empties it as this job starts, which then writes every point's line and the winner
-        f"{LOGS}/sweep_{{sweep}}.log",
+        LOG["sweep"]["log"],
     benchmark:
-        f"{LOGS}/benchmarks/sweep_{{sweep}}.tsv"
+        LOG["sweep"]["benchmark"]
     threads: 1
     shell:
         "rloo sweep @{params.args} --log {log}"

@@ -9,14 +9,13 @@ rule toy:
     params:
         code=code("toy"),
         cfg=lambda wildcards: stage_config("toy"),
-        args=job_args("toy", "--job-config {cfg} --out {output.result} --plot {output.plot}",
-                      cfg=lambda wildcards: stage_config("toy")),
+        args=lambda wildcards, output: aggregate_args("toy", output),
     conda:
         RLOO_ENV
     log:
-        f"{LOGS}/toy.log",
+        LOG["toy"]["log"],
     benchmark:
-        f"{LOGS}/benchmarks/toy.tsv"
+        LOG["toy"]["benchmark"]
     threads: 1
     shell:
         "rloo toy @{params.args} --log {log}"

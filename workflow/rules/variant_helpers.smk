@@ -6,6 +6,8 @@ VARIANT = "{variant}"
 # The variant rules' outputs (the config's estimator: the seeds target is results/seeds/gsm8k_<rloo.estimator>.json).
 VARIANT_OUT = {name: {k: v.replace("{estimator}", ESTIMATOR) for k, v in rule_outputs(name, config, VARIANT).items()}
                for name in STAGES}
+# Their logs and benchmark files (rloo_workflow.commands.job_logs), below the variant's folder.
+VARIANT_LOG = {name: job_logs(name, config, ESTIMATOR, "{policy}", VARIANT) for name in STAGES}
 
 
 # The results file of every seed, and of every point of every sweep: the aggregate rules' inputs.

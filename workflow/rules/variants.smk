@@ -13,70 +13,70 @@ use rule prepare as prepare_variant with:
     output:
         **VARIANT_OUT["prepare"],
     log:
-        f"{LOGS}/{VARIANT}/prepare.log",
+        VARIANT_LOG["prepare"]["log"],
     benchmark:
-        f"{LOGS}/benchmarks/{VARIANT}/prepare.tsv"
+        VARIANT_LOG["prepare"]["benchmark"]
 
 
 use rule base as base_variant with:
     output:
         model=directory(VARIANT_OUT["base"]["model"]),
     log:
-        f"{LOGS}/{VARIANT}/base.log",
+        VARIANT_LOG["base"]["log"],
     benchmark:
-        f"{LOGS}/benchmarks/{VARIANT}/base.tsv"
+        VARIANT_LOG["base"]["benchmark"]
 
 
 use rule sft as sft_variant with:
     output:
         model=directory(VARIANT_OUT["sft"]["model"]),
     log:
-        f"{LOGS}/{VARIANT}/sft.log",
+        VARIANT_LOG["sft"]["log"],
     benchmark:
-        f"{LOGS}/benchmarks/{VARIANT}/sft.tsv"
+        VARIANT_LOG["sft"]["benchmark"]
 
 
 use rule reward as reward_variant with:
     output:
         model=directory(VARIANT_OUT["reward"]["model"]),
     log:
-        f"{LOGS}/{VARIANT}/reward.log",
+        VARIANT_LOG["reward"]["log"],
     benchmark:
-        f"{LOGS}/benchmarks/{VARIANT}/reward.tsv"
+        VARIANT_LOG["reward"]["benchmark"]
 
 
 use rule rloo as rloo_variant with:
     output:
         model=directory(VARIANT_OUT["rloo"]["model"]),
     log:
-        f"{LOGS}/{VARIANT}/rloo_{ESTIMATOR}.log",
+        VARIANT_LOG["rloo"]["log"],
     benchmark:
-        f"{LOGS}/benchmarks/{VARIANT}/rloo_{ESTIMATOR}.tsv"
+        VARIANT_LOG["rloo"]["benchmark"]
 
 
 use rule evaluate as evaluate_variant with:
     output:
         **VARIANT_OUT["evaluate"],
     log:
-        f"{LOGS}/{VARIANT}/evaluate_{{policy}}.log",
+        VARIANT_LOG["evaluate"]["log"],
     benchmark:
-        f"{LOGS}/benchmarks/{VARIANT}/evaluate_{{policy}}.tsv"
+        VARIANT_LOG["evaluate"]["benchmark"]
 
 
 use rule judge as judge_variant with:
     output:
         **VARIANT_OUT["judge"],
     log:
-        stage=f"{LOGS}/{VARIANT}/judge_{ESTIMATOR}.log",
-        judge=f"{LOGS}/{VARIANT}/judge_{ESTIMATOR}.judge.log",
+        stage=VARIANT_LOG["judge"]["log"],
+        judge=VARIANT_LOG["judge"]["judge_log"],
     benchmark:
-        f"{LOGS}/benchmarks/{VARIANT}/judge_{ESTIMATOR}.tsv"
+        VARIANT_LOG["judge"]["benchmark"]
 
 
 use rule report as report_variant with:
     output:
         **VARIANT_OUT["report"],
     log:
-        f"{LOGS}/{VARIANT}/report_{ESTIMATOR}.log",
+        VARIANT_LOG["report"]["log"],
     benchmark:
-        f"{LOGS}/benchmarks/{VARIANT}/report_{ESTIMATOR}.tsv"
+        VARIANT_LOG["report"]["benchmark"]

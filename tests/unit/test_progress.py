@@ -54,3 +54,19 @@ def test_the_pace_and_the_wait_read_as_a_person_reads_them():
 def test_the_interval_must_be_positive(value):
     with pytest.raises(ConfigError, match="progress_every_s"):
         load_config(None, {"progress_every_s": value})
+
+
+def test_the_pace_follows_a_machine_that_got_faster(monkeypatch, capfd):
+    """A job slowed by another beside it, then alone: within a few lines the pace and the ETA are the new
+    ones, not the mean since the start (3 s/step for 20 steps, then 0.3 s/step: after 200 steps the mean
+    says 0.57 s/step)."""
+    clock = [0.0]
+    monkeypatch.setattr("rloo.progress.time.monotonic", lambda: clock[0])
+    with Progress("sft", 400, every_s=10) as progress:
+        for step in range(200):
+            clock[0] += 3.0 if step < 20 else 0.3
+            progress.update(1)
+    last = capfd.readouterr().out.splitlines()[-1]
+    pace = re.search(r"^sft: step 200/400 \(50%\) · ([\d.]+) steps/s · ETA (.+)$", last)
+    assert pace and 3.2 <= float(pace.group(1)) <= 3.4, last  # 0.3 s/step, not the mean's 1.8 steps/s
+    assert pace.group(2) == "1 min", last  # 200 steps left at 0.3 s, not the mean's 2 min

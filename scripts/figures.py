@@ -518,6 +518,43 @@ def same_behaviour_table() -> str:
     return "\n".join(rows) + f"\n\n[same_behaviour](docs/figures/same_behaviour.json), against {data['baseline']}"
 
 
+def _slips(s: dict) -> str:
+    return f"{s['wrong_with_a_slip']} of {s['wrong']}"
+
+
+def tools_table() -> str:
+    """The calculator on the quick start (bench/tools_gain.py): each policy of the chain trained and
+    evaluated with the tool against the default chain's, paired over the same problems and draws; the
+    tool chain's policy without the tool; its calls; the wrong draws that carry an arithmetic slip."""
+    data = _load("tools_seed0.json")
+    rows = ["| policy | default chain | with the tool | gain, sampled (95 % CI, p) | gain, greedy | "
+            "with the tool's weights, without it | calls per completion (erred) | wrong draws with a slip: default, tool |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, r in data["policies"].items():
+        d, t, g = r["default"], r["tools"], r["gain_tools_over_default"]
+        w = t.get("without_tools") or {}
+        without = f"{w['accuracy_sampled']:.3f} / {w['accuracy']:.3f}" if w else "n/a"
+        erred = "n/a" if t.get("tool_error_share_sampled") is None else f"{100 * t['tool_error_share_sampled']:.1f} %"
+        rows.append(f"| {name.upper()} | {d['accuracy_sampled']:.3f} / {d['accuracy']:.3f} | "
+                    f"{t['accuracy_sampled']:.3f} / {t['accuracy']:.3f} | {_interval(g['sampled'])} | {_interval(g['greedy'])} | "
+                    f"{without} | {t['tool_calls_sampled']:.2f} ({erred}) | {_slips(d['slips'])}, {_slips(t['slips'])} |")
+    return "\n".join(rows) + "\n\nsampled / greedy accuracy on 500 held-out problems; [tools_seed0](docs/figures/tools_seed0.json)"
+
+
+def roofline_table() -> str:
+    """Each RLOO phase against this machine's measured bound (bench/roofline.py): the update and the
+    reference pass in FLOP/s against the matmul peak of the precision they ran in, decoding in bytes read
+    per second against the copy bandwidth."""
+    data = _load("roofline.json")
+    rows = ["| model | phase | precision | achieved | bound | share |", "| --- | --- | --- | --- | --- | --- |"]
+    for label, m in data["models"].items():
+        for p in m["phases"]:
+            unit = "GFLOP/s" if p["unit"] == "FLOP/s" else "GB/s"
+            rows.append(f"| {label} | {p['phase']} | {p['precision']} | {p['achieved'] / 1e9:.1f} {unit} | "
+                        f"{p['bound'] / 1e9:.1f} {unit} | {100 * p['share']:.0f} % |")
+    return "\n".join(rows) + f"\n\n{_machine(data)}; [roofline](docs/figures/roofline.json)"
+
+
 TABLES = {
     "alarms": alarms_table,
     "alarms-grid": alarms_grid_table,
@@ -533,6 +570,8 @@ TABLES = {
     "rollout-backends": rollout_backends_table,
     "pipeline": pipeline_table,
     "quick-start": quick_start_table,
+    "tools": tools_table,
+    "roofline": roofline_table,
     "smollm2": smollm2_table,
     "stage-times": stage_times_table,
     "reward-model-chain": reward_model_chain_table,

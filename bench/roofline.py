@@ -22,7 +22,10 @@ not); not the embedding lookup (a gather) nor the norms. T is the tokens of the 
 run on (prompt and completion, no padding: the useful work). Attention's own products (about 4·layers·
 context·hidden FLOP per token and pass) are left out of 6N and 2N, as is usual; their share is printed.
 
-    python bench/roofline.py --json docs/figures/roofline.json \\
+`--profile-top N` profiles one more step and lists, per phase, its N costliest ops (torch's profiler,
+self CPU time): what holds a phase below its bound.
+
+    python bench/roofline.py --json docs/figures/roofline.json --profile-top 8 \\
         --model quickstart=config/config.yaml:results/models/sft:data/gsm8k \\
         --model smollm2=config/smollm2.yaml:../smollm2/results/models/sft:../smollm2/data/gsm8k
 """
@@ -33,6 +36,7 @@ import argparse
 import statistics
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -142,8 +146,37 @@ def decode_bytes(ro, k: int, weight_bytes: int, kv_per_token: int) -> float:
     return total
 
 
-def measure_model(label: str, spec: str, steps: int, threads: int, first_step: int) -> dict:
-    """A real RLOO trainer on SPEC = CONFIGS:POLICY:DATA: its phases per step and what they did."""
+def _profiled(phase: str, fn, store: dict[str, Counter]):
+    """`fn` run under torch's profiler, each op's self CPU time (µs) added to `store[phase]`."""
+    def run(*args, **kwargs):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            out = fn(*args, **kwargs)
+        for e in prof.key_averages():
+            store[phase][e.key] += e.self_cpu_time_total
+        return out
+    return run
+
+
+def profile_step(trainer, step: int, top: int) -> dict[str, list[dict]]:
+    """One more step with each phase's methods under the profiler: per phase, its `top` ops by self CPU
+    time and their share of the phase's profiled time (the profiler's own cost inflates the many small
+    ops of decoding; the shares, not the seconds, are the figure)."""
+    store: dict[str, Counter] = {"decoding": Counter(), "reference": Counter(), "update": Counter()}
+    # the sampler's own call (the trainer's batches hold the rollout, not a trainer method)
+    trainer.rollout.generate = _profiled("decoding", trainer.rollout.generate, store)
+    for name, phase in (("_step_rows", "reference"), ("_policy_logprobs", "update"), ("_policy_gradient", "update")):
+        setattr(trainer, name, _profiled(phase, getattr(trainer, name), store))
+    trainer.step(step)
+    out = {}
+    for phase, ops in store.items():
+        total = sum(ops.values()) or 1.0
+        out[phase] = [{"op": op, "self_s": us / 1e6, "share": us / total} for op, us in ops.most_common(top)]
+    return out
+
+
+def measure_model(label: str, spec: str, steps: int, threads: int, first_step: int, profile_top: int = 0) -> dict:
+    """A real RLOO trainer on SPEC = CONFIGS:POLICY:DATA: its phases per step and what they did; with
+    `profile_top`, one more step profiled (`profile_step`)."""
     from rloo.io import read_jsonl
     from rloo.reward.rewards import build_reward
     from rloo.rollout.collect import training_prompts
@@ -179,6 +212,7 @@ def measure_model(label: str, spec: str, steps: int, threads: int, first_step: i
     weight_bytes = shape.matmul_params * itemsize
     read = sum(decode_bytes(ro, rc["k"], weight_bytes, shape.kv_bytes_per_token(itemsize)) for ro in trainer.rollout.calls)
     n = shape.matmul_params
+    profile = profile_step(trainer, first_step + 1 + steps, profile_top) if profile_top else None
     t_update = sum(r["time/update_s"] for r in rows)
     t_reference = sum(r["time/reference_s"] for r in rows)
     t_decode = sum(r["time/generation_s"] for r in rows)
@@ -198,6 +232,7 @@ def measure_model(label: str, spec: str, steps: int, threads: int, first_step: i
             "reference_flops": 2 * n * sum(tokens) / t_reference,
             "decoding_bytes_per_s": read / t_decode,
         },
+        **({"profile": profile} if profile else {}),
     }
 
 
@@ -211,6 +246,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5, help="best of this many timings per product and copy")
     ap.add_argument("--copy-mib", type=int, default=1024)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--profile-top", type=int, default=0,
+                    help="after the timed steps, profile one more and list each phase's N costliest ops")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -220,7 +257,7 @@ def main() -> None:
     models, table = {}, []
     for i, item in enumerate(a.model):
         label, spec = item.split("=", 1)
-        res = measure_model(label, spec, a.steps, a.threads, first_step=1000 * (i + 1))
+        res = measure_model(label, spec, a.steps, a.threads, first_step=1000 * (i + 1), profile_top=a.profile_top)
         shape = Shape(**res["shape"])
         res["peaks"] = {p: matmul_peak(shape, a.tokens, getattr(torch, p), a.repeats, a.seed + i)
                         for p in ("float32", "bfloat16")}
@@ -238,6 +275,10 @@ def main() -> None:
         table += [(label, p) for p in res["phases"]]
         print(f"{label}: N={res['params_matmul'] / 1e6:.1f} M, {res['tokens_per_step']:.0f} tokens/step, "
               f"completion {res['completion_length']:.1f}, attention ≈{res['attention_share_of_flops']:.1%} of 2N", flush=True)
+
+        for phase, ops in res.get("profile", {}).items():
+            print(f"{label} {phase}, the costliest ops (self CPU, share of the phase): "
+                  + "; ".join(f"{o['op']} {o['share']:.0%}" for o in ops), flush=True)
 
     print("\n| model | phase | precision | achieved | bound | share |")
     print("| --- | --- | --- | --- | --- | --- |")

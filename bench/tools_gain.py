@@ -23,49 +23,40 @@ greedy answer and sampled draws, graded) and summary, and gives:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
-
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.record import write
-from rloo.eval.gains import gain
-from rloo.io import read_jsonl
+from rloo.eval import records
+from rloo.eval.gains import correctness, gain
+from rloo.eval.records import PolicyRecords
 
 POLICIES = ("sft", "rloo")
 SEED = 0  # the bootstrap's: the same as the report's for seed 0
 
 
-def graded(run: Path, policy: str) -> tuple[list[dict], dict]:
-    """The evaluation records of `policy` in the run folder `run`, and its summary's figures."""
-    records = [r for _, r in read_jsonl(run / "results" / "eval" / f"{policy}.jsonl")]
-    summary = json.loads((run / "results" / "eval" / f"{policy}.json").read_text())
-    return records, summary["figures"]
+def graded(run: Path, policy: str) -> PolicyRecords:
+    """The evaluation records and figures of `policy` in the run folder `run`."""
+    return records.read(policy, run / "results" / "eval" / f"{policy}.jsonl")
 
 
-def correctness(records: list[dict]) -> dict[str, np.ndarray]:
-    """Per-problem correctness as the records graded it: greedy (problems,), sampled (problems, draws)."""
-    return {"greedy": np.array([r["greedy"]["correct"] for r in records], dtype=bool),
-            "sampled": np.array([[d["correct"] for d in r["draws"]] for r in records], dtype=bool)}
-
-
-def slips(records: list[dict]) -> dict[str, float | int]:
+def slips(rows: list[dict]) -> dict[str, float | int]:
     """The wrong sampled draws, and those of them with a wrong calculator annotation."""
-    wrong = [d for r in records for d in r["draws"] if not d["correct"]]
+    wrong = [d for r in rows for d in r["draws"] if not d["correct"]]
     slipped = sum(1 for d in wrong if d.get("wrong_annotations", 0) > 0)
-    return {"draws": sum(len(r["draws"]) for r in records), "wrong": len(wrong), "wrong_with_a_slip": slipped,
+    return {"draws": sum(len(r["draws"]) for r in rows), "wrong": len(wrong), "wrong_with_a_slip": slipped,
             "slip_share": slipped / len(wrong) if wrong else 0.0}
 
 
 def compare(default: Path, tools: Path, policy: str) -> dict:
     """One policy of the two runs side by side (see the module's docstring)."""
-    (a_rec, _), (b_rec, b_fig) = graded(default, policy), graded(tools, policy)
-    if [r["question"] for r in a_rec] != [r["question"] for r in b_rec]:
+    a_pr, b_pr = graded(default, policy), graded(tools, policy)
+    if a_pr.questions != b_pr.questions:
         raise SystemExit(f"{policy}: the two runs graded different problems; run both on the same prepared data")
-    a, b = correctness(a_rec), correctness(b_rec)
+    a_rec, b_rec, b_fig = a_pr.records, b_pr.records, b_pr.summary["figures"]
+    a, b = correctness(a_pr.texts(), a_pr.golds), correctness(b_pr.texts(), b_pr.golds)
     tool_keys = ("tool_calls_sampled", "tool_calls", "tool_error_share_sampled", "tool_answer_share_sampled")
     return {
         "default": {"accuracy_sampled": float(a["sampled"].mean()), "accuracy": float(a["greedy"].mean()),

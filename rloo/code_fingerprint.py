@@ -27,9 +27,11 @@ the stages under a profiler and checks that every package function they call is 
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
 import json
-from collections.abc import Iterable, Iterator
+import os
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -40,6 +42,11 @@ PACKAGES = ("rloo", "rloo_workflow")  # the library and the workflow: both are t
 ROOT = Path(__file__).resolve().parents[1]
 # Package data a module reads as it runs: part of its code (an edited theme reruns the stages that use it).
 MODULE_DATA = {"rloo.data.synthetic": ("data/themes.yaml",)}  # relative to the module's package
+# Fingerprints kept on disk by what they were computed from (`Codebase.kept`): a walk costs about a second
+# of CPU, paid by every process that asks (each stage job, each Snakemake run), for a result that changes
+# only when the sources do. RLOO_CACHE_DIR moves the folder; KEPT_MAX bounds it.
+CACHE_DIR_ENV = "RLOO_CACHE_DIR"
+KEPT_MAX = 512
 MODULE_NODE = "<module>"  # a module's import-time statements: imports, `if`/`try` blocks, expressions
 PARAM_PREFIX = "code:"  # the rules' `code` param: `code:<stage>:<digest>`
 
@@ -377,6 +384,42 @@ class Codebase:
                 out[self._rel(self.data_file(module, f))] = {"<data>": _data_digest(self.data_file(module, f))}
         return out
 
+    def source_digest(self) -> str:
+        """A digest of every file a walk below the root may read: the packages' sources and their data."""
+        files = sorted(p for d in self.package_dirs for p in d.rglob("*.py"))
+        files += [self.data_file(m, f) for m in sorted(MODULE_DATA) for f in MODULE_DATA[m]]
+        h = hashlib.sha256()  # not the root: a manifest names files relative to it, so a copy elsewhere has the same
+        for f in files:
+            with contextlib.suppress(OSError):
+                h.update(f"\0{f.relative_to(self.root)}\0".encode() + hashlib.sha256(f.read_bytes()).digest())
+        return h.hexdigest()
+
+    def kept(self, what: object, extra_files: Iterable[Path], compute: Callable[[], Fingerprint]) -> Fingerprint:
+        """`compute()`, read back from disk when it was kept for the same `what` (JSON: the kind of walk and
+        its arguments), the same sources (`source_digest`, this module's own among them) and the same
+        `extra_files`' bytes; else computed and kept. A folder that cannot be written keeps nothing."""
+        h = hashlib.sha256(json.dumps([what, self.source_digest()], sort_keys=True, default=str).encode())
+        for f in extra_files:
+            h.update(f"\0{Path(f).resolve()}\0".encode())
+            with contextlib.suppress(OSError):
+                h.update(hashlib.sha256(Path(f).read_bytes()).digest())
+        folder = Path(os.environ.get(CACHE_DIR_ENV) or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+                      / "rloo" / "code-fingerprints")
+        path = folder / f"{h.hexdigest()[:32]}.json"
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            got = json.loads(path.read_text())
+            return Fingerprint(got["stage"], got["digest"], got["manifest"])
+        fp = compute()
+        with contextlib.suppress(OSError):
+            folder.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"stage": fp.stage, "digest": fp.digest, "manifest": fp.manifest}))
+            os.replace(tmp, path)
+            kept = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime)
+            for old in kept[:-KEPT_MAX] if len(kept) > KEPT_MAX else []:
+                old.unlink(missing_ok=True)
+        return fp
+
     def fingerprint_of(self, stage: str, keys: Iterable[Key], extra_files: Iterable[Path] = (),
                        extra_roots: Iterable[Key] = ()) -> Fingerprint:
         """The fingerprint named `stage` of the definitions `keys` (and those `extra_roots` reach: functions of
@@ -416,9 +459,9 @@ def training_fingerprint(stage: str, user_files: Iterable[str | Path] = (),
     """The code of `stage`'s training run (`TRAINING_CODE`; sft, reward or rloo) and the user's files it runs
     (`user_files`: reward functions' files) with the package's functions the config names; `callers`: the
     code that starts the run and reads its inputs (a workflow stage's `run`, read as source like the rest)."""
-    code = installed()
-    keys = code.reachable([*TRAINING_CODE[stage], *callers])
-    return code.fingerprint_of(stage, keys, [Path(f) for f in user_files], tuple(package_functions))
+    code, files, functions, callers = installed(), [Path(f) for f in user_files], tuple(package_functions), tuple(callers)
+    return code.kept(["training", stage, functions, callers], files, lambda: code.fingerprint_of(
+        stage, code.reachable([*TRAINING_CODE[stage], *callers]), files, functions))
 
 
 def file_digests(fp: Fingerprint) -> dict[str, str]:

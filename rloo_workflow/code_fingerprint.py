@@ -60,7 +60,8 @@ class Codebase(library.Codebase):
     def fingerprint(self, stage: str, extra_files: tuple[Path, ...] = (), extra_roots: tuple[Key, ...] = ()) -> Fingerprint:
         """The fingerprint of `stage` (`stage_keys`), with the user's files and the package's functions the
         config names (`fingerprint_of`)."""
-        return self.fingerprint_of(stage, self.stage_keys(stage), extra_files, extra_roots)
+        return self.kept(["stage", stage, extra_roots], extra_files,
+                         lambda: self.fingerprint_of(stage, self.stage_keys(stage), extra_files, extra_roots))
 
 
 def stage_verb(stage: str) -> str:

@@ -48,6 +48,14 @@ HELPERS = str(Path(__file__).resolve().parent / "helpers")
 if HELPERS not in sys.path:
     sys.path.insert(0, HELPERS)
 
+# The packages' bytecode, written once by the controlling process before the workers start (make_copy
+# copies it into each workflow copy, whose processes write none).
+if not os.environ.get("PYTEST_XDIST_WORKER") and not sys.dont_write_bytecode:
+    import compileall
+
+    for _package in ("rloo", "rloo_workflow", "snakemake_logger_plugin_rloo"):
+        compileall.compile_dir(ROOT / _package, quiet=1)
+
 # No test may reach a model or data set hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -311,6 +319,7 @@ def pytest_runtest_makereport(item, call):
 # session's start. The controller (or the one process of -n 0) collects the workers' reports.
 _SESSION_T0 = time.time()
 _GROUPS: dict[str, dict] = {}
+_PHASES: list[tuple[float, float, str]] = []  # (CPU seconds, wall seconds, "phase nodeid") of every setup and call
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -325,6 +334,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     g["wall"] += report.duration
     g["cpu"] += getattr(report, "cpu_seconds", 0.0)
     g["from"], g["to"] = min(g["from"], report.start), max(g["to"], report.stop)
+    if report.when != "teardown":
+        _PHASES.append((getattr(report, "cpu_seconds", 0.0), report.duration, f"{report.when:<5} {report.nodeid}"))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
@@ -341,3 +352,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
         tr.write_line(f"worker {worker}: {len(mine)} groups, {sum(g['wall'] for g in mine):.0f} s of tests, "
                       f"{sum(g['cpu'] for g in mine):.0f} CPU-s, its last test ended at "
                       f"{max(g['to'] for g in mine) - _SESSION_T0:.0f} s")
+    # CPU, not wall: on two saturated cores the suite's wall time follows its CPU seconds
+    tr.write_sep("-", "the 20 setups and calls with the most CPU seconds")
+    for cpu, wall, what in sorted(_PHASES, reverse=True)[:20]:
+        tr.write_line(f"{cpu:7.1f} CPU-s {wall:7.1f} s  {what}")

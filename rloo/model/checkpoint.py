@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -108,12 +109,19 @@ def verify(folder: Path, meta: dict) -> None:
             raise DamagedCheckpoint(f"{folder}: {name} changed since it was saved (SHA-256 differs from checkpoint.json)")
 
 
+def all_finite(t: torch.Tensor) -> bool:
+    """No NaN and no infinity in `t`: its least and greatest values, which a NaN or an infinity becomes, in
+    one pass without a temporary (torch.isfinite(t).all() writes a mask as large as `t` first: on one CPU
+    thread an order of magnitude slower, seconds per check of a 7 B model's weights)."""
+    if t.numel() == 0:
+        return True
+    lo, hi = torch.aminmax(t.detach())
+    return math.isfinite(lo.item()) and math.isfinite(hi.item())
+
+
 def nonfinite(tensors: dict[str, torch.Tensor]) -> str | None:
     """The name of the first floating-point tensor holding a NaN or an infinity, or None."""
-    for name, t in tensors.items():
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            return name
-    return None
+    return next((name for name, t in tensors.items() if t.is_floating_point() and not all_finite(t)), None)
 
 
 def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:

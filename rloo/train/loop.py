@@ -225,7 +225,7 @@ class TrainingLoop:
 def _finite(p: torch.Tensor) -> bool:
     t = p.detach()
     t = t.to_local() if hasattr(t, "to_local") else t  # an FSDP shard (DTensor): this rank's part
-    return bool(torch.isfinite(t).all())
+    return checkpoint.all_finite(t)
 
 
 def write_model_output(out_dir: Path, adapted: lora.Adapted | None, model: torch.nn.Module, tokenizer,

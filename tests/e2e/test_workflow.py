@@ -605,10 +605,11 @@ def test_kill_9_of_prepare_after_a_data_change_then_the_same_command_remakes_the
     below it, and its results equal a clean run of the new config (Snakemake alone left the old results
     standing, and data/ holding only the killed writer's temporary file)."""
     c = copy_tree(micro_workflow["copy"], tmp_path / "wf")
-    # Any data key will do. The kill, half a second after prepare's process appears, lands in its start-up
-    # (a fresh `rloo prepare` imports torch and transformers for seconds before its first row) at 300 rows
-    # as at 40,000, and Snakemake deletes the killed job's outputs either way. 40,000 rows cost the two
-    # chains after it a tokenizer and SFT data built over them: 76 CPU-s for this test against 43.
+    # Any data key will do. The kill, as soon as prepare's process appears (polled every 50 ms), lands in
+    # its start-up at 300 rows as at 40,000, and Snakemake deletes the killed job's outputs either way. It
+    # waited half a second once, until the package's bytecode came with the copy and the code fingerprint
+    # was read back from disk: a 300-row prepare then ended within it. 40,000 rows cost the two chains
+    # after it a tokenizer and SFT data built over them: 76 CPU-s for this test against 43.
     change = "data: {synthetic: {n_train: 300}}\n"
     (c / "config" / "bigger.yaml").write_text(change)
     cmd = [snakemake_bin(), RLOO, "--cores", "1", *CONFIGFILES, "config/bigger.yaml"]
@@ -619,7 +620,6 @@ def test_kill_9_of_prepare_after_a_data_change_then_the_same_command_remakes_the
         return bool(killed)
 
     def kill(proc) -> None:
-        time.sleep(0.5)
         for pid in killed:
             os.kill(pid, signal.SIGKILL)
 

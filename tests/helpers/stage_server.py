@@ -45,7 +45,7 @@ ENV_VAR = "RLOO_STAGE_SERVER"
 # `-u` its streams are unbuffered whatever PYTHONUNBUFFERED says).
 IMPORT_ENV = ("PYTHON", "HF_", "HUGGINGFACE", "TRANSFORMERS", "TORCH", "PYTORCH", "OMP_", "MKL_", "KMP_",
               "GOMP_", "OPENBLAS", "CUDA", "NCCL", "LD_", "LANG", "LC_", "XDG_", "HOME", "TMPDIR",
-              "TOKENIZERS", "SAFETENSORS", "ACCELERATE", "DATASETS", "KERNELS", "SCIPY", "NUMPY")
+              "TOKENIZERS", "SAFETENSORS", "ACCELERATE", "DATASETS", "KERNELS", "SCIPY", "NUMPY", "MPL")
 # Thread counts, which Snakemake sets per job, are read when the libraries load (libgomp, OpenBLAS): the
 # forked process sets them as a fresh one would have them (`_match_threads`).
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS")
@@ -59,6 +59,9 @@ PRELOAD = ("numpy", "yaml", "jsonschema", "safetensors.torch", "torch", "torch.d
            "transformers", "transformers.modeling_utils", "transformers.models.auto.modeling_auto",
            "transformers.models.llama.modeling_llama", "transformers.models.qwen2.modeling_qwen2",
            "tokenizers", "mlflow", "mlflow.entities", "mlflow.tracking",
+           # a stage's tracked run opens the SQL store and its migrations, and draws its curves: imported
+           # in every forked process otherwise, about 8 CPU-s of a micro chain's 75 (py-spy)
+           "mlflow.store.tracking.sqlalchemy_store", "mlflow.store.db.utils", "alembic", "matplotlib.pyplot",
            "threadpoolctl",  # `_match_threads`; it sets KMP_DUPLICATE_LIB_OK on import (see `_refusal`)
            "snakemake.cli")  # `rloo dvc`'s DAG, and the tests' own Snakemake runs (tests/helpers/served_snakemake.py)
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)

@@ -39,7 +39,12 @@ CPU_RULES = {"prepare", "base", "report"}
 def make_copy(dest: Path) -> Path:
     """A working copy of the workflow in `dest` (see the module docstring)."""
     dest.mkdir(parents=True, exist_ok=True)
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".snakemake")
+    # The bytecode comes along (tests/conftest.py compiles the packages once per run): copied with their
+    # sources' modification times, the .pyc files stay valid for every file the test leaves alone, and a
+    # file it edits is newer than its .pyc, so Python compiles it afresh. Without them each process of each
+    # copy compiled every module it imported (PYTHONDONTWRITEBYTECODE, env_for): about 5 % of a
+    # Snakemake test's CPU (py-spy over tests/e2e/test_workflow.py).
+    ignore = shutil.ignore_patterns(".snakemake")
     shutil.copy2(ROOT / "Snakefile", dest / "Snakefile")
     for name in ("workflow", "config", "slurm", "profiles", "rloo", "rloo_workflow", "snakemake_logger_plugin_rloo"):
         shutil.copytree(ROOT / name, dest / name, ignore=ignore)

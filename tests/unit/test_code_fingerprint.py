@@ -5,6 +5,7 @@ misses no function a stage calls: tests/integration/test_code_fingerprint_sound.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -158,3 +159,24 @@ def test_a_function_of_the_package_that_the_config_names_counts_for_rloo_and_eva
     edited = Codebase(package)
     assert edited.fingerprint("rloo", extra_roots=roots).digest != named
     assert edited.fingerprint("rloo").digest == plain  # no import reaches it: only the config's name does
+
+
+def test_a_fingerprint_is_kept_on_disk_by_the_sources_it_read(package, tmp_path_factory, monkeypatch):
+    """A process reads back the fingerprint an earlier one computed from the same sources (Codebase.kept);
+    one changed byte of a source, or a damaged file, computes it afresh."""
+    from rloo.code_fingerprint import CACHE_DIR_ENV
+
+    folder = tmp_path_factory.mktemp("kept")
+    monkeypatch.setenv(CACHE_DIR_ENV, str(folder))
+    first = Codebase(package).fingerprint("sft")
+    (kept,) = folder.glob("*.json")
+    # read back, not recomputed: a record altered on disk is what the next process gets
+    record = {"stage": "sft", "digest": "kept-on-disk", "manifest": first.manifest}
+    kept.write_text(json.dumps(record))
+    assert Codebase(package).fingerprint("sft").digest == "kept-on-disk"
+    kept.write_text("{not json")
+    assert Codebase(package).fingerprint("sft") == first
+    # a change of code no run of sft reaches computes afresh, to the same digest
+    append_comment(package / "rloo_workflow/judge_server.py")
+    assert Codebase(package).fingerprint("sft") == first
+    assert len(list(folder.glob("*.json"))) == 2

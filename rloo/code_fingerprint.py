@@ -31,6 +31,7 @@ import contextlib
 import hashlib
 import json
 import os
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import cache
@@ -396,9 +397,11 @@ class Codebase:
 
     def kept(self, what: object, extra_files: Iterable[Path], compute: Callable[[], Fingerprint]) -> Fingerprint:
         """`compute()`, read back from disk when it was kept for the same `what` (JSON: the kind of walk and
-        its arguments), the same sources (`source_digest`, this module's own among them) and the same
-        `extra_files`' bytes; else computed and kept. A folder that cannot be written keeps nothing."""
-        h = hashlib.sha256(json.dumps([what, self.source_digest()], sort_keys=True, default=str).encode())
+        its arguments), the same sources (`source_digest`, this module's own among them), the same
+        `extra_files`' bytes and the same Python (whose `ast.dump` the digests are of); else computed and
+        kept. A folder that cannot be written keeps nothing."""
+        key = [what, self.source_digest(), list(sys.version_info[:2])]
+        h = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode())
         for f in extra_files:
             h.update(f"\0{Path(f).resolve()}\0".encode())
             with contextlib.suppress(OSError):

@@ -49,8 +49,10 @@ if HELPERS not in sys.path:
     sys.path.insert(0, HELPERS)
 
 # The packages' bytecode, written once by the controlling process before the workers start (make_copy
-# copies it into each workflow copy, whose processes write none).
-if not os.environ.get("PYTEST_XDIST_WORKER") and not sys.dont_write_bytecode:
+# copies it into each workflow copy, whose processes write none). Written whatever PYTHONDONTWRITEBYTECODE
+# says (compileall is not the import system): where it is set for the whole machine, as on CI's, no process
+# would write it, and every process of the suite compiled the package from source.
+if not os.environ.get("PYTEST_XDIST_WORKER"):
     import compileall
 
     for _package in ("rloo", "rloo_workflow", "snakemake_logger_plugin_rloo"):
